@@ -1,0 +1,240 @@
+//! Position and value codecs for one chunk.
+//!
+//! A chunk is a bounded run of elements `[start, start + range)` of one slot, with `count`
+//! changes at sorted positions relative to `start` (so they always fit a u32, whatever the
+//! slot size). Positions and values are coded independently, each into its own section; the
+//! encoder picks the cheapest pair per chunk by exact size ([`choose`]).
+//!
+//! Every decoder validates everything it reads and returns a [`CodecError`], never panics and
+//! never allocates more than the manifest's count allows (the count itself is bounded by the
+//! chunk range and by the section length before a decoder sees it).
+
+mod abs32;
+mod bitmap;
+mod gaps;
+mod raw;
+mod ulp;
+
+use crate::error::CodecError;
+
+/// How the positions of a chunk are coded. The discriminant is the wire code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PosCodec {
+    /// Every element of the range changed (seeds, or fully dense chunks): no position bytes.
+    All = 0,
+    /// Little-endian u32 per position (what the reference system ships).
+    Abs32 = 1,
+    /// Entropy-coded gaps in independently decodable blocks.
+    Gaps = 2,
+    /// One bit per element of the range.
+    Bitmap = 3,
+}
+
+/// How the new values of a chunk are coded. The discriminant is the wire code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ValCodec {
+    /// The new bit patterns, little-endian, `width` bytes each.
+    Raw = 0,
+    /// Signed distance old → new in the ordered-integer view, entropy coded with an escape.
+    Ulp = 1,
+}
+
+impl PosCodec {
+    pub const ALL: [PosCodec; 4] = [PosCodec::All, PosCodec::Abs32, PosCodec::Gaps, PosCodec::Bitmap];
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        PosCodec::ALL.into_iter().find(|c| *c as u8 == code)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PosCodec::All => "all",
+            PosCodec::Abs32 => "abs32",
+            PosCodec::Gaps => "gaps",
+            PosCodec::Bitmap => "bitmap",
+        }
+    }
+}
+
+impl ValCodec {
+    pub const ALL: [ValCodec; 2] = [ValCodec::Raw, ValCodec::Ulp];
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        ValCodec::ALL.into_iter().find(|c| *c as u8 == code)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ValCodec::Raw => "raw",
+            ValCodec::Ulp => "ulp",
+        }
+    }
+}
+
+/// Appends the encoding of `rel` (strictly increasing, each `< range`) to `out`.
+/// `All` requires `rel.len() == range` and writes nothing.
+pub fn encode_positions(codec: PosCodec, rel: &[u32], range: u32, out: &mut Vec<u8>) {
+    debug_assert!(rel.windows(2).all(|w| w[0] < w[1]));
+    debug_assert!(rel.last().map_or(true, |&p| p < range));
+    match codec {
+        PosCodec::All => debug_assert_eq!(rel.len() as u64, range as u64),
+        PosCodec::Abs32 => abs32::encode(rel, out),
+        PosCodec::Gaps => gaps::encode(rel, range, out),
+        PosCodec::Bitmap => bitmap::encode(rel, range, out),
+    }
+}
+
+/// Decodes exactly `count` positions from all of `input` into `out` (cleared first).
+/// Fails unless they are strictly increasing, below `range`, and use every byte of `input`.
+pub fn decode_positions(
+    codec: PosCodec,
+    input: &[u8],
+    count: u32,
+    range: u32,
+    out: &mut Vec<u32>,
+) -> Result<(), CodecError> {
+    out.clear();
+    if count as u64 > range as u64 {
+        return Err(CodecError::CountExceedsRange { count: count as u64, range: range as u64 });
+    }
+    match codec {
+        PosCodec::All => {
+            if count != range {
+                return Err(CodecError::Malformed {
+                    codec: "all",
+                    reason: format!("count {count} differs from range {range}"),
+                });
+            }
+            if !input.is_empty() {
+                return Err(CodecError::TrailingBytes { count: count as u64, extra: input.len() as u64 });
+            }
+            out.extend(0..range);
+            Ok(())
+        }
+        PosCodec::Abs32 => abs32::decode(input, count, range, out),
+        PosCodec::Gaps => gaps::decode(input, count, range, out),
+        PosCodec::Bitmap => bitmap::decode(input, count, range, out),
+    }
+}
+
+/// Appends the encoding of the new values to `out`. `old` and `new` hold the same number of
+/// `width`-byte elements; `old` is what the receiver holds before the sync (ignored by `Raw`).
+pub fn encode_values(codec: ValCodec, width: usize, old: &[u8], new: &[u8], out: &mut Vec<u8>) {
+    match codec {
+        ValCodec::Raw => raw::encode(new, out),
+        ValCodec::Ulp => ulp::encode(width, old, new, out),
+    }
+}
+
+/// Decodes the new values of `old.len() / width` elements from all of `input` into `out`
+/// (cleared first). `old` holds the receiver's current bits at the chunk's positions.
+pub fn decode_values(
+    codec: ValCodec,
+    width: usize,
+    input: &[u8],
+    old: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
+    out.clear();
+    match codec {
+        ValCodec::Raw => raw::decode(width, input, old.len() / width, out),
+        ValCodec::Ulp => ulp::decode(width, input, old, out),
+    }
+}
+
+/// Which codecs the encoder may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodecChoice {
+    /// Pick the cheapest position and value codec per chunk by exact encoded size.
+    Auto,
+    /// Always use this pair (positions fall back to `All` only for seeds).
+    Fixed(PosCodec, ValCodec),
+}
+
+impl Default for CodecChoice {
+    fn default() -> Self {
+        CodecChoice::Auto
+    }
+}
+
+impl CodecChoice {
+    /// Parses `auto` or `POS+VAL`, e.g. `abs32+raw`, `gaps+ulp`.
+    pub fn parse(text: &str) -> Option<Self> {
+        if text == "auto" {
+            return Some(CodecChoice::Auto);
+        }
+        let (p, v) = text.split_once('+')?;
+        let pos = PosCodec::ALL.into_iter().find(|c| c.name() == p)?;
+        let val = ValCodec::ALL.into_iter().find(|c| c.name() == v)?;
+        Some(CodecChoice::Fixed(pos, val))
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            CodecChoice::Auto => "auto".into(),
+            CodecChoice::Fixed(p, v) => format!("{}+{}", p.name(), v.name()),
+        }
+    }
+}
+
+/// One chunk encoded: the codecs used and the two sections.
+#[derive(Debug, Clone, Default)]
+pub struct EncodedChunk {
+    pub pos_codec: Option<PosCodec>,
+    pub val_codec: Option<ValCodec>,
+    pub positions: Vec<u8>,
+    pub values: Vec<u8>,
+}
+
+/// Encodes one delta chunk with `choice`. With `Auto`, every position codec that can carry the
+/// chunk and every value codec are sized exactly and the smallest of each is kept.
+pub fn encode_chunk(
+    choice: CodecChoice,
+    width: usize,
+    rel: &[u32],
+    range: u32,
+    old: &[u8],
+    new: &[u8],
+) -> EncodedChunk {
+    match choice {
+        CodecChoice::Fixed(pos, val) => {
+            let pos = if pos == PosCodec::All && rel.len() as u64 != range as u64 { PosCodec::Abs32 } else { pos };
+            let mut chunk = EncodedChunk { pos_codec: Some(pos), val_codec: Some(val), ..Default::default() };
+            encode_positions(pos, rel, range, &mut chunk.positions);
+            encode_values(val, width, old, new, &mut chunk.values);
+            chunk
+        }
+        CodecChoice::Auto => {
+            let (pos, positions) = choose_positions(rel, range);
+            let (val, values) = choose_values(width, old, new);
+            EncodedChunk { pos_codec: Some(pos), val_codec: Some(val), positions, values }
+        }
+    }
+}
+
+fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
+    if rel.len() as u64 == range as u64 {
+        return (PosCodec::All, Vec::new());
+    }
+    let mut best: Option<(PosCodec, Vec<u8>)> = None;
+    for codec in [PosCodec::Abs32, PosCodec::Gaps, PosCodec::Bitmap] {
+        let mut out = Vec::new();
+        encode_positions(codec, rel, range, &mut out);
+        if best.as_ref().map_or(true, |(_, b)| out.len() < b.len()) {
+            best = Some((codec, out));
+        }
+    }
+    best.expect("at least one position codec")
+}
+
+fn choose_values(width: usize, old: &[u8], new: &[u8]) -> (ValCodec, Vec<u8>) {
+    let mut best: Option<(ValCodec, Vec<u8>)> = None;
+    for codec in ValCodec::ALL {
+        let mut out = Vec::new();
+        encode_values(codec, width, old, new, &mut out);
+        if best.as_ref().map_or(true, |(_, b)| out.len() < b.len()) {
+            best = Some((codec, out));
+        }
+    }
+    best.expect("at least one value codec")
+}

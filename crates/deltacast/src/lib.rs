@@ -1,0 +1,18 @@
+//! deltacast core: keeps inference replicas bit-identical to a trainer by sending only the
+//! elements whose bits changed.
+//!
+//! The modules follow the data flow: [`diff`] a shard against its snapshot, [`codec`] the
+//! changes per chunk, pack chunks into checksummed [`wire`] frames with the streaming
+//! [`flush`] builder, and on the receiver [`apply`] a whole verified sync, proven by the
+//! [`digest`]. [`sender`] ties the trainer side together; [`io`] reads and writes safetensors.
+
+pub mod codec;
+pub mod diff;
+pub mod digest;
+pub mod dtype;
+pub mod error;
+pub mod slot;
+
+pub use dtype::DType;
+pub use error::{CodecError, Error, Result};
+pub use slot::{SlotInfo, SlotTable};
