@@ -1,14 +1,40 @@
 //! Bit-exact diff of a shard against its snapshot.
 //!
 //! Elements are compared as unsigned integers (never as floats: NaN ≠ NaN and +0 == −0 would
-//! lie). The same pass refreshes the snapshot, writing only the changed elements.
+//! lie). The same pass refreshes the snapshot, writing only the changed elements, so a shard is
+//! read once and the snapshot's unchanged cache lines stay clean.
+//!
+//! The diff is memory-bound: at the densities training produces (0.1 % – 25 % of elements per
+//! step) almost every 64-byte block is either untouched or holds a few changes. Every kernel
+//! therefore compares a whole 64-byte block at once, skips it on a zero mask, and only then
+//! visits the changed elements. Kernels are picked at run time ([`DiffImpl`]): AVX-512BW,
+//! AVX-512BW + VBMI2 (compress instead of a per-change loop), AVX2, or a portable word-at-a-time
+//! fallback that every other target uses.
+
+use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use crate::dtype::{load_bits, store_bits};
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
-/// Elements per parallel task.
+/// Elements per parallel task. Large enough that a task's bookkeeping (a `Changes` of its own,
+/// one rayon job) is noise next to its 1–4 MiB of reads, small enough to balance across cores.
 pub const PAR_CHUNK_ELEMS: usize = 1 << 20;
+
+/// Bytes compared per step of every kernel: one AVX-512 register, one cache line.
+const BLOCK: usize = 64;
+
+/// Bytes of input per output reservation. The kernels reserve room for the worst case of a whole
+/// window (every element changed) up front, so the per-change path needs no capacity check.
+const WINDOW: usize = 64 * BLOCK;
+
+/// Extra entries reserved past the worst case, because the compress kernels store whole
+/// registers (up to 8 positions, 64 value bytes) and only then advance by the real count.
+const SLACK_POSITIONS: usize = 8;
+const SLACK_VALUE_BYTES: usize = BLOCK;
 
 /// The changes found in one buffer: sorted positions with their old and new bit patterns
 /// (little-endian, `width` bytes each).
@@ -34,26 +60,255 @@ impl Changes {
         self.new_values.clear();
     }
 
-    fn append(&mut self, other: &Changes) {
-        self.positions.extend_from_slice(&other.positions);
-        self.old_values.extend_from_slice(&other.old_values);
-        self.new_values.extend_from_slice(&other.new_values);
+    /// Appends one change through the checked `Vec` API; for the few elements past the last
+    /// whole block, where speed does not matter.
+    #[inline]
+    fn push<const W: usize>(&mut self, position: u64, old: u32, new: u32) {
+        self.positions.push(position);
+        self.old_values.extend_from_slice(&old.to_le_bytes()[..W]);
+        self.new_values.extend_from_slice(&new.to_le_bytes()[..W]);
     }
+
+    /// Makes room for `max` more changes of `W`-byte elements (plus the compress slack) and
+    /// returns raw cursors at the ends of the three vectors. Nothing may touch `self` until the
+    /// tail is handed back to [`Changes::commit`].
+    #[inline]
+    fn reserve_tail<const W: usize>(&mut self, max: usize) -> Tail<W> {
+        self.positions.reserve(max + SLACK_POSITIONS);
+        self.old_values.reserve(max * W + SLACK_VALUE_BYTES);
+        self.new_values.reserve(max * W + SLACK_VALUE_BYTES);
+        let (p, o, n) = (self.positions.len(), self.old_values.len(), self.new_values.len());
+        // SAFETY: each offset is the vector's length, which is within (at the end of) its
+        // allocation, so `add` stays in bounds.
+        unsafe {
+            Tail {
+                pos: self.positions.as_mut_ptr().add(p),
+                old: self.old_values.as_mut_ptr().add(o),
+                new: self.new_values.as_mut_ptr().add(n),
+                len: 0,
+                #[cfg(debug_assertions)]
+                max,
+            }
+        }
+    }
+
+    /// Publishes the changes written through `tail`.
+    ///
+    /// # Safety
+    /// `tail` must come from `self.reserve_tail::<W>` with no other use of `self` since, and
+    /// its first `tail.len` entries must all have been written.
+    #[inline]
+    unsafe fn commit<const W: usize>(&mut self, tail: Tail<W>) {
+        #[cfg(debug_assertions)]
+        debug_assert!(tail.len <= tail.max);
+        let (p, o, n) = (self.positions.len(), self.old_values.len(), self.new_values.len());
+        // SAFETY: per this function's contract, `tail.len` entries past each old length were
+        // written, and `reserve_tail` made the capacity for them.
+        unsafe {
+            self.positions.set_len(p + tail.len);
+            self.old_values.set_len(o + tail.len * W);
+            self.new_values.set_len(n + tail.len * W);
+        }
+    }
+}
+
+/// Raw write cursors into the spare capacity of a [`Changes`]; see [`Changes::reserve_tail`].
+struct Tail<const W: usize> {
+    pos: *mut u64,
+    old: *mut u8,
+    new: *mut u8,
+    /// Changes written so far.
+    len: usize,
+    #[cfg(debug_assertions)]
+    max: usize,
+}
+
+impl<const W: usize> Tail<W> {
+    /// Writes one change.
+    ///
+    /// # Safety
+    /// Fewer than the reserved number of changes may have been written before.
+    #[inline(always)]
+    unsafe fn push(&mut self, position: u64, old: u32, new: u32) {
+        #[cfg(debug_assertions)]
+        debug_assert!(self.len < self.max);
+        // SAFETY: `len < max`, and `reserve_tail` reserved `max` positions and `max * W` value
+        // bytes past the cursors; `W <= 4` so the little-endian prefix of a `u32` covers it.
+        unsafe {
+            self.pos.add(self.len).write(position);
+            std::ptr::copy_nonoverlapping(old.to_le_bytes().as_ptr(), self.old.add(self.len * W), W);
+            std::ptr::copy_nonoverlapping(new.to_le_bytes().as_ptr(), self.new.add(self.len * W), W);
+        }
+        self.len += 1;
+    }
+}
+
+/// One diff kernel. All give identical results; they differ only in speed and in the CPU
+/// features they need. Tests and benches force each one; production code lets
+/// [`diff_and_refresh`] pick the best available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DiffImpl {
+    /// Portable: a block is eight `u64` XORs; changed words are walked with `trailing_zeros`.
+    Scalar,
+    /// AVX2: two 32-byte compares and `movemask` per block, then a per-change loop.
+    Avx2,
+    /// AVX-512BW: one mask compare per block, a per-change loop for the outputs, and one masked
+    /// store that refreshes exactly the changed elements of the snapshot.
+    Avx512,
+    /// AVX-512BW + VBMI2: as `Avx512`, but the outputs of a block are written with compress
+    /// instructions rather than a loop per change; wins once blocks hold several changes.
+    Avx512Vbmi2,
+}
+
+impl DiffImpl {
+    /// Every kernel, available here or not, slowest first.
+    pub const ALL: [DiffImpl; 4] = [DiffImpl::Scalar, DiffImpl::Avx2, DiffImpl::Avx512, DiffImpl::Avx512Vbmi2];
+
+    /// A short lowercase name, for bench ids and logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DiffImpl::Scalar => "scalar",
+            DiffImpl::Avx2 => "avx2",
+            DiffImpl::Avx512 => "avx512",
+            DiffImpl::Avx512Vbmi2 => "avx512vbmi2",
+        }
+    }
+
+    /// Whether this CPU can run the kernel (detected once, then cached).
+    pub fn is_available(self) -> bool {
+        detected().contains(&self)
+    }
+}
+
+impl std::fmt::Display for DiffImpl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The kernels this CPU can run, slowest first. Detection runs once: `is_x86_feature_detected!`
+/// is itself cached, but the list is consulted on every chunk and a `OnceLock` read is one load.
+fn detected() -> &'static [DiffImpl] {
+    static DETECTED: OnceLock<Vec<DiffImpl>> = OnceLock::new();
+    DETECTED.get_or_init(|| {
+        #[allow(unused_mut)]
+        let mut found = vec![DiffImpl::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        found.extend(x86::detect());
+        found
+    })
+}
+
+/// The kernels this CPU can run, slowest first; every one of them gives the same result.
+pub fn available_impls() -> Vec<DiffImpl> {
+    detected().to_vec()
+}
+
+/// The kernel [`diff_and_refresh`] and [`diff_serial`] use on this CPU.
+pub fn best_impl() -> DiffImpl {
+    static BEST: OnceLock<DiffImpl> = OnceLock::new();
+    *BEST.get_or_init(|| {
+        // Compress (VBMI2) wins at every density measured on Zen 4 (see benches/diff.rs);
+        // otherwise the widest compare available.
+        let order = [DiffImpl::Avx512Vbmi2, DiffImpl::Avx512, DiffImpl::Avx2];
+        order.into_iter().find(|k| k.is_available()).unwrap_or(DiffImpl::Scalar)
+    })
+}
+
+/// Checks the arguments every entry point shares. They are the caller's bookkeeping, never
+/// data from outside, so a violation is a bug and panics.
+fn check_args(snapshot: &[u8], current: &[u8], width: usize) {
+    assert_eq!(snapshot.len(), current.len(), "snapshot and current differ in length");
+    assert!(matches!(width, 1 | 2 | 4), "unsupported element width {width}");
+    assert_eq!(current.len() % width, 0, "buffer is not whole elements");
 }
 
 /// Compares `current` with `snapshot` (same length, `width`-byte elements), appends every
 /// changed element to `out` with its position offset by `first_index`, and copies the new
 /// bits into `snapshot` for those elements only.
 ///
+/// Buffers larger than [`PAR_CHUNK_ELEMS`] elements are split across the rayon pool.
+///
 /// # Panics
 /// If the buffers differ in length or are not whole elements (a caller bug, not data).
 pub fn diff_and_refresh(snapshot: &mut [u8], current: &[u8], width: usize, first_index: u64, out: &mut Changes) {
-    assert_eq!(snapshot.len(), current.len(), "snapshot and current differ in length");
-    assert!(matches!(width, 1 | 2 | 4), "unsupported element width {width}");
-    assert_eq!(current.len() % width, 0, "buffer is not whole elements");
-    let chunk_bytes = PAR_CHUNK_ELEMS * width;
+    diff_and_refresh_with(best_impl(), snapshot, current, width, first_index, out);
+}
+
+/// [`diff_and_refresh`] with a forced kernel, for tests and benches.
+///
+/// # Panics
+/// As [`diff_and_refresh`], and if `kind` is not available on this CPU.
+pub fn diff_and_refresh_with(
+    kind: DiffImpl,
+    snapshot: &mut [u8],
+    current: &[u8],
+    width: usize,
+    first_index: u64,
+    out: &mut Changes,
+) {
+    diff_chunked(kind, snapshot, current, width, first_index, out, PAR_CHUNK_ELEMS);
+}
+
+/// Single-threaded diff of one piece; same contract as [`diff_and_refresh`].
+pub fn diff_serial(snapshot: &mut [u8], current: &[u8], width: usize, first_index: u64, out: &mut Changes) {
+    diff_serial_with(best_impl(), snapshot, current, width, first_index, out);
+}
+
+/// [`diff_serial`] with a forced kernel, for tests and benches.
+///
+/// # Panics
+/// As [`diff_and_refresh`], and if `kind` is not available on this CPU.
+pub fn diff_serial_with(
+    kind: DiffImpl,
+    snapshot: &mut [u8],
+    current: &[u8],
+    width: usize,
+    first_index: u64,
+    out: &mut Changes,
+) {
+    check_args(snapshot, current, width);
+    assert!(kind.is_available(), "diff kernel {kind} is not available on this CPU");
+    run_kernel(kind, snapshot, current, width, first_index, out);
+}
+
+/// Dispatches on kernel and width; arguments are already checked.
+fn run_kernel(kind: DiffImpl, snapshot: &mut [u8], current: &[u8], width: usize, first_index: u64, out: &mut Changes) {
+    match kind {
+        DiffImpl::Scalar => match width {
+            1 => scalar::<1>(snapshot, current, first_index, out),
+            2 => scalar::<2>(snapshot, current, first_index, out),
+            _ => scalar::<4>(snapshot, current, first_index, out),
+        },
+        #[cfg(target_arch = "x86_64")]
+        _ => x86::run(kind, snapshot, current, width, first_index, out),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the scalar kernel is available on this target"),
+    }
+}
+
+/// The parallel driver, with the chunk size as a parameter so tests can cross many chunk
+/// boundaries on small buffers.
+///
+/// Each task diffs one chunk into a `Changes` of its own; the parts are then copied into `out`
+/// in parallel at offsets from a prefix sum. The alternative — a counting pass first, then an
+/// exact allocation written in place — reads both buffers twice, which costs far more than
+/// copying the (much smaller) output once.
+fn diff_chunked(
+    kind: DiffImpl,
+    snapshot: &mut [u8],
+    current: &[u8],
+    width: usize,
+    first_index: u64,
+    out: &mut Changes,
+    chunk_elems: usize,
+) {
+    check_args(snapshot, current, width);
+    assert!(kind.is_available(), "diff kernel {kind} is not available on this CPU");
+    assert!(chunk_elems > 0, "chunk size must be positive");
+    let chunk_bytes = chunk_elems * width;
     if current.len() <= chunk_bytes {
-        diff_serial(snapshot, current, width, first_index, out);
+        run_kernel(kind, snapshot, current, width, first_index, out);
         return;
     }
     let parts: Vec<Changes> = snapshot
@@ -62,30 +317,122 @@ pub fn diff_and_refresh(snapshot: &mut [u8], current: &[u8], width: usize, first
         .enumerate()
         .map(|(c, (snap, cur))| {
             let mut part = Changes::default();
-            diff_serial(snap, cur, width, first_index + (c * PAR_CHUNK_ELEMS) as u64, &mut part);
+            run_kernel(kind, snap, cur, width, first_index + (c * chunk_elems) as u64, &mut part);
             part
         })
         .collect();
+    concat_parallel(out, &parts, width);
+}
+
+/// Appends `parts` to `out` in order, copying them in parallel into disjoint pieces of `out`'s
+/// spare capacity (a serial copy would be a visible fraction of the diff at 10 % density).
+fn concat_parallel(out: &mut Changes, parts: &[Changes], width: usize) {
     let total: usize = parts.iter().map(Changes::len).sum();
     out.positions.reserve(total);
     out.old_values.reserve(total * width);
     out.new_values.reserve(total * width);
-    for part in &parts {
-        out.append(part);
+
+    let mut pos_spare = &mut out.positions.spare_capacity_mut()[..total];
+    let mut old_spare = &mut out.old_values.spare_capacity_mut()[..total * width];
+    let mut new_spare = &mut out.new_values.spare_capacity_mut()[..total * width];
+    let mut jobs = Vec::with_capacity(parts.len());
+    for part in parts {
+        let (p, rest) = std::mem::take(&mut pos_spare).split_at_mut(part.len());
+        pos_spare = rest;
+        let (o, rest) = std::mem::take(&mut old_spare).split_at_mut(part.old_values.len());
+        old_spare = rest;
+        let (n, rest) = std::mem::take(&mut new_spare).split_at_mut(part.new_values.len());
+        new_spare = rest;
+        jobs.push((part, p, o, n));
+    }
+    jobs.into_par_iter().for_each(|(part, p, o, n)| {
+        for (dst, src) in p.iter_mut().zip(&part.positions) {
+            dst.write(*src);
+        }
+        for (dst, src) in o.iter_mut().zip(&part.old_values) {
+            dst.write(*src);
+        }
+        for (dst, src) in n.iter_mut().zip(&part.new_values) {
+            dst.write(*src);
+        }
+    });
+    let (p, o, n) = (out.positions.len(), out.old_values.len(), out.new_values.len());
+    // SAFETY: the jobs above initialised exactly the first `total` (resp. `total * width`)
+    // spare entries of each vector — the split pieces tile that range, one per part, and each
+    // part's lengths are `len` and `len * width` — and the `reserve` calls made the capacity.
+    unsafe {
+        out.positions.set_len(p + total);
+        out.old_values.set_len(o + total * width);
+        out.new_values.set_len(n + total * width);
     }
 }
 
-/// Single-threaded diff of one piece.
-pub fn diff_serial(snapshot: &mut [u8], current: &[u8], width: usize, first_index: u64, out: &mut Changes) {
-    let n = current.len() / width;
-    for i in 0..n {
-        let old = load_bits(snapshot, width, i);
-        let new = load_bits(current, width, i);
+/// Reads a little-endian `W`-byte element at byte offset `at`.
+#[inline(always)]
+fn load<const W: usize>(bytes: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b[..W].copy_from_slice(&bytes[at..at + W]);
+    u32::from_le_bytes(b)
+}
+
+/// The per-element diff of `[start..]` (whole elements), through the checked `Vec` API. Used
+/// for the bytes after the last whole block, shorter than one block.
+fn diff_elems<const W: usize>(snapshot: &mut [u8], current: &[u8], start: usize, first_index: u64, out: &mut Changes) {
+    let mut at = start;
+    while at < current.len() {
+        let (old, new) = (load::<W>(snapshot, at), load::<W>(current, at));
         if old != new {
-            out.positions.push(first_index + i as u64);
-            out.old_values.extend_from_slice(&old.to_le_bytes()[..width]);
-            out.new_values.extend_from_slice(&new.to_le_bytes()[..width]);
-            store_bits(snapshot, width, i, new);
+            out.push::<W>(first_index + (at / W) as u64, old, new);
+            snapshot[at..at + W].copy_from_slice(&new.to_le_bytes()[..W]);
         }
+        at += W;
     }
+}
+
+/// The portable kernel: per 64-byte block, OR the XOR of eight `u64` words (the compiler may
+/// vectorise this), skip on zero, else walk the nonzero words' changed elements with
+/// `trailing_zeros` and take old and new bits straight out of the words.
+fn scalar<const W: usize>(snapshot: &mut [u8], current: &[u8], first_index: u64, out: &mut Changes) {
+    let len = current.len();
+    let blocks_end = len - len % BLOCK;
+    let elem_bits = 8 * W as u32;
+    let elem_mask: u64 = if W == 4 { u32::MAX as u64 } else { (1u64 << elem_bits) - 1 };
+    let mut off = 0;
+    while off < blocks_end {
+        let window_end = (off + WINDOW).min(blocks_end);
+        let mut tail = out.reserve_tail::<W>((window_end - off) / W);
+        while off < window_end {
+            // Copies of the block as words: the snapshot is written below, so keep no borrow.
+            let mut sw = [0u64; 8];
+            let mut cw = [0u64; 8];
+            for (i, (s, c)) in sw.iter_mut().zip(cw.iter_mut()).enumerate() {
+                let at = off + 8 * i;
+                *s = u64::from_le_bytes(snapshot[at..at + 8].try_into().expect("8 bytes"));
+                *c = u64::from_le_bytes(current[at..at + 8].try_into().expect("8 bytes"));
+            }
+            let any = sw.iter().zip(&cw).fold(0, |acc, (s, c)| acc | (s ^ c));
+            if any != 0 {
+                for (i, (&a, &b)) in sw.iter().zip(&cw).enumerate() {
+                    let mut x = a ^ b;
+                    while x != 0 {
+                        let shift = x.trailing_zeros() / elem_bits * elem_bits;
+                        let old = ((a >> shift) & elem_mask) as u32;
+                        let new = ((b >> shift) & elem_mask) as u32;
+                        let at = off + 8 * i + (shift / 8) as usize;
+                        // SAFETY: at most one push per element of this window, and the tail was
+                        // reserved for every element of the window.
+                        unsafe { tail.push(first_index + (at / W) as u64, old, new) };
+                        // Refresh only the changed element: the only snapshot store is here.
+                        snapshot[at..at + W].copy_from_slice(&new.to_le_bytes()[..W]);
+                        x &= !(elem_mask << shift);
+                    }
+                }
+            }
+            off += BLOCK;
+        }
+        // SAFETY: the tail came from `out.reserve_tail` just above, `out` was not used since,
+        // and `tail.len` counts exactly the pushes made.
+        unsafe { out.commit(tail) };
+    }
+    diff_elems::<W>(snapshot, current, blocks_end, first_index, out);
 }

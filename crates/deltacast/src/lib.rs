@@ -16,3 +16,15 @@ pub mod slot;
 pub use dtype::DType;
 pub use error::{CodecError, Error, Result};
 pub use slot::{SlotInfo, SlotTable};
+
+pub mod apply;
+pub mod flush;
+pub mod io;
+pub mod sender;
+pub mod wire;
+
+pub use apply::{Receiver, SlotStore, SyncOutcome};
+pub use codec::{CodecChoice, PosCodec, ValCodec};
+pub use flush::{FlushConfig, SyncStats};
+pub use sender::{SendReport, Sender};
+pub use wire::FrameKind;

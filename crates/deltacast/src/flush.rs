@@ -1,0 +1,269 @@
+//! The streaming flush builder: turns per-slot changes (or seed values) into frames of at most
+//! `bucket_size` bytes, handing each finished frame to a sink as soon as it is full, so the
+//! sender holds about two buckets whatever the model size.
+
+use std::collections::BTreeMap;
+
+use rayon::prelude::*;
+
+use crate::codec::{encode_chunk, CodecChoice, EncodedChunk, PosCodec, ValCodec};
+use crate::error::{Error, Result};
+use crate::wire::{FrameKind, FrameWriter, SlotDigest, CHECKSUM_LEN, DIGEST_LEN, ENTRY_LEN, HEADER_LEN, MAX_CHUNK_RANGE};
+
+/// Default bucket: 512 MiB, the usual NCCL broadcast bucket.
+pub const DEFAULT_BUCKET_SIZE: usize = 512 << 20;
+/// Default chunk range: 1 Mi elements, small enough for parallel decode, large enough that
+/// manifest entries cost nothing.
+pub const DEFAULT_CHUNK_ELEMS: u64 = 1 << 20;
+/// A bucket must hold a header, one entry with an element and the checksum, with room to spare.
+pub const MIN_BUCKET_SIZE: usize = 1024;
+
+/// Chunks encoded together in parallel before being placed into frames.
+const ENCODE_BATCH: usize = 32;
+
+/// How a sync is cut into frames and coded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushConfig {
+    pub bucket_size: usize,
+    pub chunk_elems: u64,
+    pub codec: CodecChoice,
+}
+
+impl Default for FlushConfig {
+    fn default() -> Self {
+        FlushConfig { bucket_size: DEFAULT_BUCKET_SIZE, chunk_elems: DEFAULT_CHUNK_ELEMS, codec: CodecChoice::Auto }
+    }
+}
+
+impl FlushConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.bucket_size < MIN_BUCKET_SIZE {
+            return Err(Error::InvalidArgument(format!("bucket size {} is below the minimum {MIN_BUCKET_SIZE}", self.bucket_size)));
+        }
+        if self.chunk_elems == 0 || self.chunk_elems > MAX_CHUNK_RANGE {
+            return Err(Error::InvalidArgument(format!("chunk size {} outside 1..={MAX_CHUNK_RANGE}", self.chunk_elems)));
+        }
+        Ok(())
+    }
+}
+
+/// What one sync cost on the wire.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    pub version: u64,
+    pub flushes: u32,
+    pub wire_bytes: u64,
+    pub chunks: u64,
+    /// Changed elements (seed: every element).
+    pub changed: u64,
+    /// Bytes of position and value sections, without headers, manifests and padding.
+    pub section_bytes: u64,
+    /// Chunks per codec pair, e.g. `"gaps+ulp" → 311`.
+    pub codecs: BTreeMap<String, u64>,
+    /// Largest frame emitted.
+    pub max_flush_bytes: u64,
+}
+
+/// Builds the frames of one sync and hands each to `sink` when it is full.
+pub struct SyncEncoder<F: FnMut(Vec<u8>) -> Result<()>> {
+    kind: FrameKind,
+    version: u64,
+    table_hash: u64,
+    config: FlushConfig,
+    writer: FrameWriter,
+    sink: F,
+    stats: SyncStats,
+}
+
+/// A chunk waiting to be encoded: `rel` positions (empty when all elements changed).
+struct PendingChunk<'a> {
+    start: u64,
+    range: u64,
+    rel: Vec<u32>,
+    all: bool,
+    old: &'a [u8],
+    new: &'a [u8],
+}
+
+impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
+    pub fn new(kind: FrameKind, version: u64, table_hash: u64, config: FlushConfig, sink: F) -> Result<Self> {
+        config.validate()?;
+        Ok(SyncEncoder {
+            kind,
+            version,
+            table_hash,
+            config,
+            writer: FrameWriter::new(kind, version, table_hash, 0),
+            sink,
+            stats: SyncStats { version, ..Default::default() },
+        })
+    }
+
+    /// Room for chunk bytes in an empty frame.
+    fn capacity(&self) -> usize {
+        self.config.bucket_size - HEADER_LEN - CHECKSUM_LEN
+    }
+
+    /// Adds the changes of one slot: `positions` sorted, flat in the slot's coordinates and
+    /// below `numel`; `old` and `new` the bit patterns (`width` bytes each) at those positions.
+    pub fn push_delta(&mut self, slot: u32, numel: u64, width: usize, positions: &[u64], old: &[u8], new: &[u8]) -> Result<()> {
+        if old.len() != positions.len() * width || new.len() != positions.len() * width {
+            return Err(Error::InvalidArgument("positions and values differ in length".into()));
+        }
+        if positions.last().is_some_and(|&p| p >= numel) {
+            return Err(Error::InvalidArgument(format!("position beyond slot {slot} of {numel} elements")));
+        }
+        let grid = self.config.chunk_elems;
+        let mut pending = Vec::new();
+        let mut i = 0;
+        while i < positions.len() {
+            let start = positions[i] / grid * grid;
+            let range = grid.min(numel - start);
+            let end = start + range;
+            let j = i + positions[i..].partition_point(|&p| p < end);
+            let rel = positions[i..j].iter().map(|&p| (p - start) as u32).collect();
+            pending.push(PendingChunk {
+                start,
+                range,
+                rel,
+                all: false,
+                old: &old[i * width..j * width],
+                new: &new[i * width..j * width],
+            });
+            if pending.len() == ENCODE_BATCH {
+                self.encode_and_place(slot, width, std::mem::take(&mut pending))?;
+            }
+            i = j;
+        }
+        self.encode_and_place(slot, width, pending)
+    }
+
+    /// Adds every element of one slot (a seed): `values` holds the whole slot.
+    pub fn push_seed(&mut self, slot: u32, width: usize, values: &[u8]) -> Result<()> {
+        let numel = (values.len() / width) as u64;
+        // A seed chunk is values only; keep each within one bucket.
+        let per_bucket = ((self.capacity() - ENTRY_LEN) / width) as u64;
+        let grid = self.config.chunk_elems.min(per_bucket).max(1);
+        let mut start = 0;
+        let mut pending = Vec::new();
+        while start < numel {
+            let range = grid.min(numel - start);
+            let bytes = &values[(start as usize) * width..((start + range) as usize) * width];
+            pending.push(PendingChunk { start, range, rel: Vec::new(), all: true, old: bytes, new: bytes });
+            if pending.len() == ENCODE_BATCH {
+                self.encode_and_place(slot, width, std::mem::take(&mut pending))?;
+            }
+            start += range;
+        }
+        self.encode_and_place(slot, width, pending)
+    }
+
+    fn encode_and_place(&mut self, slot: u32, width: usize, pending: Vec<PendingChunk<'_>>) -> Result<()> {
+        let choice = self.config.codec;
+        let encoded: Vec<EncodedChunk> = pending.par_iter().map(|c| encode_pending(choice, width, c)).collect();
+        for (chunk, enc) in pending.iter().zip(encoded) {
+            self.place(slot, width, chunk, enc)?;
+        }
+        Ok(())
+    }
+
+    /// Puts an encoded chunk into the current frame, starting a new frame when it does not fit,
+    /// and splitting the chunk's range in two when it would not fit even an empty frame.
+    fn place(&mut self, slot: u32, width: usize, chunk: &PendingChunk<'_>, enc: EncodedChunk) -> Result<()> {
+        let cost = FrameWriter::chunk_cost(enc.positions.len(), enc.values.len());
+        if cost > self.capacity() {
+            if chunk.range <= 1 {
+                return Err(Error::InvalidArgument(format!("bucket size {} cannot hold one element", self.config.bucket_size)));
+            }
+            let half = chunk.range / 2;
+            for part in split_chunk(chunk, half, width) {
+                let enc = encode_pending(self.config.codec, width, &part);
+                self.place(slot, width, &part, enc)?;
+            }
+            return Ok(());
+        }
+        if self.writer.len() + cost > self.config.bucket_size {
+            self.emit(false)?;
+        }
+        let count = if chunk.all { chunk.range } else { chunk.rel.len() as u64 };
+        let (pos, val) = (enc.pos_codec.unwrap_or(PosCodec::All), enc.val_codec.unwrap_or(ValCodec::Raw));
+        self.writer.push_chunk(slot, pos, val, chunk.start, chunk.range, count, &enc.positions, &enc.values);
+        self.stats.chunks += 1;
+        self.stats.changed += count;
+        self.stats.section_bytes += (enc.positions.len() + enc.values.len()) as u64;
+        *self.stats.codecs.entry(format!("{}+{}", pos.name(), val.name())).or_default() += 1;
+        Ok(())
+    }
+
+    fn emit(&mut self, is_final: bool) -> Result<()> {
+        let next_index = self.stats.flushes + 1;
+        let writer = std::mem::replace(&mut self.writer, FrameWriter::new(self.kind, self.version, self.table_hash, next_index));
+        let frame = writer.finish(is_final);
+        self.stats.flushes += 1;
+        self.stats.wire_bytes += frame.len() as u64;
+        self.stats.max_flush_bytes = self.stats.max_flush_bytes.max(frame.len() as u64);
+        (self.sink)(frame)
+    }
+
+    /// Appends the digest records and emits the final frame.
+    pub fn finish(mut self, digests: &[SlotDigest]) -> Result<SyncStats> {
+        for d in digests {
+            if self.writer.len() + DIGEST_LEN > self.config.bucket_size {
+                self.emit(false)?;
+            }
+            self.writer.push_digest(*d);
+        }
+        self.emit(true)?;
+        Ok(self.stats)
+    }
+}
+
+fn encode_pending(choice: CodecChoice, width: usize, chunk: &PendingChunk<'_>) -> EncodedChunk {
+    if chunk.all {
+        let mut enc = EncodedChunk { pos_codec: Some(PosCodec::All), val_codec: Some(ValCodec::Raw), ..Default::default() };
+        enc.values.extend_from_slice(chunk.new);
+        return enc;
+    }
+    encode_chunk(choice, width, &chunk.rel, chunk.range as u32, chunk.old, chunk.new)
+}
+
+/// Splits a chunk at `at` elements from its start into two chunks (dropping an empty side of a delta).
+fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<PendingChunk<'a>> {
+    if chunk.all {
+        let cut = at as usize * width;
+        return vec![
+            PendingChunk { start: chunk.start, range: at, rel: Vec::new(), all: true, old: &chunk.old[..cut], new: &chunk.new[..cut] },
+            PendingChunk {
+                start: chunk.start + at,
+                range: chunk.range - at,
+                rel: Vec::new(),
+                all: true,
+                old: &chunk.old[cut..],
+                new: &chunk.new[cut..],
+            },
+        ];
+    }
+    let k = chunk.rel.partition_point(|&p| (p as u64) < at);
+    let mut parts = Vec::with_capacity(2);
+    if k > 0 {
+        parts.push(PendingChunk {
+            start: chunk.start,
+            range: at,
+            rel: chunk.rel[..k].to_vec(),
+            all: false,
+            old: &chunk.old[..k * width],
+            new: &chunk.new[..k * width],
+        });
+    }
+    if k < chunk.rel.len() {
+        parts.push(PendingChunk {
+            start: chunk.start + at,
+            range: chunk.range - at,
+            rel: chunk.rel[k..].iter().map(|&p| p - at as u32).collect(),
+            all: false,
+            old: &chunk.old[k * width..],
+            new: &chunk.new[k * width..],
+        });
+    }
+    parts
+}

@@ -1,0 +1,178 @@
+//! The sender for one process that holds whole slots (a single trainer rank, the CLI, a file
+//! diff). It keeps a snapshot of what it last synced, diffs against it, and streams frames.
+
+use rayon::prelude::*;
+
+use crate::diff::{diff_and_refresh, Changes};
+use crate::digest::{change, digest_slot, slot_salt};
+use crate::dtype::load_bits;
+use crate::error::{Error, Result};
+use crate::flush::{FlushConfig, SyncEncoder, SyncStats};
+use crate::slot::SlotTable;
+use crate::wire::{FrameKind, SlotDigest};
+
+/// Trainer-side state: the snapshot, its digests and the version last synced.
+pub struct Sender {
+    table: SlotTable,
+    config: FlushConfig,
+    snapshot: Vec<Vec<u8>>,
+    digests: Vec<u64>,
+    version: u64,
+    /// True until a seed went out whole; a failed sync sets it again, since receivers may not
+    /// have the version the snapshot now holds.
+    needs_seed: bool,
+    changes: Changes,
+}
+
+/// What one sync did on the sender.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendReport {
+    pub kind: FrameKind,
+    pub stats: SyncStats,
+    /// The combined state digest receivers must ack.
+    pub state_digest: u64,
+    /// Elements compared.
+    pub elements: u64,
+}
+
+impl Sender {
+    pub fn new(table: SlotTable, config: FlushConfig) -> Result<Self> {
+        config.validate()?;
+        let snapshot = table.slots().iter().map(|s| vec![0u8; s.nbytes() as usize]).collect();
+        let digests = vec![0; table.len()];
+        Ok(Sender { table, config, snapshot, digests, version: 0, needs_seed: true, changes: Changes::default() })
+    }
+
+    /// A sender whose snapshot is `base` at `version`, as if it had synced it (file diffs).
+    pub fn with_base(table: SlotTable, config: FlushConfig, base: Vec<Vec<u8>>, version: u64) -> Result<Self> {
+        let mut sender = Sender::new(table, config)?;
+        sender.check_buffers(&base.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        sender.digests = sender.compute_digests(&base);
+        sender.snapshot = base;
+        sender.version = version;
+        sender.needs_seed = false;
+        Ok(sender)
+    }
+
+    pub fn table(&self) -> &SlotTable {
+        &self.table
+    }
+
+    pub fn config(&self) -> &FlushConfig {
+        &self.config
+    }
+
+    pub fn set_config(&mut self, config: FlushConfig) -> Result<()> {
+        config.validate()?;
+        self.config = config;
+        Ok(())
+    }
+
+    /// The version of the last sync that went out whole.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn digests(&self) -> &[u64] {
+        &self.digests
+    }
+
+    pub fn state_digest(&self) -> u64 {
+        self.digests.iter().fold(0u64, |a, &d| a.wrapping_add(d))
+    }
+
+    /// Forces the next sync to be a seed (a receiver asked for one).
+    pub fn request_seed(&mut self) {
+        self.needs_seed = true;
+    }
+
+    fn compute_digests(&self, bufs: &[Vec<u8>]) -> Vec<u64> {
+        bufs.par_iter().enumerate().map(|(id, b)| digest_slot(id as u32, self.table.slots()[id].dtype.width(), b)).collect()
+    }
+
+    fn check_buffers(&self, current: &[&[u8]]) -> Result<()> {
+        if current.len() != self.table.len() {
+            return Err(Error::InvalidArgument(format!("{} buffers given for {} slots", current.len(), self.table.len())));
+        }
+        for (slot, buf) in self.table.slots().iter().zip(current) {
+            if buf.len() as u64 != slot.nbytes() {
+                return Err(Error::SlotMismatch { slot: slot.name.clone(), reason: format!("buffer has {} bytes, slot needs {}", buf.len(), slot.nbytes()) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `current` (one buffer per slot, in table order): a seed the first time or after
+    /// a failure, a delta otherwise. Frames go to `sink` as they fill.
+    pub fn sync<F: FnMut(Vec<u8>) -> Result<()>>(&mut self, current: &[&[u8]], sink: F) -> Result<SendReport> {
+        if self.needs_seed {
+            self.seed(current, sink)
+        } else {
+            self.delta(current, sink)
+        }
+    }
+
+    /// Sends every element.
+    pub fn seed<F: FnMut(Vec<u8>) -> Result<()>>(&mut self, current: &[&[u8]], sink: F) -> Result<SendReport> {
+        self.check_buffers(current)?;
+        self.needs_seed = true;
+        let version = self.version + 1;
+        for (snap, cur) in self.snapshot.iter_mut().zip(current) {
+            snap.copy_from_slice(cur);
+        }
+        let digests = self.compute_digests(&self.snapshot);
+        let mut enc = SyncEncoder::new(FrameKind::Seed, version, self.table.hash(), self.config, sink)?;
+        for (id, slot) in self.table.slots().iter().enumerate() {
+            enc.push_seed(id as u32, slot.dtype.width(), current[id])?;
+        }
+        let records: Vec<SlotDigest> = digests.iter().enumerate().map(|(id, &d)| SlotDigest { slot: id as u32, base: 0, new: d }).collect();
+        let stats = enc.finish(&records)?;
+        self.digests = digests;
+        self.version = version;
+        self.needs_seed = false;
+        Ok(SendReport { kind: FrameKind::Seed, stats, state_digest: self.state_digest(), elements: self.table.total_elements() })
+    }
+
+    /// Sends the elements whose bits changed since the last sync.
+    pub fn delta<F: FnMut(Vec<u8>) -> Result<()>>(&mut self, current: &[&[u8]], sink: F) -> Result<SendReport> {
+        self.check_buffers(current)?;
+        if self.needs_seed {
+            return Err(Error::InvalidArgument("no seed went out yet: send a seed first".into()));
+        }
+        // From here the snapshot moves ahead of the receivers; only a complete sync clears this.
+        self.needs_seed = true;
+        let version = self.version + 1;
+        let mut enc = SyncEncoder::new(FrameKind::Delta, version, self.table.hash(), self.config, sink)?;
+        let mut records = Vec::with_capacity(self.table.len());
+        for (id, slot) in self.table.slots().iter().enumerate() {
+            let width = slot.dtype.width();
+            let changes = &mut self.changes;
+            changes.clear();
+            diff_and_refresh(&mut self.snapshot[id], current[id], width, 0, changes);
+            let salt = slot_salt(id as u32);
+            let moved = changes
+                .positions
+                .par_iter()
+                .enumerate()
+                .with_min_len(1 << 14)
+                .map(|(k, &p)| change(salt, p, load_bits(&changes.old_values, width, k), load_bits(&changes.new_values, width, k)))
+                .reduce(|| 0u64, u64::wrapping_add);
+            let base = self.digests[id];
+            let new = base.wrapping_add(moved);
+            self.digests[id] = new;
+            records.push(SlotDigest { slot: id as u32, base, new });
+            enc.push_delta(id as u32, slot.numel(), width, &changes.positions, &changes.old_values, &changes.new_values)?;
+        }
+        let stats = enc.finish(&records)?;
+        self.version = version;
+        self.needs_seed = false;
+        Ok(SendReport { kind: FrameKind::Delta, stats, state_digest: self.state_digest(), elements: self.table.total_elements() })
+    }
+
+    /// Frames carrying only digests, so receivers can cross-check memory against them.
+    pub fn verify<F: FnMut(Vec<u8>) -> Result<()>>(&self, sink: F) -> Result<SyncStats> {
+        let enc = SyncEncoder::new(FrameKind::Verify, self.version, self.table.hash(), self.config, sink)?;
+        let records: Vec<SlotDigest> = self.digests.iter().enumerate().map(|(id, &d)| SlotDigest { slot: id as u32, base: d, new: d }).collect();
+        enc.finish(&records)
+    }
+}
