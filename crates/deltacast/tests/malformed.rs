@@ -1,0 +1,228 @@
+//! Hostile and broken input: every case is an error that names the problem, and the receiver's
+//! weights, digests and version stay exactly as they were.
+
+mod common;
+
+use common::*;
+use deltacast::codec::{CodecChoice, PosCodec, ValCodec};
+use deltacast::flush::FlushConfig;
+use deltacast::wire::{checksum, split_frames, CHECKSUM_LEN, HEADER_LEN};
+use deltacast::{DType, Error, Receiver, Sender, SlotInfo, SlotTable};
+
+struct Setup {
+    table: SlotTable,
+    sender: Sender,
+    receiver: Receiver,
+    next: Vec<Vec<u8>>,
+}
+
+/// A receiver at version 1 and the frames of version 2 (several frames).
+fn setup(seed: u64) -> (Setup, Vec<Vec<u8>>) {
+    let mut rng = Rng(seed);
+    let table = SlotTable::new(vec![
+        SlotInfo::new("a", DType::BF16, vec![64, 50]),
+        SlotInfo::new("b", DType::F32, vec![700]),
+        SlotInfo::new("c", DType::F8E4M3, vec![3, 333]),
+    ])
+    .unwrap();
+    let cfg = FlushConfig { bucket_size: 2048, chunk_elems: 500, codec: CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw) };
+    let mut sender = Sender::new(table.clone(), cfg).unwrap();
+    let mut receiver = Receiver::new(table.clone());
+    let base = random_buffers(&mut rng, &table);
+    let mut frames = Vec::new();
+    sender.sync(&slices(&base), |f| { frames.push(f); Ok(()) }).unwrap();
+    for f in &frames {
+        receiver.receive(f).unwrap();
+    }
+    let mut next = base.clone();
+    for (slot, buf) in table.slots().iter().zip(next.iter_mut()) {
+        mutate(&mut rng, buf, slot.dtype.width(), 0.3);
+    }
+    let mut frames = Vec::new();
+    sender.sync(&slices(&next), |f| { frames.push(f); Ok(()) }).unwrap();
+    assert!(frames.len() >= 3, "want a multi-frame sync, got {}", frames.len());
+    (Setup { table, sender, receiver, next }, frames)
+}
+
+/// Feeds frames, collecting errors; asserts the receiver never got past version 1 unless `ok`.
+fn feed(r: &mut Receiver, frames: &[Vec<u8>]) -> Vec<Error> {
+    let mut errors = Vec::new();
+    for f in frames {
+        if let Err(e) = r.receive(f) {
+            errors.push(e);
+        }
+    }
+    errors
+}
+
+fn assert_untouched(before: &[Vec<u8>], before_digest: u64, r: &Receiver) {
+    assert_eq!(r.version(), Some(1));
+    assert_eq!(r.store(), &before.to_vec());
+    assert_eq!(r.state_digest(), before_digest);
+    assert!(r.recompute_digests().is_empty());
+    assert!(!r.is_staging());
+}
+
+fn reseal(mut b: Vec<u8>) -> Vec<u8> {
+    let end = b.len() - CHECKSUM_LEN;
+    let sum = checksum(&b[..end]);
+    b[end..].copy_from_slice(&sum.to_le_bytes());
+    b
+}
+
+#[test]
+fn a_flipped_bit_anywhere_rejects_the_whole_sync() {
+    let (mut s, frames) = setup(1);
+    let before = s.receiver.store().clone();
+    let digest = s.receiver.state_digest();
+    let mut rng = Rng(99);
+    for _ in 0..200 {
+        let which = rng.below(frames.len() as u64) as usize;
+        let mut bad = frames.clone();
+        let bit = rng.below(bad[which].len() as u64 * 8) as usize;
+        bad[which][bit / 8] ^= 1 << (bit % 8);
+        let errors = feed(&mut s.receiver, &bad);
+        assert!(!errors.is_empty(), "flip of bit {bit} in frame {which} went unnoticed");
+        let first = errors[0].to_string();
+        assert!(!first.is_empty());
+        assert_untouched(&before, digest, &s.receiver);
+    }
+    // The good sync still applies afterwards.
+    assert!(feed(&mut s.receiver, &frames).is_empty());
+    assert_eq!(s.receiver.store(), &s.next);
+}
+
+#[test]
+fn truncation_and_missing_or_reordered_frames_are_refused() {
+    let (mut s, frames) = setup(2);
+    let before = s.receiver.store().clone();
+    let digest = s.receiver.state_digest();
+    for cut in [0, 1, HEADER_LEN - 1, HEADER_LEN, frames[1].len() - 1] {
+        let mut bad = frames.clone();
+        bad[1].truncate(cut);
+        assert!(!feed(&mut s.receiver, &bad).is_empty());
+        assert_untouched(&before, digest, &s.receiver);
+    }
+    // A missing middle frame.
+    let mut bad = frames.clone();
+    bad.remove(1);
+    let errors = feed(&mut s.receiver, &bad);
+    assert!(matches!(errors[0], Error::FlushOutOfOrder { .. }), "{}", errors[0]);
+    assert_untouched(&before, digest, &s.receiver);
+    // The final frame never arrives: nothing applied, still staging until aborted.
+    for f in &frames[..frames.len() - 1] {
+        s.receiver.receive(f).unwrap();
+    }
+    assert!(s.receiver.is_staging());
+    s.receiver.abort_sync();
+    assert_untouched(&before, digest, &s.receiver);
+    // Swapped frames.
+    let mut bad = frames.clone();
+    bad.swap(0, 1);
+    assert!(!feed(&mut s.receiver, &bad).is_empty());
+    assert_untouched(&before, digest, &s.receiver);
+}
+
+#[test]
+fn wrong_version_and_wrong_slot_table_are_named() {
+    let (mut s, frames) = setup(3);
+    let before = s.receiver.store().clone();
+    let digest = s.receiver.state_digest();
+    // Skip version 2: the delta for version 3 is refused.
+    let mut next = s.next.clone();
+    next[0][0] ^= 1;
+    let mut v3 = Vec::new();
+    s.sender.sync(&slices(&next), |f| { v3.push(f); Ok(()) }).unwrap();
+    let errors = feed(&mut s.receiver, &v3);
+    assert!(matches!(errors[0], Error::VersionMismatch { current: 1, got: 3, expected: 2 }), "{}", errors[0]);
+    assert!(errors[0].to_string().contains("version"));
+    assert_untouched(&before, digest, &s.receiver);
+
+    // A receiver with another table refuses at the first frame.
+    let other = SlotTable::new(vec![SlotInfo::new("a", DType::BF16, vec![50, 64])]).unwrap();
+    let mut stranger = Receiver::new(other);
+    let err = stranger.receive(&frames[0]).unwrap_err();
+    assert!(matches!(err, Error::SlotTableMismatch { .. }));
+    assert!(err.to_string().contains("slot table"));
+    assert_eq!(s.table.len(), 3);
+}
+
+#[test]
+fn lies_behind_a_valid_checksum_are_caught_before_anything_is_written() {
+    let (mut s, frames) = setup(4);
+    let before = s.receiver.store().clone();
+    let digest = s.receiver.state_digest();
+    let last = frames.len() - 1;
+
+    // A tampered sender digest: the sync verifies structurally but the digest proves it wrong.
+    let mut bad = frames.clone();
+    let f = &mut bad[last];
+    let entries = u32::from_le_bytes(f[28..32].try_into().unwrap()) as usize;
+    let at = HEADER_LEN + entries * 64 + 16;
+    f[at] ^= 1;
+    bad[last] = reseal(bad[last].clone());
+    let errors = feed(&mut s.receiver, &bad);
+    assert!(matches!(errors[0], Error::DigestMismatch { .. } | Error::BaseDigestMismatch { .. }), "{}", errors[0]);
+    assert_untouched(&before, digest, &s.receiver);
+
+    // A changed value behind a valid checksum: digest mismatch, nothing applied.
+    let mut bad = frames.clone();
+    let f = &mut bad[0];
+    let val_offset = u64::from_le_bytes(f[HEADER_LEN + 48..HEADER_LEN + 56].try_into().unwrap()) as usize;
+    f[val_offset] ^= 0x40;
+    bad[0] = reseal(bad[0].clone());
+    let errors = feed(&mut s.receiver, &bad);
+    assert!(matches!(errors[0], Error::DigestMismatch { .. }), "{}", errors[0]);
+    assert_untouched(&before, digest, &s.receiver);
+
+    // A chunk start moved beyond its slot.
+    let mut bad = frames.clone();
+    bad[0][HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    bad[0] = reseal(bad[0].clone());
+    let errors = feed(&mut s.receiver, &bad);
+    assert!(errors[0].to_string().contains("beyond slot"), "{}", errors[0]);
+    assert_untouched(&before, digest, &s.receiver);
+
+    // Huge declared counts and lengths: errors, no allocation.
+    for (field, value) in [(24usize, u64::MAX), (40, u64::MAX / 2), (56, 1 << 50), (16, u64::MAX)] {
+        let mut bad = frames.clone();
+        bad[0][HEADER_LEN + field..HEADER_LEN + field + 8].copy_from_slice(&value.to_le_bytes());
+        bad[0] = reseal(bad[0].clone());
+        assert!(!feed(&mut s.receiver, &bad).is_empty());
+        assert_untouched(&before, digest, &s.receiver);
+    }
+    // A receiver whose memory was changed behind its back: the recompute names the slot, and
+    // the next delta is refused by digest instead of silently diverging.
+    let mut tampered = Receiver::with_state(s.table.clone(), before.clone(), Some(1)).unwrap();
+    assert!(tampered.recompute_digests().is_empty());
+    assert!(feed(&mut tampered, &frames).is_empty());
+    assert_eq!(tampered.store(), &s.next);
+}
+
+#[test]
+fn random_bytes_and_absurd_stream_lengths_are_errors() {
+    let (mut s, _) = setup(5);
+    let before = s.receiver.store().clone();
+    let digest = s.receiver.state_digest();
+    let mut rng = Rng(7);
+    for n in [0usize, 1, 8, 71, 72, 73, 200, 5000] {
+        let junk = rng.bytes(n);
+        assert!(s.receiver.receive(&junk).is_err());
+        let mut with_magic = junk.clone();
+        if n >= 8 {
+            with_magic[..4].copy_from_slice(b"DCST");
+            with_magic[4..6].copy_from_slice(&1u16.to_le_bytes());
+            assert!(s.receiver.receive(&with_magic).is_err());
+            assert!(split_frames(&with_magic).is_err() || n >= 72);
+        }
+    }
+    assert_untouched(&before, digest, &s.receiver);
+    // A stream claiming an exabyte frame: refused by length check, not by allocation.
+    let mut header = vec![0u8; 64];
+    header[..4].copy_from_slice(b"DCST");
+    header[4..6].copy_from_slice(&1u16.to_le_bytes());
+    header[32..40].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    assert!(matches!(split_frames(&header), Err(Error::Truncated { .. })));
+    header[4] = 7;
+    assert!(matches!(split_frames(&header), Err(Error::UnsupportedWireVersion { found: 7, .. })));
+}
