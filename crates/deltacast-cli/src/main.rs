@@ -1,1 +1,142 @@
-fn main() {}
+//! The `deltacast` command line.
+
+mod demo;
+mod files;
+mod output;
+mod synthetic;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+use deltacast::flush::{FlushConfig, DEFAULT_BUCKET_SIZE, DEFAULT_CHUNK_ELEMS};
+use deltacast::CodecChoice;
+
+/// Lossless delta sync of model weights: send only the elements whose bits changed.
+#[derive(Parser)]
+#[command(name = "deltacast", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Sender and receivers in one process on a built-in synthetic model: seed, then N AdamW-like steps.
+    Demo(demo::DemoArgs),
+    /// Write the sync that turns OLD into NEW to a .dcast file (carries OLD's digest).
+    Diff {
+        old: PathBuf,
+        new: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Version the delta brings a receiver to (the base is this minus one).
+        #[arg(long, default_value_t = 1)]
+        version: u64,
+        #[command(flatten)]
+        wire: WireArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Apply a .dcast file to BASE and write the result to OUT (never a partial OUT).
+    Apply {
+        base: PathBuf,
+        delta: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a .dcast file: frame headers, manifest summary, codecs, sizes.
+    Inspect {
+        file: PathBuf,
+        /// One line per chunk.
+        #[arg(long)]
+        chunks: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// How syncs are cut and coded.
+#[derive(Args, Clone, Debug)]
+pub struct WireArgs {
+    /// Largest flush in bytes (suffixes K, M, G accepted).
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    bucket_size: u64,
+    /// Codec: `auto` (cheapest per chunk) or POS+VAL, e.g. `abs32+raw`, `gaps+ulp`, `bitmap+raw`.
+    #[arg(long, default_value = "auto")]
+    codec: String,
+    /// Elements per chunk.
+    #[arg(long, default_value_t = DEFAULT_CHUNK_ELEMS)]
+    chunk_elems: u64,
+}
+
+impl WireArgs {
+    pub fn config(&self) -> Result<FlushConfig> {
+        let Some(codec) = CodecChoice::parse(&self.codec) else {
+            bail!("unknown codec `{}`: use auto or POS+VAL with POS in all/abs32/gaps/bitmap and VAL in raw/ulp", self.codec);
+        };
+        let bucket_size = usize::try_from(self.bucket_size)?;
+        let config = FlushConfig {
+            bucket_size,
+            chunk_elems: self.chunk_elems,
+            codec,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl Default for WireArgs {
+    fn default() -> Self {
+        WireArgs {
+            bucket_size: DEFAULT_BUCKET_SIZE as u64,
+            codec: "auto".into(),
+            chunk_elems: DEFAULT_CHUNK_ELEMS,
+        }
+    }
+}
+
+/// Parses `4096`, `64K`, `512M`, `1G` (binary multiples).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (e.g. 4096, 64K, 512M, 1G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Diff {
+            old,
+            new,
+            output,
+            version,
+            wire,
+            json,
+        } => files::diff(&old, &new, &output, version, &wire, json),
+        Command::Apply {
+            base,
+            delta,
+            output,
+            json,
+        } => files::apply(&base, &delta, &output, json),
+        Command::Inspect { file, chunks, json } => files::inspect(&file, chunks, json),
+    };
+    if let Err(e) = result {
+        eprintln!("deltacast: error: {e:#}");
+        std::process::exit(1);
+    }
+}

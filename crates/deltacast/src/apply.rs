@@ -76,12 +76,20 @@ pub struct Receiver<S: SlotStore = Vec<Vec<u8>>> {
 impl Receiver<Vec<Vec<u8>>> {
     /// An empty receiver with zeroed buffers; it accepts only a seed.
     pub fn new(table: SlotTable) -> Self {
-        let store = table.slots().iter().map(|s| vec![0u8; s.nbytes() as usize]).collect();
-        let digests = table.slots().iter().enumerate().map(|(id, s)| {
-            let zeros = vec![0u8; s.nbytes() as usize];
-            digest_slot(id as u32, s.dtype.width(), &zeros)
-        }).collect();
-        Receiver { table, store, version: None, digests, staging: None }
+        let store = table
+            .slots()
+            .iter()
+            .map(|s| vec![0u8; s.nbytes() as usize])
+            .collect();
+        // No state to prove yet: digests start meaningful at the first seed.
+        let digests = vec![0; table.len()];
+        Receiver {
+            table,
+            store,
+            version: None,
+            digests,
+            staging: None,
+        }
     }
 }
 
@@ -92,11 +100,22 @@ impl<S: SlotStore> Receiver<S> {
         for (id, slot) in table.slots().iter().enumerate() {
             let len = store.slot(id as u32).len() as u64;
             if len != slot.nbytes() {
-                return Err(Error::SlotMismatch { slot: slot.name.clone(), reason: format!("store holds {len} bytes, table says {}", slot.nbytes()) });
+                return Err(Error::SlotMismatch {
+                    slot: slot.name.clone(),
+                    reason: format!("store holds {len} bytes, table says {}", slot.nbytes()),
+                });
             }
         }
-        let digests = (0..table.len() as u32).map(|id| digest_slot(id, table.slots()[id as usize].dtype.width(), store.slot(id))).collect();
-        Ok(Receiver { table, store, version, digests, staging: None })
+        let digests = (0..table.len() as u32)
+            .map(|id| digest_slot(id, table.slots()[id as usize].dtype.width(), store.slot(id)))
+            .collect();
+        Ok(Receiver {
+            table,
+            store,
+            version,
+            digests,
+            staging: None,
+        })
     }
 
     pub fn table(&self) -> &SlotTable {
@@ -128,9 +147,20 @@ impl<S: SlotStore> Receiver<S> {
 
     /// Recomputes every slot's digest from memory and returns the slots whose bytes no longer
     /// match the running digest (weights changed behind the receiver's back).
+    /// An unseeded receiver holds no state to check and reports none.
     pub fn recompute_digests(&self) -> Vec<u32> {
+        if self.version.is_none() {
+            return Vec::new();
+        }
         (0..self.table.len() as u32)
-            .filter(|&id| digest_slot(id, self.table.slots()[id as usize].dtype.width(), self.store.slot(id)) != self.digests[id as usize])
+            .into_par_iter()
+            .filter(|&id| {
+                digest_slot(
+                    id,
+                    self.table.slots()[id as usize].dtype.width(),
+                    self.store.slot(id),
+                ) != self.digests[id as usize]
+            })
             .collect()
     }
 
@@ -158,12 +188,19 @@ impl<S: SlotStore> Receiver<S> {
         let frame = parse_frame(bytes)?;
         let h = frame.header;
         if h.table_hash != self.table.hash() {
-            return Err(Error::SlotTableMismatch { frame: h.table_hash, local: self.table.hash() });
+            return Err(Error::SlotTableMismatch {
+                frame: h.table_hash,
+                local: self.table.hash(),
+            });
         }
         if h.flush_index == 0 {
             match h.kind {
                 FrameKind::Delta | FrameKind::Verify => {
-                    let expected = if h.kind == FrameKind::Delta { self.version.map(|v| v + 1) } else { self.version };
+                    let expected = if h.kind == FrameKind::Delta {
+                        self.version.map(|v| v + 1)
+                    } else {
+                        self.version
+                    };
                     if expected != Some(h.version) {
                         return Err(Error::VersionMismatch {
                             current: self.version.unwrap_or(0),
@@ -185,10 +222,21 @@ impl<S: SlotStore> Receiver<S> {
             });
         }
         let Some(staging) = self.staging.as_mut() else {
-            return Err(Error::FlushOutOfOrder { version: h.version, expected: 0, got: h.flush_index });
+            return Err(Error::FlushOutOfOrder {
+                version: h.version,
+                expected: 0,
+                got: h.flush_index,
+            });
         };
-        if staging.version != h.version || staging.kind != h.kind || staging.next_flush != h.flush_index {
-            return Err(Error::FlushOutOfOrder { version: staging.version, expected: staging.next_flush, got: h.flush_index });
+        if staging.version != h.version
+            || staging.kind != h.kind
+            || staging.next_flush != h.flush_index
+        {
+            return Err(Error::FlushOutOfOrder {
+                version: staging.version,
+                expected: staging.next_flush,
+                got: h.flush_index,
+            });
         }
         staging.next_flush += 1;
         staging.wire_bytes += bytes.len() as u64;
@@ -198,18 +246,34 @@ impl<S: SlotStore> Receiver<S> {
             let slot = self.table.get(e.slot)?;
             let end = e.start + e.range; // no overflow: checked by parse_frame
             if end > slot.numel() {
-                return Err(Error::Malformed(format!("chunk [{}, {end}) lies beyond slot `{}` of {} elements", e.start, slot.name, slot.numel())));
+                return Err(Error::Malformed(format!(
+                    "chunk [{}, {end}) lies beyond slot `{}` of {} elements",
+                    e.start,
+                    slot.name,
+                    slot.numel()
+                )));
             }
             let last = &mut staging.slot_end[e.slot as usize];
-            let in_order = if h.kind == FrameKind::Seed { e.start == *last } else { e.start >= *last };
+            let in_order = if h.kind == FrameKind::Seed {
+                e.start == *last
+            } else {
+                e.start >= *last
+            };
             if !in_order {
-                return Err(Error::Malformed(format!("chunk at {} of slot `{}` overlaps or skips (previous chunk ended at {last})", e.start, slot.name)));
+                return Err(Error::Malformed(format!(
+                    "chunk at {} of slot `{}` overlaps or skips (previous chunk ended at {last})",
+                    e.start, slot.name
+                )));
             }
             *last = end;
         }
         let store = &self.store;
         let table = &self.table;
-        let decoded: Vec<Result<StagedChunk>> = frame.entries.par_iter().map(|e| decode_entry(table, store, &frame, e)).collect();
+        let decoded: Vec<Result<StagedChunk>> = frame
+            .entries
+            .par_iter()
+            .map(|e| decode_entry(table, store, &frame, e))
+            .collect();
         for chunk in decoded {
             staging.chunks.push(chunk?);
         }
@@ -217,14 +281,20 @@ impl<S: SlotStore> Receiver<S> {
             let slot = self.table.get(d.slot)?;
             let record = &mut staging.sender_digests[d.slot as usize];
             if record.is_some() {
-                return Err(Error::Malformed(format!("two digest records for slot `{}`", slot.name)));
+                return Err(Error::Malformed(format!(
+                    "two digest records for slot `{}`",
+                    slot.name
+                )));
             }
             *record = Some(*d);
         }
         if !h.is_final {
             return Ok(None);
         }
-        let staging = self.staging.take().ok_or_else(|| Error::IncompleteSync("no staged sync".into()))?;
+        let staging = self
+            .staging
+            .take()
+            .ok_or_else(|| Error::IncompleteSync("no staged sync".into()))?;
         self.finish_sync(staging).map(Some)
     }
 
@@ -234,10 +304,18 @@ impl<S: SlotStore> Receiver<S> {
         for (id, record) in staging.sender_digests.iter().enumerate() {
             let slot = &self.table.slots()[id];
             let Some(record) = record else {
-                return Err(Error::IncompleteSync(format!("no digest for slot `{}`", slot.name)));
+                return Err(Error::IncompleteSync(format!(
+                    "no digest for slot `{}`",
+                    slot.name
+                )));
             };
             if staging.kind == FrameKind::Seed && staging.slot_end[id] != slot.numel() {
-                return Err(Error::IncompleteSync(format!("seed covers {} of {} elements of slot `{}`", staging.slot_end[id], slot.numel(), slot.name)));
+                return Err(Error::IncompleteSync(format!(
+                    "seed covers {} of {} elements of slot `{}`",
+                    staging.slot_end[id],
+                    slot.numel(),
+                    slot.name
+                )));
             }
             sender.push(*record);
         }
@@ -248,11 +326,19 @@ impl<S: SlotStore> Receiver<S> {
             FrameKind::Delta => {
                 for (id, rec) in sender.iter().enumerate() {
                     if rec.base != self.digests[id] {
-                        return Err(Error::BaseDigestMismatch { slot: self.table.slots()[id].name.clone(), expected: rec.base, actual: self.digests[id] });
+                        return Err(Error::BaseDigestMismatch {
+                            slot: self.table.slots()[id].name.clone(),
+                            expected: rec.base,
+                            actual: self.digests[id],
+                        });
                     }
                 }
                 let mut next = self.digests.clone();
-                let deltas: Vec<(u32, u64)> = staging.chunks.par_iter().map(|c| (c.slot, self.chunk_digest_change(c))).collect();
+                let deltas: Vec<(u32, u64)> = staging
+                    .chunks
+                    .par_iter()
+                    .map(|c| (c.slot, self.chunk_digest_change(c)))
+                    .collect();
                 for (slot, d) in deltas {
                     next[slot as usize] = next[slot as usize].wrapping_add(d);
                 }
@@ -263,7 +349,17 @@ impl<S: SlotStore> Receiver<S> {
                 let parts: Vec<(u32, u64)> = staging
                     .chunks
                     .par_iter()
-                    .map(|c| (c.slot, digest_range(c.slot, self.table.slots()[c.slot as usize].dtype.width(), &c.values, c.start)))
+                    .map(|c| {
+                        (
+                            c.slot,
+                            digest_range(
+                                c.slot,
+                                self.table.slots()[c.slot as usize].dtype.width(),
+                                &c.values,
+                                c.start,
+                            ),
+                        )
+                    })
                     .collect();
                 for (slot, d) in parts {
                     next[slot as usize] = next[slot as usize].wrapping_add(d);
@@ -273,14 +369,24 @@ impl<S: SlotStore> Receiver<S> {
             FrameKind::Verify => {
                 let actual: Vec<u64> = (0..self.table.len() as u32)
                     .into_par_iter()
-                    .map(|id| digest_slot(id, self.table.slots()[id as usize].dtype.width(), self.store.slot(id)))
+                    .map(|id| {
+                        digest_slot(
+                            id,
+                            self.table.slots()[id as usize].dtype.width(),
+                            self.store.slot(id),
+                        )
+                    })
                     .collect();
                 actual
             }
         };
         for (id, rec) in sender.iter().enumerate() {
             if rec.new != new_digests[id] {
-                return Err(Error::DigestMismatch { slot: self.table.slots()[id].name.clone(), expected: rec.new, actual: new_digests[id] });
+                return Err(Error::DigestMismatch {
+                    slot: self.table.slots()[id].name.clone(),
+                    expected: rec.new,
+                    actual: new_digests[id],
+                });
             }
         }
 
@@ -296,7 +402,12 @@ impl<S: SlotStore> Receiver<S> {
             } else {
                 let base = c.start as usize;
                 for (k, &p) in c.rel.iter().enumerate() {
-                    store_bits(dst, width, base + p as usize, load_bits(&c.values, width, k));
+                    store_bits(
+                        dst,
+                        width,
+                        base + p as usize,
+                        load_bits(&c.values, width, k),
+                    );
                 }
                 changed += c.rel.len() as u64;
             }
@@ -330,19 +441,30 @@ impl<S: SlotStore> Receiver<S> {
 }
 
 /// Decodes one manifest entry against the receiver's current state.
-fn decode_entry<S: SlotStore>(table: &SlotTable, store: &S, frame: &Frame<'_>, e: &ChunkEntry) -> Result<StagedChunk> {
+fn decode_entry<S: SlotStore>(
+    table: &SlotTable,
+    store: &S,
+    frame: &Frame<'_>,
+    e: &ChunkEntry,
+) -> Result<StagedChunk> {
     let slot = table.get(e.slot)?;
     let width = slot.dtype.width();
-    let codec_err = |source| Error::Codec { slot: e.slot, start: e.start, source };
+    let codec_err = |source| Error::Codec {
+        slot: e.slot,
+        start: e.start,
+        source,
+    };
     // `count` ≤ `range` ≤ u32::MAX (parse_frame); a section can only yield that many items.
     let range = e.range as u32;
     let count = e.count as u32;
     let all = e.pos_codec == PosCodec::All;
     let mut rel = Vec::new();
     if !all {
-        decode_positions(e.pos_codec, frame.positions(e), count, range, &mut rel).map_err(codec_err)?;
+        decode_positions(e.pos_codec, frame.positions(e), count, range, &mut rel)
+            .map_err(codec_err)?;
     } else {
-        decode_positions(PosCodec::All, frame.positions(e), count, range, &mut rel).map_err(codec_err)?;
+        decode_positions(PosCodec::All, frame.positions(e), count, range, &mut rel)
+            .map_err(codec_err)?;
         rel = Vec::new();
     }
     let mut values = Vec::new();
@@ -350,7 +472,13 @@ fn decode_entry<S: SlotStore>(table: &SlotTable, store: &S, frame: &Frame<'_>, e
         ValCodec::Raw => {
             let expected = count as u64 * width as u64;
             if e.val_len != expected {
-                return Err(codec_err(crate::error::CodecError::Malformed { codec: "raw", reason: format!("section has {} bytes, {count} values need {expected}", e.val_len) }));
+                return Err(codec_err(crate::error::CodecError::Malformed {
+                    codec: "raw",
+                    reason: format!(
+                        "section has {} bytes, {count} values need {expected}",
+                        e.val_len
+                    ),
+                }));
             }
             values.extend_from_slice(frame.values(e));
         }
@@ -369,5 +497,11 @@ fn decode_entry<S: SlotStore>(table: &SlotTable, store: &S, frame: &Frame<'_>, e
             decode_values(codec, width, frame.values(e), &old, &mut values).map_err(codec_err)?;
         }
     }
-    Ok(StagedChunk { slot: e.slot, start: e.start, rel, all, values })
+    Ok(StagedChunk {
+        slot: e.slot,
+        start: e.start,
+        rel,
+        all,
+        values,
+    })
 }

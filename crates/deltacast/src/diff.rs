@@ -77,7 +77,11 @@ impl Changes {
         self.positions.reserve(max + SLACK_POSITIONS);
         self.old_values.reserve(max * W + SLACK_VALUE_BYTES);
         self.new_values.reserve(max * W + SLACK_VALUE_BYTES);
-        let (p, o, n) = (self.positions.len(), self.old_values.len(), self.new_values.len());
+        let (p, o, n) = (
+            self.positions.len(),
+            self.old_values.len(),
+            self.new_values.len(),
+        );
         // SAFETY: each offset is the vector's length, which is within (at the end of) its
         // allocation, so `add` stays in bounds.
         unsafe {
@@ -101,7 +105,11 @@ impl Changes {
     unsafe fn commit<const W: usize>(&mut self, tail: Tail<W>) {
         #[cfg(debug_assertions)]
         debug_assert!(tail.len <= tail.max);
-        let (p, o, n) = (self.positions.len(), self.old_values.len(), self.new_values.len());
+        let (p, o, n) = (
+            self.positions.len(),
+            self.old_values.len(),
+            self.new_values.len(),
+        );
         // SAFETY: per this function's contract, `tail.len` entries past each old length were
         // written, and `reserve_tail` made the capacity for them.
         unsafe {
@@ -136,8 +144,16 @@ impl<const W: usize> Tail<W> {
         // bytes past the cursors; `W <= 4` so the little-endian prefix of a `u32` covers it.
         unsafe {
             self.pos.add(self.len).write(position);
-            std::ptr::copy_nonoverlapping(old.to_le_bytes().as_ptr(), self.old.add(self.len * W), W);
-            std::ptr::copy_nonoverlapping(new.to_le_bytes().as_ptr(), self.new.add(self.len * W), W);
+            std::ptr::copy_nonoverlapping(
+                old.to_le_bytes().as_ptr(),
+                self.old.add(self.len * W),
+                W,
+            );
+            std::ptr::copy_nonoverlapping(
+                new.to_le_bytes().as_ptr(),
+                self.new.add(self.len * W),
+                W,
+            );
         }
         self.len += 1;
     }
@@ -162,7 +178,12 @@ pub enum DiffImpl {
 
 impl DiffImpl {
     /// Every kernel, available here or not, slowest first.
-    pub const ALL: [DiffImpl; 4] = [DiffImpl::Scalar, DiffImpl::Avx2, DiffImpl::Avx512, DiffImpl::Avx512Vbmi2];
+    pub const ALL: [DiffImpl; 4] = [
+        DiffImpl::Scalar,
+        DiffImpl::Avx2,
+        DiffImpl::Avx512,
+        DiffImpl::Avx512Vbmi2,
+    ];
 
     /// A short lowercase name, for bench ids and logs.
     pub const fn name(self) -> &'static str {
@@ -211,15 +232,25 @@ pub fn best_impl() -> DiffImpl {
         // Compress (VBMI2) wins at every density measured on Zen 4 (see benches/diff.rs);
         // otherwise the widest compare available.
         let order = [DiffImpl::Avx512Vbmi2, DiffImpl::Avx512, DiffImpl::Avx2];
-        order.into_iter().find(|k| k.is_available()).unwrap_or(DiffImpl::Scalar)
+        order
+            .into_iter()
+            .find(|k| k.is_available())
+            .unwrap_or(DiffImpl::Scalar)
     })
 }
 
 /// Checks the arguments every entry point shares. They are the caller's bookkeeping, never
 /// data from outside, so a violation is a bug and panics.
 fn check_args(snapshot: &[u8], current: &[u8], width: usize) {
-    assert_eq!(snapshot.len(), current.len(), "snapshot and current differ in length");
-    assert!(matches!(width, 1 | 2 | 4), "unsupported element width {width}");
+    assert_eq!(
+        snapshot.len(),
+        current.len(),
+        "snapshot and current differ in length"
+    );
+    assert!(
+        matches!(width, 1 | 2 | 4),
+        "unsupported element width {width}"
+    );
     assert_eq!(current.len() % width, 0, "buffer is not whole elements");
 }
 
@@ -231,7 +262,13 @@ fn check_args(snapshot: &[u8], current: &[u8], width: usize) {
 ///
 /// # Panics
 /// If the buffers differ in length or are not whole elements (a caller bug, not data).
-pub fn diff_and_refresh(snapshot: &mut [u8], current: &[u8], width: usize, first_index: u64, out: &mut Changes) {
+pub fn diff_and_refresh(
+    snapshot: &mut [u8],
+    current: &[u8],
+    width: usize,
+    first_index: u64,
+    out: &mut Changes,
+) {
     diff_and_refresh_with(best_impl(), snapshot, current, width, first_index, out);
 }
 
@@ -247,11 +284,25 @@ pub fn diff_and_refresh_with(
     first_index: u64,
     out: &mut Changes,
 ) {
-    diff_chunked(kind, snapshot, current, width, first_index, out, PAR_CHUNK_ELEMS);
+    diff_chunked(
+        kind,
+        snapshot,
+        current,
+        width,
+        first_index,
+        out,
+        PAR_CHUNK_ELEMS,
+    );
 }
 
 /// Single-threaded diff of one piece; same contract as [`diff_and_refresh`].
-pub fn diff_serial(snapshot: &mut [u8], current: &[u8], width: usize, first_index: u64, out: &mut Changes) {
+pub fn diff_serial(
+    snapshot: &mut [u8],
+    current: &[u8],
+    width: usize,
+    first_index: u64,
+    out: &mut Changes,
+) {
     diff_serial_with(best_impl(), snapshot, current, width, first_index, out);
 }
 
@@ -268,12 +319,22 @@ pub fn diff_serial_with(
     out: &mut Changes,
 ) {
     check_args(snapshot, current, width);
-    assert!(kind.is_available(), "diff kernel {kind} is not available on this CPU");
+    assert!(
+        kind.is_available(),
+        "diff kernel {kind} is not available on this CPU"
+    );
     run_kernel(kind, snapshot, current, width, first_index, out);
 }
 
 /// Dispatches on kernel and width; arguments are already checked.
-fn run_kernel(kind: DiffImpl, snapshot: &mut [u8], current: &[u8], width: usize, first_index: u64, out: &mut Changes) {
+fn run_kernel(
+    kind: DiffImpl,
+    snapshot: &mut [u8],
+    current: &[u8],
+    width: usize,
+    first_index: u64,
+    out: &mut Changes,
+) {
     match kind {
         DiffImpl::Scalar => match width {
             1 => scalar::<1>(snapshot, current, first_index, out),
@@ -304,7 +365,10 @@ fn diff_chunked(
     chunk_elems: usize,
 ) {
     check_args(snapshot, current, width);
-    assert!(kind.is_available(), "diff kernel {kind} is not available on this CPU");
+    assert!(
+        kind.is_available(),
+        "diff kernel {kind} is not available on this CPU"
+    );
     assert!(chunk_elems > 0, "chunk size must be positive");
     let chunk_bytes = chunk_elems * width;
     if current.len() <= chunk_bytes {
@@ -317,7 +381,14 @@ fn diff_chunked(
         .enumerate()
         .map(|(c, (snap, cur))| {
             let mut part = Changes::default();
-            run_kernel(kind, snap, cur, width, first_index + (c * chunk_elems) as u64, &mut part);
+            run_kernel(
+                kind,
+                snap,
+                cur,
+                width,
+                first_index + (c * chunk_elems) as u64,
+                &mut part,
+            );
             part
         })
         .collect();
@@ -356,7 +427,11 @@ fn concat_parallel(out: &mut Changes, parts: &[Changes], width: usize) {
             dst.write(*src);
         }
     });
-    let (p, o, n) = (out.positions.len(), out.old_values.len(), out.new_values.len());
+    let (p, o, n) = (
+        out.positions.len(),
+        out.old_values.len(),
+        out.new_values.len(),
+    );
     // SAFETY: the jobs above initialised exactly the first `total` (resp. `total * width`)
     // spare entries of each vector — the split pieces tile that range, one per part, and each
     // part's lengths are `len` and `len * width` — and the `reserve` calls made the capacity.
@@ -377,7 +452,13 @@ fn load<const W: usize>(bytes: &[u8], at: usize) -> u32 {
 
 /// The per-element diff of `[start..]` (whole elements), through the checked `Vec` API. Used
 /// for the bytes after the last whole block, shorter than one block.
-fn diff_elems<const W: usize>(snapshot: &mut [u8], current: &[u8], start: usize, first_index: u64, out: &mut Changes) {
+fn diff_elems<const W: usize>(
+    snapshot: &mut [u8],
+    current: &[u8],
+    start: usize,
+    first_index: u64,
+    out: &mut Changes,
+) {
     let mut at = start;
     while at < current.len() {
         let (old, new) = (load::<W>(snapshot, at), load::<W>(current, at));
@@ -392,11 +473,20 @@ fn diff_elems<const W: usize>(snapshot: &mut [u8], current: &[u8], start: usize,
 /// The portable kernel: per 64-byte block, OR the XOR of eight `u64` words (the compiler may
 /// vectorise this), skip on zero, else walk the nonzero words' changed elements with
 /// `trailing_zeros` and take old and new bits straight out of the words.
-fn scalar<const W: usize>(snapshot: &mut [u8], current: &[u8], first_index: u64, out: &mut Changes) {
+fn scalar<const W: usize>(
+    snapshot: &mut [u8],
+    current: &[u8],
+    first_index: u64,
+    out: &mut Changes,
+) {
     let len = current.len();
     let blocks_end = len - len % BLOCK;
     let elem_bits = 8 * W as u32;
-    let elem_mask: u64 = if W == 4 { u32::MAX as u64 } else { (1u64 << elem_bits) - 1 };
+    let elem_mask: u64 = if W == 4 {
+        u32::MAX as u64
+    } else {
+        (1u64 << elem_bits) - 1
+    };
     let mut off = 0;
     while off < blocks_end {
         let window_end = (off + WINDOW).min(blocks_end);

@@ -6,8 +6,6 @@
 
 use rayon::prelude::*;
 
-use crate::dtype::load_bits;
-
 /// Elements per rayon task when hashing a whole buffer.
 const PAR_CHUNK: usize = 1 << 18;
 
@@ -26,11 +24,26 @@ pub fn slot_salt(slot_id: u32) -> u64 {
     mix64(0x6465_6c74_6163_6173 ^ (slot_id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
-/// h(slot, i, bits): the contribution of element `index` holding `bits`.
+/// h(slot, i, bits): the contribution of element `index` holding `bits`. For a fixed slot and
+/// index the map from `bits` to the hash is a bijection (odd multiply, xor, then `mix64`), so a
+/// changed element always changes its term.
 #[inline(always)]
 pub fn element_hash(salt: u64, index: u64, bits: u32) -> u64 {
-    let position_key = mix64(salt ^ index);
-    mix64(position_key ^ ((bits as u64) << 1 | 1).wrapping_mul(0xd6e8_feb8_6659_fd93))
+    let key = (salt ^ index).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (bits as u64 + 1).wrapping_mul(0xd6e8_feb8_6659_fd93);
+    mix64(key)
+}
+
+/// Sum of the terms of `count` elements of width `W` starting at slot index `first`.
+#[inline(always)]
+fn sum_terms<const W: usize>(salt: u64, bytes: &[u8], first: u64) -> u64 {
+    let mut sum = 0u64;
+    for (k, e) in bytes.chunks_exact(W).enumerate() {
+        let mut b = [0u8; 4];
+        b[..W].copy_from_slice(e);
+        sum = sum.wrapping_add(element_hash(salt, first + k as u64, u32::from_le_bytes(b)));
+    }
+    sum
 }
 
 /// Digest of `bytes` (elements of `width` bytes) holding elements `first_index..` of a slot.
@@ -43,12 +56,11 @@ pub fn digest_range(slot_id: u32, width: usize, bytes: &[u8], first_index: u64) 
         .enumerate()
         .map(|(c, chunk)| {
             let base = first_index + (c * PAR_CHUNK) as u64;
-            let count = chunk.len() / width;
-            let mut sum = 0u64;
-            for k in 0..count {
-                sum = sum.wrapping_add(element_hash(salt, base + k as u64, load_bits(chunk, width, k)));
+            match width {
+                1 => sum_terms::<1>(salt, chunk, base),
+                2 => sum_terms::<2>(salt, chunk, base),
+                _ => sum_terms::<4>(salt, chunk, base),
             }
-            sum
         })
         .reduce(|| 0u64, u64::wrapping_add)
 }
@@ -67,15 +79,20 @@ pub fn change(salt: u64, index: u64, old: u32, new: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::store_bits;
+    use crate::dtype::{load_bits, store_bits};
 
     #[test]
     fn digest_shards_and_updates_incrementally() {
         let width = 2;
-        let mut buf: Vec<u8> = (0..2000u32).flat_map(|i| ((i * 7919) as u16).to_le_bytes()).collect();
+        let mut buf: Vec<u8> = (0..2000u32)
+            .flat_map(|i| ((i * 7919) as u16).to_le_bytes())
+            .collect();
         let full = digest_slot(3, width, &buf);
         let (a, b) = buf.split_at(600 * width);
-        assert_eq!(full, digest_range(3, width, a, 0).wrapping_add(digest_range(3, width, b, 600)));
+        assert_eq!(
+            full,
+            digest_range(3, width, a, 0).wrapping_add(digest_range(3, width, b, 600))
+        );
 
         let salt = slot_salt(3);
         let mut running = full;

@@ -15,7 +15,13 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 5] = [DType::BF16, DType::F16, DType::F32, DType::F8E4M3, DType::F8E5M2];
+    pub const ALL: [DType; 5] = [
+        DType::BF16,
+        DType::F16,
+        DType::F32,
+        DType::F8E4M3,
+        DType::F8E5M2,
+    ];
 
     /// Bytes per element.
     pub const fn width(self) -> usize {
@@ -38,7 +44,10 @@ impl DType {
     }
 
     pub fn from_code(code: u8) -> Result<Self> {
-        DType::ALL.into_iter().find(|d| d.code() == code).ok_or(Error::UnknownDType(code))
+        DType::ALL
+            .into_iter()
+            .find(|d| d.code() == code)
+            .ok_or(Error::UnknownDType(code))
     }
 
     /// The name safetensors (and torch) use.
@@ -63,7 +72,10 @@ impl DType {
     /// Number of elements in `bytes`, or an error when the length is not a multiple of the width.
     pub fn elements_in(self, bytes: &[u8]) -> Result<usize> {
         if bytes.len() % self.width() != 0 {
-            return Err(Error::Misaligned { len: bytes.len(), dtype: self });
+            return Err(Error::Misaligned {
+                len: bytes.len(),
+                dtype: self,
+            });
         }
         Ok(bytes.len() / self.width())
     }
@@ -100,7 +112,11 @@ pub fn store_bits(bytes: &mut [u8], width: usize, index: usize, bits: u32) {
 pub fn to_ordered(bits: u32, width: usize) -> u32 {
     let total = (width * 8) as u32;
     let sign = 1u32 << (total - 1);
-    let mask = if total == 32 { u32::MAX } else { (1u32 << total) - 1 };
+    let mask = if total == 32 {
+        u32::MAX
+    } else {
+        (1u32 << total) - 1
+    };
     if bits & sign != 0 {
         !bits & mask
     } else {
@@ -113,7 +129,11 @@ pub fn to_ordered(bits: u32, width: usize) -> u32 {
 pub fn from_ordered(ordered: u32, width: usize) -> u32 {
     let total = (width * 8) as u32;
     let sign = 1u32 << (total - 1);
-    let mask = if total == 32 { u32::MAX } else { (1u32 << total) - 1 };
+    let mask = if total == 32 {
+        u32::MAX
+    } else {
+        (1u32 << total) - 1
+    };
     if ordered & sign != 0 {
         ordered & !sign
     } else {
@@ -149,7 +169,16 @@ mod tests {
             }
         }
         // Float order on non-NaN f32 patterns.
-        let vals = [f32::NEG_INFINITY, -1.5, -1e-40, -0.0, 0.0, 1e-40, 2.0, f32::INFINITY];
+        let vals = [
+            f32::NEG_INFINITY,
+            -1.5,
+            -1e-40,
+            -0.0,
+            0.0,
+            1e-40,
+            2.0,
+            f32::INFINITY,
+        ];
         for w in vals.windows(2) {
             assert!(to_ordered(w[0].to_bits(), 4) < to_ordered(w[1].to_bits(), 4));
         }

@@ -19,7 +19,10 @@ pub enum CodecError {
     #[error("bitmap holds {found} set bits, manifest says {expected}")]
     BitmapCount { found: u64, expected: u64 },
     #[error("codec `{codec}` cannot carry {what}")]
-    Unsupported { codec: &'static str, what: &'static str },
+    Unsupported {
+        codec: &'static str,
+        what: &'static str,
+    },
     #[error("malformed {codec} section: {reason}")]
     Malformed { codec: &'static str, reason: String },
 }
@@ -32,23 +35,45 @@ pub enum Error {
     #[error("unsupported wire format version {found} (this build reads version {supported})")]
     UnsupportedWireVersion { found: u16, supported: u16 },
     #[error("frame truncated: {what} needs {needed} bytes, frame has {available}")]
-    Truncated { what: &'static str, needed: u64, available: u64 },
+    Truncated {
+        what: &'static str,
+        needed: u64,
+        available: u64,
+    },
     #[error("frame checksum mismatch: frame says {expected:016x}, computed {computed:016x}")]
     ChecksumMismatch { expected: u64, computed: u64 },
     #[error("malformed frame: {0}")]
     Malformed(String),
-    #[error("slot table mismatch: frame was built for table {frame:016x}, receiver holds {local:016x}")]
+    #[error(
+        "slot table mismatch: frame was built for table {frame:016x}, receiver holds {local:016x}"
+    )]
     SlotTableMismatch { frame: u64, local: u64 },
     #[error("version mismatch: receiver is at version {current}, got a delta for version {got} (needs {expected} or a seed)")]
-    VersionMismatch { current: u64, got: u64, expected: u64 },
+    VersionMismatch {
+        current: u64,
+        got: u64,
+        expected: u64,
+    },
     #[error("sync is incomplete: {0}")]
     IncompleteSync(String),
     #[error("flush out of order: expected flush {expected} of version {version}, got {got}")]
-    FlushOutOfOrder { version: u64, expected: u32, got: u32 },
+    FlushOutOfOrder {
+        version: u64,
+        expected: u32,
+        got: u32,
+    },
     #[error("base digest mismatch on slot `{slot}`: the sync expects {expected:016x}, this state has {actual:016x}")]
-    BaseDigestMismatch { slot: String, expected: u64, actual: u64 },
+    BaseDigestMismatch {
+        slot: String,
+        expected: u64,
+        actual: u64,
+    },
     #[error("digest mismatch after apply on slot `{slot}`: sender {expected:016x}, receiver {actual:016x}")]
-    DigestMismatch { slot: String, expected: u64, actual: u64 },
+    DigestMismatch {
+        slot: String,
+        expected: u64,
+        actual: u64,
+    },
     #[error("unknown slot id {0}")]
     UnknownSlot(u32),
     #[error("unknown slot `{0}`")]
@@ -64,16 +89,28 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("section of slot {slot} chunk at {start}: {source}")]
-    Codec { slot: u32, start: u64, #[source] source: CodecError },
+    Codec {
+        slot: u32,
+        start: u64,
+        #[source]
+        source: CodecError,
+    },
     #[error("safetensors: {0}")]
     SafeTensors(#[from] safetensors::SafeTensorError),
     #[error("I/O error on {path}: {source}")]
-    Io { path: String, #[source] source: std::io::Error },
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
     pub(crate) fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
-        Error::Io { path: path.as_ref().display().to_string(), source }
+        Error::Io {
+            path: path.as_ref().display().to_string(),
+            source,
+        }
     }
 }
 

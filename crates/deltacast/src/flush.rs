@@ -8,7 +8,10 @@ use rayon::prelude::*;
 
 use crate::codec::{encode_chunk, CodecChoice, EncodedChunk, PosCodec, ValCodec};
 use crate::error::{Error, Result};
-use crate::wire::{FrameKind, FrameWriter, SlotDigest, CHECKSUM_LEN, DIGEST_LEN, ENTRY_LEN, HEADER_LEN, MAX_CHUNK_RANGE};
+use crate::wire::{
+    FrameKind, FrameWriter, SlotDigest, CHECKSUM_LEN, DIGEST_LEN, ENTRY_LEN, HEADER_LEN,
+    MAX_CHUNK_RANGE,
+};
 
 /// Default bucket: 512 MiB, the usual NCCL broadcast bucket.
 pub const DEFAULT_BUCKET_SIZE: usize = 512 << 20;
@@ -31,17 +34,27 @@ pub struct FlushConfig {
 
 impl Default for FlushConfig {
     fn default() -> Self {
-        FlushConfig { bucket_size: DEFAULT_BUCKET_SIZE, chunk_elems: DEFAULT_CHUNK_ELEMS, codec: CodecChoice::Auto }
+        FlushConfig {
+            bucket_size: DEFAULT_BUCKET_SIZE,
+            chunk_elems: DEFAULT_CHUNK_ELEMS,
+            codec: CodecChoice::Auto,
+        }
     }
 }
 
 impl FlushConfig {
     pub fn validate(&self) -> Result<()> {
         if self.bucket_size < MIN_BUCKET_SIZE {
-            return Err(Error::InvalidArgument(format!("bucket size {} is below the minimum {MIN_BUCKET_SIZE}", self.bucket_size)));
+            return Err(Error::InvalidArgument(format!(
+                "bucket size {} is below the minimum {MIN_BUCKET_SIZE}",
+                self.bucket_size
+            )));
         }
         if self.chunk_elems == 0 || self.chunk_elems > MAX_CHUNK_RANGE {
-            return Err(Error::InvalidArgument(format!("chunk size {} outside 1..={MAX_CHUNK_RANGE}", self.chunk_elems)));
+            return Err(Error::InvalidArgument(format!(
+                "chunk size {} outside 1..={MAX_CHUNK_RANGE}",
+                self.chunk_elems
+            )));
         }
         Ok(())
     }
@@ -86,7 +99,13 @@ struct PendingChunk<'a> {
 }
 
 impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
-    pub fn new(kind: FrameKind, version: u64, table_hash: u64, config: FlushConfig, sink: F) -> Result<Self> {
+    pub fn new(
+        kind: FrameKind,
+        version: u64,
+        table_hash: u64,
+        config: FlushConfig,
+        sink: F,
+    ) -> Result<Self> {
         config.validate()?;
         Ok(SyncEncoder {
             kind,
@@ -95,7 +114,10 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
             config,
             writer: FrameWriter::new(kind, version, table_hash, 0),
             sink,
-            stats: SyncStats { version, ..Default::default() },
+            stats: SyncStats {
+                version,
+                ..Default::default()
+            },
         })
     }
 
@@ -106,12 +128,24 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
 
     /// Adds the changes of one slot: `positions` sorted, flat in the slot's coordinates and
     /// below `numel`; `old` and `new` the bit patterns (`width` bytes each) at those positions.
-    pub fn push_delta(&mut self, slot: u32, numel: u64, width: usize, positions: &[u64], old: &[u8], new: &[u8]) -> Result<()> {
+    pub fn push_delta(
+        &mut self,
+        slot: u32,
+        numel: u64,
+        width: usize,
+        positions: &[u64],
+        old: &[u8],
+        new: &[u8],
+    ) -> Result<()> {
         if old.len() != positions.len() * width || new.len() != positions.len() * width {
-            return Err(Error::InvalidArgument("positions and values differ in length".into()));
+            return Err(Error::InvalidArgument(
+                "positions and values differ in length".into(),
+            ));
         }
         if positions.last().is_some_and(|&p| p >= numel) {
-            return Err(Error::InvalidArgument(format!("position beyond slot {slot} of {numel} elements")));
+            return Err(Error::InvalidArgument(format!(
+                "position beyond slot {slot} of {numel} elements"
+            )));
         }
         let grid = self.config.chunk_elems;
         let mut pending = Vec::new();
@@ -121,7 +155,10 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
             let range = grid.min(numel - start);
             let end = start + range;
             let j = i + positions[i..].partition_point(|&p| p < end);
-            let rel = positions[i..j].iter().map(|&p| (p - start) as u32).collect();
+            let rel = positions[i..j]
+                .iter()
+                .map(|&p| (p - start) as u32)
+                .collect();
             pending.push(PendingChunk {
                 start,
                 range,
@@ -149,7 +186,14 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
         while start < numel {
             let range = grid.min(numel - start);
             let bytes = &values[(start as usize) * width..((start + range) as usize) * width];
-            pending.push(PendingChunk { start, range, rel: Vec::new(), all: true, old: bytes, new: bytes });
+            pending.push(PendingChunk {
+                start,
+                range,
+                rel: Vec::new(),
+                all: true,
+                old: bytes,
+                new: bytes,
+            });
             if pending.len() == ENCODE_BATCH {
                 self.encode_and_place(slot, width, std::mem::take(&mut pending))?;
             }
@@ -158,9 +202,17 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
         self.encode_and_place(slot, width, pending)
     }
 
-    fn encode_and_place(&mut self, slot: u32, width: usize, pending: Vec<PendingChunk<'_>>) -> Result<()> {
+    fn encode_and_place(
+        &mut self,
+        slot: u32,
+        width: usize,
+        pending: Vec<PendingChunk<'_>>,
+    ) -> Result<()> {
         let choice = self.config.codec;
-        let encoded: Vec<EncodedChunk> = pending.par_iter().map(|c| encode_pending(choice, width, c)).collect();
+        let encoded: Vec<EncodedChunk> = pending
+            .par_iter()
+            .map(|c| encode_pending(choice, width, c))
+            .collect();
         for (chunk, enc) in pending.iter().zip(encoded) {
             self.place(slot, width, chunk, enc)?;
         }
@@ -169,11 +221,20 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
 
     /// Puts an encoded chunk into the current frame, starting a new frame when it does not fit,
     /// and splitting the chunk's range in two when it would not fit even an empty frame.
-    fn place(&mut self, slot: u32, width: usize, chunk: &PendingChunk<'_>, enc: EncodedChunk) -> Result<()> {
+    fn place(
+        &mut self,
+        slot: u32,
+        width: usize,
+        chunk: &PendingChunk<'_>,
+        enc: EncodedChunk,
+    ) -> Result<()> {
         let cost = FrameWriter::chunk_cost(enc.positions.len(), enc.values.len());
         if cost > self.capacity() {
             if chunk.range <= 1 {
-                return Err(Error::InvalidArgument(format!("bucket size {} cannot hold one element", self.config.bucket_size)));
+                return Err(Error::InvalidArgument(format!(
+                    "bucket size {} cannot hold one element",
+                    self.config.bucket_size
+                )));
             }
             let half = chunk.range / 2;
             for part in split_chunk(chunk, half, width) {
@@ -185,19 +246,42 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
         if self.writer.len() + cost > self.config.bucket_size {
             self.emit(false)?;
         }
-        let count = if chunk.all { chunk.range } else { chunk.rel.len() as u64 };
-        let (pos, val) = (enc.pos_codec.unwrap_or(PosCodec::All), enc.val_codec.unwrap_or(ValCodec::Raw));
-        self.writer.push_chunk(slot, pos, val, chunk.start, chunk.range, count, &enc.positions, &enc.values);
+        let count = if chunk.all {
+            chunk.range
+        } else {
+            chunk.rel.len() as u64
+        };
+        let (pos, val) = (
+            enc.pos_codec.unwrap_or(PosCodec::All),
+            enc.val_codec.unwrap_or(ValCodec::Raw),
+        );
+        self.writer.push_chunk(
+            slot,
+            pos,
+            val,
+            chunk.start,
+            chunk.range,
+            count,
+            &enc.positions,
+            &enc.values,
+        );
         self.stats.chunks += 1;
         self.stats.changed += count;
         self.stats.section_bytes += (enc.positions.len() + enc.values.len()) as u64;
-        *self.stats.codecs.entry(format!("{}+{}", pos.name(), val.name())).or_default() += 1;
+        *self
+            .stats
+            .codecs
+            .entry(format!("{}+{}", pos.name(), val.name()))
+            .or_default() += 1;
         Ok(())
     }
 
     fn emit(&mut self, is_final: bool) -> Result<()> {
         let next_index = self.stats.flushes + 1;
-        let writer = std::mem::replace(&mut self.writer, FrameWriter::new(self.kind, self.version, self.table_hash, next_index));
+        let writer = std::mem::replace(
+            &mut self.writer,
+            FrameWriter::new(self.kind, self.version, self.table_hash, next_index),
+        );
         let frame = writer.finish(is_final);
         self.stats.flushes += 1;
         self.stats.wire_bytes += frame.len() as u64;
@@ -220,11 +304,22 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
 
 fn encode_pending(choice: CodecChoice, width: usize, chunk: &PendingChunk<'_>) -> EncodedChunk {
     if chunk.all {
-        let mut enc = EncodedChunk { pos_codec: Some(PosCodec::All), val_codec: Some(ValCodec::Raw), ..Default::default() };
+        let mut enc = EncodedChunk {
+            pos_codec: Some(PosCodec::All),
+            val_codec: Some(ValCodec::Raw),
+            ..Default::default()
+        };
         enc.values.extend_from_slice(chunk.new);
         return enc;
     }
-    encode_chunk(choice, width, &chunk.rel, chunk.range as u32, chunk.old, chunk.new)
+    encode_chunk(
+        choice,
+        width,
+        &chunk.rel,
+        chunk.range as u32,
+        chunk.old,
+        chunk.new,
+    )
 }
 
 /// Splits a chunk at `at` elements from its start into two chunks (dropping an empty side of a delta).
@@ -232,7 +327,14 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
     if chunk.all {
         let cut = at as usize * width;
         return vec![
-            PendingChunk { start: chunk.start, range: at, rel: Vec::new(), all: true, old: &chunk.old[..cut], new: &chunk.new[..cut] },
+            PendingChunk {
+                start: chunk.start,
+                range: at,
+                rel: Vec::new(),
+                all: true,
+                old: &chunk.old[..cut],
+                new: &chunk.new[..cut],
+            },
             PendingChunk {
                 start: chunk.start + at,
                 range: chunk.range - at,

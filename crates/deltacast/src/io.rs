@@ -29,7 +29,11 @@ fn from_safetensors(d: Dtype, tensor: &str) -> Result<DType> {
         Dtype::F32 => DType::F32,
         Dtype::F8_E4M3 => DType::F8E4M3,
         Dtype::F8_E5M2 => DType::F8E5M2,
-        other => return Err(Error::UnsupportedDType(format!("{other:?} (tensor `{tensor}`)"))),
+        other => {
+            return Err(Error::UnsupportedDType(format!(
+                "{other:?} (tensor `{tensor}`)"
+            )))
+        }
     })
 }
 
@@ -56,13 +60,21 @@ impl Checkpoint {
         let mut ranges = Vec::with_capacity(tensors.len());
         for (name, view) in &tensors {
             let dtype = from_safetensors(view.dtype(), name)?;
-            slots.push(SlotInfo::new(name.clone(), dtype, view.shape().iter().map(|&d| d as u64).collect()));
+            slots.push(SlotInfo::new(
+                name.clone(),
+                dtype,
+                view.shape().iter().map(|&d| d as u64).collect(),
+            ));
             let start = view.data().as_ptr() as usize - base;
             ranges.push((start, start + view.data().len()));
         }
         drop(tensors);
         let table = SlotTable::new(slots)?;
-        Ok(Checkpoint { mmap, table, ranges })
+        Ok(Checkpoint {
+            mmap,
+            table,
+            ranges,
+        })
     }
 
     pub fn table(&self) -> &SlotTable {
@@ -76,7 +88,9 @@ impl Checkpoint {
 
     /// Every slot's bytes in table order, borrowed from the map.
     pub fn slices(&self) -> Vec<&[u8]> {
-        (0..self.table.len() as u32).map(|id| self.slot_bytes(id)).collect()
+        (0..self.table.len() as u32)
+            .map(|id| self.slot_bytes(id))
+            .collect()
     }
 
     /// Owned copies of every slot (a receiver's store).
@@ -108,22 +122,42 @@ impl View for SlotView<'_> {
 
 /// Writes slots as a safetensors file: into a temporary file beside `path`, synced to disk,
 /// then renamed over `path`, so `path` either keeps its old content or holds the whole new one.
-pub fn write_checkpoint(path: impl AsRef<Path>, table: &SlotTable, buffers: &[&[u8]]) -> Result<()> {
+pub fn write_checkpoint(
+    path: impl AsRef<Path>,
+    table: &SlotTable,
+    buffers: &[&[u8]],
+) -> Result<()> {
     let path = path.as_ref();
     if buffers.len() != table.len() {
-        return Err(Error::InvalidArgument(format!("{} buffers for {} slots", buffers.len(), table.len())));
+        return Err(Error::InvalidArgument(format!(
+            "{} buffers for {} slots",
+            buffers.len(),
+            table.len()
+        )));
     }
     let mut views = Vec::with_capacity(table.len());
     for (slot, data) in table.slots().iter().zip(buffers) {
         if data.len() as u64 != slot.nbytes() {
-            return Err(Error::SlotMismatch { slot: slot.name.clone(), reason: format!("{} bytes given, {} needed", data.len(), slot.nbytes()) });
+            return Err(Error::SlotMismatch {
+                slot: slot.name.clone(),
+                reason: format!("{} bytes given, {} needed", data.len(), slot.nbytes()),
+            });
         }
-        views.push((slot.name.clone(), SlotView { dtype: to_safetensors(slot.dtype), shape: slot.shape.iter().map(|&d| d as usize).collect(), data }));
+        views.push((
+            slot.name.clone(),
+            SlotView {
+                dtype: to_safetensors(slot.dtype),
+                shape: slot.shape.iter().map(|&d| d as usize).collect(),
+                data,
+            },
+        ));
     }
     let temp = temp_path(path);
     let result = (|| {
         safetensors::serialize_to_file(views, None, &temp)?;
-        File::open(&temp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&temp, e))?;
+        File::open(&temp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(&temp, e))?;
         std::fs::rename(&temp, path).map_err(|e| Error::io(path, e))
     })();
     if result.is_err() {
@@ -134,7 +168,10 @@ pub fn write_checkpoint(path: impl AsRef<Path>, table: &SlotTable, buffers: &[&[
 
 /// A hidden temporary name in the same directory (so the rename stays on one filesystem).
 pub fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out".into());
     path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
@@ -145,7 +182,9 @@ pub fn write_atomic(path: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
     let temp = temp_path(path);
     let result = (|| {
         let mut f = File::create(&temp).map_err(|e| Error::io(&temp, e))?;
-        f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::io(&temp, e))?;
+        f.write_all(bytes)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| Error::io(&temp, e))?;
         std::fs::rename(&temp, path).map_err(|e| Error::io(path, e))
     })();
     if result.is_err() {

@@ -29,6 +29,8 @@ pub struct Sender {
 pub struct SendReport {
     pub kind: FrameKind,
     pub stats: SyncStats,
+    /// The combined digest of the state the sync starts from (0 for a seed).
+    pub base_digest: u64,
     /// The combined state digest receivers must ack.
     pub state_digest: u64,
     /// Elements compared.
@@ -38,13 +40,30 @@ pub struct SendReport {
 impl Sender {
     pub fn new(table: SlotTable, config: FlushConfig) -> Result<Self> {
         config.validate()?;
-        let snapshot = table.slots().iter().map(|s| vec![0u8; s.nbytes() as usize]).collect();
+        let snapshot = table
+            .slots()
+            .iter()
+            .map(|s| vec![0u8; s.nbytes() as usize])
+            .collect();
         let digests = vec![0; table.len()];
-        Ok(Sender { table, config, snapshot, digests, version: 0, needs_seed: true, changes: Changes::default() })
+        Ok(Sender {
+            table,
+            config,
+            snapshot,
+            digests,
+            version: 0,
+            needs_seed: true,
+            changes: Changes::default(),
+        })
     }
 
     /// A sender whose snapshot is `base` at `version`, as if it had synced it (file diffs).
-    pub fn with_base(table: SlotTable, config: FlushConfig, base: Vec<Vec<u8>>, version: u64) -> Result<Self> {
+    pub fn with_base(
+        table: SlotTable,
+        config: FlushConfig,
+        base: Vec<Vec<u8>>,
+        version: u64,
+    ) -> Result<Self> {
         let mut sender = Sender::new(table, config)?;
         sender.check_buffers(&base.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         sender.digests = sender.compute_digests(&base);
@@ -87,16 +106,30 @@ impl Sender {
     }
 
     fn compute_digests(&self, bufs: &[Vec<u8>]) -> Vec<u64> {
-        bufs.par_iter().enumerate().map(|(id, b)| digest_slot(id as u32, self.table.slots()[id].dtype.width(), b)).collect()
+        bufs.par_iter()
+            .enumerate()
+            .map(|(id, b)| digest_slot(id as u32, self.table.slots()[id].dtype.width(), b))
+            .collect()
     }
 
     fn check_buffers(&self, current: &[&[u8]]) -> Result<()> {
         if current.len() != self.table.len() {
-            return Err(Error::InvalidArgument(format!("{} buffers given for {} slots", current.len(), self.table.len())));
+            return Err(Error::InvalidArgument(format!(
+                "{} buffers given for {} slots",
+                current.len(),
+                self.table.len()
+            )));
         }
         for (slot, buf) in self.table.slots().iter().zip(current) {
             if buf.len() as u64 != slot.nbytes() {
-                return Err(Error::SlotMismatch { slot: slot.name.clone(), reason: format!("buffer has {} bytes, slot needs {}", buf.len(), slot.nbytes()) });
+                return Err(Error::SlotMismatch {
+                    slot: slot.name.clone(),
+                    reason: format!(
+                        "buffer has {} bytes, slot needs {}",
+                        buf.len(),
+                        slot.nbytes()
+                    ),
+                });
             }
         }
         Ok(())
@@ -104,7 +137,11 @@ impl Sender {
 
     /// Sends `current` (one buffer per slot, in table order): a seed the first time or after
     /// a failure, a delta otherwise. Frames go to `sink` as they fill.
-    pub fn sync<F: FnMut(Vec<u8>) -> Result<()>>(&mut self, current: &[&[u8]], sink: F) -> Result<SendReport> {
+    pub fn sync<F: FnMut(Vec<u8>) -> Result<()>>(
+        &mut self,
+        current: &[&[u8]],
+        sink: F,
+    ) -> Result<SendReport> {
         if self.needs_seed {
             self.seed(current, sink)
         } else {
@@ -113,7 +150,11 @@ impl Sender {
     }
 
     /// Sends every element.
-    pub fn seed<F: FnMut(Vec<u8>) -> Result<()>>(&mut self, current: &[&[u8]], sink: F) -> Result<SendReport> {
+    pub fn seed<F: FnMut(Vec<u8>) -> Result<()>>(
+        &mut self,
+        current: &[&[u8]],
+        sink: F,
+    ) -> Result<SendReport> {
         self.check_buffers(current)?;
         self.needs_seed = true;
         let version = self.version + 1;
@@ -121,28 +162,61 @@ impl Sender {
             snap.copy_from_slice(cur);
         }
         let digests = self.compute_digests(&self.snapshot);
-        let mut enc = SyncEncoder::new(FrameKind::Seed, version, self.table.hash(), self.config, sink)?;
+        let mut enc = SyncEncoder::new(
+            FrameKind::Seed,
+            version,
+            self.table.hash(),
+            self.config,
+            sink,
+        )?;
         for (id, slot) in self.table.slots().iter().enumerate() {
             enc.push_seed(id as u32, slot.dtype.width(), current[id])?;
         }
-        let records: Vec<SlotDigest> = digests.iter().enumerate().map(|(id, &d)| SlotDigest { slot: id as u32, base: 0, new: d }).collect();
+        let records: Vec<SlotDigest> = digests
+            .iter()
+            .enumerate()
+            .map(|(id, &d)| SlotDigest {
+                slot: id as u32,
+                base: 0,
+                new: d,
+            })
+            .collect();
         let stats = enc.finish(&records)?;
         self.digests = digests;
         self.version = version;
         self.needs_seed = false;
-        Ok(SendReport { kind: FrameKind::Seed, stats, state_digest: self.state_digest(), elements: self.table.total_elements() })
+        Ok(SendReport {
+            kind: FrameKind::Seed,
+            stats,
+            base_digest: 0,
+            state_digest: self.state_digest(),
+            elements: self.table.total_elements(),
+        })
     }
 
     /// Sends the elements whose bits changed since the last sync.
-    pub fn delta<F: FnMut(Vec<u8>) -> Result<()>>(&mut self, current: &[&[u8]], sink: F) -> Result<SendReport> {
+    pub fn delta<F: FnMut(Vec<u8>) -> Result<()>>(
+        &mut self,
+        current: &[&[u8]],
+        sink: F,
+    ) -> Result<SendReport> {
         self.check_buffers(current)?;
         if self.needs_seed {
-            return Err(Error::InvalidArgument("no seed went out yet: send a seed first".into()));
+            return Err(Error::InvalidArgument(
+                "no seed went out yet: send a seed first".into(),
+            ));
         }
         // From here the snapshot moves ahead of the receivers; only a complete sync clears this.
         self.needs_seed = true;
         let version = self.version + 1;
-        let mut enc = SyncEncoder::new(FrameKind::Delta, version, self.table.hash(), self.config, sink)?;
+        let base_digest = self.state_digest();
+        let mut enc = SyncEncoder::new(
+            FrameKind::Delta,
+            version,
+            self.table.hash(),
+            self.config,
+            sink,
+        )?;
         let mut records = Vec::with_capacity(self.table.len());
         for (id, slot) in self.table.slots().iter().enumerate() {
             let width = slot.dtype.width();
@@ -155,24 +229,63 @@ impl Sender {
                 .par_iter()
                 .enumerate()
                 .with_min_len(1 << 14)
-                .map(|(k, &p)| change(salt, p, load_bits(&changes.old_values, width, k), load_bits(&changes.new_values, width, k)))
+                .map(|(k, &p)| {
+                    change(
+                        salt,
+                        p,
+                        load_bits(&changes.old_values, width, k),
+                        load_bits(&changes.new_values, width, k),
+                    )
+                })
                 .reduce(|| 0u64, u64::wrapping_add);
             let base = self.digests[id];
             let new = base.wrapping_add(moved);
             self.digests[id] = new;
-            records.push(SlotDigest { slot: id as u32, base, new });
-            enc.push_delta(id as u32, slot.numel(), width, &changes.positions, &changes.old_values, &changes.new_values)?;
+            records.push(SlotDigest {
+                slot: id as u32,
+                base,
+                new,
+            });
+            enc.push_delta(
+                id as u32,
+                slot.numel(),
+                width,
+                &changes.positions,
+                &changes.old_values,
+                &changes.new_values,
+            )?;
         }
         let stats = enc.finish(&records)?;
         self.version = version;
         self.needs_seed = false;
-        Ok(SendReport { kind: FrameKind::Delta, stats, state_digest: self.state_digest(), elements: self.table.total_elements() })
+        Ok(SendReport {
+            kind: FrameKind::Delta,
+            stats,
+            base_digest,
+            state_digest: self.state_digest(),
+            elements: self.table.total_elements(),
+        })
     }
 
     /// Frames carrying only digests, so receivers can cross-check memory against them.
     pub fn verify<F: FnMut(Vec<u8>) -> Result<()>>(&self, sink: F) -> Result<SyncStats> {
-        let enc = SyncEncoder::new(FrameKind::Verify, self.version, self.table.hash(), self.config, sink)?;
-        let records: Vec<SlotDigest> = self.digests.iter().enumerate().map(|(id, &d)| SlotDigest { slot: id as u32, base: d, new: d }).collect();
+        let enc = SyncEncoder::new(
+            FrameKind::Verify,
+            self.version,
+            self.table.hash(),
+            self.config,
+            sink,
+        )?;
+        let records: Vec<SlotDigest> = self
+            .digests
+            .iter()
+            .enumerate()
+            .map(|(id, &d)| SlotDigest {
+                slot: id as u32,
+                base: d,
+                new: d,
+            })
+            .collect();
         enc.finish(&records)
     }
 }

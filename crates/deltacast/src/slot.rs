@@ -17,7 +17,11 @@ pub struct SlotInfo {
 
 impl SlotInfo {
     pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<u64>) -> Self {
-        SlotInfo { name: name.into(), dtype, shape }
+        SlotInfo {
+            name: name.into(),
+            dtype,
+            shape,
+        }
     }
 
     /// Number of elements (1 for a scalar, 0 if any dimension is 0).
@@ -47,11 +51,18 @@ impl SlotTable {
         let mut by_name = HashMap::with_capacity(slots.len());
         for (id, slot) in slots.iter().enumerate() {
             if by_name.insert(slot.name.clone(), id as u32).is_some() {
-                return Err(Error::InvalidArgument(format!("duplicate slot name `{}`", slot.name)));
+                return Err(Error::InvalidArgument(format!(
+                    "duplicate slot name `{}`",
+                    slot.name
+                )));
             }
         }
         let hash = Self::compute_hash(&slots);
-        Ok(SlotTable { slots, by_name, hash })
+        Ok(SlotTable {
+            slots,
+            by_name,
+            hash,
+        })
     }
 
     /// A stable 64-bit hash of ids, names, dtypes and shapes (xxh3 over a canonical encoding).
@@ -93,7 +104,10 @@ impl SlotTable {
     }
 
     pub fn id_of(&self, name: &str) -> Result<u32> {
-        self.by_name.get(name).copied().ok_or_else(|| Error::UnknownSlotName(name.to_string()))
+        self.by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::UnknownSlotName(name.to_string()))
     }
 
     /// Total elements over all slots.
@@ -112,7 +126,13 @@ mod tests {
     use super::*;
 
     fn table(names: &[&str]) -> SlotTable {
-        SlotTable::new(names.iter().map(|n| SlotInfo::new(*n, DType::BF16, vec![4, 3])).collect()).unwrap()
+        SlotTable::new(
+            names
+                .iter()
+                .map(|n| SlotInfo::new(*n, DType::BF16, vec![4, 3]))
+                .collect(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -120,15 +140,27 @@ mod tests {
         let a = table(&["a", "b"]);
         assert_eq!(a.hash(), table(&["a", "b"]).hash());
         assert_ne!(a.hash(), table(&["b", "a"]).hash());
-        let shape = SlotTable::new(vec![SlotInfo::new("a", DType::BF16, vec![3, 4]), SlotInfo::new("b", DType::BF16, vec![4, 3])]).unwrap();
+        let shape = SlotTable::new(vec![
+            SlotInfo::new("a", DType::BF16, vec![3, 4]),
+            SlotInfo::new("b", DType::BF16, vec![4, 3]),
+        ])
+        .unwrap();
         assert_ne!(a.hash(), shape.hash());
-        let dtype = SlotTable::new(vec![SlotInfo::new("a", DType::F16, vec![4, 3]), SlotInfo::new("b", DType::BF16, vec![4, 3])]).unwrap();
+        let dtype = SlotTable::new(vec![
+            SlotInfo::new("a", DType::F16, vec![4, 3]),
+            SlotInfo::new("b", DType::BF16, vec![4, 3]),
+        ])
+        .unwrap();
         assert_ne!(a.hash(), dtype.hash());
     }
 
     #[test]
     fn duplicate_names_are_refused() {
-        let err = SlotTable::new(vec![SlotInfo::new("a", DType::F32, vec![1]), SlotInfo::new("a", DType::F32, vec![1])]).unwrap_err();
+        let err = SlotTable::new(vec![
+            SlotInfo::new("a", DType::F32, vec![1]),
+            SlotInfo::new("a", DType::F32, vec![1]),
+        ])
+        .unwrap_err();
         assert!(err.to_string().contains("duplicate"));
     }
 

@@ -142,12 +142,18 @@ pub fn checksum(body: &[u8]) -> u64 {
 /// the frame has. Does not verify the checksum.
 pub fn peek_frame_len(header: &[u8]) -> Result<u64> {
     if header.len() < HEADER_LEN {
-        return Err(Error::Truncated { what: "frame header", needed: HEADER_LEN as u64, available: header.len() as u64 });
+        return Err(Error::Truncated {
+            what: "frame header",
+            needed: HEADER_LEN as u64,
+            available: header.len() as u64,
+        });
     }
     check_magic_and_version(header)?;
     let frame_len = u64_at(header, 32);
     if frame_len < MIN_FRAME_LEN as u64 {
-        return Err(Error::Malformed(format!("declared frame length {frame_len} is below the minimum {MIN_FRAME_LEN}")));
+        return Err(Error::Malformed(format!(
+            "declared frame length {frame_len} is below the minimum {MIN_FRAME_LEN}"
+        )));
     }
     Ok(frame_len)
 }
@@ -159,9 +165,28 @@ fn check_magic_and_version(b: &[u8]) -> Result<()> {
     }
     let version = u16_at(b, 4);
     if version != WIRE_VERSION {
-        return Err(Error::UnsupportedWireVersion { found: version, supported: WIRE_VERSION });
+        return Err(Error::UnsupportedWireVersion {
+            found: version,
+            supported: WIRE_VERSION,
+        });
     }
     Ok(())
+}
+
+/// Reads the header fields without verifying the checksum: for routing and progress only
+/// (which sync a frame belongs to); nothing read here may be trusted before [`parse_frame`].
+pub fn peek_header(bytes: &[u8]) -> Result<FrameHeader> {
+    let frame_len = peek_frame_len(bytes)?;
+    Ok(FrameHeader {
+        kind: FrameKind::from_code(bytes[6])?,
+        is_final: bytes[7] & FLAG_FINAL != 0,
+        version: u64_at(bytes, 8),
+        table_hash: u64_at(bytes, 16),
+        flush_index: u32_at(bytes, 24),
+        entry_count: u32_at(bytes, 28),
+        digest_count: u32_at(bytes, 40),
+        frame_len,
+    })
 }
 
 /// Parses and verifies one frame. Checks, in order: minimum length, magic, wire version,
@@ -169,11 +194,19 @@ fn check_magic_and_version(b: &[u8]) -> Result<()> {
 /// digest record against the frame bounds.
 pub fn parse_frame(bytes: &[u8]) -> Result<Frame<'_>> {
     if bytes.len() < MIN_FRAME_LEN {
-        return Err(Error::Truncated { what: "frame", needed: MIN_FRAME_LEN as u64, available: bytes.len() as u64 });
+        return Err(Error::Truncated {
+            what: "frame",
+            needed: MIN_FRAME_LEN as u64,
+            available: bytes.len() as u64,
+        });
     }
     let frame_len = peek_frame_len(bytes)?;
     if frame_len != bytes.len() as u64 {
-        return Err(Error::Truncated { what: "frame body", needed: frame_len, available: bytes.len() as u64 });
+        return Err(Error::Truncated {
+            what: "frame body",
+            needed: frame_len,
+            available: bytes.len() as u64,
+        });
     }
     let body_end = bytes.len() - CHECKSUM_LEN;
     let expected = u64_at(bytes, body_end);
@@ -188,7 +221,9 @@ pub fn parse_frame(bytes: &[u8]) -> Result<Frame<'_>> {
         return Err(Error::Malformed(format!("unknown flag bits {flags:#04x}")));
     }
     if u32_at(bytes, 44) != 0 || u64_at(bytes, 48) != 0 || u64_at(bytes, 56) != 0 {
-        return Err(Error::Malformed("reserved header bytes are not zero".into()));
+        return Err(Error::Malformed(
+            "reserved header bytes are not zero".into(),
+        ));
     }
     let header = FrameHeader {
         kind,
@@ -205,7 +240,11 @@ pub fn parse_frame(bytes: &[u8]) -> Result<Frame<'_>> {
         + header.entry_count as u64 * ENTRY_LEN as u64
         + header.digest_count as u64 * DIGEST_LEN as u64;
     if sections_start > body_end as u64 {
-        return Err(Error::Truncated { what: "manifest and digest table", needed: sections_start, available: body_end as u64 });
+        return Err(Error::Truncated {
+            what: "manifest and digest table",
+            needed: sections_start,
+            available: body_end as u64,
+        });
     }
     if kind == FrameKind::Verify && header.entry_count != 0 {
         return Err(Error::Malformed("a verify frame carries no chunks".into()));
@@ -215,12 +254,16 @@ pub fn parse_frame(bytes: &[u8]) -> Result<Frame<'_>> {
     for e in 0..header.entry_count as usize {
         let at = HEADER_LEN + e * ENTRY_LEN;
         let raw = &bytes[at..at + ENTRY_LEN];
-        let pos_codec = PosCodec::from_code(raw[4])
-            .ok_or_else(|| Error::Malformed(format!("entry {e}: unknown position codec {}", raw[4])))?;
-        let val_codec = ValCodec::from_code(raw[5])
-            .ok_or_else(|| Error::Malformed(format!("entry {e}: unknown value codec {}", raw[5])))?;
+        let pos_codec = PosCodec::from_code(raw[4]).ok_or_else(|| {
+            Error::Malformed(format!("entry {e}: unknown position codec {}", raw[4]))
+        })?;
+        let val_codec = ValCodec::from_code(raw[5]).ok_or_else(|| {
+            Error::Malformed(format!("entry {e}: unknown value codec {}", raw[5]))
+        })?;
         if u16_at(raw, 6) != 0 {
-            return Err(Error::Malformed(format!("entry {e}: reserved bytes are not zero")));
+            return Err(Error::Malformed(format!(
+                "entry {e}: reserved bytes are not zero"
+            )));
         }
         let entry = ChunkEntry {
             slot: u32_at(raw, 0),
@@ -243,37 +286,74 @@ pub fn parse_frame(bytes: &[u8]) -> Result<Frame<'_>> {
     for d in 0..header.digest_count as usize {
         let at = digests_start + d * DIGEST_LEN;
         if u32_at(bytes, at + 4) != 0 {
-            return Err(Error::Malformed(format!("digest record {d}: reserved bytes are not zero")));
+            return Err(Error::Malformed(format!(
+                "digest record {d}: reserved bytes are not zero"
+            )));
         }
-        digests.push(SlotDigest { slot: u32_at(bytes, at), base: u64_at(bytes, at + 8), new: u64_at(bytes, at + 16) });
+        digests.push(SlotDigest {
+            slot: u32_at(bytes, at),
+            base: u64_at(bytes, at + 8),
+            new: u64_at(bytes, at + 16),
+        });
     }
-    Ok(Frame { header, entries, digests, bytes })
+    Ok(Frame {
+        header,
+        entries,
+        digests,
+        bytes,
+    })
 }
 
-fn check_entry(e: usize, entry: &ChunkEntry, kind: FrameKind, sections_start: u64, body_end: u64) -> Result<()> {
-    let bad = |reason: String| Err(Error::Malformed(format!("entry {e} (slot {}): {reason}", entry.slot)));
+fn check_entry(
+    e: usize,
+    entry: &ChunkEntry,
+    kind: FrameKind,
+    sections_start: u64,
+    body_end: u64,
+) -> Result<()> {
+    let bad = |reason: String| {
+        Err(Error::Malformed(format!(
+            "entry {e} (slot {}): {reason}",
+            entry.slot
+        )))
+    };
     if entry.range == 0 || entry.range > MAX_CHUNK_RANGE {
-        return bad(format!("chunk range {} outside 1..={MAX_CHUNK_RANGE}", entry.range));
+        return bad(format!(
+            "chunk range {} outside 1..={MAX_CHUNK_RANGE}",
+            entry.range
+        ));
     }
     if entry.start.checked_add(entry.range).is_none() {
         return bad("chunk end overflows".into());
     }
     if entry.count > entry.range {
-        return bad(format!("count {} exceeds range {}", entry.count, entry.range));
+        return bad(format!(
+            "count {} exceeds range {}",
+            entry.count, entry.range
+        ));
     }
     if entry.count == 0 {
         return bad("empty chunk".into());
     }
-    if kind == FrameKind::Seed && (entry.pos_codec != PosCodec::All || entry.val_codec != ValCodec::Raw) {
+    if kind == FrameKind::Seed
+        && (entry.pos_codec != PosCodec::All || entry.val_codec != ValCodec::Raw)
+    {
         return bad("a seed chunk must be all+raw".into());
     }
-    for (what, offset, len) in [("positions", entry.pos_offset, entry.pos_len), ("values", entry.val_offset, entry.val_len)] {
+    for (what, offset, len) in [
+        ("positions", entry.pos_offset, entry.pos_len),
+        ("values", entry.val_offset, entry.val_len),
+    ] {
         let end = offset.checked_add(len);
         if offset < sections_start || end.is_none_or(|end| end > body_end) {
-            return bad(format!("{what} section [{offset}, +{len}) lies outside the frame's sections"));
+            return bad(format!(
+                "{what} section [{offset}, +{len}) lies outside the frame's sections"
+            ));
         }
         if offset % 8 != 0 {
-            return bad(format!("{what} section offset {offset} is not 8-byte aligned"));
+            return bad(format!(
+                "{what} section offset {offset} is not 8-byte aligned"
+            ));
         }
     }
     Ok(())
@@ -295,12 +375,24 @@ pub struct FrameWriter {
 
 impl FrameWriter {
     pub fn new(kind: FrameKind, version: u64, table_hash: u64, flush_index: u32) -> Self {
-        FrameWriter { kind, version, table_hash, flush_index, entries: Vec::new(), digests: Vec::new(), sections: Vec::new() }
+        FrameWriter {
+            kind,
+            version,
+            table_hash,
+            flush_index,
+            entries: Vec::new(),
+            digests: Vec::new(),
+            sections: Vec::new(),
+        }
     }
 
     /// The frame's size if finished now.
     pub fn len(&self) -> usize {
-        HEADER_LEN + self.entries.len() * ENTRY_LEN + self.digests.len() * DIGEST_LEN + self.sections.len() + CHECKSUM_LEN
+        HEADER_LEN
+            + self.entries.len() * ENTRY_LEN
+            + self.digests.len() * DIGEST_LEN
+            + self.sections.len()
+            + CHECKSUM_LEN
     }
 
     pub fn is_empty(&self) -> bool {
@@ -318,7 +410,17 @@ impl FrameWriter {
 
     /// Appends a chunk with its two sections.
     #[allow(clippy::too_many_arguments)]
-    pub fn push_chunk(&mut self, slot: u32, pos_codec: PosCodec, val_codec: ValCodec, start: u64, range: u64, count: u64, positions: &[u8], values: &[u8]) {
+    pub fn push_chunk(
+        &mut self,
+        slot: u32,
+        pos_codec: PosCodec,
+        val_codec: ValCodec,
+        start: u64,
+        range: u64,
+        count: u64,
+        positions: &[u8],
+        values: &[u8],
+    ) {
         let pos_offset = self.sections.len() as u64;
         self.sections.extend_from_slice(positions);
         self.sections.resize(pad8(self.sections.len()), 0);
@@ -345,7 +447,8 @@ impl FrameWriter {
 
     /// Lays out and checksums the frame.
     pub fn finish(self, is_final: bool) -> Vec<u8> {
-        let sections_start = (HEADER_LEN + self.entries.len() * ENTRY_LEN + self.digests.len() * DIGEST_LEN) as u64;
+        let sections_start =
+            (HEADER_LEN + self.entries.len() * ENTRY_LEN + self.digests.len() * DIGEST_LEN) as u64;
         let total = self.len();
         let mut out = Vec::with_capacity(total);
         out.extend_from_slice(&MAGIC);
@@ -364,7 +467,15 @@ impl FrameWriter {
             out.push(e.pos_codec as u8);
             out.push(e.val_codec as u8);
             out.extend_from_slice(&[0, 0]);
-            for v in [e.start, e.range, e.count, e.pos_offset + sections_start, e.pos_len, e.val_offset + sections_start, e.val_len] {
+            for v in [
+                e.start,
+                e.range,
+                e.count,
+                e.pos_offset + sections_start,
+                e.pos_len,
+                e.val_offset + sections_start,
+                e.val_len,
+            ] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
@@ -390,7 +501,11 @@ pub fn split_frames(mut bytes: &[u8]) -> Result<Vec<&[u8]>> {
     while !bytes.is_empty() {
         let len = peek_frame_len(bytes)?;
         if len > bytes.len() as u64 {
-            return Err(Error::Truncated { what: "frame in stream", needed: len, available: bytes.len() as u64 });
+            return Err(Error::Truncated {
+                what: "frame in stream",
+                needed: len,
+                available: bytes.len() as u64,
+            });
         }
         let (frame, rest) = bytes.split_at(len as usize);
         frames.push(frame);
@@ -410,8 +525,21 @@ mod tests {
 
     fn sample() -> Vec<u8> {
         let mut w = FrameWriter::new(FrameKind::Delta, 7, 0xabcd, 2);
-        w.push_chunk(3, PosCodec::Abs32, ValCodec::Raw, 1 << 20, 1000, 2, &[1, 0, 0, 0, 9, 0, 0, 0], &[0x80, 0x3f, 0x00, 0x40]);
-        w.push_digest(SlotDigest { slot: 3, base: 11, new: 12 });
+        w.push_chunk(
+            3,
+            PosCodec::Abs32,
+            ValCodec::Raw,
+            1 << 20,
+            1000,
+            2,
+            &[1, 0, 0, 0, 9, 0, 0, 0],
+            &[0x80, 0x3f, 0x00, 0x40],
+        );
+        w.push_digest(SlotDigest {
+            slot: 3,
+            base: 11,
+            new: 12,
+        });
         w.finish(true)
     }
 
@@ -421,13 +549,23 @@ mod tests {
         let f = parse_frame(&bytes).unwrap();
         assert_eq!(f.header.kind, FrameKind::Delta);
         assert!(f.header.is_final);
-        assert_eq!((f.header.version, f.header.table_hash, f.header.flush_index), (7, 0xabcd, 2));
+        assert_eq!(
+            (f.header.version, f.header.table_hash, f.header.flush_index),
+            (7, 0xabcd, 2)
+        );
         assert_eq!(f.entries.len(), 1);
         let e = f.entries[0];
         assert_eq!((e.slot, e.start, e.range, e.count), (3, 1 << 20, 1000, 2));
         assert_eq!(f.positions(&e), &[1, 0, 0, 0, 9, 0, 0, 0]);
         assert_eq!(f.values(&e), &[0x80, 0x3f, 0x00, 0x40]);
-        assert_eq!(f.digests, vec![SlotDigest { slot: 3, base: 11, new: 12 }]);
+        assert_eq!(
+            f.digests,
+            vec![SlotDigest {
+                slot: 3,
+                base: 11,
+                new: 12
+            }]
+        );
     }
 
     #[test]
@@ -457,7 +595,10 @@ mod tests {
         // Huge entry count: must not allocate, must report truncation.
         let mut b = bytes.clone();
         b[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(parse_frame(&reseal(b)), Err(Error::Truncated { .. })));
+        assert!(matches!(
+            parse_frame(&reseal(b)),
+            Err(Error::Truncated { .. })
+        ));
         // Section offset pointing past the end.
         let mut b = bytes.clone();
         b[HEADER_LEN + 48..HEADER_LEN + 56].copy_from_slice(&u64::MAX.to_le_bytes());
@@ -469,10 +610,16 @@ mod tests {
         // Wrong wire version names itself.
         let mut b = bytes.clone();
         b[4] = 2;
-        assert!(matches!(parse_frame(&b), Err(Error::UnsupportedWireVersion { found: 2, .. })));
+        assert!(matches!(
+            parse_frame(&b),
+            Err(Error::UnsupportedWireVersion { found: 2, .. })
+        ));
         // Unknown codec.
         let mut b = bytes;
         b[HEADER_LEN + 4] = 9;
-        assert!(parse_frame(&reseal(b)).unwrap_err().to_string().contains("position codec"));
+        assert!(parse_frame(&reseal(b))
+            .unwrap_err()
+            .to_string()
+            .contains("position codec"));
     }
 }

@@ -25,12 +25,21 @@ fn setup(seed: u64) -> (Setup, Vec<Vec<u8>>) {
         SlotInfo::new("c", DType::F8E4M3, vec![3, 333]),
     ])
     .unwrap();
-    let cfg = FlushConfig { bucket_size: 2048, chunk_elems: 500, codec: CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw) };
+    let cfg = FlushConfig {
+        bucket_size: 2048,
+        chunk_elems: 500,
+        codec: CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw),
+    };
     let mut sender = Sender::new(table.clone(), cfg).unwrap();
     let mut receiver = Receiver::new(table.clone());
     let base = random_buffers(&mut rng, &table);
     let mut frames = Vec::new();
-    sender.sync(&slices(&base), |f| { frames.push(f); Ok(()) }).unwrap();
+    sender
+        .sync(&slices(&base), |f| {
+            frames.push(f);
+            Ok(())
+        })
+        .unwrap();
     for f in &frames {
         receiver.receive(f).unwrap();
     }
@@ -39,9 +48,26 @@ fn setup(seed: u64) -> (Setup, Vec<Vec<u8>>) {
         mutate(&mut rng, buf, slot.dtype.width(), 0.3);
     }
     let mut frames = Vec::new();
-    sender.sync(&slices(&next), |f| { frames.push(f); Ok(()) }).unwrap();
-    assert!(frames.len() >= 3, "want a multi-frame sync, got {}", frames.len());
-    (Setup { table, sender, receiver, next }, frames)
+    sender
+        .sync(&slices(&next), |f| {
+            frames.push(f);
+            Ok(())
+        })
+        .unwrap();
+    assert!(
+        frames.len() >= 3,
+        "want a multi-frame sync, got {}",
+        frames.len()
+    );
+    (
+        Setup {
+            table,
+            sender,
+            receiver,
+            next,
+        },
+        frames,
+    )
 }
 
 /// Feeds frames, collecting errors; asserts the receiver never got past version 1 unless `ok`.
@@ -82,7 +108,10 @@ fn a_flipped_bit_anywhere_rejects_the_whole_sync() {
         let bit = rng.below(bad[which].len() as u64 * 8) as usize;
         bad[which][bit / 8] ^= 1 << (bit % 8);
         let errors = feed(&mut s.receiver, &bad);
-        assert!(!errors.is_empty(), "flip of bit {bit} in frame {which} went unnoticed");
+        assert!(
+            !errors.is_empty(),
+            "flip of bit {bit} in frame {which} went unnoticed"
+        );
         let first = errors[0].to_string();
         assert!(!first.is_empty());
         assert_untouched(&before, digest, &s.receiver);
@@ -107,7 +136,11 @@ fn truncation_and_missing_or_reordered_frames_are_refused() {
     let mut bad = frames.clone();
     bad.remove(1);
     let errors = feed(&mut s.receiver, &bad);
-    assert!(matches!(errors[0], Error::FlushOutOfOrder { .. }), "{}", errors[0]);
+    assert!(
+        matches!(errors[0], Error::FlushOutOfOrder { .. }),
+        "{}",
+        errors[0]
+    );
     assert_untouched(&before, digest, &s.receiver);
     // The final frame never arrives: nothing applied, still staging until aborted.
     for f in &frames[..frames.len() - 1] {
@@ -132,9 +165,25 @@ fn wrong_version_and_wrong_slot_table_are_named() {
     let mut next = s.next.clone();
     next[0][0] ^= 1;
     let mut v3 = Vec::new();
-    s.sender.sync(&slices(&next), |f| { v3.push(f); Ok(()) }).unwrap();
+    s.sender
+        .sync(&slices(&next), |f| {
+            v3.push(f);
+            Ok(())
+        })
+        .unwrap();
     let errors = feed(&mut s.receiver, &v3);
-    assert!(matches!(errors[0], Error::VersionMismatch { current: 1, got: 3, expected: 2 }), "{}", errors[0]);
+    assert!(
+        matches!(
+            errors[0],
+            Error::VersionMismatch {
+                current: 1,
+                got: 3,
+                expected: 2
+            }
+        ),
+        "{}",
+        errors[0]
+    );
     assert!(errors[0].to_string().contains("version"));
     assert_untouched(&before, digest, &s.receiver);
 
@@ -162,17 +211,29 @@ fn lies_behind_a_valid_checksum_are_caught_before_anything_is_written() {
     f[at] ^= 1;
     bad[last] = reseal(bad[last].clone());
     let errors = feed(&mut s.receiver, &bad);
-    assert!(matches!(errors[0], Error::DigestMismatch { .. } | Error::BaseDigestMismatch { .. }), "{}", errors[0]);
+    assert!(
+        matches!(
+            errors[0],
+            Error::DigestMismatch { .. } | Error::BaseDigestMismatch { .. }
+        ),
+        "{}",
+        errors[0]
+    );
     assert_untouched(&before, digest, &s.receiver);
 
     // A changed value behind a valid checksum: digest mismatch, nothing applied.
     let mut bad = frames.clone();
     let f = &mut bad[0];
-    let val_offset = u64::from_le_bytes(f[HEADER_LEN + 48..HEADER_LEN + 56].try_into().unwrap()) as usize;
+    let val_offset =
+        u64::from_le_bytes(f[HEADER_LEN + 48..HEADER_LEN + 56].try_into().unwrap()) as usize;
     f[val_offset] ^= 0x40;
     bad[0] = reseal(bad[0].clone());
     let errors = feed(&mut s.receiver, &bad);
-    assert!(matches!(errors[0], Error::DigestMismatch { .. }), "{}", errors[0]);
+    assert!(
+        matches!(errors[0], Error::DigestMismatch { .. }),
+        "{}",
+        errors[0]
+    );
     assert_untouched(&before, digest, &s.receiver);
 
     // A chunk start moved beyond its slot.
@@ -180,11 +241,20 @@ fn lies_behind_a_valid_checksum_are_caught_before_anything_is_written() {
     bad[0][HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
     bad[0] = reseal(bad[0].clone());
     let errors = feed(&mut s.receiver, &bad);
-    assert!(errors[0].to_string().contains("beyond slot"), "{}", errors[0]);
+    assert!(
+        errors[0].to_string().contains("beyond slot"),
+        "{}",
+        errors[0]
+    );
     assert_untouched(&before, digest, &s.receiver);
 
     // Huge declared counts and lengths: errors, no allocation.
-    for (field, value) in [(24usize, u64::MAX), (40, u64::MAX / 2), (56, 1 << 50), (16, u64::MAX)] {
+    for (field, value) in [
+        (24usize, u64::MAX),
+        (40, u64::MAX / 2),
+        (56, 1 << 50),
+        (16, u64::MAX),
+    ] {
         let mut bad = frames.clone();
         bad[0][HEADER_LEN + field..HEADER_LEN + field + 8].copy_from_slice(&value.to_le_bytes());
         bad[0] = reseal(bad[0].clone());
@@ -222,7 +292,13 @@ fn random_bytes_and_absurd_stream_lengths_are_errors() {
     header[..4].copy_from_slice(b"DCST");
     header[4..6].copy_from_slice(&1u16.to_le_bytes());
     header[32..40].copy_from_slice(&(1u64 << 60).to_le_bytes());
-    assert!(matches!(split_frames(&header), Err(Error::Truncated { .. })));
+    assert!(matches!(
+        split_frames(&header),
+        Err(Error::Truncated { .. })
+    ));
     header[4] = 7;
-    assert!(matches!(split_frames(&header), Err(Error::UnsupportedWireVersion { found: 7, .. })));
+    assert!(matches!(
+        split_frames(&header),
+        Err(Error::UnsupportedWireVersion { found: 7, .. })
+    ));
 }

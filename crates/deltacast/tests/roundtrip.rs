@@ -11,10 +11,19 @@ use proptest::prelude::*;
 
 fn run_sync(sender: &mut Sender, receivers: &mut [Receiver], current: &[Vec<u8>]) -> (u64, usize) {
     let mut frames = Vec::new();
-    let report = sender.sync(&slices(current), |f| { frames.push(f); Ok(()) }).unwrap();
+    let report = sender
+        .sync(&slices(current), |f| {
+            frames.push(f);
+            Ok(())
+        })
+        .unwrap();
     let bucket = sender.config().bucket_size;
     for f in &frames {
-        assert!(f.len() <= bucket, "frame of {} bytes above bucket {bucket}", f.len());
+        assert!(
+            f.len() <= bucket,
+            "frame of {} bytes above bucket {bucket}",
+            f.len()
+        );
     }
     for r in receivers.iter_mut() {
         let mut done = None;
@@ -33,10 +42,18 @@ fn run_sync(sender: &mut Sender, receivers: &mut [Receiver], current: &[Vec<u8>]
 }
 
 fn config(bucket: usize, chunk: u64, codec: CodecChoice) -> FlushConfig {
-    FlushConfig { bucket_size: bucket, chunk_elems: chunk, codec }
+    FlushConfig {
+        bucket_size: bucket,
+        chunk_elems: chunk,
+        codec,
+    }
 }
 
-const CODECS: [CodecChoice; 3] = [CodecChoice::Auto, CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw), CodecChoice::Fixed(PosCodec::Bitmap, ValCodec::Raw)];
+const CODECS: [CodecChoice; 3] = [
+    CodecChoice::Auto,
+    CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw),
+    CodecChoice::Fixed(PosCodec::Bitmap, ValCodec::Raw),
+];
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
@@ -62,11 +79,26 @@ proptest! {
 
 #[test]
 fn changes_on_chunk_and_bucket_boundaries() {
-    let table = deltacast::SlotTable::new(vec![deltacast::SlotInfo::new("w", deltacast::DType::BF16, vec![4096])]).unwrap();
-    let base: Vec<u8> = (0..4096u32).flat_map(|i| (i as u16).to_le_bytes()).collect();
+    let table = deltacast::SlotTable::new(vec![deltacast::SlotInfo::new(
+        "w",
+        deltacast::DType::BF16,
+        vec![4096],
+    )])
+    .unwrap();
+    let base: Vec<u8> = (0..4096u32)
+        .flat_map(|i| (i as u16).to_le_bytes())
+        .collect();
     for chunk in [1u64, 63, 64, 65, 1024] {
         for bucket in [1024usize, 1100, 2048] {
-            let mut sender = Sender::new(table.clone(), config(bucket, chunk, CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw))).unwrap();
+            let mut sender = Sender::new(
+                table.clone(),
+                config(
+                    bucket,
+                    chunk,
+                    CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw),
+                ),
+            )
+            .unwrap();
             let mut receivers = vec![Receiver::new(table.clone())];
             let mut current = vec![base.clone()];
             run_sync(&mut sender, &mut receivers, &current);
@@ -93,7 +125,8 @@ fn nan_payloads_signed_zeros_and_subnormals_round_trip_and_count_as_changes() {
     let table = deltacast::SlotTable::new(vec![
         deltacast::SlotInfo::new("bf", deltacast::DType::BF16, vec![6]),
         deltacast::SlotInfo::new("f32", deltacast::DType::F32, vec![4]),
-    ]).unwrap();
+    ])
+    .unwrap();
     let bf_old: Vec<u16> = vec![0x0000, 0x7fc1, 0x0001, 0x8000, 0x3f80, 0xffc1];
     let bf_new: Vec<u16> = vec![0x8000, 0x7fc2, 0x0002, 0x0000, 0x3f80, 0xffc1];
     let f_old: Vec<u32> = vec![0x7fc0_0001, 0, 1, 0x8000_0001];
@@ -103,8 +136,16 @@ fn nan_payloads_signed_zeros_and_subnormals_round_trip_and_count_as_changes() {
     for codec in CODECS {
         let mut sender = Sender::new(table.clone(), config(4096, 1 << 20, codec)).unwrap();
         let mut receivers = vec![Receiver::new(table.clone())];
-        run_sync(&mut sender, &mut receivers, &[enc16(&bf_old), enc32(&f_old)]);
-        let (changed, _) = run_sync(&mut sender, &mut receivers, &[enc16(&bf_new), enc32(&f_new)]);
+        run_sync(
+            &mut sender,
+            &mut receivers,
+            &[enc16(&bf_old), enc32(&f_old)],
+        );
+        let (changed, _) = run_sync(
+            &mut sender,
+            &mut receivers,
+            &[enc16(&bf_new), enc32(&f_new)],
+        );
         assert_eq!(changed, 4 + 3);
     }
 }
@@ -118,7 +159,12 @@ fn seed_then_verify_frame_checks_memory() {
     let mut receivers = vec![Receiver::new(table.clone())];
     run_sync(&mut sender, &mut receivers, &current);
     let mut frames = Vec::new();
-    sender.verify(|f| { frames.push(f); Ok(()) }).unwrap();
+    sender
+        .verify(|f| {
+            frames.push(f);
+            Ok(())
+        })
+        .unwrap();
     let outcome = receivers[0].receive(&frames[0]).unwrap().unwrap();
     assert_eq!(outcome.kind, FrameKind::Verify);
 }

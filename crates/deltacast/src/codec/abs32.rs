@@ -12,20 +12,31 @@ pub fn encode(rel: &[u32], out: &mut Vec<u8>) {
 pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Result<(), CodecError> {
     let needed = count as u64 * 4;
     if (input.len() as u64) < needed {
-        return Err(CodecError::Truncated { needed, available: input.len() as u64 });
+        return Err(CodecError::Truncated {
+            needed,
+            available: input.len() as u64,
+        });
     }
     if input.len() as u64 > needed {
-        return Err(CodecError::TrailingBytes { count: count as u64, extra: input.len() as u64 - needed });
+        return Err(CodecError::TrailingBytes {
+            count: count as u64,
+            extra: input.len() as u64 - needed,
+        });
     }
     out.reserve(count as usize);
     let mut previous: Option<u32> = None;
     for (index, bytes) in input.chunks_exact(4).enumerate() {
         let p = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         if p >= range {
-            return Err(CodecError::PositionOutOfRange { position: p as u64, range: range as u64 });
+            return Err(CodecError::PositionOutOfRange {
+                position: p as u64,
+                range: range as u64,
+            });
         }
         if previous.is_some_and(|q| p <= q) {
-            return Err(CodecError::NotSorted { index: index as u64 });
+            return Err(CodecError::NotSorted {
+                index: index as u64,
+            });
         }
         previous = Some(p);
         out.push(p);

@@ -1,12 +1,462 @@
-//! `gaps` positions: not implemented yet (the codec issue).
+//! `gaps` positions: Golomb–Rice coded gaps between sorted positions, in blocks of
+//! [`BLOCK`] positions that each decode on their own.
+//!
+//! Layout (docs/codecs.md has it byte by byte): a directory of one 7-byte entry per block
+//! (`first: u32`, `bits: u16`, `k: u8`, little-endian), then one bit stream holding each
+//! block's gaps in order. A block's bit offset is the sum of the `bits` of the blocks before
+//! it, so threads (or a GPU) can decode all blocks at once after a prefix sum. The Rice
+//! parameter is the exact best for each block's own gaps, which follows changes in density
+//! along the tensor; quotients of [`ESC`] or more are escaped to the gap's plain binary, so
+//! a code word never exceeds 48 bits whatever the input.
 
+use super::bits::{bit_len, check_stream_len, mask, BitReader, BitWriter};
 use crate::error::CodecError;
 
-pub fn encode(rel: &[u32], _range: u32, out: &mut Vec<u8>) {
-    // Placeholder so Auto never prefers it: larger than abs32.
-    out.resize(out.len() + rel.len() * 4 + 1, 0xff);
+#[cfg(test)]
+#[path = "trace_tests.rs"]
+mod trace_tests;
+
+/// Positions per block: the directory costs 56 bits per block (under 0.1 bit per position)
+/// and a block is still small enough to be one unit of parallel work.
+pub(crate) const BLOCK: usize = 1024;
+/// Unary quotients this long are an escape: `ESC` zero bits, then the gap in `w` bits.
+const ESC: u32 = 16;
+/// Largest Rice parameter (gaps are below 2^32).
+const MAX_K: u32 = 31;
+const DIR_ENTRY: usize = 7;
+
+// A block's bit count must fit the u16 directory field whatever its gaps (code words are at
+// most max(ESC - 1 + 1 + MAX_K, ESC + 32) = 48 bits).
+const _: () = assert!((BLOCK as u64 - 1) * 48 <= u16::MAX as u64);
+
+/// Bits of an escaped gap: enough for the largest gap a range can hold.
+fn escape_width(range: u32) -> u32 {
+    bit_len(range.saturating_sub(1) as u64).max(1)
 }
 
-pub fn decode(_input: &[u8], _count: u32, _range: u32, _out: &mut Vec<u32>) -> Result<(), CodecError> {
-    Err(CodecError::Unsupported { codec: "gaps", what: "decoding in this build" })
+/// Exact bits of the Rice code of `gaps` with parameter `k`.
+#[inline]
+fn rice_bits(gaps: &[u32], k: u32, w: u32) -> u32 {
+    gaps.iter()
+        .map(|&g| {
+            let q = g >> k;
+            if q < ESC {
+                q + 1 + k
+            } else {
+                ESC + w
+            }
+        })
+        .sum()
+}
+
+/// The `k` with the fewest bits for `gaps` (smallest on ties) and that bit count. Every
+/// `k` up to the bit length of the largest gap is sized exactly; larger ones only cost more.
+fn best_k(gaps: &[u32], w: u32) -> (u32, u32) {
+    let largest = gaps.iter().copied().max().unwrap_or(0);
+    let top = bit_len(largest as u64).min(MAX_K);
+    let mut best = (0, rice_bits(gaps, 0, w));
+    for k in 1..=top {
+        let bits = rice_bits(gaps, k, w);
+        if bits < best.1 {
+            best = (k, bits);
+        }
+    }
+    best
+}
+
+/// Gaps (`p[i] - p[i-1] - 1`) of one block into `buf`.
+#[inline]
+fn block_gaps<'b>(block: &[u32], buf: &'b mut [u32; BLOCK]) -> &'b [u32] {
+    let n = block.len().saturating_sub(1);
+    for (slot, pair) in buf.iter_mut().zip(block.windows(2)) {
+        *slot = pair[1] - pair[0] - 1;
+    }
+    &buf[..n]
+}
+
+pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
+    if rel.is_empty() {
+        return;
+    }
+    let w = escape_width(range);
+    let mut buf = [0u32; BLOCK];
+    // Pass 1: size every block with its best k, so the directory and stream length are known.
+    let mut params: Vec<(u32, u32)> = Vec::with_capacity(rel.len().div_ceil(BLOCK));
+    let mut total_bits = 0u64;
+    for block in rel.chunks(BLOCK) {
+        let (k, bits) = best_k(block_gaps(block, &mut buf), w);
+        params.push((k, bits));
+        total_bits += bits as u64;
+    }
+    out.reserve(params.len() * DIR_ENTRY + total_bits.div_ceil(8) as usize + BitWriter::SLACK);
+    for (block, &(k, bits)) in rel.chunks(BLOCK).zip(&params) {
+        out.extend_from_slice(&block[0].to_le_bytes());
+        out.extend_from_slice(&(bits as u16).to_le_bytes());
+        out.push(k as u8);
+    }
+    // Pass 2: the code words.
+    let start = out.len();
+    let stream_len = total_bits.div_ceil(8) as usize;
+    out.resize(start + stream_len + BitWriter::SLACK, 0);
+    let mut writer = BitWriter::new(&mut out[start..]);
+    for (block, &(k, _)) in rel.chunks(BLOCK).zip(&params) {
+        for &g in block_gaps(block, &mut buf) {
+            let q = g >> k;
+            if q < ESC {
+                // q zeros, a one, then the k low bits.
+                let word = (1 | ((g as u64 & mask(k)) << 1)) << q;
+                writer.put(word, q + 1 + k);
+            } else {
+                writer.put((g as u64) << ESC, ESC + w);
+            }
+        }
+    }
+    debug_assert_eq!(writer.bits(), total_bits);
+    out.truncate(start + stream_len);
+}
+
+pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Result<(), CodecError> {
+    out.clear();
+    let n = count as usize;
+    if n == 0 {
+        if !input.is_empty() {
+            return Err(CodecError::TrailingBytes {
+                count: 0,
+                extra: input.len() as u64,
+            });
+        }
+        return Ok(());
+    }
+    let blocks = n.div_ceil(BLOCK);
+    let dir_len = blocks * DIR_ENTRY;
+    if input.len() < dir_len {
+        return Err(CodecError::Truncated {
+            needed: dir_len as u64,
+            available: input.len() as u64,
+        });
+    }
+    let (dir, stream) = input.split_at(dir_len);
+    let mut total_bits = 0u64;
+    for entry in dir.chunks_exact(DIR_ENTRY) {
+        let (_, bits, k) = read_entry(entry);
+        if k > MAX_K {
+            return Err(CodecError::Malformed {
+                codec: "gaps",
+                reason: format!("Rice parameter {k} above {MAX_K}"),
+            });
+        }
+        total_bits += bits as u64;
+    }
+    check_stream_len("gaps", stream, total_bits, dir_len, count as u64)?;
+
+    let w = escape_width(range);
+    let reader = BitReader::new(stream);
+    out.reserve(n);
+    let mut pos = 0usize;
+    let mut previous: Option<u64> = None;
+    for (b, entry) in dir.chunks_exact(DIR_ENTRY).enumerate() {
+        let (first, bits, k) = read_entry(entry);
+        let items = BLOCK.min(n - b * BLOCK);
+        if first >= range {
+            return Err(CodecError::PositionOutOfRange {
+                position: first as u64,
+                range: range as u64,
+            });
+        }
+        if previous.is_some_and(|p| first as u64 <= p) {
+            return Err(CodecError::NotSorted {
+                index: (b * BLOCK) as u64,
+            });
+        }
+        let end = pos + bits as usize;
+        let mut p = first as u64;
+        out.push(first);
+        for _ in 1..items {
+            let word = reader.peek(pos);
+            let z = word.trailing_zeros();
+            let g = if z < ESC {
+                pos += (z + 1 + k) as usize;
+                ((z as u64) << k) | ((word >> (z + 1)) & mask(k))
+            } else {
+                pos += (ESC + w) as usize;
+                (word >> ESC) & mask(w)
+            };
+            // Positions only grow, so checking the block's last one against the range
+            // (below) covers them all, and u64 cannot overflow here.
+            p += g + 1;
+            out.push(p as u32);
+        }
+        if pos != end {
+            return Err(CodecError::Malformed {
+                codec: "gaps",
+                reason: format!(
+                    "block {b} code words end at bit {pos}, its directory entry says {end}"
+                ),
+            });
+        }
+        if p >= range as u64 {
+            return Err(CodecError::PositionOutOfRange {
+                position: p,
+                range: range as u64,
+            });
+        }
+        previous = Some(p);
+    }
+    Ok(())
+}
+
+/// `(first position, bit count, k)` of one directory entry.
+#[inline]
+fn read_entry(entry: &[u8]) -> (u32, u32, u32) {
+    let first = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
+    let bits = u16::from_le_bytes([entry[4], entry[5]]) as u32;
+    (first, bits, entry[6] as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::bits::testutil::{bernoulli_positions, Rng};
+    use proptest::prelude::*;
+
+    /// Independent reference encoder: one bool per bit, every k tried by actually encoding.
+    fn reference_encode(rel: &[u32], range: u32) -> Vec<u8> {
+        fn push_bits(bits: &mut Vec<bool>, value: u64, len: u32) {
+            for i in 0..len {
+                bits.push((value >> i) & 1 == 1);
+            }
+        }
+        fn block_bits(block: &[u32], k: u32, w: u32) -> Vec<bool> {
+            let mut bits = Vec::new();
+            for pair in block.windows(2) {
+                let g = (pair[1] - pair[0] - 1) as u64;
+                let q = g >> k;
+                if q < ESC as u64 {
+                    bits.extend(std::iter::repeat_n(false, q as usize));
+                    bits.push(true);
+                    push_bits(&mut bits, g, k);
+                } else {
+                    bits.extend(std::iter::repeat_n(false, ESC as usize));
+                    push_bits(&mut bits, g, w);
+                }
+            }
+            bits
+        }
+        if rel.is_empty() {
+            return Vec::new();
+        }
+        let w = if range <= 2 {
+            1
+        } else {
+            32 - (range - 1).leading_zeros()
+        };
+        let mut dir = Vec::new();
+        let mut stream = Vec::new();
+        for block in rel.chunks(BLOCK) {
+            let best = (0..=MAX_K)
+                .map(|k| (block_bits(block, k, w), k))
+                .min_by_key(|(b, k)| (b.len(), *k))
+                .unwrap();
+            dir.extend_from_slice(&block[0].to_le_bytes());
+            dir.extend_from_slice(&(best.0.len() as u16).to_le_bytes());
+            dir.push(best.1 as u8);
+            stream.extend(best.0);
+        }
+        let mut bytes = vec![0u8; stream.len().div_ceil(8)];
+        for (i, &bit) in stream.iter().enumerate() {
+            if bit {
+                bytes[i / 8] |= 1 << (i % 8);
+            }
+        }
+        dir.extend(bytes);
+        dir
+    }
+
+    fn round_trip(rel: &[u32], range: u32) -> Vec<u8> {
+        let mut enc = Vec::new();
+        encode(rel, range, &mut enc);
+        let mut dec = vec![7];
+        decode(&enc, rel.len() as u32, range, &mut dec).unwrap();
+        assert_eq!(dec, rel, "range {range}, {} positions", rel.len());
+        enc
+    }
+
+    #[test]
+    fn round_trips_at_every_density() {
+        let mut rng = Rng(1);
+        for range in [1u32, 2, 3, 7, 8, 9, 1000, 4097, 65_537, 1 << 20] {
+            for density in [0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 1.0] {
+                let rel = bernoulli_positions(&mut rng, range, density);
+                let enc = round_trip(&rel, range);
+                assert_eq!(
+                    enc,
+                    reference_encode(&rel, range),
+                    "range {range} density {density}"
+                );
+            }
+            round_trip(&[0], range);
+            round_trip(&[range - 1], range);
+            if range > 1 {
+                round_trip(&[0, range - 1], range);
+            }
+        }
+    }
+
+    #[test]
+    fn block_boundaries_and_huge_gaps() {
+        let mut rng = Rng(2);
+        for n in [1023usize, 1024, 1025, 2047, 2048, 2049, 3 * 1024 + 5] {
+            let rel = bernoulli_positions(&mut rng, 1 << 22, n as f64 / (1 << 22) as f64);
+            let enc = round_trip(&rel, 1 << 22);
+            assert_eq!(enc, reference_encode(&rel, 1 << 22));
+            let dense: Vec<u32> = (0..n as u32).collect();
+            round_trip(&dense, n as u32 + 1);
+        }
+        // Largest range, escapes of 32-bit gaps, positions at both ends.
+        let rel = [0, 1, 5, 1 << 31, u32::MAX - 3, u32::MAX - 1];
+        assert_eq!(round_trip(&rel, u32::MAX), reference_encode(&rel, u32::MAX));
+        // Dense runs separated by huge gaps in one block: the escape keeps a small k.
+        let mut rel: Vec<u32> = Vec::new();
+        for run in 0..8u32 {
+            rel.extend((0..100).map(|i| run * 50_000_000 + i));
+        }
+        let enc = round_trip(&rel, u32::MAX);
+        assert_eq!(enc, reference_encode(&rel, u32::MAX));
+        assert_eq!(enc[6], 0, "k stays 0 with escaped jumps");
+    }
+
+    #[test]
+    fn size_tracks_the_entropy_of_iid_positions() {
+        let mut rng = Rng(3);
+        let range = 1u32 << 20;
+        for density in [0.001, 0.01, 0.05, 0.2, 0.5] {
+            let rel = bernoulli_positions(&mut rng, range, density);
+            let mut enc = Vec::new();
+            encode(&rel, range, &mut enc);
+            let p = rel.len() as f64 / range as f64;
+            let bound = range as f64 * -(p * p.log2() + (1.0 - p) * (1.0 - p).log2()) / 8.0;
+            let ratio = enc.len() as f64 / bound;
+            assert!(
+                ratio < 1.06,
+                "density {density}: {} bytes, bound {bound:.0}, ratio {ratio:.3}",
+                enc.len()
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_bad_sections() {
+        let rel: Vec<u32> = (0..3000u32).map(|i| i * 7 + (i % 3)).collect();
+        let range = 30_000;
+        let mut enc = Vec::new();
+        encode(&rel, range, &mut enc);
+        let mut out = Vec::new();
+        for cut in 0..enc.len() {
+            assert!(
+                decode(&enc[..cut], 3000, range, &mut out).is_err(),
+                "prefix of {cut} bytes"
+            );
+        }
+        let mut longer = enc.clone();
+        longer.push(0);
+        assert!(decode(&longer, 3000, range, &mut out).is_err());
+        assert!(decode(&enc, 2999, range, &mut out).is_err());
+        assert!(decode(&enc, 3001, range, &mut out).is_err());
+        assert!(
+            decode(&enc, 3000, rel[2999], &mut out).is_err(),
+            "last position out of range"
+        );
+        assert!(decode(&[], 0, 10, &mut out).is_ok());
+        assert!(decode(&[0], 0, 10, &mut out).is_err());
+        // Second block starting at or before the end of the first.
+        let mut bad = enc.clone();
+        bad[DIR_ENTRY..DIR_ENTRY + 4].copy_from_slice(&rel[1023].to_le_bytes());
+        assert_eq!(
+            decode(&bad, 3000, range, &mut out),
+            Err(CodecError::NotSorted { index: 1024 })
+        );
+        // k out of bounds.
+        let mut bad = enc.clone();
+        bad[6] = 32;
+        assert!(decode(&bad, 3000, range, &mut out).is_err());
+    }
+
+    #[test]
+    fn bit_flips_never_panic_and_stay_valid() {
+        let mut rng = Rng(4);
+        let range = 50_000;
+        let rel = bernoulli_positions(&mut rng, range, 0.05);
+        let mut enc = Vec::new();
+        encode(&rel, range, &mut enc);
+        let mut out = Vec::new();
+        for bit in 0..enc.len() * 8 {
+            let mut bad = enc.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            if decode(&bad, rel.len() as u32, range, &mut out).is_ok() {
+                assert_ne!(out, rel, "flip of bit {bit} went unnoticed");
+                assert_eq!(out.len(), rel.len());
+                assert!(out.windows(2).all(|w| w[0] < w[1]) && out.iter().all(|&p| p < range));
+            }
+        }
+    }
+
+    fn sorted_positions() -> impl Strategy<Value = (Vec<u32>, u32)> {
+        (
+            1u32..200_000,
+            prop::collection::vec(any::<u32>(), 0..3000),
+            any::<bool>(),
+        )
+            .prop_map(|(range, raw, clustered)| {
+                let mut rel: Vec<u32> = if clustered {
+                    // Runs of neighbours around a few centres, to exercise small and large k.
+                    raw.iter()
+                        .map(|&r| ((r >> 16) % 8) * (range / 8) + (r & 0xff))
+                        .filter(|&p| p < range)
+                        .collect()
+                } else {
+                    raw.iter().map(|&r| r % range).collect()
+                };
+                rel.sort_unstable();
+                rel.dedup();
+                (rel, range)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn prop_round_trip((rel, range) in sorted_positions()) {
+            let mut enc = Vec::new();
+            encode(&rel, range, &mut enc);
+            let mut dec = Vec::new();
+            decode(&enc, rel.len() as u32, range, &mut dec).unwrap();
+            prop_assert_eq!(&dec, &rel);
+            prop_assert_eq!(enc, reference_encode(&rel, range));
+        }
+
+        #[test]
+        fn prop_decoder_never_panics(input in prop::collection::vec(any::<u8>(), 0..400), range in 1u32..u32::MAX, count in any::<u32>()) {
+            let count = count % (range.min(5000) + 1);
+            let mut out = Vec::new();
+            if decode(&input, count, range, &mut out).is_ok() {
+                prop_assert_eq!(out.len(), count as usize);
+                prop_assert!(out.windows(2).all(|w| w[0] < w[1]) && out.iter().all(|&p| p < range));
+            }
+        }
+
+        #[test]
+        fn prop_decoder_survives_damaged_sections((rel, range) in sorted_positions(), at in any::<usize>(), byte in any::<u8>()) {
+            let mut enc = Vec::new();
+            encode(&rel, range, &mut enc);
+            if !enc.is_empty() {
+                let i = at % enc.len();
+                enc[i] ^= byte | 1;
+            }
+            let mut out = Vec::new();
+            if decode(&enc, rel.len() as u32, range, &mut out).is_ok() {
+                prop_assert!(out.windows(2).all(|w| w[0] < w[1]) && out.iter().all(|&p| p < range));
+            }
+        }
+    }
 }

@@ -11,6 +11,7 @@
 
 mod abs32;
 mod bitmap;
+mod bits;
 mod gaps;
 mod raw;
 mod ulp;
@@ -40,7 +41,12 @@ pub enum ValCodec {
 }
 
 impl PosCodec {
-    pub const ALL: [PosCodec; 4] = [PosCodec::All, PosCodec::Abs32, PosCodec::Gaps, PosCodec::Bitmap];
+    pub const ALL: [PosCodec; 4] = [
+        PosCodec::All,
+        PosCodec::Abs32,
+        PosCodec::Gaps,
+        PosCodec::Bitmap,
+    ];
 
     pub fn from_code(code: u8) -> Option<Self> {
         PosCodec::ALL.into_iter().find(|c| *c as u8 == code)
@@ -95,7 +101,10 @@ pub fn decode_positions(
 ) -> Result<(), CodecError> {
     out.clear();
     if count as u64 > range as u64 {
-        return Err(CodecError::CountExceedsRange { count: count as u64, range: range as u64 });
+        return Err(CodecError::CountExceedsRange {
+            count: count as u64,
+            range: range as u64,
+        });
     }
     match codec {
         PosCodec::All => {
@@ -106,7 +115,10 @@ pub fn decode_positions(
                 });
             }
             if !input.is_empty() {
-                return Err(CodecError::TrailingBytes { count: count as u64, extra: input.len() as u64 });
+                return Err(CodecError::TrailingBytes {
+                    count: count as u64,
+                    extra: input.len() as u64,
+                });
             }
             out.extend(0..range);
             Ok(())
@@ -198,8 +210,16 @@ pub fn encode_chunk(
 ) -> EncodedChunk {
     match choice {
         CodecChoice::Fixed(pos, val) => {
-            let pos = if pos == PosCodec::All && rel.len() as u64 != range as u64 { PosCodec::Abs32 } else { pos };
-            let mut chunk = EncodedChunk { pos_codec: Some(pos), val_codec: Some(val), ..Default::default() };
+            let pos = if pos == PosCodec::All && rel.len() as u64 != range as u64 {
+                PosCodec::Abs32
+            } else {
+                pos
+            };
+            let mut chunk = EncodedChunk {
+                pos_codec: Some(pos),
+                val_codec: Some(val),
+                ..Default::default()
+            };
             encode_positions(pos, rel, range, &mut chunk.positions);
             encode_values(val, width, old, new, &mut chunk.values);
             chunk
@@ -207,7 +227,12 @@ pub fn encode_chunk(
         CodecChoice::Auto => {
             let (pos, positions) = choose_positions(rel, range);
             let (val, values) = choose_values(width, old, new);
-            EncodedChunk { pos_codec: Some(pos), val_codec: Some(val), positions, values }
+            EncodedChunk {
+                pos_codec: Some(pos),
+                val_codec: Some(val),
+                positions,
+                values,
+            }
         }
     }
 }

@@ -6,13 +6,24 @@ pub fn encode(new: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(new);
 }
 
-pub fn decode(width: usize, input: &[u8], count: usize, out: &mut Vec<u8>) -> Result<(), CodecError> {
+pub fn decode(
+    width: usize,
+    input: &[u8],
+    count: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
     let needed = (count * width) as u64;
     if (input.len() as u64) < needed {
-        return Err(CodecError::Truncated { needed, available: input.len() as u64 });
+        return Err(CodecError::Truncated {
+            needed,
+            available: input.len() as u64,
+        });
     }
     if input.len() as u64 > needed {
-        return Err(CodecError::TrailingBytes { count: count as u64, extra: input.len() as u64 - needed });
+        return Err(CodecError::TrailingBytes {
+            count: count as u64,
+            extra: input.len() as u64 - needed,
+        });
     }
     out.extend_from_slice(input);
     Ok(())

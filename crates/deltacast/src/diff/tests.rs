@@ -14,7 +14,11 @@ use super::*;
 /// The oracle: zip the elements, compare bits as integers.
 fn oracle(snapshot: &[u8], current: &[u8], width: usize, first_index: u64) -> Changes {
     let mut out = Changes::default();
-    for (i, (s, c)) in snapshot.chunks_exact(width).zip(current.chunks_exact(width)).enumerate() {
+    for (i, (s, c)) in snapshot
+        .chunks_exact(width)
+        .zip(current.chunks_exact(width))
+        .enumerate()
+    {
         if s != c {
             out.positions.push(first_index + i as u64);
             out.old_values.extend_from_slice(s);
@@ -55,7 +59,11 @@ fn set(buf: &mut [u8], width: usize, i: usize, bits: u32) {
 fn mutate(buf: &mut [u8], width: usize, i: usize, rng: &mut Rng) {
     let at = i * width;
     let flip = (rng.next() as u32 | 1) << (rng.next() % (8 * width as u64));
-    let flip = if flip.to_le_bytes()[..width].iter().all(|&b| b == 0) { 1 } else { flip };
+    let flip = if flip.to_le_bytes()[..width].iter().all(|&b| b == 0) {
+        1
+    } else {
+        flip
+    };
     for (b, f) in buf[at..at + width].iter_mut().zip(flip.to_le_bytes()) {
         *b ^= f;
     }
@@ -77,24 +85,46 @@ fn check_all(snapshot: &[u8], current: &[u8], width: usize, first_index: u64) {
         for (label, chunk) in runs {
             let mut snap = snapshot.to_vec();
             // Pre-existing entries must be kept: the API appends.
-            let mut out = Changes { positions: vec![u64::MAX], old_values: vec![7; width], new_values: vec![9; width] };
+            let mut out = Changes {
+                positions: vec![u64::MAX],
+                old_values: vec![7; width],
+                new_values: vec![9; width],
+            };
             match chunk {
                 None => diff_serial_with(kind, &mut snap, current, width, first_index, &mut out),
                 Some(c) => diff_chunked(kind, &mut snap, current, width, first_index, &mut out, c),
             }
             let ctx = format!("{kind} {label} width {width} len {n} first {first_index}");
             assert_eq!(out.positions[0], u64::MAX, "{ctx}: prefix lost");
-            assert_eq!(&out.old_values[..width], &vec![7; width][..], "{ctx}: prefix lost");
-            assert_eq!(&out.new_values[..width], &vec![9; width][..], "{ctx}: prefix lost");
+            assert_eq!(
+                &out.old_values[..width],
+                &vec![7; width][..],
+                "{ctx}: prefix lost"
+            );
+            assert_eq!(
+                &out.new_values[..width],
+                &vec![9; width][..],
+                "{ctx}: prefix lost"
+            );
             assert_eq!(&out.positions[1..], &want.positions[..], "{ctx}: positions");
-            assert_eq!(&out.old_values[width..], &want.old_values[..], "{ctx}: old values");
-            assert_eq!(&out.new_values[width..], &want.new_values[..], "{ctx}: new values");
+            assert_eq!(
+                &out.old_values[width..],
+                &want.old_values[..],
+                "{ctx}: old values"
+            );
+            assert_eq!(
+                &out.new_values[width..],
+                &want.new_values[..],
+                "{ctx}: new values"
+            );
             assert!(snap == current, "{ctx}: snapshot not refreshed");
         }
     }
 }
 
-const SIZES: [usize; 19] = [0, 1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 1000, 4097, 9973];
+const SIZES: [usize; 19] = [
+    0, 1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 1000, 4097, 9973,
+];
 const DENSITIES: [f64; 5] = [0.0, 0.001, 0.01, 0.1, 1.0];
 
 #[test]
@@ -137,7 +167,12 @@ fn changes_at_edges_and_block_boundaries() {
             let snapshot = rng.bytes(n * width);
             let mut current = snapshot.clone();
             for &spot in &spots {
-                set(&mut current, width, spot, !load_elem(&snapshot, width, spot));
+                set(
+                    &mut current,
+                    width,
+                    spot,
+                    !load_elem(&snapshot, width, spot),
+                );
             }
             check_all(&snapshot, &current, width, 0);
             let all: Vec<u8> = snapshot.iter().map(|b| !b).collect();
@@ -200,7 +235,14 @@ fn buffers_over_the_real_parallel_threshold() {
         let snapshot = rng.bytes(n * width);
         let mut current = snapshot.clone();
         // Changes on both sides of each chunk boundary, plus a sprinkle.
-        for b in [0, PAR_CHUNK_ELEMS - 1, PAR_CHUNK_ELEMS, 2 * PAR_CHUNK_ELEMS - 1, 2 * PAR_CHUNK_ELEMS, n - 1] {
+        for b in [
+            0,
+            PAR_CHUNK_ELEMS - 1,
+            PAR_CHUNK_ELEMS,
+            2 * PAR_CHUNK_ELEMS - 1,
+            2 * PAR_CHUNK_ELEMS,
+            n - 1,
+        ] {
             mutate(&mut current, width, b, &mut rng);
         }
         for _ in 0..5000 {
@@ -218,7 +260,10 @@ fn buffers_over_the_real_parallel_threshold() {
         let mut snap = snapshot.clone();
         let mut out = Changes::default();
         diff_and_refresh(&mut snap, &current, width, 3, &mut out);
-        assert!(out == want && snap == current, "default kernel width {width}");
+        assert!(
+            out == want && snap == current,
+            "default kernel width {width}"
+        );
     }
 }
 

@@ -25,10 +25,20 @@ pub(super) fn detect() -> Vec<DiffImpl> {
 ///
 /// # Panics
 /// If `kind` is the portable kernel or not available here; callers check both.
-pub(super) fn run(kind: DiffImpl, snapshot: &mut [u8], current: &[u8], width: usize, first_index: u64, out: &mut Changes) {
+pub(super) fn run(
+    kind: DiffImpl,
+    snapshot: &mut [u8],
+    current: &[u8],
+    width: usize,
+    first_index: u64,
+    out: &mut Changes,
+) {
     // Checked here again (a cached lookup per chunk) so that the SAFETY argument below rests on
     // this function alone, not on its callers.
-    assert!(kind.is_available(), "diff kernel {kind} is not available on this CPU");
+    assert!(
+        kind.is_available(),
+        "diff kernel {kind} is not available on this CPU"
+    );
     // SAFETY (every arm): the kernel's target features are exactly those `detect` found on this
     // CPU for `kind`, and `is_available` just confirmed `kind` is in that list.
     unsafe {
@@ -100,7 +110,13 @@ unsafe fn visit_bits<const W: usize>(
         let at = off + bits.trailing_zeros() as usize * W;
         // SAFETY: `at + W <= off + BLOCK`, within both buffers; `tail` has room for the block,
         // which has at most `BLOCK / W` set bits.
-        unsafe { tail.push(first_index + (at / W) as u64, read::<W>(sp.add(at)), read::<W>(cp.add(at))) };
+        unsafe {
+            tail.push(
+                first_index + (at / W) as u64,
+                read::<W>(sp.add(at)),
+                read::<W>(cp.add(at)),
+            )
+        };
         bits &= bits - 1;
     }
 }
@@ -141,7 +157,12 @@ fn drive<const W: usize>(
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
-unsafe fn avx2<const W: usize>(snapshot: &mut [u8], current: &[u8], first_index: u64, out: &mut Changes) {
+unsafe fn avx2<const W: usize>(
+    snapshot: &mut [u8],
+    current: &[u8],
+    first_index: u64,
+    out: &mut Changes,
+) {
     let keep: u64 = match W {
         1 => !0,
         2 => 0x5555_5555_5555_5555,
@@ -162,7 +183,8 @@ unsafe fn avx2<const W: usize>(snapshot: &mut [u8], current: &[u8], first_index:
             2 => (_mm256_cmpeq_epi16(a0, b0), _mm256_cmpeq_epi16(a1, b1)),
             _ => (_mm256_cmpeq_epi32(a0, b0), _mm256_cmpeq_epi32(a1, b1)),
         };
-        let eq = (_mm256_movemask_epi8(e0) as u32 as u64) | ((_mm256_movemask_epi8(e1) as u32 as u64) << 32);
+        let eq = (_mm256_movemask_epi8(e0) as u32 as u64)
+            | ((_mm256_movemask_epi8(e1) as u32 as u64) << 32);
         let mut ne = !eq & keep;
         if ne != 0 {
             // Element bits: compact `j·W` to `j` by visiting with a byte mask walked per element.
@@ -217,10 +239,20 @@ unsafe fn masked_store<const W: usize>(p: *mut u8, m: u64, v: __m512i) {
 /// # Safety
 /// The CPU must support AVX-512BW.
 #[target_feature(enable = "avx512bw")]
-unsafe fn avx512<const W: usize>(snapshot: &mut [u8], current: &[u8], first_index: u64, out: &mut Changes) {
+unsafe fn avx512<const W: usize>(
+    snapshot: &mut [u8],
+    current: &[u8],
+    first_index: u64,
+    out: &mut Changes,
+) {
     drive::<W>(snapshot, current, first_index, out, |off, sp, cp, tail| {
         // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
-        let (a, b) = unsafe { (_mm512_loadu_si512(sp.add(off) as *const _), _mm512_loadu_si512(cp.add(off) as *const _)) };
+        let (a, b) = unsafe {
+            (
+                _mm512_loadu_si512(sp.add(off) as *const _),
+                _mm512_loadu_si512(cp.add(off) as *const _),
+            )
+        };
         let m = ne_mask::<W>(a, b);
         if m != 0 {
             // SAFETY: the block is in bounds, the window reserved room for all its elements,
@@ -306,11 +338,21 @@ fn widen8<const W: usize>(v: __m128i) -> __m512i {
 /// # Safety
 /// The CPU must support AVX-512BW, AVX-512VBMI2 and POPCNT.
 #[target_feature(enable = "avx512bw,avx512vbmi2,popcnt")]
-unsafe fn avx512_vbmi2<const W: usize>(snapshot: &mut [u8], current: &[u8], first_index: u64, out: &mut Changes) {
+unsafe fn avx512_vbmi2<const W: usize>(
+    snapshot: &mut [u8],
+    current: &[u8],
+    first_index: u64,
+    out: &mut Changes,
+) {
     let iota = lane_iota::<W>();
     drive::<W>(snapshot, current, first_index, out, |off, sp, cp, tail| {
         // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
-        let (a, b) = unsafe { (_mm512_loadu_si512(sp.add(off) as *const _), _mm512_loadu_si512(cp.add(off) as *const _)) };
+        let (a, b) = unsafe {
+            (
+                _mm512_loadu_si512(sp.add(off) as *const _),
+                _mm512_loadu_si512(cp.add(off) as *const _),
+            )
+        };
         let m = ne_mask::<W>(a, b);
         if m == 0 {
             return;
@@ -346,7 +388,10 @@ unsafe fn avx512_vbmi2<const W: usize>(snapshot: &mut [u8], current: &[u8], firs
                     let mut g = 1;
                     while 8 * g < k {
                         let v = _mm_loadu_si128(spill.as_ptr().add(8 * g * W) as *const __m128i);
-                        _mm512_storeu_si512(pos.add(8 * g) as *mut _, _mm512_add_epi64(widen8::<W>(v), base));
+                        _mm512_storeu_si512(
+                            pos.add(8 * g) as *mut _,
+                            _mm512_add_epi64(widen8::<W>(v), base),
+                        );
                         g += 1;
                     }
                 }

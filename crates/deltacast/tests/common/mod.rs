@@ -37,8 +37,22 @@ impl Rng {
 pub fn specials(width: usize) -> Vec<u32> {
     match width {
         1 => vec![0x00, 0x80, 0x7f, 0xff, 0x01, 0x81, 0x7c, 0xfc, 0x7e, 0x79],
-        2 => vec![0x0000, 0x8000, 0x7fc0, 0x7fc1, 0xffc1, 0x7f80, 0xff80, 0x0001, 0x8001, 0x7c01, 0x7e00, 0xffff],
-        _ => vec![0, 0x8000_0000, 0x7fc0_0000, 0x7fc0_0001, 0xffc0_0123, 0x7f80_0000, 0xff80_0000, 1, 0x8000_0001, 0xffff_ffff],
+        2 => vec![
+            0x0000, 0x8000, 0x7fc0, 0x7fc1, 0xffc1, 0x7f80, 0xff80, 0x0001, 0x8001, 0x7c01, 0x7e00,
+            0xffff,
+        ],
+        _ => vec![
+            0,
+            0x8000_0000,
+            0x7fc0_0000,
+            0x7fc0_0001,
+            0xffc0_0123,
+            0x7f80_0000,
+            0xff80_0000,
+            1,
+            0x8000_0001,
+            0xffff_ffff,
+        ],
     }
 }
 
@@ -60,8 +74,16 @@ pub fn mutate(rng: &mut Rng, buf: &mut [u8], width: usize, density: f64) {
             2 => old.wrapping_add(1 + rng.below(1000) as u32),
             _ => rng.next_u64() as u32,
         };
-        let mask = if width == 4 { u32::MAX } else { (1u32 << (width * 8)) - 1 };
-        let new = if new & mask == old { old ^ 1 } else { new & mask };
+        let mask = if width == 4 {
+            u32::MAX
+        } else {
+            (1u32 << (width * 8)) - 1
+        };
+        let new = if new & mask == old {
+            old ^ 1
+        } else {
+            new & mask
+        };
         buf[at..at + width].copy_from_slice(&new.to_le_bytes()[..width]);
     }
 }
@@ -84,12 +106,16 @@ pub fn random_table(rng: &mut Rng, n: usize, max_numel: u64) -> SlotTable {
 }
 
 pub fn random_buffers(rng: &mut Rng, table: &SlotTable) -> Vec<Vec<u8>> {
-    table.slots().iter().map(|s| {
-        let mut b = rng.bytes(s.nbytes() as usize);
-        // Sprinkle specials into the base too.
-        mutate(rng, &mut b, s.dtype.width(), 0.05);
-        b
-    }).collect()
+    table
+        .slots()
+        .iter()
+        .map(|s| {
+            let mut b = rng.bytes(s.nbytes() as usize);
+            // Sprinkle specials into the base too.
+            mutate(rng, &mut b, s.dtype.width(), 0.05);
+            b
+        })
+        .collect()
 }
 
 pub fn slices(bufs: &[Vec<u8>]) -> Vec<&[u8]> {

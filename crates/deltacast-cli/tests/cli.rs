@@ -1,0 +1,366 @@
+//! The `deltacast` binary end to end: demo, and diff → apply through files, including the
+//! recorded optimizer traces in ../shared/traces (every trace found there is replayed).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use deltacast::io::{write_checkpoint, Checkpoint};
+use deltacast::{DType, SlotInfo, SlotTable};
+use safetensors::SafeTensors;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_deltacast"))
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("binary runs");
+    assert!(
+        out.status.success(),
+        "command failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+fn run_err(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("binary runs");
+    assert!(
+        !out.status.success(),
+        "command should have failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn demo_json_reports_every_step_with_matching_digests() {
+    let out = run_ok(bin().args([
+        "demo",
+        "--preset",
+        "tiny",
+        "--steps",
+        "3",
+        "--json",
+        "--codec",
+        "abs32+raw",
+    ]));
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(lines.len(), 4);
+    for (step, l) in lines.iter().enumerate() {
+        assert_eq!(l["step"], step as u64);
+        assert_eq!(l["digest_ok"], true);
+        for key in ["changed", "elements", "wire_bytes", "full_bytes", "sync_ms"] {
+            assert!(l[key].is_number(), "missing {key}");
+        }
+    }
+    // Deltas: abs32+raw costs 6 bytes per changed BF16 element plus under 1% of framing.
+    for l in &lines[1..] {
+        let changed = l["changed"].as_u64().unwrap();
+        let wire = l["wire_bytes"].as_u64().unwrap();
+        assert!(changed > 0);
+        assert!(wire >= changed * 6, "{wire} < {}", changed * 6);
+        assert!(
+            (wire as f64) <= changed as f64 * 6.0 * 1.01 + 8192.0,
+            "framing overhead too large: {wire} for {changed}"
+        );
+    }
+}
+
+#[test]
+fn demo_rejects_bad_options_clearly() {
+    assert!(run_err(bin().args(["demo", "--preset", "nope"])).contains("unknown preset"));
+    assert!(
+        run_err(bin().args(["demo", "--preset", "tiny", "--codec", "zip+raw"]))
+            .contains("unknown codec")
+    );
+    assert!(
+        run_err(bin().args(["demo", "--preset", "tiny", "--bucket-size", "10"]))
+            .contains("bucket size")
+    );
+}
+
+/// Writes a checkpoint of random BF16/F32 tensors.
+fn write_random(path: &Path, seed: u64) -> SlotTable {
+    let table = SlotTable::new(vec![
+        SlotInfo::new("a.weight", DType::BF16, vec![300, 7]),
+        SlotInfo::new("b.bias", DType::F32, vec![33]),
+        SlotInfo::new("c.empty", DType::F16, vec![0, 4]),
+    ])
+    .unwrap();
+    let mut x = seed;
+    let bufs: Vec<Vec<u8>> = table
+        .slots()
+        .iter()
+        .map(|s| {
+            (0..s.nbytes())
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (x >> 56) as u8
+                })
+                .collect()
+        })
+        .collect();
+    write_checkpoint(
+        path,
+        &table,
+        &bufs.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    table
+}
+
+fn tensors_of(path: &Path) -> Vec<Vec<u8>> {
+    Checkpoint::open(path).unwrap().to_buffers()
+}
+
+#[test]
+fn diff_apply_inspect_round_trip_and_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new, d, out) = (
+        dir.path().join("old.safetensors"),
+        dir.path().join("new.safetensors"),
+        dir.path().join("d.dcast"),
+        dir.path().join("out.safetensors"),
+    );
+    write_random(&old, 1);
+    // NEW = OLD with a few changes.
+    let mut bufs = tensors_of(&old);
+    bufs[0][10] ^= 1;
+    bufs[0][4000] ^= 0x80;
+    bufs[1][0] ^= 0xff;
+    let table = Checkpoint::open(&old).unwrap().table().clone();
+    write_checkpoint(
+        &new,
+        &table,
+        &bufs.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+    )
+    .unwrap();
+
+    let line = run_ok(
+        bin()
+            .args(["diff"])
+            .arg(&old)
+            .arg(&new)
+            .arg("-o")
+            .arg(&d)
+            .arg("--json"),
+    );
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(v["changed"], 3);
+    run_ok(bin().args(["apply"]).arg(&old).arg(&d).arg("-o").arg(&out));
+    assert_eq!(tensors_of(&out), tensors_of(&new));
+    let summary = run_ok(bin().args(["inspect"]).arg(&d));
+    assert!(
+        summary.contains("delta version 1") && summary.contains("3 changes"),
+        "{summary}"
+    );
+
+    // Applying to the wrong base is refused and writes nothing.
+    let wrong_out = dir.path().join("wrong.safetensors");
+    let err = run_err(
+        bin()
+            .args(["apply"])
+            .arg(&new)
+            .arg(&d)
+            .arg("-o")
+            .arg(&wrong_out),
+    );
+    assert!(
+        err.contains("not the checkpoint this delta was made from"),
+        "{err}"
+    );
+    assert!(!wrong_out.exists());
+    // A checkpoint with other tensors: wrong slot table.
+    let other = dir.path().join("other.safetensors");
+    let t = SlotTable::new(vec![SlotInfo::new("z", DType::F32, vec![2])]).unwrap();
+    write_checkpoint(&other, &t, &[&[0u8; 8]]).unwrap();
+    assert!(run_err(
+        bin()
+            .args(["apply"])
+            .arg(&other)
+            .arg(&d)
+            .arg("-o")
+            .arg(&wrong_out)
+    )
+    .contains("another set of tensors"));
+    assert!(!wrong_out.exists());
+    // A truncated or corrupted delta file: error, existing OUT untouched.
+    let good_out = std::fs::read(&out).unwrap();
+    let bytes = std::fs::read(&d).unwrap();
+    for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
+        std::fs::write(&d, &bytes[..cut]).unwrap();
+        run_err(bin().args(["apply"]).arg(&old).arg(&d).arg("-o").arg(&out));
+        assert_eq!(std::fs::read(&out).unwrap(), good_out);
+    }
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 3] ^= 4;
+    std::fs::write(&d, &flipped).unwrap();
+    assert!(
+        run_err(bin().args(["apply"]).arg(&old).arg(&d).arg("-o").arg(&out)).contains("checksum")
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), good_out);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left behind");
+    // Missing files name themselves.
+    assert!(run_err(
+        bin()
+            .args(["apply", "/nonexistent/base.safetensors"])
+            .arg(&d)
+            .arg("-o")
+            .arg(&out)
+    )
+    .contains("nonexistent"));
+}
+
+/// Where the recorded traces live: $DELTACAST_TRACES, else ../shared/traces beside the repo.
+fn traces_dir() -> PathBuf {
+    std::env::var_os("DELTACAST_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"))
+}
+
+/// Every (trace, base) pair in the traces directory.
+fn trace_pairs() -> Vec<(PathBuf, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(traces_dir()) else {
+        return Vec::new();
+    };
+    let mut pairs: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "safetensors")
+                && !p.to_string_lossy().ends_with("_base.safetensors")
+        })
+        .filter_map(|p| {
+            let base = PathBuf::from(
+                p.to_string_lossy()
+                    .replace(".safetensors", "_base.safetensors"),
+            );
+            base.exists().then_some((p, base))
+        })
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+/// Rebuilds the checkpoints of a trace: the base, then each step's (idx, val) applied in order.
+fn rebuild_checkpoints(trace: &Path, base: &Path, dir: &Path) -> Vec<PathBuf> {
+    let base_bytes = std::fs::read(base).unwrap();
+    let base_st = SafeTensors::deserialize(&base_bytes).unwrap();
+    let mut params: BTreeMap<String, (DType, Vec<u64>, Vec<u8>)> = BTreeMap::new();
+    for (name, view) in base_st.tensors() {
+        let param = name
+            .strip_prefix("base::")
+            .expect("base:: prefix")
+            .to_string();
+        let dtype = DType::from_name(&format!("{:?}", view.dtype())).unwrap();
+        params.insert(
+            param,
+            (
+                dtype,
+                view.shape().iter().map(|&d| d as u64).collect(),
+                view.data().to_vec(),
+            ),
+        );
+    }
+    let trace_bytes = std::fs::read(trace).unwrap();
+    let st = SafeTensors::deserialize(&trace_bytes).unwrap();
+    let mut steps: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for name in st.names() {
+        if let Some(rest) = name.strip_prefix("step") {
+            let (k, tail) = rest.split_once("::").unwrap();
+            if let Some(param) = tail.strip_suffix("::idx") {
+                steps
+                    .entry(k.parse().unwrap())
+                    .or_default()
+                    .push(param.to_string());
+            }
+        }
+    }
+    let table = SlotTable::new(
+        params
+            .iter()
+            .map(|(n, (d, s, _))| SlotInfo::new(n.clone(), *d, s.clone()))
+            .collect(),
+    )
+    .unwrap();
+    let save = |params: &BTreeMap<String, (DType, Vec<u64>, Vec<u8>)>, path: &Path| {
+        write_checkpoint(
+            path,
+            &table,
+            &params.values().map(|p| p.2.as_slice()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+    };
+    let mut paths = vec![dir.join("step0.safetensors")];
+    save(&params, &paths[0]);
+    for (k, names) in &steps {
+        for param in names {
+            let idx = st.tensor(&format!("step{k}::{param}::idx")).unwrap();
+            let val = st.tensor(&format!("step{k}::{param}::val")).unwrap();
+            let entry = params.get_mut(param).unwrap();
+            let w = entry.0.width();
+            for (i, chunk) in idx.data().chunks_exact(4).enumerate() {
+                let at = i32::from_le_bytes(chunk.try_into().unwrap()) as usize * w;
+                entry.2[at..at + w].copy_from_slice(&val.data()[i * w..(i + 1) * w]);
+            }
+        }
+        let path = dir.join(format!("step{k}.safetensors"));
+        save(&params, &path);
+        paths.push(path);
+    }
+    paths
+}
+
+#[test]
+fn recorded_traces_replay_bit_for_bit_through_diff_and_apply() {
+    let pairs = trace_pairs();
+    if pairs.is_empty() {
+        eprintln!(
+            "SKIP: no recorded traces in {} (set DELTACAST_TRACES)",
+            traces_dir().display()
+        );
+        return;
+    }
+    for (trace, base) in pairs {
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoints = rebuild_checkpoints(&trace, &base, dir.path());
+        assert!(checkpoints.len() >= 2, "{}: no steps", trace.display());
+        for (k, pair) in checkpoints.windows(2).enumerate() {
+            let d = dir.path().join(format!("d{k}.dcast"));
+            let out = dir.path().join(format!("out{k}.safetensors"));
+            run_ok(
+                bin()
+                    .arg("diff")
+                    .arg(&pair[0])
+                    .arg(&pair[1])
+                    .arg("-o")
+                    .arg(&d)
+                    .args(["--version", &(k + 1).to_string()]),
+            );
+            run_ok(bin().arg("apply").arg(&pair[0]).arg(&d).arg("-o").arg(&out));
+            assert_eq!(
+                tensors_of(&out),
+                tensors_of(&pair[1]),
+                "{}: step {} differs",
+                trace.display(),
+                k + 1
+            );
+        }
+        eprintln!(
+            "{}: {} steps replayed bit for bit",
+            trace.display(),
+            checkpoints.len() - 1
+        );
+    }
+}

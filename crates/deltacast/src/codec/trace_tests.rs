@@ -1,0 +1,269 @@
+//! Cross-codec checks: what the chooser picks at high densities, and the sizes on the
+//! recorded AdamW trace against the entropy bound and against int32 positions + raw values.
+
+use crate::codec::bits::testutil::{adamw_bf16, bernoulli_positions, Rng};
+use crate::codec::{
+    decode_positions, decode_values, encode_chunk, encode_positions, encode_values, CodecChoice,
+    PosCodec, ValCodec,
+};
+use crate::dtype::{load_bits, to_ordered};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Binary entropy in bits.
+fn h2(p: f64) -> f64 {
+    if p <= 0.0 || p >= 1.0 {
+        0.0
+    } else {
+        -(p * p.log2() + (1.0 - p) * (1.0 - p).log2())
+    }
+}
+
+/// Empirical entropy in bits per symbol of a histogram.
+fn entropy<K>(hist: &HashMap<K, u64>) -> f64 {
+    let n: u64 = hist.values().sum();
+    hist.values()
+        .map(|&c| c as f64 / n as f64)
+        .map(|p| -p * p.log2())
+        .sum()
+}
+
+#[test]
+fn chooser_picks_the_smallest_at_high_density() {
+    let mut rng = Rng(31);
+    let range = 1u32 << 20;
+    for density in [0.3, 0.6] {
+        let rel = bernoulli_positions(&mut rng, range, density);
+        let (old, new) = adamw_bf16(&mut rng, rel.len());
+        let chunk = encode_chunk(CodecChoice::Auto, 2, &rel, range, &old, &new);
+
+        let pos_sizes: Vec<(PosCodec, usize)> = [PosCodec::Abs32, PosCodec::Gaps, PosCodec::Bitmap]
+            .into_iter()
+            .map(|c| {
+                let mut out = Vec::new();
+                encode_positions(c, &rel, range, &mut out);
+                (c, out.len())
+            })
+            .collect();
+        let val_sizes: Vec<(ValCodec, usize)> = ValCodec::ALL
+            .into_iter()
+            .map(|c| {
+                let mut out = Vec::new();
+                encode_values(c, 2, &old, &new, &mut out);
+                (c, out.len())
+            })
+            .collect();
+        let best_pos = pos_sizes.iter().map(|s| s.1).min().unwrap();
+        let best_val = val_sizes.iter().map(|s| s.1).min().unwrap();
+        assert_eq!(
+            chunk.positions.len(),
+            best_pos,
+            "density {density}: {pos_sizes:?}"
+        );
+        assert_eq!(
+            chunk.values.len(),
+            best_val,
+            "density {density}: {val_sizes:?}"
+        );
+        assert!(
+            chunk.positions.len() <= range as usize / 8,
+            "never above the bitmap"
+        );
+        assert_eq!(chunk.val_codec, Some(ValCodec::Ulp));
+
+        let total = chunk.positions.len() + chunk.values.len();
+        let dense_raw = 2 * range as usize;
+        assert!(
+            total <= rel.len() * 2 + range as usize / 8,
+            "never above bitmap + raw values"
+        );
+        assert!(
+            total as f64 <= dense_raw as f64 * 1.01,
+            "density {density}: {total} bytes vs dense {dense_raw}"
+        );
+        println!(
+            "density {density}: {pos_sizes:?} {val_sizes:?} -> {} + {} bytes ({:.3} of dense raw)",
+            chunk.positions.len(),
+            chunk.values.len(),
+            total as f64 / dense_raw as f64
+        );
+
+        let mut pos = Vec::new();
+        decode_positions(
+            chunk.pos_codec.unwrap(),
+            &chunk.positions,
+            rel.len() as u32,
+            range,
+            &mut pos,
+        )
+        .unwrap();
+        assert_eq!(pos, rel);
+        let mut vals = Vec::new();
+        decode_values(chunk.val_codec.unwrap(), 2, &chunk.values, &old, &mut vals).unwrap();
+        assert_eq!(vals, new);
+    }
+}
+
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/traces/trace_dense_lr1e-06.safetensors"
+);
+const TRACE_BASE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/traces/trace_dense_lr1e-06_base.safetensors"
+);
+/// Chunk range used for the trace figures.
+const CHUNK: usize = 1 << 20;
+
+/// Replays the recorded trace through `encode_chunk(Auto)` (and back), and checks the bytes
+/// per step against the entropy bound (README definition: per tensor n·H(k/n) for the
+/// positions, plus the changes times the step's empirical entropy of the signed ULP step) and
+/// against int32 positions + raw BF16 values. Run with `--nocapture` for the table.
+#[test]
+fn recorded_trace_is_near_the_entropy_bound() {
+    let (Ok(steps_file), Ok(base_file)) = (std::fs::read(TRACE), std::fs::read(TRACE_BASE)) else {
+        println!("skipping: trace files not found at {TRACE}");
+        return;
+    };
+    let base = safetensors::SafeTensors::deserialize(&base_file).expect("base trace parses");
+    let steps = safetensors::SafeTensors::deserialize(&steps_file).expect("step trace parses");
+
+    let mut state: HashMap<String, Vec<u8>> = HashMap::new();
+    for (name, view) in base.iter() {
+        let param = name
+            .strip_prefix("base::")
+            .expect("base tensors are named base::{param}");
+        assert_eq!(view.dtype(), safetensors::Dtype::BF16);
+        state.insert(param.to_string(), view.data().to_vec());
+    }
+    let mut plan: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+    for name in steps.names() {
+        if let Some(rest) = name.strip_prefix("step") {
+            if let Some((step, rest)) = rest.split_once("::") {
+                if let Some(param) = rest.strip_suffix("::idx") {
+                    plan.entry(step.parse().expect("step number"))
+                        .or_default()
+                        .insert(param.to_string());
+                }
+            }
+        }
+    }
+    assert!(!plan.is_empty(), "no steps in the trace");
+
+    println!(
+        "{:>4} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6}  codecs",
+        "step",
+        "changed",
+        "chosen",
+        "pos",
+        "val",
+        "bound",
+        "bound_t",
+        "/bound",
+        "/bnd_t",
+        "/abs32",
+        "b/val"
+    );
+    for (step, params) in &plan {
+        let (mut pos_bytes, mut val_bytes, mut changed) = (0usize, 0usize, 0usize);
+        let (mut pos_bound_bits, mut val_bound_tensor_bits) = (0f64, 0f64);
+        let mut step_hist: HashMap<i32, u64> = HashMap::new();
+        let mut codecs: BTreeMap<String, usize> = BTreeMap::new();
+        for param in params {
+            let idx = steps
+                .tensor(&format!("step{step}::{param}::idx"))
+                .expect("idx tensor");
+            let val = steps
+                .tensor(&format!("step{step}::{param}::val"))
+                .expect("val tensor");
+            assert_eq!(idx.dtype(), safetensors::Dtype::I32);
+            assert_eq!(val.dtype(), safetensors::Dtype::BF16);
+            let positions: Vec<u32> = idx
+                .data()
+                .chunks_exact(4)
+                .map(|b| {
+                    u32::try_from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .expect("non-negative index")
+                })
+                .collect();
+            let values = val.data();
+            let current = state.get_mut(param).expect("step names a base tensor");
+            let n = current.len() / 2;
+            let k = positions.len();
+            assert_eq!(values.len(), 2 * k);
+            assert!(
+                positions.windows(2).all(|w| w[0] < w[1])
+                    && positions.last().is_none_or(|&p| (p as usize) < n)
+            );
+
+            pos_bound_bits += n as f64 * h2(k as f64 / n as f64);
+            let mut tensor_hist: HashMap<i32, u64> = HashMap::new();
+            for (i, &p) in positions.iter().enumerate() {
+                let old = to_ordered(load_bits(current, 2, p as usize), 2) as i32;
+                let new = to_ordered(load_bits(values, 2, i), 2) as i32;
+                let d = (new - old) as i16 as i32;
+                *tensor_hist.entry(d).or_default() += 1;
+                *step_hist.entry(d).or_default() += 1;
+            }
+            val_bound_tensor_bits += k as f64 * entropy(&tensor_hist);
+
+            // Encode chunk by chunk, decode back, and apply.
+            let mut first = 0;
+            for start in (0..n).step_by(CHUNK) {
+                let range = CHUNK.min(n - start) as u32;
+                let end =
+                    positions[first..].partition_point(|&p| (p as usize) < start + CHUNK) + first;
+                let rel: Vec<u32> = positions[first..end]
+                    .iter()
+                    .map(|&p| p - start as u32)
+                    .collect();
+                let old: Vec<u8> = positions[first..end]
+                    .iter()
+                    .flat_map(|&p| [current[2 * p as usize], current[2 * p as usize + 1]])
+                    .collect();
+                let new = &values[2 * first..2 * end];
+                first = end;
+                if rel.is_empty() {
+                    continue;
+                }
+                let chunk = encode_chunk(CodecChoice::Auto, 2, &rel, range, &old, new);
+                let (pc, vc) = (chunk.pos_codec.unwrap(), chunk.val_codec.unwrap());
+                *codecs
+                    .entry(format!("{}+{}", pc.name(), vc.name()))
+                    .or_default() += 1;
+                pos_bytes += chunk.positions.len();
+                val_bytes += chunk.values.len();
+                let mut back_pos = Vec::new();
+                decode_positions(pc, &chunk.positions, rel.len() as u32, range, &mut back_pos)
+                    .unwrap();
+                assert_eq!(back_pos, rel, "step {step} {param}");
+                let mut back_val = Vec::new();
+                decode_values(vc, 2, &chunk.values, &old, &mut back_val).unwrap();
+                assert_eq!(back_val, new, "step {step} {param}");
+            }
+            for (i, &p) in positions.iter().enumerate() {
+                current[2 * p as usize..2 * p as usize + 2]
+                    .copy_from_slice(&values[2 * i..2 * i + 2]);
+            }
+            changed += k;
+        }
+        let total = (pos_bytes + val_bytes) as f64;
+        let bound = (pos_bound_bits + changed as f64 * entropy(&step_hist)) / 8.0;
+        let bound_tensor = (pos_bound_bits + val_bound_tensor_bits) / 8.0;
+        let abs32_raw = 6.0 * changed as f64;
+        println!(
+            "{step:>4} {changed:>9} {total:>9.0} {pos_bytes:>9} {val_bytes:>9} {bound:>9.0} {bound_tensor:>9.0} {:>7.3} {:>7.3} {:>7.3} {:>6.3}  {codecs:?}",
+            total / bound,
+            total / bound_tensor,
+            total / abs32_raw,
+            val_bytes as f64 * 8.0 / changed as f64,
+        );
+        assert!(
+            total <= 1.2 * bound,
+            "step {step}: {total} bytes, bound {bound:.0}"
+        );
+        assert!(
+            total <= 0.25 * abs32_raw,
+            "step {step}: {total} bytes, abs32+raw {abs32_raw}"
+        );
+    }
+}
