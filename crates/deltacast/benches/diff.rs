@@ -94,8 +94,8 @@ fn xor_fold(a: &[u8], b: &[u8]) -> u64 {
     let mut acc = [0u64; 8];
     for (x, y) in a.chunks_exact(64).zip(b.chunks_exact(64)) {
         for (k, acc) in acc.iter_mut().enumerate() {
-            let xa = u64::from_le_bytes(x[8 * k..8 * k + 8].try_into().unwrap_or_default());
-            let ya = u64::from_le_bytes(y[8 * k..8 * k + 8].try_into().unwrap_or_default());
+            let xa = u64::from_le_bytes(x[8 * k..8 * k + 8].try_into().expect("8 bytes"));
+            let ya = u64::from_le_bytes(y[8 * k..8 * k + 8].try_into().expect("8 bytes"));
             *acc ^= xa ^ ya;
         }
     }

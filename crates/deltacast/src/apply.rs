@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 
 use crate::codec::{decode_positions, decode_values, PosCodec, ValCodec};
-use crate::digest::{change, digest_range, digest_slot, slot_salt};
+use crate::digest::{change, digest_range, digest_slot, element_hash, slot_salt};
 use crate::dtype::{load_bits, store_bits};
 use crate::error::{Error, Result};
 use crate::slot::SlotTable;
@@ -47,8 +47,9 @@ struct Staging {
     next_flush: u32,
     chunks: Vec<StagedChunk>,
     sender_digests: Vec<Option<SlotDigest>>,
-    /// Per slot: the end of the last chunk seen (chunks of a slot must come in order, disjoint).
-    slot_end: Vec<u64>,
+    /// Per slot: elements staged so far. Chunks may come in any order (pieces of different
+    /// trainer ranks interleave); overlaps are caught by the digest check, see `finish_sync`.
+    slot_count: Vec<u64>,
     wire_bytes: u64,
 }
 
@@ -217,7 +218,7 @@ impl<S: SlotStore> Receiver<S> {
                 next_flush: 0,
                 chunks: Vec::new(),
                 sender_digests: vec![None; self.table.len()],
-                slot_end: vec![0; self.table.len()],
+                slot_count: vec![0; self.table.len()],
                 wire_bytes: 0,
             });
         }
@@ -253,19 +254,11 @@ impl<S: SlotStore> Receiver<S> {
                     slot.numel()
                 )));
             }
-            let last = &mut staging.slot_end[e.slot as usize];
-            let in_order = if h.kind == FrameKind::Seed {
-                e.start == *last
-            } else {
-                e.start >= *last
-            };
-            if !in_order {
-                return Err(Error::Malformed(format!(
-                    "chunk at {} of slot `{}` overlaps or skips (previous chunk ended at {last})",
-                    e.start, slot.name
-                )));
+            let staged = &mut staging.slot_count[e.slot as usize];
+            *staged += e.count;
+            if *staged > slot.numel() {
+                return Err(Error::Malformed(format!("sync carries more than {} elements for slot `{}`", slot.numel(), slot.name)));
             }
-            *last = end;
         }
         let store = &self.store;
         let table = &self.table;
@@ -309,10 +302,10 @@ impl<S: SlotStore> Receiver<S> {
                     slot.name
                 )));
             };
-            if staging.kind == FrameKind::Seed && staging.slot_end[id] != slot.numel() {
+            if staging.kind == FrameKind::Seed && staging.slot_count[id] != slot.numel() {
                 return Err(Error::IncompleteSync(format!(
-                    "seed covers {} of {} elements of slot `{}`",
-                    staging.slot_end[id],
+                    "seed carries {} of {} elements of slot `{}`",
+                    staging.slot_count[id],
                     slot.numel(),
                     slot.name
                 )));
@@ -334,12 +327,13 @@ impl<S: SlotStore> Receiver<S> {
                     }
                 }
                 let mut next = self.digests.clone();
-                let deltas: Vec<(u32, u64)> = staging
+                let deltas: Vec<Result<(u32, u64)>> = staging
                     .chunks
                     .par_iter()
-                    .map(|c| (c.slot, self.chunk_digest_change(c)))
+                    .map(|c| Ok((c.slot, self.chunk_digest_change(c)?)))
                     .collect();
-                for (slot, d) in deltas {
+                for delta in deltas {
+                    let (slot, d) = delta?;
                     next[slot as usize] = next[slot as usize].wrapping_add(d);
                 }
                 next
@@ -349,17 +343,7 @@ impl<S: SlotStore> Receiver<S> {
                 let parts: Vec<(u32, u64)> = staging
                     .chunks
                     .par_iter()
-                    .map(|c| {
-                        (
-                            c.slot,
-                            digest_range(
-                                c.slot,
-                                self.table.slots()[c.slot as usize].dtype.width(),
-                                &c.values,
-                                c.start,
-                            ),
-                        )
-                    })
+                    .map(|c| (c.slot, self.chunk_seed_digest(c)))
                     .collect();
                 for (slot, d) in parts {
                     next[slot as usize] = next[slot as usize].wrapping_add(d);
@@ -424,8 +408,10 @@ impl<S: SlotStore> Receiver<S> {
         })
     }
 
-    /// How a delta chunk moves its slot's digest, from the old bits held here.
-    fn chunk_digest_change(&self, c: &StagedChunk) -> u64 {
+    /// How a delta chunk moves its slot's digest, from the old bits held here. A delta element
+    /// whose new bits equal the held bits is refused: the sender never sends one, and refusing it
+    /// makes a position sent twice always change the digest (so overlapping chunks are caught).
+    fn chunk_digest_change(&self, c: &StagedChunk) -> Result<u64> {
         let width = self.table.slots()[c.slot as usize].dtype.width();
         let salt = slot_salt(c.slot);
         let held = self.store.slot(c.slot);
@@ -434,9 +420,24 @@ impl<S: SlotStore> Receiver<S> {
         for k in 0..n {
             let index = c.start + if c.all { k as u64 } else { c.rel[k] as u64 };
             let old = load_bits(held, width, index as usize);
-            sum = sum.wrapping_add(change(salt, index, old, load_bits(&c.values, width, k)));
+            let new = load_bits(&c.values, width, k);
+            if old == new {
+                let slot = &self.table.slots()[c.slot as usize].name;
+                return Err(Error::Malformed(format!("delta for slot `{slot}` sets element {index} to the value it already holds")));
+            }
+            sum = sum.wrapping_add(change(salt, index, old, new));
         }
-        sum
+        Ok(sum)
+    }
+
+    /// The digest terms of a seed chunk (independent of what the receiver held).
+    fn chunk_seed_digest(&self, c: &StagedChunk) -> u64 {
+        let width = self.table.slots()[c.slot as usize].dtype.width();
+        if c.all {
+            return digest_range(c.slot, width, &c.values, c.start);
+        }
+        let salt = slot_salt(c.slot);
+        c.rel.iter().enumerate().fold(0u64, |sum, (k, &p)| sum.wrapping_add(element_hash(salt, c.start + p as u64, load_bits(&c.values, width, k))))
     }
 }
 

@@ -7,10 +7,12 @@
 //! [`digest`]. [`sender`] ties the trainer side together; [`io`] reads and writes safetensors.
 
 pub mod codec;
+pub mod convert;
 pub mod diff;
 pub mod digest;
 pub mod dtype;
 pub mod error;
+pub mod placement;
 pub mod slot;
 
 pub use dtype::DType;

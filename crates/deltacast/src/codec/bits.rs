@@ -1,45 +1,51 @@
 //! Bit packing shared by the entropy-coded sections (`gaps`, `ulp`).
 //!
 //! Bits fill each byte from its least significant bit up and bytes follow in order, so the bits
-//! from any position are one little-endian 8-byte load and a shift away: a decoder reads the
-//! next code word from the low bits and a unary prefix with one `trailing_zeros`, with no
-//! per-bit loop and no state beyond a bit position (blocks can start anywhere).
+//! from any position are one little-endian 8-byte load and a shift away: a decoder keeps up to
+//! 64 bits in a register, reads a unary prefix with one `trailing_zeros` and the fields after it
+//! with shifts, with no per-bit loop; a block can start at any bit.
 
-/// Writes bit fields into a buffer whose exact size is known in advance (the encoders size
-/// every block before writing it), plus 8 bytes of slack so each field is one 8-byte store.
+/// Appends bit fields to a byte vector. Every field is one unaligned 8-byte store into room
+/// reserved in advance with [`BitWriter::reserve`] (the encoders size each block exactly
+/// before writing it), so there is no branch per byte.
 pub(crate) struct BitWriter<'a> {
-    buf: &'a mut [u8],
+    out: &'a mut Vec<u8>,
     /// Byte that holds the first bit not yet final.
     byte: usize,
-    /// Pending bits (the low `n`), already stored at `buf[byte..]` but not yet complete.
+    /// Pending bits (the low `n`, fewer than 8), already stored at `out[byte]`.
     acc: u64,
     n: u32,
 }
 
 impl<'a> BitWriter<'a> {
-    /// `buf` must hold the bytes to be written plus 8 (see [`BitWriter::slack`]) and be zeroed
-    /// where the stream will go.
-    pub(crate) fn new(buf: &'a mut [u8]) -> Self {
+    /// Starts a bit stream at the end of `out`.
+    pub(crate) fn new(out: &'a mut Vec<u8>) -> Self {
+        let byte = out.len();
         BitWriter {
-            buf,
-            byte: 0,
+            out,
+            byte,
             acc: 0,
             n: 0,
         }
     }
 
-    /// Extra bytes past the end of the stream that [`BitWriter::put`] may touch.
-    pub(crate) const SLACK: usize = 8;
+    /// Makes room for `bits` more bits (plus the 8 bytes a store may touch past the end).
+    pub(crate) fn reserve(&mut self, bits: u64) {
+        let end = self.byte + (self.n as u64 + bits).div_ceil(8) as usize + 8;
+        if self.out.len() < end {
+            self.out.resize(end, 0);
+        }
+    }
 
     /// Appends the low `len` bits of `bits` (`len <= 56`; higher bits must be zero).
-    /// Panics only if the caller sized the buffer too small, which is a bug in the encoder.
+    /// Panics only if the encoder reserved too little room, which is a bug, not bad data.
     #[inline(always)]
     pub(crate) fn put(&mut self, bits: u64, len: u32) {
         debug_assert!(len <= 56, "field of {len} bits");
         debug_assert!(bits >> len == 0, "bits above the field");
         self.acc |= bits << self.n;
         self.n += len;
-        self.buf[self.byte..self.byte + 8].copy_from_slice(&self.acc.to_le_bytes());
+        self.out[self.byte..self.byte + 8].copy_from_slice(&self.acc.to_le_bytes());
         let whole = self.n / 8;
         self.byte += whole as usize;
         self.acc >>= whole * 8;
@@ -56,13 +62,19 @@ impl<'a> BitWriter<'a> {
         self.put(0, len);
     }
 
-    /// Bits written so far.
-    pub(crate) fn bits(&self) -> u64 {
-        self.byte as u64 * 8 + self.n as u64
+    /// Bits written since `start_byte` (a byte offset in the vector).
+    pub(crate) fn bits_since(&self, start_byte: usize) -> u64 {
+        (self.byte - start_byte) as u64 * 8 + self.n as u64
+    }
+
+    /// Ends the stream: drops the spare room, keeps the last partial byte (zero padded).
+    pub(crate) fn finish(self) {
+        let end = self.byte + self.n.div_ceil(8) as usize;
+        self.out.truncate(end);
     }
 }
 
-/// Reads bit fields at arbitrary bit positions of a byte slice.
+/// Reads bit fields from any bit position of a byte slice.
 #[derive(Clone, Copy)]
 pub(crate) struct BitReader<'a> {
     data: &'a [u8],
@@ -73,9 +85,9 @@ impl<'a> BitReader<'a> {
         BitReader { data }
     }
 
-    /// The bits from bit `pos` on, in the low bits of the result. At least the low 57 bits
-    /// are those of the stream; bits past its end read as zero, so a corrupt code word can
-    /// never read outside the slice (the caller checks where the code words ended).
+    /// The bits from bit `pos` on, in the low bits of the result: at least the low 57 are
+    /// those of the stream, the rest are zero. Bits past the end of the slice read as zero,
+    /// so a corrupt code word never reads outside it (callers check where code words end).
     #[inline(always)]
     pub(crate) fn peek(&self, pos: usize) -> u64 {
         let at = pos >> 3;
@@ -95,6 +107,65 @@ impl<'a> BitReader<'a> {
             bytes[..n].copy_from_slice(&rest[..n]);
         }
         u64::from_le_bytes(bytes)
+    }
+}
+
+/// A read position with the next bits cached in a register: consuming a field is a shift,
+/// and memory is touched only when fewer bits remain than the next field may need.
+pub(crate) struct BitCursor<'a> {
+    reader: BitReader<'a>,
+    /// Stream position of `buf`'s lowest bit.
+    pos: usize,
+    buf: u64,
+    /// Bits of `buf` that are the stream's (the bits above are zero).
+    avail: u32,
+}
+
+impl<'a> BitCursor<'a> {
+    pub(crate) fn new(reader: BitReader<'a>, pos: usize) -> Self {
+        let mut cursor = BitCursor {
+            reader,
+            pos,
+            buf: 0,
+            avail: 0,
+        };
+        cursor.refill();
+        cursor
+    }
+
+    #[inline(always)]
+    fn refill(&mut self) {
+        self.buf = self.reader.peek(self.pos);
+        self.avail = 64 - (self.pos & 7) as u32;
+    }
+
+    /// Makes at least `bits` (at most 57) of the stream available in [`BitCursor::bits`].
+    #[inline(always)]
+    pub(crate) fn need(&mut self, bits: u32) {
+        debug_assert!(bits <= 57);
+        if self.avail < bits {
+            self.refill();
+        }
+    }
+
+    /// The cached bits, next bit lowest.
+    #[inline(always)]
+    pub(crate) fn bits(&self) -> u64 {
+        self.buf
+    }
+
+    /// Moves past `len` bits, which [`BitCursor::need`] must have made available.
+    #[inline(always)]
+    pub(crate) fn skip(&mut self, len: u32) {
+        debug_assert!(len <= self.avail && len < 64);
+        self.buf >>= len;
+        self.avail -= len;
+        self.pos += len as usize;
+    }
+
+    /// Bit position in the stream.
+    pub(crate) fn pos(&self) -> usize {
+        self.pos
     }
 }
 
@@ -153,24 +224,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn writer_and_reader_agree_on_fields_of_every_width() {
+    fn writer_reader_and_cursor_agree_on_fields_of_every_width() {
         let fields: Vec<(u64, u32)> = (0..2000u64)
             .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15), (i % 57) as u32))
             .collect();
         let total: u64 = fields.iter().map(|&(_, l)| l as u64).sum();
-        let mut buf = vec![0u8; (total + 130).div_ceil(8) as usize + BitWriter::SLACK];
+        let mut buf = vec![0xaa];
         let mut w = BitWriter::new(&mut buf);
-        for &(v, l) in &fields {
+        w.reserve(total / 2);
+        for (i, &(v, l)) in fields.iter().enumerate() {
+            if i == fields.len() / 2 {
+                w.reserve(total + 130);
+            }
             w.put(v & mask(l), l);
         }
         w.zeros(130);
-        assert_eq!(w.bits(), total + 130);
-        let r = BitReader::new(&buf[..(total + 130).div_ceil(8) as usize]);
+        assert_eq!(w.bits_since(1), total + 130);
+        w.finish();
+        assert_eq!(buf.len(), 1 + (total + 130).div_ceil(8) as usize);
+        assert_eq!(buf[0], 0xaa);
+        let r = BitReader::new(&buf[1..]);
+        let mut cursor = BitCursor::new(r, 0);
         let mut pos = 0usize;
         for &(v, l) in &fields {
             assert_eq!(r.peek(pos) & mask(l), v & mask(l));
+            cursor.need(l);
+            assert_eq!(cursor.bits() & mask(l), v & mask(l));
+            cursor.skip(l);
             pos += l as usize;
         }
+        assert_eq!(cursor.pos(), pos);
         assert_eq!(r.peek(pos), 0);
         assert_eq!(r.peek(pos + 10_000), 0);
     }

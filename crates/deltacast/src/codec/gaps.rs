@@ -9,7 +9,7 @@
 //! along the tensor; quotients of [`ESC`] or more are escaped to the gap's plain binary, so
 //! a code word never exceeds 48 bits whatever the input.
 
-use super::bits::{bit_len, check_stream_len, mask, BitReader, BitWriter};
+use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter};
 use crate::error::CodecError;
 
 #[cfg(test)]
@@ -24,10 +24,11 @@ const ESC: u32 = 16;
 /// Largest Rice parameter (gaps are below 2^32).
 const MAX_K: u32 = 31;
 const DIR_ENTRY: usize = 7;
+/// Longest code word: max(ESC - 1 + 1 + MAX_K, ESC + 32).
+const MAX_CODE: u32 = 48;
 
-// A block's bit count must fit the u16 directory field whatever its gaps (code words are at
-// most max(ESC - 1 + 1 + MAX_K, ESC + 32) = 48 bits).
-const _: () = assert!((BLOCK as u64 - 1) * 48 <= u16::MAX as u64);
+// A block's bit count must fit the u16 directory field whatever its gaps.
+const _: () = assert!((BLOCK as u64 - 1) * MAX_CODE as u64 <= u16::MAX as u64);
 
 /// Bits of an escaped gap: enough for the largest gap a range can hold.
 fn escape_width(range: u32) -> u32 {
@@ -49,29 +50,79 @@ fn rice_bits(gaps: &[u32], k: u32, w: u32) -> u32 {
         .sum()
 }
 
-/// The `k` with the fewest bits for `gaps` (smallest on ties) and that bit count. Every
-/// `k` up to the bit length of the largest gap is sized exactly; larger ones only cost more.
+/// The `k` with the fewest bits for `gaps` (the smallest such `k` on ties) and that count.
+///
+/// Exact without sizing every `k`: a histogram of gap bit lengths gives, per `k`, a lower and
+/// an upper bound on the block's bits (a gap of bit length `L` has a quotient between
+/// `2^(L-1) >> k` and `(2^L - 1) >> k`). Only the `k` whose lower bound does not exceed the
+/// smallest upper bound can win, and only those (usually two or three) are sized exactly.
 fn best_k(gaps: &[u32], w: u32) -> (u32, u32) {
-    let largest = gaps.iter().copied().max().unwrap_or(0);
-    let top = bit_len(largest as u64).min(MAX_K);
-    let mut best = (0, rice_bits(gaps, 0, w));
-    for k in 1..=top {
-        let bits = rice_bits(gaps, k, w);
-        if bits < best.1 {
-            best = (k, bits);
+    let mut lanes = [[0u32; 33]; 4];
+    let mut quads = gaps.chunks_exact(4);
+    for quad in &mut quads {
+        for (lane, &g) in lanes.iter_mut().zip(quad) {
+            lane[bit_len(g as u64) as usize] += 1;
         }
     }
-    best
+    for &g in quads.remainder() {
+        lanes[0][bit_len(g as u64) as usize] += 1;
+    }
+    let hist: [u32; 33] = std::array::from_fn(|l| lanes.iter().map(|lane| lane[l]).sum());
+    let top = hist.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
+    // Beyond the bit length of the largest gap every quotient is 0 and bits only grow.
+    let kmax = top.min(MAX_K);
+
+    let mut bounds = [(0u64, 0u64); MAX_K as usize + 1];
+    for k in 0..=kmax {
+        let cost = |q: u64| {
+            if q < ESC as u64 {
+                q + 1 + k as u64
+            } else {
+                (ESC + w) as u64
+            }
+        };
+        let (mut lo, mut hi) = (
+            hist[0] as u64 * (1 + k as u64),
+            hist[0] as u64 * (1 + k as u64),
+        );
+        for l in 1..=top {
+            let count = hist[l as usize] as u64;
+            let (qmin, qmax) = ((1u64 << (l - 1)) >> k, ((1u64 << l) - 1) >> k);
+            let (a, b) = if qmax < ESC as u64 || qmin >= ESC as u64 {
+                (cost(qmin), cost(qmax))
+            } else {
+                (
+                    cost(qmin).min(cost(qmax)),
+                    cost(ESC as u64 - 1).max(cost(qmax)),
+                )
+            };
+            lo += count * a;
+            hi += count * b;
+        }
+        bounds[k as usize] = (lo, hi);
+    }
+    let cap = bounds[..=kmax as usize]
+        .iter()
+        .map(|b| b.1)
+        .min()
+        .unwrap_or(0);
+    let mut best: Option<(u32, u32)> = None;
+    for k in 0..=kmax {
+        if bounds[k as usize].0 <= cap {
+            let bits = rice_bits(gaps, k, w);
+            if best.is_none_or(|(_, b)| bits < b) {
+                best = Some((k, bits));
+            }
+        }
+    }
+    best.unwrap_or((0, 0))
 }
 
-/// Gaps (`p[i] - p[i-1] - 1`) of one block into `buf`.
-#[inline]
-fn block_gaps<'b>(block: &[u32], buf: &'b mut [u32; BLOCK]) -> &'b [u32] {
-    let n = block.len().saturating_sub(1);
-    for (slot, pair) in buf.iter_mut().zip(block.windows(2)) {
-        *slot = pair[1] - pair[0] - 1;
-    }
-    &buf[..n]
+/// A lower bound on the encoded size of `count` positions (directory plus one bit per gap),
+/// so the chooser can skip encoding when another codec is already at least as small.
+pub(crate) fn min_len(count: usize) -> u64 {
+    let blocks = count.div_ceil(BLOCK);
+    (blocks * DIR_ENTRY) as u64 + ((count - blocks) as u64).div_ceil(8)
 }
 
 pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
@@ -79,40 +130,37 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
         return;
     }
     let w = escape_width(range);
-    let mut buf = [0u32; BLOCK];
-    // Pass 1: size every block with its best k, so the directory and stream length are known.
-    let mut params: Vec<(u32, u32)> = Vec::with_capacity(rel.len().div_ceil(BLOCK));
+    let blocks = rel.len().div_ceil(BLOCK);
+    let dir_start = out.len();
+    out.resize(dir_start + blocks * DIR_ENTRY, 0);
+    let mut dir = Vec::with_capacity(blocks * DIR_ENTRY);
+    let mut gaps = [0u32; BLOCK];
+    let mut writer = BitWriter::new(out);
     let mut total_bits = 0u64;
     for block in rel.chunks(BLOCK) {
-        let (k, bits) = best_k(block_gaps(block, &mut buf), w);
-        params.push((k, bits));
+        let gaps = &mut gaps[..block.len() - 1];
+        for (g, pair) in gaps.iter_mut().zip(block.windows(2)) {
+            *g = pair[1] - pair[0] - 1;
+        }
+        let (k, bits) = best_k(gaps, w);
+        dir.extend_from_slice(&block[0].to_le_bytes());
+        dir.extend_from_slice(&(bits as u16).to_le_bytes());
+        dir.push(k as u8);
+        writer.reserve(bits as u64);
         total_bits += bits as u64;
-    }
-    out.reserve(params.len() * DIR_ENTRY + total_bits.div_ceil(8) as usize + BitWriter::SLACK);
-    for (block, &(k, bits)) in rel.chunks(BLOCK).zip(&params) {
-        out.extend_from_slice(&block[0].to_le_bytes());
-        out.extend_from_slice(&(bits as u16).to_le_bytes());
-        out.push(k as u8);
-    }
-    // Pass 2: the code words.
-    let start = out.len();
-    let stream_len = total_bits.div_ceil(8) as usize;
-    out.resize(start + stream_len + BitWriter::SLACK, 0);
-    let mut writer = BitWriter::new(&mut out[start..]);
-    for (block, &(k, _)) in rel.chunks(BLOCK).zip(&params) {
-        for &g in block_gaps(block, &mut buf) {
+        for &g in gaps.iter() {
             let q = g >> k;
             if q < ESC {
                 // q zeros, a one, then the k low bits.
-                let word = (1 | ((g as u64 & mask(k)) << 1)) << q;
-                writer.put(word, q + 1 + k);
+                writer.put((1 | ((g as u64 & mask(k)) << 1)) << q, q + 1 + k);
             } else {
                 writer.put((g as u64) << ESC, ESC + w);
             }
         }
     }
-    debug_assert_eq!(writer.bits(), total_bits);
-    out.truncate(start + stream_len);
+    debug_assert_eq!(writer.bits_since(dir_start + dir.len()), total_bits);
+    writer.finish();
+    out[dir_start..dir_start + dir.len()].copy_from_slice(&dir);
 }
 
 pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Result<(), CodecError> {
@@ -150,13 +198,18 @@ pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Resul
     check_stream_len("gaps", stream, total_bits, dir_len, count as u64)?;
 
     let w = escape_width(range);
-    let reader = BitReader::new(stream);
-    out.reserve(n);
-    let mut pos = 0usize;
+    let (mw, esc_len) = (mask(w), ESC + w);
+    // Blocks are contiguous, so one cursor walks them all (a parallel decoder would start
+    // one per block at the prefix sum of the bit counts).
+    let mut cursor = BitCursor::new(BitReader::new(stream), 0);
+    out.resize(n, 0);
     let mut previous: Option<u64> = None;
-    for (b, entry) in dir.chunks_exact(DIR_ENTRY).enumerate() {
+    for ((b, entry), dst) in dir
+        .chunks_exact(DIR_ENTRY)
+        .enumerate()
+        .zip(out.chunks_mut(BLOCK))
+    {
         let (first, bits, k) = read_entry(entry);
-        let items = BLOCK.min(n - b * BLOCK);
         if first >= range {
             return Err(CodecError::PositionOutOfRange {
                 position: first as u64,
@@ -168,29 +221,31 @@ pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Resul
                 index: (b * BLOCK) as u64,
             });
         }
-        let end = pos + bits as usize;
+        let end = cursor.pos() + bits as usize;
+        let mk = mask(k);
         let mut p = first as u64;
-        out.push(first);
-        for _ in 1..items {
-            let word = reader.peek(pos);
+        dst[0] = first;
+        for slot in &mut dst[1..] {
+            cursor.need(MAX_CODE);
+            let word = cursor.bits();
             let z = word.trailing_zeros();
-            let g = if z < ESC {
-                pos += (z + 1 + k) as usize;
-                ((z as u64) << k) | ((word >> (z + 1)) & mask(k))
+            let (g, len) = if z < ESC {
+                (((z as u64) << k) | ((word >> (z + 1)) & mk), z + 1 + k)
             } else {
-                pos += (ESC + w) as usize;
-                (word >> ESC) & mask(w)
+                ((word >> ESC) & mw, esc_len)
             };
+            cursor.skip(len);
             // Positions only grow, so checking the block's last one against the range
             // (below) covers them all, and u64 cannot overflow here.
             p += g + 1;
-            out.push(p as u32);
+            *slot = p as u32;
         }
-        if pos != end {
+        if cursor.pos() != end {
             return Err(CodecError::Malformed {
                 codec: "gaps",
                 reason: format!(
-                    "block {b} code words end at bit {pos}, its directory entry says {end}"
+                    "block {b} code words end at bit {}, its directory entry says {end}",
+                    cursor.pos()
                 ),
             });
         }
@@ -336,6 +391,7 @@ mod tests {
             let p = rel.len() as f64 / range as f64;
             let bound = range as f64 * -(p * p.log2() + (1.0 - p) * (1.0 - p).log2()) / 8.0;
             let ratio = enc.len() as f64 / bound;
+            println!("density {density}: {} bytes, iid bound {bound:.0}, ratio {ratio:.4}", enc.len());
             assert!(
                 ratio < 1.06,
                 "density {density}: {} bytes, bound {bound:.0}, ratio {ratio:.3}",

@@ -241,25 +241,39 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     if rel.len() as u64 == range as u64 {
         return (PosCodec::All, Vec::new());
     }
-    let mut best: Option<(PosCodec, Vec<u8>)> = None;
-    for codec in [PosCodec::Abs32, PosCodec::Gaps, PosCodec::Bitmap] {
+    // abs32 and bitmap sizes follow from the count and range; gaps is encoded (which sizes
+    // it exactly) only when its smallest possible size could match the better of the two.
+    // The first of abs32, gaps, bitmap with the smallest size wins, as if all were encoded.
+    let abs32 = rel.len() as u64 * 4;
+    let bitmap = (range as u64).div_ceil(8);
+    let gaps = (gaps::min_len(rel.len()) <= abs32.min(bitmap)).then(|| {
         let mut out = Vec::new();
-        encode_positions(codec, rel, range, &mut out);
-        if best.as_ref().map_or(true, |(_, b)| out.len() < b.len()) {
-            best = Some((codec, out));
-        }
-    }
-    best.expect("at least one position codec")
+        encode_positions(PosCodec::Gaps, rel, range, &mut out);
+        out
+    });
+    let gaps_len = gaps.as_ref().map_or(u64::MAX, |g| g.len() as u64);
+    let codec = match gaps {
+        _ if abs32 <= gaps_len && abs32 <= bitmap => PosCodec::Abs32,
+        Some(gaps) if gaps_len <= bitmap => return (PosCodec::Gaps, gaps),
+        _ => PosCodec::Bitmap,
+    };
+    let mut out = Vec::new();
+    encode_positions(codec, rel, range, &mut out);
+    (codec, out)
 }
 
 fn choose_values(width: usize, old: &[u8], new: &[u8]) -> (ValCodec, Vec<u8>) {
-    let mut best: Option<(ValCodec, Vec<u8>)> = None;
-    for codec in ValCodec::ALL {
+    // raw costs exactly the new bytes; ulp is encoded only when it could be smaller (raw
+    // wins ties, as the first codec).
+    let raw = new.len() as u64;
+    if ulp::min_len(new.len() / width.max(1)) < raw {
         let mut out = Vec::new();
-        encode_values(codec, width, old, new, &mut out);
-        if best.as_ref().map_or(true, |(_, b)| out.len() < b.len()) {
-            best = Some((codec, out));
+        encode_values(ValCodec::Ulp, width, old, new, &mut out);
+        if (out.len() as u64) < raw {
+            return (ValCodec::Ulp, out);
         }
     }
-    best.expect("at least one value codec")
+    let mut out = Vec::new();
+    encode_values(ValCodec::Raw, width, old, new, &mut out);
+    (ValCodec::Raw, out)
 }

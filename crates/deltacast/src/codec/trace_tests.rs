@@ -1,12 +1,12 @@
 //! Cross-codec checks: what the chooser picks at high densities, and the sizes on the
 //! recorded AdamW trace against the entropy bound and against int32 positions + raw values.
 
-use crate::codec::bits::testutil::{adamw_bf16, bernoulli_positions, Rng};
+use crate::codec::bits::testutil::{adamw_bf16, adamw_step, bernoulli_positions, Rng};
 use crate::codec::{
     decode_positions, decode_values, encode_chunk, encode_positions, encode_values, CodecChoice,
     PosCodec, ValCodec,
 };
-use crate::dtype::{load_bits, to_ordered};
+use crate::dtype::{from_ordered, load_bits, to_ordered};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Binary entropy in bits.
@@ -264,6 +264,66 @@ fn recorded_trace_is_near_the_entropy_bound() {
         assert!(
             total <= 0.25 * abs32_raw,
             "step {step}: {total} bytes, abs32+raw {abs32_raw}"
+        );
+    }
+}
+
+/// The chooser as first written: encode every codec, keep the first smallest.
+fn exhaustive_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
+    if rel.len() as u64 == range as u64 {
+        return (PosCodec::All, Vec::new());
+    }
+    let mut best: Option<(PosCodec, Vec<u8>)> = None;
+    for codec in [PosCodec::Abs32, PosCodec::Gaps, PosCodec::Bitmap] {
+        let mut out = Vec::new();
+        encode_positions(codec, rel, range, &mut out);
+        if best.as_ref().is_none_or(|(_, b)| out.len() < b.len()) {
+            best = Some((codec, out));
+        }
+    }
+    best.unwrap()
+}
+
+fn exhaustive_values(width: usize, old: &[u8], new: &[u8]) -> (ValCodec, Vec<u8>) {
+    let mut best: Option<(ValCodec, Vec<u8>)> = None;
+    for codec in ValCodec::ALL {
+        let mut out = Vec::new();
+        encode_values(codec, width, old, new, &mut out);
+        if best.as_ref().is_none_or(|(_, b)| out.len() < b.len()) {
+            best = Some((codec, out));
+        }
+    }
+    best.unwrap()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn prop_chooser_matches_encoding_every_codec(
+        range in 0u32..3000,
+        density in 0.0f64..1.0,
+        width in proptest::sample::select(vec![1usize, 2, 4]),
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        let mut rng = Rng(seed);
+        let rel = bernoulli_positions(&mut rng, range, density * density);
+        proptest::prop_assert_eq!(
+            crate::codec::choose_positions(&rel, range),
+            exhaustive_positions(&rel, range)
+        );
+        let old: Vec<u8> = (0..rel.len() * width).map(|_| rng.next_u64() as u8).collect();
+        // Mostly small ULP steps at high `density`, mostly wild ones at low.
+        let mut new = Vec::with_capacity(old.len());
+        for i in 0..rel.len() {
+            let bits = load_bits(&old, width, i);
+            let step = if rng.unit() < density { adamw_step(&mut rng) } else { (rng.next_u64() as i64) >> 33 };
+            let moved = (to_ordered(bits, width) as i64 + step).rem_euclid(1i64 << (8 * width));
+            new.extend_from_slice(&from_ordered(moved as u32, width).to_le_bytes()[..width]);
+        }
+        proptest::prop_assert_eq!(
+            crate::codec::choose_values(width, &old, &new),
+            exhaustive_values(width, &old, &new)
         );
     }
 }

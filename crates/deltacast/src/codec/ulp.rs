@@ -20,16 +20,25 @@
 //! exact smallest pair per block in one pass. On the recorded traces it comes to ~2.2 bits
 //! per value against an empirical entropy of ~2.1 (sign + Rice of |d|−1: ~2.7).
 
-use super::bits::{bit_len, check_stream_len, mask, BitReader, BitWriter};
+use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter};
 use crate::dtype::{from_ordered, load_bits, store_bits, to_ordered};
 use crate::error::CodecError;
 
 /// Values per block: the 4-byte directory entry costs 1/32 bit per value.
 pub(crate) const BLOCK: usize = 1024;
 const DIR_ENTRY: usize = 4;
+/// Code number of an unchanged element in the encoder (never a real code number: it is the
+/// duplicate of −2^31 in 32-bit elements and too large for narrower ones).
+const UNCHANGED: u32 = u32::MAX - 1;
 
 // The smallest code of a block is never above all-raw (`c = 0`), so its bit count fits u16.
 const _: () = assert!(BLOCK as u64 * 32 <= u16::MAX as u64);
+
+/// A lower bound on the encoded size of `count` values (directory plus one bit per value),
+/// so the chooser can skip encoding when raw is already at least as small.
+pub(crate) fn min_len(count: usize) -> u64 {
+    (count.div_ceil(BLOCK) * DIR_ENTRY) as u64 + (count as u64).div_ceil(8)
+}
 
 pub fn encode(width: usize, old: &[u8], new: &[u8], out: &mut Vec<u8>) {
     match width {
@@ -57,21 +66,22 @@ const fn nbits<const W: usize>() -> u32 {
     8 * W as u32
 }
 
-/// Code number of the step old → new, `None` when they are equal.
+/// Code number of the step old → new, [`UNCHANGED`] when they are equal.
 #[inline(always)]
-fn step_code<const W: usize>(old: u32, new: u32) -> Option<u32> {
+fn step_code<const W: usize>(old: u32, new: u32) -> u32 {
     let all = mask(nbits::<W>()) as u32;
     let d = to_ordered(new, W).wrapping_sub(to_ordered(old, W)) & all;
-    if d == 0 {
-        return None;
-    }
     let negative = d >> (nbits::<W>() - 1);
     let magnitude = if negative == 1 {
         d.wrapping_neg() & all
     } else {
         d
     };
-    Some(((magnitude - 1) << 1) | negative)
+    if d == 0 {
+        UNCHANGED
+    } else {
+        ((magnitude - 1) << 1) | negative
+    }
 }
 
 /// Bit length histogram of one block: `[L]` for steps whose code number has `L` bits, and
@@ -110,75 +120,61 @@ fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
         return;
     }
     let nb = nbits::<W>();
-    // Pass 1: the best parameters and exact size of every block.
-    let mut params: Vec<(u32, u32, u32)> = Vec::with_capacity(n.div_ceil(BLOCK));
+    let blocks = n.div_ceil(BLOCK);
+    let dir_start = out.len();
+    out.resize(dir_start + blocks * DIR_ENTRY, 0);
+    let mut dir = Vec::with_capacity(blocks * DIR_ENTRY);
+    let mut codes = [0u32; BLOCK];
+    let mut writer = BitWriter::new(out);
     let mut total_bits = 0u64;
     for start in (0..n).step_by(BLOCK) {
-        let end = n.min(start + BLOCK);
-        let mut hist: Histogram = [0; 34];
-        for i in start..end {
-            let slot = match step_code::<W>(load_bits(old, W, i), load_bits(new, W, i)) {
-                Some(u) => bit_len(u as u64) as usize,
-                None => 33,
+        let codes = &mut codes[..BLOCK.min(n - start)];
+        // Four interleaved histograms, so runs of equal lengths do not serialize on one counter.
+        let mut lanes = [[0u32; 34]; 4];
+        for (j, code) in codes.iter_mut().enumerate() {
+            let i = start + j;
+            *code = step_code::<W>(load_bits(old, W, i), load_bits(new, W, i));
+            let slot = if *code == UNCHANGED {
+                33
+            } else {
+                bit_len(*code as u64) as usize
             };
-            hist[slot] += 1;
+            lanes[j & 3][slot] += 1;
         }
-        let block = best_params(&hist, (end - start) as u32, nb);
-        total_bits += block.2 as u64;
-        params.push(block);
-    }
-    out.reserve(params.len() * DIR_ENTRY + total_bits.div_ceil(8) as usize + BitWriter::SLACK);
-    for &(k, c, bits) in &params {
-        out.extend_from_slice(&(bits as u16).to_le_bytes());
-        out.push(k as u8);
-        out.push(c as u8);
-    }
-    // Pass 2: the code words.
-    let start = out.len();
-    let stream_len = total_bits.div_ceil(8) as usize;
-    out.resize(start + stream_len + BitWriter::SLACK, 0);
-    let mut writer = BitWriter::new(&mut out[start..]);
-    for (b, &(k, c, _)) in params.iter().enumerate() {
-        for i in b * BLOCK..n.min((b + 1) * BLOCK) {
-            let new_bits = load_bits(new, W, i);
-            let code = step_code::<W>(load_bits(old, W, i), new_bits);
-            match code {
-                Some(u) if c > 0 => {
-                    let l = bit_len(u as u64);
-                    if l <= k {
-                        writer.put(1 | ((u as u64) << 1), k + 1);
-                        continue;
-                    }
-                    let z = l - k;
-                    if z < c {
-                        let tail = 1 | ((u as u64 & mask(l - 1)) << 1);
-                        if z + l <= 56 {
-                            writer.put(tail << z, z + l);
-                        } else {
-                            writer.zeros(z);
-                            writer.put(tail, l);
-                        }
-                        continue;
-                    }
-                    put_raw::<W>(&mut writer, c, new_bits);
+        let hist: Histogram = std::array::from_fn(|l| lanes.iter().map(|lane| lane[l]).sum());
+        let (k, c, bits) = best_params(&hist, codes.len() as u32, nb);
+        dir.extend_from_slice(&(bits as u16).to_le_bytes());
+        dir.push(k as u8);
+        dir.push(c as u8);
+        writer.reserve(bits as u64);
+        total_bits += bits as u64;
+        for (j, &u) in codes.iter().enumerate() {
+            let l = bit_len(u as u64);
+            let z = l.saturating_sub(k);
+            if u == UNCHANGED || z >= c {
+                let new_bits = load_bits(new, W, start + j) as u64;
+                if W <= 2 || c + nb <= 56 {
+                    writer.put(new_bits << c, c + nb);
+                } else {
+                    writer.zeros(c);
+                    writer.put(new_bits, nb);
                 }
-                _ => put_raw::<W>(&mut writer, c, new_bits),
+                continue;
+            }
+            // z zeros, a one, then u below its leading one (or in k bits when z = 0).
+            let payload_len = if z == 0 { k } else { l - 1 };
+            let tail = 1 | ((u as u64 & mask(payload_len)) << 1);
+            if W <= 2 || z + 1 + payload_len <= 56 {
+                writer.put(tail << z, z + 1 + payload_len);
+            } else {
+                writer.zeros(z);
+                writer.put(tail, 1 + payload_len);
             }
         }
     }
-    debug_assert_eq!(writer.bits(), total_bits);
-    out.truncate(start + stream_len);
-}
-
-#[inline(always)]
-fn put_raw<const W: usize>(writer: &mut BitWriter<'_>, c: u32, new_bits: u32) {
-    let nb = nbits::<W>();
-    if c + nb <= 56 {
-        writer.put((new_bits as u64) << c, c + nb);
-    } else {
-        writer.zeros(c);
-        writer.put(new_bits as u64, nb);
-    }
+    debug_assert_eq!(writer.bits_since(dir_start + dir.len()), total_bits);
+    writer.finish();
+    out[dir_start..dir_start + dir.len()].copy_from_slice(&dir);
 }
 
 fn decode_width<const W: usize>(
@@ -228,38 +224,51 @@ fn decode_width<const W: usize>(
     let all = mask(nb) as u32;
     // Code numbers at or above this are invalid, except `limit + 1` (d = −2^(nb−1)).
     let limit = mask(nb) - 1;
-    let reader = BitReader::new(stream);
-    let mut pos = 0usize;
+    // Blocks are contiguous, so one cursor walks them all (a parallel decoder would start
+    // one per block at the prefix sum of the bit counts).
+    let mut cursor = BitCursor::new(BitReader::new(stream), 0);
     for (b, entry) in dir.chunks_exact(DIR_ENTRY).enumerate() {
         let (bits, k, c) = read_entry(entry);
-        let end = pos + bits as usize;
+        let end = cursor.pos() + bits as usize;
         for i in b * BLOCK..n.min((b + 1) * BLOCK) {
-            let word = reader.peek(pos);
+            // Up to 2-byte elements a code word is at most 47 bits even with corrupt
+            // parameters (z < c <= 17, k <= 15), so one check per value covers it.
+            cursor.need(if W <= 2 { 48 } else { 57 });
+            let word = cursor.bits();
             let z = word.trailing_zeros();
             let new_bits = if z >= c {
-                pos += c as usize;
-                let raw = reader.peek(pos) & mask(nb);
-                pos += nb as usize;
-                raw as u32
+                if W <= 2 {
+                    cursor.skip(c + nb);
+                    ((word >> c) & mask(nb)) as u32
+                } else {
+                    cursor.skip(c);
+                    cursor.need(nb);
+                    let raw = cursor.bits() & mask(nb);
+                    cursor.skip(nb);
+                    raw as u32
+                }
             } else {
+                if W > 2 && z + k > nb {
+                    return Err(bad_code(i, nb));
+                }
                 let (len, top) = if z == 0 {
                     (k, 0)
                 } else {
                     (z + k - 1, 1u64 << (z + k - 1))
                 };
-                // Widths up to 2 bytes always fit the first peek (z + 1 + len <= 48).
                 let payload = if W <= 2 || z + 1 + len <= 57 {
+                    cursor.skip(z + 1 + len);
                     (word >> (z + 1)) & mask(len)
                 } else {
-                    reader.peek(pos + z as usize + 1) & mask(len)
+                    cursor.skip(z + 1);
+                    cursor.need(len);
+                    let payload = cursor.bits() & mask(len);
+                    cursor.skip(len);
+                    payload
                 };
-                pos += (z + 1 + len) as usize;
                 let u = payload | top;
                 if u >= limit && u != limit + 1 {
-                    return Err(CodecError::Malformed {
-                        codec: "ulp",
-                        reason: format!("value {i}: step code {u} is outside a {nb}-bit element"),
-                    });
+                    return Err(bad_code(i, nb));
                 }
                 let negative = (u & 1) as u32;
                 let magnitude = ((u >> 1) + 1) as u32;
@@ -268,16 +277,25 @@ fn decode_width<const W: usize>(
             };
             store_bits(out, W, i, new_bits);
         }
-        if pos != end {
+        if cursor.pos() != end {
             return Err(CodecError::Malformed {
                 codec: "ulp",
                 reason: format!(
-                    "block {b} code words end at bit {pos}, its directory entry says {end}"
+                    "block {b} code words end at bit {}, its directory entry says {end}",
+                    cursor.pos()
                 ),
             });
         }
     }
     Ok(())
+}
+
+#[cold]
+fn bad_code(index: usize, nb: u32) -> CodecError {
+    CodecError::Malformed {
+        codec: "ulp",
+        reason: format!("value {index}: step code outside a {nb}-bit element"),
+    }
 }
 
 /// `(bit count, k, c)` of one directory entry.

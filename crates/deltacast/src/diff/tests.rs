@@ -267,6 +267,46 @@ fn buffers_over_the_real_parallel_threshold() {
     }
 }
 
+/// More workers than cores, tiny chunks and uneven work per chunk: chunks finish out of order,
+/// so the parallel driver's parking path (a chunk done before an earlier one) runs too.
+#[test]
+fn chunks_finishing_out_of_order_are_committed_in_order() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(8)
+        .build()
+        .expect("thread pool");
+    let mut rng = Rng(5);
+    for width in [1usize, 2, 4] {
+        let n = 50_000;
+        let snapshot = rng.bytes(n * width);
+        let mut current = snapshot.clone();
+        for i in 0..n {
+            // Bands of dense and empty regions, so chunk run times differ.
+            let density = if (i / 3000) % 3 == 0 { 0.5 } else { 0.001 };
+            if rng.chance(density) {
+                mutate(&mut current, width, i, &mut rng);
+            }
+        }
+        let want = oracle(&snapshot, &current, width, 11);
+        pool.install(|| {
+            for kind in available_impls() {
+                for chunk in [5usize, 64, 1000] {
+                    for _ in 0..4 {
+                        let mut snap = snapshot.clone();
+                        let mut out = Changes::default();
+                        diff_chunked(kind, &mut snap, &current, width, 11, &mut out, chunk);
+                        assert!(out == want, "{kind} width {width} chunk {chunk}");
+                        assert!(
+                            snap == current,
+                            "{kind} width {width} chunk {chunk}: snapshot"
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
+
 #[test]
 fn second_diff_after_refresh_is_empty() {
     let mut rng = Rng(4);

@@ -121,15 +121,22 @@ unsafe fn visit_bits<const W: usize>(
     }
 }
 
+/// Changes in one window above which the next window counts as dense. A window is 64 blocks, so
+/// this is about one block in ten holding a change (≈ 0.3 % of BF16 elements changed).
+const DENSE_WINDOW_CHANGES: usize = 6;
+
 /// The block loop every SIMD kernel shares: windows of reserved output, 64-byte blocks, and the
-/// sub-block tail through the checked path. `block(off, sp, cp, tail)` handles one block.
+/// sub-block tail through the checked path. `block(off, sp, cp, tail, dense)` handles one block;
+/// `dense` says the previous window had many changes, so that a kernel can drop its "unchanged
+/// block" branch where it would mispredict often (it is constant over a window, so the branch
+/// on it is free).
 #[inline(always)]
 fn drive<const W: usize>(
     snapshot: &mut [u8],
     current: &[u8],
     first_index: u64,
     out: &mut Changes,
-    mut block: impl FnMut(usize, *mut u8, *const u8, &mut Tail<W>),
+    mut block: impl FnMut(usize, *mut u8, *const u8, &mut Tail<W>, bool),
 ) {
     let len = current.len();
     debug_assert_eq!(snapshot.len(), len);
@@ -137,13 +144,15 @@ fn drive<const W: usize>(
     let sp = snapshot.as_mut_ptr();
     let cp = current.as_ptr();
     let mut off = 0;
+    let mut dense = false;
     while off < blocks_end {
         let window_end = (off + WINDOW).min(blocks_end);
         let mut tail = out.reserve_tail::<W>((window_end - off) / W);
         while off < window_end {
-            block(off, sp, cp, &mut tail);
+            block(off, sp, cp, &mut tail, dense);
             off += BLOCK;
         }
+        dense = tail.len >= DENSE_WINDOW_CHANGES;
         // SAFETY: the tail came from `out.reserve_tail` above, `out` was not touched since, and
         // the block handlers advance `tail.len` only over entries they wrote.
         unsafe { out.commit(tail) };
@@ -168,40 +177,46 @@ unsafe fn avx2<const W: usize>(
         2 => 0x5555_5555_5555_5555,
         _ => 0x1111_1111_1111_1111,
     };
-    drive::<W>(snapshot, current, first_index, out, |off, sp, cp, tail| {
-        // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
-        let (a0, a1, b0, b1) = unsafe {
-            (
-                _mm256_loadu_si256(sp.add(off) as *const __m256i),
-                _mm256_loadu_si256(sp.add(off + 32) as *const __m256i),
-                _mm256_loadu_si256(cp.add(off) as *const __m256i),
-                _mm256_loadu_si256(cp.add(off + 32) as *const __m256i),
-            )
-        };
-        let (e0, e1) = match W {
-            1 => (_mm256_cmpeq_epi8(a0, b0), _mm256_cmpeq_epi8(a1, b1)),
-            2 => (_mm256_cmpeq_epi16(a0, b0), _mm256_cmpeq_epi16(a1, b1)),
-            _ => (_mm256_cmpeq_epi32(a0, b0), _mm256_cmpeq_epi32(a1, b1)),
-        };
-        let eq = (_mm256_movemask_epi8(e0) as u32 as u64)
-            | ((_mm256_movemask_epi8(e1) as u32 as u64) << 32);
-        let mut ne = !eq & keep;
-        if ne != 0 {
-            // Element bits: compact `j·W` to `j` by visiting with a byte mask walked per element.
-            while ne != 0 {
-                let at = off + ne.trailing_zeros() as usize;
-                // SAFETY: `at` is the first byte of an element inside this block, so `at + W <=
-                // off + BLOCK <= len`; the window reserved room for every element of the block.
-                unsafe {
-                    let new = read::<W>(cp.add(at));
-                    tail.push(first_index + (at / W) as u64, read::<W>(sp.add(at)), new);
-                    // Refresh only the changed element: the only snapshot store is here.
-                    write::<W>(sp.add(at), new);
+    drive::<W>(
+        snapshot,
+        current,
+        first_index,
+        out,
+        |off, sp, cp, tail, _dense| {
+            // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
+            let (a0, a1, b0, b1) = unsafe {
+                (
+                    _mm256_loadu_si256(sp.add(off) as *const __m256i),
+                    _mm256_loadu_si256(sp.add(off + 32) as *const __m256i),
+                    _mm256_loadu_si256(cp.add(off) as *const __m256i),
+                    _mm256_loadu_si256(cp.add(off + 32) as *const __m256i),
+                )
+            };
+            let (e0, e1) = match W {
+                1 => (_mm256_cmpeq_epi8(a0, b0), _mm256_cmpeq_epi8(a1, b1)),
+                2 => (_mm256_cmpeq_epi16(a0, b0), _mm256_cmpeq_epi16(a1, b1)),
+                _ => (_mm256_cmpeq_epi32(a0, b0), _mm256_cmpeq_epi32(a1, b1)),
+            };
+            let eq = (_mm256_movemask_epi8(e0) as u32 as u64)
+                | ((_mm256_movemask_epi8(e1) as u32 as u64) << 32);
+            let mut ne = !eq & keep;
+            if ne != 0 {
+                // Element bits: compact `j·W` to `j` by visiting with a byte mask walked per element.
+                while ne != 0 {
+                    let at = off + ne.trailing_zeros() as usize;
+                    // SAFETY: `at` is the first byte of an element inside this block, so `at + W <=
+                    // off + BLOCK <= len`; the window reserved room for every element of the block.
+                    unsafe {
+                        let new = read::<W>(cp.add(at));
+                        tail.push(first_index + (at / W) as u64, read::<W>(sp.add(at)), new);
+                        // Refresh only the changed element: the only snapshot store is here.
+                        write::<W>(sp.add(at), new);
+                    }
+                    ne &= ne - 1;
                 }
-                ne &= ne - 1;
             }
-        }
-    });
+        },
+    );
 }
 
 /// One bit per element that differs between `a` and `b`.
@@ -245,25 +260,31 @@ unsafe fn avx512<const W: usize>(
     first_index: u64,
     out: &mut Changes,
 ) {
-    drive::<W>(snapshot, current, first_index, out, |off, sp, cp, tail| {
-        // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
-        let (a, b) = unsafe {
-            (
-                _mm512_loadu_si512(sp.add(off) as *const _),
-                _mm512_loadu_si512(cp.add(off) as *const _),
-            )
-        };
-        let m = ne_mask::<W>(a, b);
-        if m != 0 {
-            // SAFETY: the block is in bounds, the window reserved room for all its elements,
-            // `m` holds only differing elements; the outputs read the old bits before the store.
-            unsafe {
-                visit_bits::<W>(m, off, sp, cp, first_index, tail);
-                // Refresh only the changed elements: the mask selects exactly those.
-                masked_store::<W>(sp.add(off), m, b);
+    drive::<W>(
+        snapshot,
+        current,
+        first_index,
+        out,
+        |off, sp, cp, tail, _dense| {
+            // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
+            let (a, b) = unsafe {
+                (
+                    _mm512_loadu_si512(sp.add(off) as *const _),
+                    _mm512_loadu_si512(cp.add(off) as *const _),
+                )
+            };
+            let m = ne_mask::<W>(a, b);
+            if m != 0 {
+                // SAFETY: the block is in bounds, the window reserved room for all its elements,
+                // `m` holds only differing elements; the outputs read the old bits before the store.
+                unsafe {
+                    visit_bits::<W>(m, off, sp, cp, first_index, tail);
+                    // Refresh only the changed elements: the mask selects exactly those.
+                    masked_store::<W>(sp.add(off), m, b);
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 /// Lane indices 0, 1, 2, … as `W`-byte integers, compressed to give the changed lanes' indices.
@@ -345,60 +366,70 @@ unsafe fn avx512_vbmi2<const W: usize>(
     out: &mut Changes,
 ) {
     let iota = lane_iota::<W>();
-    drive::<W>(snapshot, current, first_index, out, |off, sp, cp, tail| {
-        // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
-        let (a, b) = unsafe {
-            (
-                _mm512_loadu_si512(sp.add(off) as *const _),
-                _mm512_loadu_si512(cp.add(off) as *const _),
-            )
-        };
-        let m = ne_mask::<W>(a, b);
-        if m == 0 {
-            return;
-        }
-        let k = m.count_ones() as usize;
-        let base = _mm512_set1_epi64((first_index + (off / W) as u64) as i64);
-        let idx = compress::<W>(m, iota);
-        // SAFETY (stores below): the window reserved `max` changes plus SLACK_POSITIONS (8)
-        // positions and SLACK_VALUE_BYTES (64) value bytes, and `tail.len + k <= max` since each
-        // element is pushed at most once. So the 64 value bytes at `tail.len * W` fit, and a
-        // group of 8 positions at `tail.len + 8g`, stored only when `k > 8g`, ends at
-        // `tail.len + 8g + 8 <= max - k + 8g + 8 < max + 8`. The block itself is in bounds for
-        // the masked store. Stores need no alignment.
-        unsafe {
-            let pos = tail.pos.add(tail.len);
-            _mm512_storeu_si512(tail.old.add(tail.len * W) as *mut _, compress::<W>(m, a));
-            _mm512_storeu_si512(tail.new.add(tail.len * W) as *mut _, compress::<W>(m, b));
-            if W == 4 {
-                // 16 lanes at most: two groups, from the two 256-bit halves.
-                let lo = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(idx));
-                _mm512_storeu_si512(pos as *mut _, _mm512_add_epi64(lo, base));
-                if k > 8 {
-                    let hi = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64::<1>(idx));
-                    _mm512_storeu_si512(pos.add(8) as *mut _, _mm512_add_epi64(hi, base));
-                }
-            } else {
-                let lo = widen8::<W>(_mm512_castsi512_si128(idx));
-                _mm512_storeu_si512(pos as *mut _, _mm512_add_epi64(lo, base));
-                if k > 8 {
-                    // Rare at realistic densities: spill the indices and widen the rest.
-                    let mut spill = [0u8; 64 + 16];
-                    _mm512_storeu_si512(spill.as_mut_ptr() as *mut _, idx);
-                    let mut g = 1;
-                    while 8 * g < k {
-                        let v = _mm_loadu_si128(spill.as_ptr().add(8 * g * W) as *const __m128i);
-                        _mm512_storeu_si512(
-                            pos.add(8 * g) as *mut _,
-                            _mm512_add_epi64(widen8::<W>(v), base),
-                        );
-                        g += 1;
+    drive::<W>(
+        snapshot,
+        current,
+        first_index,
+        out,
+        |off, sp, cp, tail, dense| {
+            // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
+            let (a, b) = unsafe {
+                (
+                    _mm512_loadu_si512(sp.add(off) as *const _),
+                    _mm512_loadu_si512(cp.add(off) as *const _),
+                )
+            };
+            let m = ne_mask::<W>(a, b);
+            // Sparse: skip unchanged blocks (a well-predicted branch). Dense: run the branch-free
+            // path on every block; with m = 0 it stores nothing (masked store) or only into the
+            // slack, and advances by zero.
+            if m == 0 && !dense {
+                return;
+            }
+            let k = m.count_ones() as usize;
+            let base = _mm512_set1_epi64((first_index + (off / W) as u64) as i64);
+            let idx = compress::<W>(m, iota);
+            // SAFETY (stores below): the window reserved `max` changes plus SLACK_POSITIONS (8)
+            // positions and SLACK_VALUE_BYTES (64) value bytes, and `tail.len + k <= max` since each
+            // element is pushed at most once. So the 64 value bytes at `tail.len * W` fit, and a
+            // group of 8 positions at `tail.len + 8g`, stored only when `k > 8g`, ends at
+            // `tail.len + 8g + 8 <= max - k + 8g + 8 < max + 8`. The block itself is in bounds for
+            // the masked store. Stores need no alignment.
+            unsafe {
+                let pos = tail.pos.add(tail.len);
+                _mm512_storeu_si512(tail.old.add(tail.len * W) as *mut _, compress::<W>(m, a));
+                _mm512_storeu_si512(tail.new.add(tail.len * W) as *mut _, compress::<W>(m, b));
+                if W == 4 {
+                    // 16 lanes at most: two groups, from the two 256-bit halves.
+                    let lo = _mm512_cvtepu32_epi64(_mm512_castsi512_si256(idx));
+                    _mm512_storeu_si512(pos as *mut _, _mm512_add_epi64(lo, base));
+                    if k > 8 {
+                        let hi = _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64::<1>(idx));
+                        _mm512_storeu_si512(pos.add(8) as *mut _, _mm512_add_epi64(hi, base));
+                    }
+                } else {
+                    let lo = widen8::<W>(_mm512_castsi512_si128(idx));
+                    _mm512_storeu_si512(pos as *mut _, _mm512_add_epi64(lo, base));
+                    if k > 8 {
+                        // Rare at realistic densities: spill the indices and widen the rest.
+                        let mut spill = [0u8; 64 + 16];
+                        _mm512_storeu_si512(spill.as_mut_ptr() as *mut _, idx);
+                        let mut g = 1;
+                        while 8 * g < k {
+                            let v =
+                                _mm_loadu_si128(spill.as_ptr().add(8 * g * W) as *const __m128i);
+                            _mm512_storeu_si512(
+                                pos.add(8 * g) as *mut _,
+                                _mm512_add_epi64(widen8::<W>(v), base),
+                            );
+                            g += 1;
+                        }
                     }
                 }
+                tail.len += k;
+                // Refresh only the changed elements: the mask selects exactly those.
+                masked_store::<W>(sp.add(off), m, b);
             }
-            tail.len += k;
-            // Refresh only the changed elements: the mask selects exactly those.
-            masked_store::<W>(sp.add(off), m, b);
-        }
-    });
+        },
+    );
 }

@@ -1,0 +1,28 @@
+//! deltacast transports.
+//!
+//! - [`Collective`]: the few collective calls the sharded trainer makes (all-gather of the plan
+//!   matrix, exact-size transfers to the leader), as [`InProcessCollective`] (threads of one
+//!   process) and [`TcpCollective`] (a star through rank 0).
+//! - [`FrameServer`] / [`FrameClient`]: fan-out of flush frames from the leader to receivers,
+//!   with acks carrying (version, state digest).
+//!
+//! Every TCP link frames messages as `[u8 type][u64 LE length][payload]` ([`wire`]), checks
+//! each length against a configured limit before allocating, and starts with a mutual HMAC
+//! challenge–response on a shared secret ([`auth`]). Without a secret, servers listen on loopback
+//! only. Every blocking call fails, naming the peer, at once on disconnect or after its timeout.
+
+pub mod auth;
+pub mod collective;
+pub mod config;
+pub mod error;
+pub mod frames;
+pub mod secret;
+pub mod tcp;
+pub mod wire;
+
+pub use collective::{Collective, InProcessCollective};
+pub use config::NetConfig;
+pub use error::NetError;
+pub use frames::{Ack, BroadcastReport, FrameClient, FrameServer, ReceiverId, ReceiverInfo};
+pub use secret::{Secret, SECRET_ENV};
+pub use tcp::{LeaderRendezvous, TcpCollective};
