@@ -64,7 +64,13 @@ fn nonce() -> Result<[u8; NONCE_LEN], NetError> {
     Ok(n)
 }
 
-fn keyed(secret: &Secret, link: Link, role: u8, peer_nonce: &[u8], own_nonce: &[u8]) -> Hmac<Sha256> {
+fn keyed(
+    secret: &Secret,
+    link: Link,
+    role: u8,
+    peer_nonce: &[u8],
+    own_nonce: &[u8],
+) -> Hmac<Sha256> {
     #[allow(clippy::expect_used)] // HMAC takes keys of any length: this cannot fail.
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
         .expect("HMAC accepts keys of any length");
@@ -76,8 +82,16 @@ fn keyed(secret: &Secret, link: Link, role: u8, peer_nonce: &[u8], own_nonce: &[
 }
 
 /// The proof a side with `role` sends, answering `peer_nonce`.
-pub fn proof(secret: &Secret, link: Link, role: u8, peer_nonce: &[u8], own_nonce: &[u8]) -> [u8; 32] {
-    let tag = keyed(secret, link, role, peer_nonce, own_nonce).finalize().into_bytes();
+pub fn proof(
+    secret: &Secret,
+    link: Link,
+    role: u8,
+    peer_nonce: &[u8],
+    own_nonce: &[u8],
+) -> [u8; 32] {
+    let tag = keyed(secret, link, role, peer_nonce, own_nonce)
+        .finalize()
+        .into_bytes();
     let mut out = [0u8; MAC_LEN];
     out.copy_from_slice(&tag);
     out
@@ -170,13 +184,19 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(v) => v,
             Err(detail) => {
                 send_error(s, &detail).await;
-                return Err(NetError::Protocol { peer: peer.into(), detail });
+                return Err(NetError::Protocol {
+                    peer: peer.into(),
+                    detail,
+                });
             }
         };
         if client_has != secret.is_some() {
             let reason = secret_mismatch(secret.is_some());
             send_error(s, &format!("authentication refused: {reason}")).await;
-            return Err(NetError::Auth { peer: peer.into(), detail: reason });
+            return Err(NetError::Auth {
+                peer: peer.into(),
+                detail: reason,
+            });
         }
         let ns = nonce()?;
         let mut challenge = hello_fields(link, secret, &ns);
@@ -184,7 +204,15 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
             Some(k) => challenge.extend_from_slice(&proof(k, link, ROLE_SERVER, &nc, &ns)),
             None => challenge.extend_from_slice(&[0u8; MAC_LEN]),
         }
-        write_msg(s, ty::CHALLENGE, &challenge, peer, "the handshake CHALLENGE", None).await?;
+        write_msg(
+            s,
+            ty::CHALLENGE,
+            &challenge,
+            peer,
+            "the handshake CHALLENGE",
+            None,
+        )
+        .await?;
         let expect = Expect {
             allowed: &[(ty::PROOF, MAC_LEN as u64)],
             what: "the handshake PROOF",
@@ -328,7 +356,10 @@ mod tests {
 
         let (s, c) = run(pair(Some(secret("0123456789abcdef-server")), None));
         assert!(matches!(s, Err(NetError::Auth { .. })), "{s:?}");
-        assert!(matches!(&c, Err(NetError::Refused { reason, .. }) if reason.contains("requires")), "{c:?}");
+        assert!(
+            matches!(&c, Err(NetError::Refused { reason, .. }) if reason.contains("requires")),
+            "{c:?}"
+        );
 
         let (s, c) = run(pair(None, Some(secret("0123456789abcdef-client"))));
         assert!(s.is_err() && c.is_err(), "{s:?} {c:?}");

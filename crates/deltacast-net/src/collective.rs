@@ -101,10 +101,12 @@ impl InProcessCollective {
     /// Like [`group`](Self::group) with an explicit wait limit (`None`: forever; a dropped
     /// rank still fails its peers at once).
     pub fn group_with_timeout(world: usize, timeout: Option<Duration>) -> Vec<InProcessCollective> {
-        let mut to: Vec<Vec<Option<Sender<Msg>>>> =
-            (0..world).map(|_| (0..world).map(|_| None).collect()).collect();
-        let mut from: Vec<Vec<Option<Receiver<Msg>>>> =
-            (0..world).map(|_| (0..world).map(|_| None).collect()).collect();
+        let mut to: Vec<Vec<Option<Sender<Msg>>>> = (0..world)
+            .map(|_| (0..world).map(|_| None).collect())
+            .collect();
+        let mut from: Vec<Vec<Option<Receiver<Msg>>>> = (0..world)
+            .map(|_| (0..world).map(|_| None).collect())
+            .collect();
         for src in 0..world {
             for dst in 0..world {
                 if src != dst {
@@ -146,9 +148,11 @@ impl InProcessCollective {
     }
 
     fn send(&self, dst: usize, m: Msg) -> Result<(), NetError> {
-        let tx = self.to.get(dst).and_then(Option::as_ref).ok_or_else(|| {
-            NetError::InvalidArgument(format!("no channel to rank {dst}"))
-        })?;
+        let tx = self
+            .to
+            .get(dst)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| NetError::InvalidArgument(format!("no channel to rank {dst}")))?;
         tx.send(m).map_err(|_| NetError::Disconnected {
             peer: rank_name(dst),
             detail: "(its collective was dropped)".into(),
@@ -156,9 +160,11 @@ impl InProcessCollective {
     }
 
     fn recv(&self, src: usize, what: &str) -> Result<Msg, NetError> {
-        let rx = self.from.get(src).and_then(Option::as_ref).ok_or_else(|| {
-            NetError::InvalidArgument(format!("no channel from rank {src}"))
-        })?;
+        let rx = self
+            .from
+            .get(src)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| NetError::InvalidArgument(format!("no channel from rank {src}")))?;
         let peer = rank_name(src);
         let got = match self.timeout {
             Some(t) => rx.recv_timeout(t),
@@ -282,7 +288,11 @@ mod tests {
         for world in 1..=5 {
             let out = run_group(InProcessCollective::group(world), |mut c| {
                 let r = c.rank();
-                let rows = c.all_gather(&[r as u8; 3][..r]).expect("gather");
+                let rows = c.all_gather(&vec![r as u8; r]).expect("gather");
+                assert_eq!(
+                    rows,
+                    (0..c.world()).map(|i| vec![i as u8; i]).collect::<Vec<_>>()
+                );
                 if c.is_leader() {
                     (1..c.world())
                         .map(|src| c.recv_from(src, src * 10).expect("recv"))
@@ -309,7 +319,17 @@ mod tests {
         let mut r0 = g.pop().expect("r0");
         r1.send_to_leader(b"abc").expect("send");
         let e = r0.recv_from(1, 4).expect_err("size");
-        assert!(matches!(e, NetError::SizeMismatch { expected: 4, got: 3, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                NetError::SizeMismatch {
+                    expected: 4,
+                    got: 3,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         // The leader told everyone it failed.
         let e = r2.all_gather(b"x").expect_err("aborted");
         assert!(e.to_string().contains("rank 1"), "{e}");
@@ -328,7 +348,10 @@ mod tests {
     fn timeout_names_the_rank() {
         let mut g = InProcessCollective::group_with_timeout(2, Some(Duration::from_millis(50)));
         let e = g[0].all_gather(b"x").expect_err("timeout");
-        assert!(matches!(&e, NetError::Timeout { peer, .. } if peer == "rank 1"), "{e}");
+        assert!(
+            matches!(&e, NetError::Timeout { peer, .. } if peer == "rank 1"),
+            "{e}"
+        );
         assert!(matches!(g[0].recv_from(0, 1), Err(NetError::Poisoned(_))));
     }
 }

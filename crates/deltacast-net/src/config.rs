@@ -110,7 +110,10 @@ pub(crate) fn check_bind(addr: SocketAddr, secret: Option<&Secret>) -> Result<()
 }
 
 /// Binds a listener after the loopback policy check.
-pub(crate) async fn bind(addr: SocketAddr, secret: Option<&Secret>) -> Result<TcpListener, NetError> {
+pub(crate) async fn bind(
+    addr: SocketAddr,
+    secret: Option<&Secret>,
+) -> Result<TcpListener, NetError> {
     check_bind(addr, secret)?;
     TcpListener::bind(addr).await.map_err(|e| NetError::Setup {
         what: format!("cannot listen on {addr}"),
@@ -140,7 +143,9 @@ pub(crate) fn resolve(addr: impl std::net::ToSocketAddrs) -> Result<Vec<SocketAd
         })?
         .collect();
     if addrs.is_empty() {
-        return Err(NetError::InvalidArgument("the server address resolved to nothing".into()));
+        return Err(NetError::InvalidArgument(
+            "the server address resolved to nothing".into(),
+        ));
     }
     Ok(addrs)
 }
@@ -158,7 +163,8 @@ pub(crate) async fn connect_retry(
         let mut last = None;
         for &a in addrs {
             let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left.max(Duration::from_millis(1)), TcpStream::connect(a)).await
+            match tokio::time::timeout(left.max(Duration::from_millis(1)), TcpStream::connect(a))
+                .await
             {
                 Ok(Ok(s)) => {
                     tune(&s);

@@ -26,7 +26,7 @@ pub enum NetError {
         after: Duration,
     },
     /// A length prefix above the configured maximum; refused before allocating.
-    #[error("{peer} announced a {what} of {len} bytes, above the limit of {max} bytes")]
+    #[error("{peer} announced {what} of {len} bytes, above the limit of {max} bytes")]
     TooLarge {
         peer: String,
         what: String,

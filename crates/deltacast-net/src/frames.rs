@@ -22,7 +22,7 @@ use crate::auth::{client_handshake, server_handshake, Link};
 use crate::config::{
     bind, connect_retry, current_thread_runtime, resolve, tune, NetConfig, MAX_PENDING_HANDSHAKES,
 };
-use crate::wire::{read_msg, send_error, ty, write_msg, Expect};
+use crate::wire::{explain, read_msg, send_error, ty, write_msg, Expect};
 use crate::NetError;
 
 /// Longest free-text message an ack may carry; longer ones are cut by [`FrameClient::send_ack`].
@@ -74,7 +74,10 @@ impl Ack {
             detail,
         };
         if p.len() < ACK_FIXED {
-            return Err(bad(format!("ack of {} bytes, at least {ACK_FIXED} expected", p.len())));
+            return Err(bad(format!(
+                "ack of {} bytes, at least {ACK_FIXED} expected",
+                p.len()
+            )));
         }
         let ok = match p[16] {
             0 => false,
@@ -330,10 +333,12 @@ impl FrameServer {
             report.failed.push((id, e));
         }
         let io = Some(self.cfg.io_timeout);
-        let results = self.rt.block_on(join_all(self.conns.iter_mut().map(|(id, c)| async move {
-            let r = write_msg(&mut c.writer, ty::FRAME, frame, &c.name, "a frame", io).await;
-            (*id, r)
-        })));
+        let results = self
+            .rt
+            .block_on(join_all(self.conns.iter_mut().map(|(id, c)| async move {
+                let r = write_msg(&mut c.writer, ty::FRAME, frame, &c.name, "a frame", io).await;
+                (*id, r)
+            })));
         for (id, r) in results {
             match r {
                 Ok(()) => report.delivered.push(id),
@@ -353,9 +358,14 @@ impl FrameServer {
         let c = self.conns.get_mut(&id).ok_or_else(|| unknown(id))?;
         let r = match c.drain() {
             Some(e) => Err(e),
-            None => self
-                .rt
-                .block_on(write_msg(&mut c.writer, ty::FRAME, frame, &c.name, "a frame", io)),
+            None => self.rt.block_on(write_msg(
+                &mut c.writer,
+                ty::FRAME,
+                frame,
+                &c.name,
+                "a frame",
+                io,
+            )),
         };
         if r.is_err() {
             self.conns.remove(&id);
@@ -530,13 +540,27 @@ impl FrameClient {
             let first = format!("frame server {}", addrs[0]);
             let (mut s, addr) = connect_retry(&addrs, &first, cfg.connect_timeout).await?;
             let name = format!("frame server {addr}");
-            client_handshake(&mut s, cfg.secret.as_ref(), Link::Frames, &name, cfg.handshake_timeout)
-                .await?;
+            client_handshake(
+                &mut s,
+                cfg.secret.as_ref(),
+                Link::Frames,
+                &name,
+                cfg.handshake_timeout,
+            )
+            .await?;
             let mut a = Vec::with_capacity(ANNOUNCE_LEN);
             a.push(u8::from(version.is_some()));
             a.extend_from_slice(&version.unwrap_or(0).to_le_bytes());
             a.extend_from_slice(&state_digest.to_le_bytes());
-            write_msg(&mut s, ty::ANNOUNCE, &a, &name, "ANNOUNCE", Some(cfg.io_timeout)).await?;
+            write_msg(
+                &mut s,
+                ty::ANNOUNCE,
+                &a,
+                &name,
+                "ANNOUNCE",
+                Some(cfg.io_timeout),
+            )
+            .await?;
             Ok::<_, NetError>((s, name))
         })?;
         Ok(FrameClient {
@@ -598,9 +622,12 @@ impl FrameClient {
         let io = Some(self.cfg.io_timeout);
         self.check()?;
         let r = match self.stream.as_mut() {
-            Some(s) => self
-                .rt
-                .block_on(write_msg(s, ty::ACK, &ack.encode(), &self.name, "an ack", io)),
+            Some(s) => self.rt.block_on(async {
+                match write_msg(s, ty::ACK, &ack.encode(), &self.name, "an ack", io).await {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(explain(s, &self.name, e).await),
+                }
+            }),
             None => return Err(NetError::Poisoned("the connection is closed".into())),
         };
         r.map_err(|e| self.fail(e))

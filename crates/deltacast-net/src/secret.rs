@@ -43,9 +43,9 @@ impl Secret {
         match std::env::var_os(SECRET_ENV) {
             None => Ok(None),
             Some(v) => {
-                let v = v.into_string().map_err(|_| {
-                    NetError::Secret(format!("{SECRET_ENV} is not valid UTF-8"))
-                })?;
+                let v = v
+                    .into_string()
+                    .map_err(|_| NetError::Secret(format!("{SECRET_ENV} is not valid UTF-8")))?;
                 let v = v.trim_end_matches(['\n', '\r']);
                 if v.is_empty() {
                     return Err(NetError::Secret(format!("{SECRET_ENV} is set but empty")));
@@ -103,7 +103,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("s");
         std::fs::write(&p, "0123456789abcdef0123\n").expect("write");
-        let s = Secret::from_env_or_file(Some(&p)).expect("read").expect("some");
+        let s = Secret::from_env_or_file(Some(&p))
+            .expect("read")
+            .expect("some");
         assert_eq!(s.as_bytes(), b"0123456789abcdef0123");
         assert_eq!(format!("{s:?}"), "Secret(20 bytes)");
         std::fs::write(&p, "\n").expect("write");

@@ -20,7 +20,7 @@ use crate::collective::{check_recv_from, check_send_to_leader, Collective};
 use crate::config::{
     bind, connect_retry, current_thread_runtime, resolve, tune, NetConfig, MAX_PENDING_HANDSHAKES,
 };
-use crate::wire::{read_msg, send_error, ty, write_msg, Expect};
+use crate::wire::{explain, read_msg, send_error, ty, write_msg, Expect};
 use crate::NetError;
 
 struct Peer {
@@ -30,8 +30,12 @@ struct Peer {
 
 enum Role {
     /// `peers[i]` is rank `i + 1`.
-    Leader { peers: Vec<Peer> },
-    Member { leader: Option<Peer> },
+    Leader {
+        peers: Vec<Peer>,
+    },
+    Member {
+        leader: Option<Peer>,
+    },
 }
 
 /// A rank of a TCP collective (see the module docs for the protocol).
@@ -110,23 +114,43 @@ impl TcpCollective {
             let (mut stream, addr) = connect_retry(&addrs, &first, cfg.connect_timeout).await?;
             let name = format!("leader (rank 0, {addr})");
             let secret = cfg.secret.as_ref();
-            client_handshake(&mut stream, secret, Link::Collective, &name, cfg.handshake_timeout)
-                .await?;
+            client_handshake(
+                &mut stream,
+                secret,
+                Link::Collective,
+                &name,
+                cfg.handshake_timeout,
+            )
+            .await?;
             let mut join = Vec::with_capacity(8);
             join.extend_from_slice(&(rank as u32).to_le_bytes());
             join.extend_from_slice(&(world as u32).to_le_bytes());
-            write_msg(&mut stream, ty::JOIN, &join, &name, "JOIN", Some(cfg.io_timeout)).await?;
+            write_msg(
+                &mut stream,
+                ty::JOIN,
+                &join,
+                &name,
+                "JOIN",
+                Some(cfg.io_timeout),
+            )
+            .await?;
             let left = deadline.saturating_duration_since(Instant::now());
             let ready = Expect {
                 allowed: &[(ty::READY, 0)],
                 what: "READY (every rank joined)",
             };
-            read_msg(&mut stream, &name, ready, Some(left.max(cfg.handshake_timeout)), None)
-                .await
-                .map_err(|e| match e {
-                    NetError::Aborted { peer, reason } => NetError::Refused { peer, reason },
-                    other => other,
-                })?;
+            read_msg(
+                &mut stream,
+                &name,
+                ready,
+                Some(left.max(cfg.handshake_timeout)),
+                None,
+            )
+            .await
+            .map_err(|e| match e {
+                NetError::Aborted { peer, reason } => NetError::Refused { peer, reason },
+                other => other,
+            })?;
             Ok::<_, NetError>(Peer { stream, name })
         })?;
         Ok(TcpCollective {
@@ -165,7 +189,9 @@ impl TcpCollective {
     }
 
     fn rows_max(&self) -> u64 {
-        (self.world as u64).saturating_mul(self.cfg.max_row.saturating_add(8)).saturating_add(4)
+        (self.world as u64)
+            .saturating_mul(self.cfg.max_row.saturating_add(8))
+            .saturating_add(4)
     }
 }
 
@@ -248,10 +274,8 @@ async fn rendezvous(
                     Some(format!("world size mismatch: the leader has {world} ranks, rank {rank} says {claimed_world}"))
                 } else if rank == 0 || rank >= world {
                     Some(format!("rank {rank} is not a joining rank of a world of {world} (1..{world})"))
-                } else if let Some(p) = &slots[rank - 1] {
-                    Some(format!("rank {rank} already joined as {}", p.name))
                 } else {
-                    None
+                    slots[rank - 1].as_ref().map(|p| format!("rank {rank} already joined as {}", p.name))
                 };
                 match refusal {
                     Some(reason) => {
@@ -330,7 +354,10 @@ fn decode_rows(p: &[u8], world: usize, max_row: u64, peer: &str) -> Result<Vec<V
         detail,
     };
     let mut count = [0u8; 4];
-    count.copy_from_slice(p.get(..4).ok_or_else(|| bad("ROWS shorter than its count".into()))?);
+    count.copy_from_slice(
+        p.get(..4)
+            .ok_or_else(|| bad("ROWS shorter than its count".into()))?,
+    );
     let count = u32::from_le_bytes(count) as usize;
     if count != world {
         return Err(bad(format!("ROWS has {count} rows for a world of {world}")));
@@ -345,7 +372,9 @@ fn decode_rows(p: &[u8], world: usize, max_row: u64, peer: &str) -> Result<Vec<V
         );
         let len = u64::from_le_bytes(len);
         if len > max_row {
-            return Err(bad(format!("row {r} is {len} bytes, above the limit {max_row}")));
+            return Err(bad(format!(
+                "row {r} is {len} bytes, above the limit {max_row}"
+            )));
         }
         at += 8;
         let end = at
@@ -356,7 +385,10 @@ fn decode_rows(p: &[u8], world: usize, max_row: u64, peer: &str) -> Result<Vec<V
         at = end;
     }
     if at != p.len() {
-        return Err(bad(format!("{} trailing bytes after the rows", p.len() - at)));
+        return Err(bad(format!(
+            "{} trailing bytes after the rows",
+            p.len() - at
+        )));
     }
     Ok(rows)
 }
@@ -400,7 +432,9 @@ impl Collective for TcpCollective {
                 };
                 // Concurrent reads: the first disconnect or timeout fails the call at once.
                 let theirs = try_join_all(peers.iter_mut().map(|p| async move {
-                    read_msg(&mut p.stream, &p.name, expect, wait, io).await.map(|(_, r)| r)
+                    read_msg(&mut p.stream, &p.name, expect, wait, io)
+                        .await
+                        .map(|(_, r)| r)
                 }))
                 .await?;
                 let mut rows = Vec::with_capacity(world);
@@ -408,7 +442,14 @@ impl Collective for TcpCollective {
                 rows.extend(theirs);
                 let payload = encode_rows(&rows);
                 try_join_all(peers.iter_mut().map(|p| {
-                    write_msg(&mut p.stream, ty::ROWS, &payload, &p.name, "the gathered rows", io)
+                    write_msg(
+                        &mut p.stream,
+                        ty::ROWS,
+                        &payload,
+                        &p.name,
+                        "the gathered rows",
+                        io,
+                    )
                 }))
                 .await?;
                 Ok(rows)
@@ -416,8 +457,18 @@ impl Collective for TcpCollective {
             Role::Member { leader } => match leader {
                 None => Err(NetError::Poisoned("the leader connection is closed".into())),
                 Some(p) => self.rt.block_on(async {
-                    write_msg(&mut p.stream, ty::ROW, mine, &p.name, "our all-gather row", io)
-                        .await?;
+                    if let Err(e) = write_msg(
+                        &mut p.stream,
+                        ty::ROW,
+                        mine,
+                        &p.name,
+                        "our all-gather row",
+                        io,
+                    )
+                    .await
+                    {
+                        return Err(explain(&mut p.stream, &p.name, e).await);
+                    }
                     let expect = Expect {
                         allowed: &[(ty::ROWS, rows_max)],
                         what: "the gathered rows",
@@ -442,14 +493,12 @@ impl Collective for TcpCollective {
         check_send_to_leader(self.rank)?;
         let io = self.cfg.op_timeout.map(|t| t.max(self.cfg.io_timeout));
         let result = match &mut self.role {
-            Role::Member { leader: Some(p) } => self.rt.block_on(write_msg(
-                &mut p.stream,
-                ty::DATA,
-                data,
-                &p.name,
-                "our transfer",
-                io,
-            )),
+            Role::Member { leader: Some(p) } => self.rt.block_on(async {
+                match write_msg(&mut p.stream, ty::DATA, data, &p.name, "our transfer", io).await {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(explain(&mut p.stream, &p.name, e).await),
+                }
+            }),
             _ => Err(NetError::Poisoned("the leader connection is closed".into())),
         };
         result.map_err(|e| self.fail(e))
@@ -468,7 +517,7 @@ impl Collective for TcpCollective {
                 None => Err(NetError::Poisoned("the rank connections are closed".into())),
                 Some(p) if len as u64 > max => Err(NetError::TooLarge {
                     peer: p.name.clone(),
-                    what: "planned transfer".into(),
+                    what: "a planned transfer".into(),
                     len: len as u64,
                     max,
                 }),
@@ -480,7 +529,9 @@ impl Collective for TcpCollective {
                     read_exact_data(&mut p.stream, &p.name, expect, len, wait, io).await
                 }),
             },
-            Role::Member { .. } => Err(NetError::InvalidArgument("recv_from on a non-leader".into())),
+            Role::Member { .. } => Err(NetError::InvalidArgument(
+                "recv_from on a non-leader".into(),
+            )),
         };
         result.map_err(|e| self.fail(e))
     }

@@ -123,6 +123,23 @@ pub async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, reason: &str) {
     .await;
 }
 
+/// A write failed because the peer went away; it may have sent an ERROR saying why just before.
+/// Fetches that reason (briefly) so the caller reports the cause, not just "broken pipe".
+pub async fn explain<S: AsyncRead + Unpin>(s: &mut S, peer: &str, e: NetError) -> NetError {
+    if !matches!(e, NetError::Disconnected { .. } | NetError::Io { .. }) {
+        return e;
+    }
+    let expect = Expect {
+        allowed: &[],
+        what: "its reason",
+    };
+    let brief = Some(Duration::from_millis(200));
+    match read_msg(s, peer, expect, brief, brief).await {
+        Err(aborted @ NetError::Aborted { .. }) => aborted,
+        _ => e,
+    }
+}
+
 /// What one read accepts: the allowed types, each with its own maximum length.
 #[derive(Clone, Copy)]
 pub struct Expect<'a> {
@@ -160,9 +177,7 @@ pub async fn read_msg<R: AsyncRead + Unpin>(
             None => {
                 return Err(NetError::Protocol {
                     peer: peer.to_string(),
-                    detail: format!(
-                        "expected {what}, got message type {kind:#04x} ({len} bytes)"
-                    ),
+                    detail: format!("expected {what}, got message type {kind:#04x} ({len} bytes)"),
                 })
             }
         }
@@ -337,6 +352,9 @@ mod tests {
         let e = rt()
             .block_on(read_msg(&mut m.as_slice(), "leader", ROW, None, None))
             .expect_err("aborted");
-        assert!(matches!(&e, NetError::Aborted { reason, .. } if reason == "oops"), "{e}");
+        assert!(
+            matches!(&e, NetError::Aborted { reason, .. } if reason == "oops"),
+            "{e}"
+        );
     }
 }

@@ -79,7 +79,7 @@ impl Converter {
                         "FusedExperts needs an [E, 2I, ...] parameter, got shape {shape:?}"
                     )));
                 };
-                if fused % 2 != 0 {
+                if !fused.is_multiple_of(2) {
                     return Err(Error::InvalidArgument(format!(
                         "FusedExperts: dim 1 of shape {shape:?} is odd, cannot halve it into \
                          gate and up"

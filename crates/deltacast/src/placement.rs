@@ -237,11 +237,7 @@ impl Block {
     /// empty block.
     pub fn global_ranges(&self) -> GlobalRanges {
         let map = RunMap::new(self);
-        let rows = if map.run == 0 {
-            0
-        } else {
-            self.numel() / map.run
-        };
+        let rows = self.numel().checked_div(map.run).unwrap_or(0);
         GlobalRanges {
             index: vec![0; map.outer.len()],
             next: map.base,
@@ -359,7 +355,7 @@ fn checked_numel(shape: &[u64]) -> Result<u64> {
 ///
 /// Mirrors `Shard.local_shard_size_and_offset` (torch/distributed/tensor/placement_types.py).
 fn chunk(n: u64, k: u64, r: u64) -> (u64, u64) {
-    if n % k == 0 {
+    if n.is_multiple_of(k) {
         let size = n / k;
         return (size, size * r);
     }

@@ -35,7 +35,7 @@ impl Rng {
 
     /// A random divisor of `n`.
     fn divisor(&mut self, n: u64) -> u64 {
-        let divs: Vec<u64> = (1..=n).filter(|d| n % d == 0).collect();
+        let divs: Vec<u64> = (1..=n).filter(|&d| n.is_multiple_of(d)).collect();
         divs[self.below(divs.len() as u64) as usize]
     }
 
@@ -254,7 +254,7 @@ fn converter(kind: u64, shape: &[u64], rng: &mut Rng) -> (Converter, bool, usize
                 s,
             )
         }
-        2 if shape.len() >= 2 && shape[1] % 2 == 0 => (
+        2 if shape.len() >= 2 && shape[1].is_multiple_of(2) => (
             Converter::FusedExperts {
                 gate: "experts.{e}.gate".into(),
                 up: "experts.{e}.up".into(),
