@@ -281,9 +281,10 @@ impl FrameServer {
         while self.conns.len() < n {
             let left = deadline.saturating_duration_since(Instant::now());
             let incoming = &mut self.incoming;
+            // The timer must be created inside the runtime, hence the async block.
             let got = self
                 .rt
-                .block_on(tokio::time::timeout(left, incoming.recv()));
+                .block_on(async { tokio::time::timeout(left, incoming.recv()).await });
             match got {
                 Ok(Some(c)) => out.push(self.admit(c)),
                 Ok(None) => {

@@ -7,12 +7,20 @@ use deltacast::flush::FlushConfig;
 use deltacast::{CodecChoice, DType, Receiver, Sender, SlotInfo, SlotTable};
 
 fn elements() -> usize {
-    std::env::var("DELTACAST_BENCH_ELEMS").ok().and_then(|s| s.parse().ok()).unwrap_or(32 << 20)
+    std::env::var("DELTACAST_BENCH_ELEMS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(32 << 20)
 }
 
 fn table(n: usize) -> SlotTable {
     // Eight slots, like a few transformer matrices.
-    SlotTable::new((0..8).map(|i| SlotInfo::new(format!("w{i}"), DType::BF16, vec![(n / 8) as u64])).collect()).unwrap()
+    SlotTable::new(
+        (0..8)
+            .map(|i| SlotInfo::new(format!("w{i}"), DType::BF16, vec![(n / 8) as u64]))
+            .collect(),
+    )
+    .unwrap()
 }
 
 fn rng(state: &mut u64) -> u64 {
@@ -27,7 +35,11 @@ fn rng(state: &mut u64) -> u64 {
 fn pair(n: usize, density: f64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let mut s = 42u64;
     let base: Vec<Vec<u8>> = (0..8)
-        .map(|_| (0..n / 8).flat_map(|_| (0x3c00u16 | (rng(&mut s) as u16 & 0x03ff)).to_le_bytes()).collect())
+        .map(|_| {
+            (0..n / 8)
+                .flat_map(|_| (0x3c00u16 | (rng(&mut s) as u16 & 0x03ff)).to_le_bytes())
+                .collect()
+        })
         .collect();
     let threshold = (density * u64::MAX as f64) as u64;
     let next = base
@@ -38,7 +50,13 @@ fn pair(n: usize, density: f64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
                 if rng(&mut s) < threshold {
                     let v = u16::from_le_bytes([e[0], e[1]]);
                     let r = rng(&mut s);
-                    let nv = if r % 8 == 0 { v ^ (r as u16 & 0x3ff | 1) } else if r % 2 == 0 { v + 1 } else { v - 1 };
+                    let nv = if r % 8 == 0 {
+                        v ^ (r as u16 & 0x3ff | 1)
+                    } else if r % 2 == 0 {
+                        v + 1
+                    } else {
+                        v - 1
+                    };
                     e.copy_from_slice(&nv.to_le_bytes());
                 }
             }
@@ -70,7 +88,10 @@ fn bench(c: &mut Criterion) {
     for density in [0.001, 0.01, 0.1] {
         let (a, bb) = pair(n, density);
         for codec in [CodecChoice::Auto, CodecChoice::parse("abs32+raw").unwrap()] {
-            let cfg = FlushConfig { codec, ..FlushConfig::default() };
+            let cfg = FlushConfig {
+                codec,
+                ..FlushConfig::default()
+            };
             let id = format!("{}@{}%", codec.name(), density * 100.0);
             group.bench_with_input(BenchmarkId::new("send", &id), &density, |bencher, _| {
                 let mut sender = Sender::with_base(t.clone(), cfg, a.clone(), 1).unwrap();
@@ -79,26 +100,45 @@ fn bench(c: &mut Criterion) {
                 bencher.iter(|| {
                     flip = !flip;
                     let mut bytes = 0usize;
-                    sender.delta(if flip { &sb } else { &sa }, |f| { bytes += f.len(); Ok(()) }).unwrap();
+                    sender
+                        .delta(if flip { &sb } else { &sa }, |f| {
+                            bytes += f.len();
+                            Ok(())
+                        })
+                        .unwrap();
                     bytes
                 })
             });
             // Frames for a → b and b → a, applied alternately.
             let mut sender = Sender::with_base(t.clone(), cfg, a.clone(), 1).unwrap();
             let mut forward = Vec::new();
-            sender.delta(&slices(&bb), |f| { forward.push(f); Ok(()) }).unwrap();
-            let mut back = Vec::new();
-            sender.delta(&slices(&a), |f| { back.push(f); Ok(()) }).unwrap();
-            group.bench_with_input(BenchmarkId::new("receive_apply", &id), &density, |bencher, _| {
-                let mut receiver = Receiver::with_state(t.clone(), a.clone(), Some(1)).unwrap();
-                let mut flip = false;
-                bencher.iter(|| {
-                    flip = !flip;
-                    for f in if flip { &forward } else { &back } {
-                        receiver.receive(f).unwrap();
-                    }
+            sender
+                .delta(&slices(&bb), |f| {
+                    forward.push(f);
+                    Ok(())
                 })
-            });
+                .unwrap();
+            let mut back = Vec::new();
+            sender
+                .delta(&slices(&a), |f| {
+                    back.push(f);
+                    Ok(())
+                })
+                .unwrap();
+            group.bench_with_input(
+                BenchmarkId::new("receive_apply", &id),
+                &density,
+                |bencher, _| {
+                    let mut receiver = Receiver::with_state(t.clone(), a.clone(), Some(1)).unwrap();
+                    let mut flip = false;
+                    bencher.iter(|| {
+                        flip = !flip;
+                        for f in if flip { &forward } else { &back } {
+                            receiver.receive(f).unwrap();
+                        }
+                    })
+                },
+            );
         }
     }
     group.finish();

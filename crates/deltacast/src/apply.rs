@@ -257,7 +257,11 @@ impl<S: SlotStore> Receiver<S> {
             let staged = &mut staging.slot_count[e.slot as usize];
             *staged += e.count;
             if *staged > slot.numel() {
-                return Err(Error::Malformed(format!("sync carries more than {} elements for slot `{}`", slot.numel(), slot.name)));
+                return Err(Error::Malformed(format!(
+                    "sync carries more than {} elements for slot `{}`",
+                    slot.numel(),
+                    slot.name
+                )));
             }
         }
         let store = &self.store;
@@ -423,7 +427,9 @@ impl<S: SlotStore> Receiver<S> {
             let new = load_bits(&c.values, width, k);
             if old == new {
                 let slot = &self.table.slots()[c.slot as usize].name;
-                return Err(Error::Malformed(format!("delta for slot `{slot}` sets element {index} to the value it already holds")));
+                return Err(Error::Malformed(format!(
+                    "delta for slot `{slot}` sets element {index} to the value it already holds"
+                )));
             }
             sum = sum.wrapping_add(change(salt, index, old, new));
         }
@@ -437,7 +443,13 @@ impl<S: SlotStore> Receiver<S> {
             return digest_range(c.slot, width, &c.values, c.start);
         }
         let salt = slot_salt(c.slot);
-        c.rel.iter().enumerate().fold(0u64, |sum, (k, &p)| sum.wrapping_add(element_hash(salt, c.start + p as u64, load_bits(&c.values, width, k))))
+        c.rel.iter().enumerate().fold(0u64, |sum, (k, &p)| {
+            sum.wrapping_add(element_hash(
+                salt,
+                c.start + p as u64,
+                load_bits(&c.values, width, k),
+            ))
+        })
     }
 }
 

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use rayon::prelude::*;
 
-use crate::codec::{encode_chunk, CodecChoice, EncodedChunk, PosCodec, ValCodec};
+use crate::codec::{
+    encode_chunk, encode_seed_chunk, CodecChoice, EncodedChunk, PosCodec, ValCodec,
+};
 use crate::error::{Error, Result};
 use crate::wire::{
     FrameKind, FrameWriter, SlotDigest, CHECKSUM_LEN, DIGEST_LEN, ENTRY_LEN, HEADER_LEN,
@@ -77,6 +79,188 @@ pub struct SyncStats {
     pub max_flush_bytes: u64,
 }
 
+/// A chunk encoded and small enough for one frame: what ranks ship to the leader and what the
+/// leader places into frames without re-encoding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyChunk {
+    pub slot: u32,
+    pub start: u64,
+    pub range: u64,
+    pub count: u64,
+    pub pos_codec: PosCodec,
+    pub val_codec: ValCodec,
+    pub positions: Vec<u8>,
+    pub values: Vec<u8>,
+}
+
+impl ReadyChunk {
+    /// Bytes this chunk adds to a frame.
+    pub fn frame_cost(&self) -> usize {
+        FrameWriter::chunk_cost(self.positions.len(), self.values.len())
+    }
+}
+
+/// A chunk waiting to be encoded: `rel` positions (empty when all elements are set).
+struct PendingChunk<'a> {
+    start: u64,
+    range: u64,
+    rel: Vec<u32>,
+    all: bool,
+    seed: bool,
+    old: &'a [u8],
+    new: &'a [u8],
+}
+
+/// Room for chunk bytes in an empty frame.
+fn frame_capacity(config: &FlushConfig) -> usize {
+    config.bucket_size - HEADER_LEN - CHECKSUM_LEN
+}
+
+/// Cuts one slot's changes on the chunk grid, encodes the chunks (in parallel batches) and hands
+/// each, in order, to `emit`; a chunk too large for an empty frame is split in two until it fits.
+/// `positions` are sorted, below `numel`, in the slot's final coordinates; `old`/`new` hold their
+/// bit patterns. With `seed`, values are sent raw (a seed must not depend on what a receiver held).
+#[allow(clippy::too_many_arguments)]
+pub fn encode_changes(
+    config: &FlushConfig,
+    seed: bool,
+    slot: u32,
+    numel: u64,
+    width: usize,
+    positions: &[u64],
+    old: &[u8],
+    new: &[u8],
+    mut emit: impl FnMut(ReadyChunk) -> Result<()>,
+) -> Result<()> {
+    if old.len() != positions.len() * width || new.len() != positions.len() * width {
+        return Err(Error::InvalidArgument(
+            "positions and values differ in length".into(),
+        ));
+    }
+    if positions.last().is_some_and(|&p| p >= numel) {
+        return Err(Error::InvalidArgument(format!(
+            "position beyond slot {slot} of {numel} elements"
+        )));
+    }
+    let grid = config.chunk_elems;
+    let mut pending = Vec::new();
+    let mut i = 0;
+    while i < positions.len() {
+        let start = positions[i] / grid * grid;
+        let range = grid.min(numel - start);
+        let end = start + range;
+        let j = i + positions[i..].partition_point(|&p| p < end);
+        let rel = positions[i..j]
+            .iter()
+            .map(|&p| (p - start) as u32)
+            .collect();
+        pending.push(PendingChunk {
+            start,
+            range,
+            rel,
+            all: false,
+            seed,
+            old: &old[i * width..j * width],
+            new: &new[i * width..j * width],
+        });
+        if pending.len() == ENCODE_BATCH {
+            encode_batch(config, slot, width, std::mem::take(&mut pending), &mut emit)?;
+        }
+        i = j;
+    }
+    encode_batch(config, slot, width, pending, &mut emit)
+}
+
+/// Every element of one slot, values only (a single-process seed): `values` is the whole slot.
+pub fn encode_full_slot(
+    config: &FlushConfig,
+    slot: u32,
+    width: usize,
+    values: &[u8],
+    mut emit: impl FnMut(ReadyChunk) -> Result<()>,
+) -> Result<()> {
+    let numel = (values.len() / width) as u64;
+    // Keep each seed chunk within one bucket from the start.
+    let per_bucket = ((frame_capacity(config) - ENTRY_LEN) / width) as u64;
+    let grid = config.chunk_elems.min(per_bucket).max(1);
+    let mut start = 0;
+    let mut pending = Vec::new();
+    while start < numel {
+        let range = grid.min(numel - start);
+        let bytes = &values[(start as usize) * width..((start + range) as usize) * width];
+        pending.push(PendingChunk {
+            start,
+            range,
+            rel: Vec::new(),
+            all: true,
+            seed: true,
+            old: bytes,
+            new: bytes,
+        });
+        if pending.len() == ENCODE_BATCH {
+            encode_batch(config, slot, width, std::mem::take(&mut pending), &mut emit)?;
+        }
+        start += range;
+    }
+    encode_batch(config, slot, width, pending, &mut emit)
+}
+
+fn encode_batch(
+    config: &FlushConfig,
+    slot: u32,
+    width: usize,
+    pending: Vec<PendingChunk<'_>>,
+    emit: &mut impl FnMut(ReadyChunk) -> Result<()>,
+) -> Result<()> {
+    let encoded: Vec<EncodedChunk> = pending
+        .par_iter()
+        .map(|c| encode_pending(config.codec, width, c))
+        .collect();
+    for (chunk, enc) in pending.iter().zip(encoded) {
+        fit(config, slot, width, chunk, enc, emit)?;
+    }
+    Ok(())
+}
+
+/// Emits an encoded chunk, splitting its range in two while it would not fit an empty frame.
+fn fit(
+    config: &FlushConfig,
+    slot: u32,
+    width: usize,
+    chunk: &PendingChunk<'_>,
+    enc: EncodedChunk,
+    emit: &mut impl FnMut(ReadyChunk) -> Result<()>,
+) -> Result<()> {
+    let cost = FrameWriter::chunk_cost(enc.positions.len(), enc.values.len());
+    if cost > frame_capacity(config) {
+        if chunk.range <= 1 {
+            return Err(Error::InvalidArgument(format!(
+                "bucket size {} cannot hold one element",
+                config.bucket_size
+            )));
+        }
+        for part in split_chunk(chunk, chunk.range / 2, width) {
+            let enc = encode_pending(config.codec, width, &part);
+            fit(config, slot, width, &part, enc, emit)?;
+        }
+        return Ok(());
+    }
+    emit(ReadyChunk {
+        slot,
+        start: chunk.start,
+        range: chunk.range,
+        count: if chunk.all {
+            chunk.range
+        } else {
+            chunk.rel.len() as u64
+        },
+        pos_codec: enc.pos_codec.unwrap_or(PosCodec::All),
+        val_codec: enc.val_codec.unwrap_or(ValCodec::Raw),
+        positions: enc.positions,
+        values: enc.values,
+    })
+}
+
 /// Builds the frames of one sync and hands each to `sink` when it is full.
 pub struct SyncEncoder<F: FnMut(Vec<u8>) -> Result<()>> {
     kind: FrameKind,
@@ -86,16 +270,6 @@ pub struct SyncEncoder<F: FnMut(Vec<u8>) -> Result<()>> {
     writer: FrameWriter,
     sink: F,
     stats: SyncStats,
-}
-
-/// A chunk waiting to be encoded: `rel` positions (empty when all elements changed).
-struct PendingChunk<'a> {
-    start: u64,
-    range: u64,
-    rel: Vec<u32>,
-    all: bool,
-    old: &'a [u8],
-    new: &'a [u8],
 }
 
 impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
@@ -121,13 +295,11 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
         })
     }
 
-    /// Room for chunk bytes in an empty frame.
-    fn capacity(&self) -> usize {
-        self.config.bucket_size - HEADER_LEN - CHECKSUM_LEN
+    pub fn config(&self) -> &FlushConfig {
+        &self.config
     }
 
-    /// Adds the changes of one slot: `positions` sorted, flat in the slot's coordinates and
-    /// below `numel`; `old` and `new` the bit patterns (`width` bytes each) at those positions.
+    /// Adds the changes of one slot (see [`encode_changes`]).
     pub fn push_delta(
         &mut self,
         slot: u32,
@@ -137,141 +309,55 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
         old: &[u8],
         new: &[u8],
     ) -> Result<()> {
-        if old.len() != positions.len() * width || new.len() != positions.len() * width {
-            return Err(Error::InvalidArgument(
-                "positions and values differ in length".into(),
-            ));
-        }
-        if positions.last().is_some_and(|&p| p >= numel) {
-            return Err(Error::InvalidArgument(format!(
-                "position beyond slot {slot} of {numel} elements"
-            )));
-        }
-        let grid = self.config.chunk_elems;
-        let mut pending = Vec::new();
-        let mut i = 0;
-        while i < positions.len() {
-            let start = positions[i] / grid * grid;
-            let range = grid.min(numel - start);
-            let end = start + range;
-            let j = i + positions[i..].partition_point(|&p| p < end);
-            let rel = positions[i..j]
-                .iter()
-                .map(|&p| (p - start) as u32)
-                .collect();
-            pending.push(PendingChunk {
-                start,
-                range,
-                rel,
-                all: false,
-                old: &old[i * width..j * width],
-                new: &new[i * width..j * width],
-            });
-            if pending.len() == ENCODE_BATCH {
-                self.encode_and_place(slot, width, std::mem::take(&mut pending))?;
-            }
-            i = j;
-        }
-        self.encode_and_place(slot, width, pending)
+        let config = self.config;
+        encode_changes(
+            &config,
+            self.kind == FrameKind::Seed,
+            slot,
+            numel,
+            width,
+            positions,
+            old,
+            new,
+            |c| self.push_ready(&c),
+        )
     }
 
     /// Adds every element of one slot (a seed): `values` holds the whole slot.
     pub fn push_seed(&mut self, slot: u32, width: usize, values: &[u8]) -> Result<()> {
-        let numel = (values.len() / width) as u64;
-        // A seed chunk is values only; keep each within one bucket.
-        let per_bucket = ((self.capacity() - ENTRY_LEN) / width) as u64;
-        let grid = self.config.chunk_elems.min(per_bucket).max(1);
-        let mut start = 0;
-        let mut pending = Vec::new();
-        while start < numel {
-            let range = grid.min(numel - start);
-            let bytes = &values[(start as usize) * width..((start + range) as usize) * width];
-            pending.push(PendingChunk {
-                start,
-                range,
-                rel: Vec::new(),
-                all: true,
-                old: bytes,
-                new: bytes,
-            });
-            if pending.len() == ENCODE_BATCH {
-                self.encode_and_place(slot, width, std::mem::take(&mut pending))?;
-            }
-            start += range;
-        }
-        self.encode_and_place(slot, width, pending)
+        let config = self.config;
+        encode_full_slot(&config, slot, width, values, |c| self.push_ready(&c))
     }
 
-    fn encode_and_place(
-        &mut self,
-        slot: u32,
-        width: usize,
-        pending: Vec<PendingChunk<'_>>,
-    ) -> Result<()> {
-        let choice = self.config.codec;
-        let encoded: Vec<EncodedChunk> = pending
-            .par_iter()
-            .map(|c| encode_pending(choice, width, c))
-            .collect();
-        for (chunk, enc) in pending.iter().zip(encoded) {
-            self.place(slot, width, chunk, enc)?;
-        }
-        Ok(())
-    }
-
-    /// Puts an encoded chunk into the current frame, starting a new frame when it does not fit,
-    /// and splitting the chunk's range in two when it would not fit even an empty frame.
-    fn place(
-        &mut self,
-        slot: u32,
-        width: usize,
-        chunk: &PendingChunk<'_>,
-        enc: EncodedChunk,
-    ) -> Result<()> {
-        let cost = FrameWriter::chunk_cost(enc.positions.len(), enc.values.len());
-        if cost > self.capacity() {
-            if chunk.range <= 1 {
-                return Err(Error::InvalidArgument(format!(
-                    "bucket size {} cannot hold one element",
-                    self.config.bucket_size
-                )));
-            }
-            let half = chunk.range / 2;
-            for part in split_chunk(chunk, half, width) {
-                let enc = encode_pending(self.config.codec, width, &part);
-                self.place(slot, width, &part, enc)?;
-            }
-            return Ok(());
+    /// Puts an encoded chunk into the current frame, starting a new frame when it does not fit.
+    pub fn push_ready(&mut self, c: &ReadyChunk) -> Result<()> {
+        let cost = c.frame_cost();
+        if cost > frame_capacity(&self.config) {
+            return Err(Error::InvalidArgument(format!(
+                "a chunk of {cost} bytes does not fit bucket size {}",
+                self.config.bucket_size
+            )));
         }
         if self.writer.len() + cost > self.config.bucket_size {
             self.emit(false)?;
         }
-        let count = if chunk.all {
-            chunk.range
-        } else {
-            chunk.rel.len() as u64
-        };
-        let (pos, val) = (
-            enc.pos_codec.unwrap_or(PosCodec::All),
-            enc.val_codec.unwrap_or(ValCodec::Raw),
-        );
         self.writer.push_chunk(
-            slot,
-            pos,
-            val,
-            chunk.start,
-            chunk.range,
-            count,
-            &enc.positions,
-            &enc.values,
+            c.slot,
+            c.pos_codec,
+            c.val_codec,
+            c.start,
+            c.range,
+            c.count,
+            &c.positions,
+            &c.values,
         );
         self.stats.chunks += 1;
-        self.stats.changed += count;
-        self.stats.section_bytes += (enc.positions.len() + enc.values.len()) as u64;
+        self.stats.changed += c.count;
+        self.stats.section_bytes += (c.positions.len() + c.values.len()) as u64;
         *self
             .stats
             .codecs
-            .entry(format!("{}+{}", pos.name(), val.name()))
+            .entry(format!("{}+{}", c.pos_codec.name(), c.val_codec.name()))
             .or_default() += 1;
         Ok(())
     }
@@ -312,6 +398,9 @@ fn encode_pending(choice: CodecChoice, width: usize, chunk: &PendingChunk<'_>) -
         enc.values.extend_from_slice(chunk.new);
         return enc;
     }
+    if chunk.seed {
+        return encode_seed_chunk(&chunk.rel, chunk.range as u32, chunk.new);
+    }
     encode_chunk(
         choice,
         width,
@@ -332,6 +421,7 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
                 range: at,
                 rel: Vec::new(),
                 all: true,
+                seed: chunk.seed,
                 old: &chunk.old[..cut],
                 new: &chunk.new[..cut],
             },
@@ -340,6 +430,7 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
                 range: chunk.range - at,
                 rel: Vec::new(),
                 all: true,
+                seed: chunk.seed,
                 old: &chunk.old[cut..],
                 new: &chunk.new[cut..],
             },
@@ -353,6 +444,7 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
             range: at,
             rel: chunk.rel[..k].to_vec(),
             all: false,
+            seed: chunk.seed,
             old: &chunk.old[..k * width],
             new: &chunk.new[..k * width],
         });
@@ -363,6 +455,7 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
             range: chunk.range - at,
             rel: chunk.rel[k..].iter().map(|&p| p - at as u32).collect(),
             all: false,
+            seed: chunk.seed,
             old: &chunk.old[k * width..],
             new: &chunk.new[k * width..],
         });

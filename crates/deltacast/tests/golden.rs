@@ -24,7 +24,11 @@ use deltacast::wire::{parse_frame, split_frames, FrameKind};
 use deltacast::{DType, Receiver, Sender, SlotInfo, SlotTable};
 
 fn table() -> SlotTable {
-    SlotTable::new(vec![SlotInfo::new("w", DType::BF16, vec![2, 3]), SlotInfo::new("b", DType::F32, vec![2])]).unwrap()
+    SlotTable::new(vec![
+        SlotInfo::new("w", DType::BF16, vec![2, 3]),
+        SlotInfo::new("b", DType::F32, vec![2]),
+    ])
+    .unwrap()
 }
 
 fn bf16s(v: &[u16]) -> Vec<u8> {
@@ -37,13 +41,21 @@ fn f32s(v: &[u32]) -> Vec<u8> {
 
 fn states() -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     // 1.0, -2.0, 0.5, +0, -0, NaN with payload; 1.5 and a subnormal.
-    let base = vec![bf16s(&[0x3f80, 0xc000, 0x3f00, 0x0000, 0x8000, 0x7fc1]), f32s(&[0x3fc0_0000, 0x0001_16c2])];
-    let next = vec![bf16s(&[0x3f81, 0xc000, 0x3f00, 0x8000, 0x8000, 0x7fc1]), f32s(&[0x3fc0_0000, 0x0001_16c3])];
+    let base = vec![
+        bf16s(&[0x3f80, 0xc000, 0x3f00, 0x0000, 0x8000, 0x7fc1]),
+        f32s(&[0x3fc0_0000, 0x0001_16c2]),
+    ];
+    let next = vec![
+        bf16s(&[0x3f81, 0xc000, 0x3f00, 0x8000, 0x8000, 0x7fc1]),
+        f32s(&[0x3fc0_0000, 0x0001_16c3]),
+    ];
     (base, next)
 }
 
 fn golden(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name)
 }
 
 fn check_or_bless(name: &str, bytes: &[u8]) {
@@ -52,18 +64,37 @@ fn check_or_bless(name: &str, bytes: &[u8]) {
         std::fs::write(&path, bytes).unwrap();
         return;
     }
-    let expected = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (bless with DELTACAST_BLESS=1)", path.display()));
-    assert_eq!(bytes, expected.as_slice(), "{name} changed: the encoder no longer produces wire format v1 as recorded");
+    let expected = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (bless with DELTACAST_BLESS=1)", path.display()));
+    assert_eq!(
+        bytes,
+        expected.as_slice(),
+        "{name} changed: the encoder no longer produces wire format v1 as recorded"
+    );
 }
 
 fn encode(codec: CodecChoice) -> (Vec<u8>, Vec<u8>) {
     let (base, next) = states();
-    let cfg = FlushConfig { bucket_size: 1024, chunk_elems: 1 << 20, codec };
+    let cfg = FlushConfig {
+        bucket_size: 1024,
+        chunk_elems: 1 << 20,
+        codec,
+    };
     let mut sender = Sender::new(table(), cfg).unwrap();
     let mut seed = Vec::new();
-    sender.sync(&[&base[0], &base[1]], |f| { seed.extend(f); Ok(()) }).unwrap();
+    sender
+        .sync(&[&base[0], &base[1]], |f| {
+            seed.extend(f);
+            Ok(())
+        })
+        .unwrap();
     let mut delta = Vec::new();
-    sender.sync(&[&next[0], &next[1]], |f| { delta.extend(f); Ok(()) }).unwrap();
+    sender
+        .sync(&[&next[0], &next[1]], |f| {
+            delta.extend(f);
+            Ok(())
+        })
+        .unwrap();
     (seed, delta)
 }
 
@@ -81,11 +112,20 @@ fn golden_frames_decode_to_the_expected_state() {
     let delta = std::fs::read(golden("delta_v2_abs32_raw.dcast")).unwrap();
 
     // Independent byte-level reading of the delta header, per docs/wire-format.md.
-    assert_eq!(&delta[0..8], &[0x44, 0x43, 0x53, 0x54, 0x01, 0x00, 0x01, 0x01]);
+    assert_eq!(
+        &delta[0..8],
+        &[0x44, 0x43, 0x53, 0x54, 0x01, 0x00, 0x01, 0x01]
+    );
     assert_eq!(u64::from_le_bytes(delta[8..16].try_into().unwrap()), 2);
-    assert_eq!(u64::from_le_bytes(delta[16..24].try_into().unwrap()), table().hash());
+    assert_eq!(
+        u64::from_le_bytes(delta[16..24].try_into().unwrap()),
+        table().hash()
+    );
     assert_eq!(u32::from_le_bytes(delta[28..32].try_into().unwrap()), 2);
-    assert_eq!(u64::from_le_bytes(delta[32..40].try_into().unwrap()), delta.len() as u64);
+    assert_eq!(
+        u64::from_le_bytes(delta[32..40].try_into().unwrap()),
+        delta.len() as u64
+    );
     let entry0 = &delta[64..128];
     assert_eq!(&entry0[0..8], &[0, 0, 0, 0, 1, 0, 0, 0]); // slot 0, abs32, raw
     assert_eq!(u64::from_le_bytes(entry0[24..32].try_into().unwrap()), 2); // two changes

@@ -391,7 +391,10 @@ mod tests {
             let p = rel.len() as f64 / range as f64;
             let bound = range as f64 * -(p * p.log2() + (1.0 - p) * (1.0 - p).log2()) / 8.0;
             let ratio = enc.len() as f64 / bound;
-            println!("density {density}: {} bytes, iid bound {bound:.0}, ratio {ratio:.4}", enc.len());
+            println!(
+                "density {density}: {} bytes, iid bound {bound:.0}, ratio {ratio:.4}",
+                enc.len()
+            );
             assert!(
                 ratio < 1.06,
                 "density {density}: {} bytes, bound {bound:.0}, ratio {ratio:.3}",

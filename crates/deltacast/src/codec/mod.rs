@@ -237,6 +237,18 @@ pub fn encode_chunk(
     }
 }
 
+/// Encodes one seed chunk: the cheapest positions (or none when every element of the range is
+/// carried) and raw values, since a seed must not depend on what the receiver held.
+pub fn encode_seed_chunk(rel: &[u32], range: u32, new: &[u8]) -> EncodedChunk {
+    let (pos, positions) = choose_positions(rel, range);
+    EncodedChunk {
+        pos_codec: Some(pos),
+        val_codec: Some(ValCodec::Raw),
+        positions,
+        values: new.to_vec(),
+    }
+}
+
 fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     if rel.len() as u64 == range as u64 {
         return (PosCodec::All, Vec::new());
