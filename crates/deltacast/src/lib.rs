@@ -21,6 +21,7 @@ pub use slot::{SlotInfo, SlotTable};
 
 pub mod apply;
 pub mod flush;
+pub mod gather;
 pub mod io;
 pub mod sender;
 pub mod wire;

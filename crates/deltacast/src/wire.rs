@@ -335,10 +335,8 @@ fn check_entry(
     if entry.count == 0 {
         return bad("empty chunk".into());
     }
-    if kind == FrameKind::Seed
-        && (entry.pos_codec != PosCodec::All || entry.val_codec != ValCodec::Raw)
-    {
-        return bad("a seed chunk must be all+raw".into());
+    if kind == FrameKind::Seed && entry.val_codec != ValCodec::Raw {
+        return bad("a seed chunk carries raw values".into());
     }
     for (what, offset, len) in [
         ("positions", entry.pos_offset, entry.pos_len),

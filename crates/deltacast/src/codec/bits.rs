@@ -5,9 +5,9 @@
 //! 64 bits in a register, reads a unary prefix with one `trailing_zeros` and the fields after it
 //! with shifts, with no per-bit loop; a block can start at any bit.
 
-/// Appends bit fields to a byte vector. Every field is one unaligned 8-byte store into room
-/// reserved in advance with [`BitWriter::reserve`] (the encoders size each block exactly
-/// before writing it), so there is no branch per byte.
+/// Appends a bit stream to a byte vector, one block at a time: [`BitWriter::block`] makes
+/// room for the block's exact size (the encoders size each block before writing it) and hands
+/// out a [`BlockWriter`] over that room.
 pub(crate) struct BitWriter<'a> {
     out: &'a mut Vec<u8>,
     /// Byte that holds the first bit not yet final.
@@ -29,23 +29,68 @@ impl<'a> BitWriter<'a> {
         }
     }
 
-    /// Makes room for `bits` more bits (plus the 8 bytes a store may touch past the end).
-    pub(crate) fn reserve(&mut self, bits: u64) {
+    /// Writes `bits` more bits with `write`. The block writer works on a plain slice and local
+    /// state, so the hot loop keeps everything in registers.
+    #[inline(always)]
+    pub(crate) fn block<R>(
+        &mut self,
+        bits: u64,
+        write: impl FnOnce(&mut BlockWriter<'_>) -> R,
+    ) -> R {
+        // Room for the block plus the 8 bytes a store may touch past its end.
         let end = self.byte + (self.n as u64 + bits).div_ceil(8) as usize + 8;
         if self.out.len() < end {
             self.out.resize(end, 0);
         }
+        let mut block = BlockWriter {
+            buf: &mut self.out[self.byte..end],
+            byte: 0,
+            acc: self.acc,
+            n: self.n,
+        };
+        let result = write(&mut block);
+        debug_assert_eq!(
+            block.byte as u64 * 8 + block.n as u64,
+            self.n as u64 + bits,
+            "block size"
+        );
+        self.byte += block.byte;
+        self.acc = block.acc;
+        self.n = block.n;
+        result
     }
 
+    /// Bits written since `start_byte` (a byte offset in the vector).
+    pub(crate) fn bits_since(&self, start_byte: usize) -> u64 {
+        (self.byte - start_byte) as u64 * 8 + self.n as u64
+    }
+
+    /// Ends the stream: drops the spare room, keeps the last partial byte (zero padded).
+    pub(crate) fn finish(self) {
+        let end = self.byte + self.n.div_ceil(8) as usize;
+        self.out.truncate(end);
+    }
+}
+
+/// Writes the code words of one block: every field is one unaligned 8-byte store, with no
+/// branch per byte.
+pub(crate) struct BlockWriter<'b> {
+    buf: &'b mut [u8],
+    byte: usize,
+    acc: u64,
+    n: u32,
+}
+
+impl BlockWriter<'_> {
     /// Appends the low `len` bits of `bits` (`len <= 56`; higher bits must be zero).
-    /// Panics only if the encoder reserved too little room, which is a bug, not bad data.
+    /// Panics only if the encoder sized the block too small, which is a bug, not bad data.
     #[inline(always)]
     pub(crate) fn put(&mut self, bits: u64, len: u32) {
         debug_assert!(len <= 56, "field of {len} bits");
         debug_assert!(bits >> len == 0, "bits above the field");
         self.acc |= bits << self.n;
         self.n += len;
-        self.out[self.byte..self.byte + 8].copy_from_slice(&self.acc.to_le_bytes());
+        self.buf[self.byte..self.byte + 8].copy_from_slice(&self.acc.to_le_bytes());
         let whole = self.n / 8;
         self.byte += whole as usize;
         self.acc >>= whole * 8;
@@ -60,17 +105,6 @@ impl<'a> BitWriter<'a> {
             len -= 56;
         }
         self.put(0, len);
-    }
-
-    /// Bits written since `start_byte` (a byte offset in the vector).
-    pub(crate) fn bits_since(&self, start_byte: usize) -> u64 {
-        (self.byte - start_byte) as u64 * 8 + self.n as u64
-    }
-
-    /// Ends the stream: drops the spare room, keeps the last partial byte (zero padded).
-    pub(crate) fn finish(self) {
-        let end = self.byte + self.n.div_ceil(8) as usize;
-        self.out.truncate(end);
     }
 }
 
@@ -231,14 +265,16 @@ mod tests {
         let total: u64 = fields.iter().map(|&(_, l)| l as u64).sum();
         let mut buf = vec![0xaa];
         let mut w = BitWriter::new(&mut buf);
-        w.reserve(total / 2);
-        for (i, &(v, l)) in fields.iter().enumerate() {
-            if i == fields.len() / 2 {
-                w.reserve(total + 130);
-            }
-            w.put(v & mask(l), l);
+        let (first, second) = fields.split_at(fields.len() / 2);
+        for part in [first, second] {
+            let bits = part.iter().map(|&(_, l)| l as u64).sum::<u64>();
+            w.block(bits, |b| {
+                for &(v, l) in part {
+                    b.put(v & mask(l), l);
+                }
+            });
         }
-        w.zeros(130);
+        w.block(130, |b| b.zeros(130));
         assert_eq!(w.bits_since(1), total + 130);
         w.finish();
         assert_eq!(buf.len(), 1 + (total + 130).div_ceil(8) as usize);

@@ -130,16 +130,26 @@ fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
     for start in (0..n).step_by(BLOCK) {
         let codes = &mut codes[..BLOCK.min(n - start)];
         // Four interleaved histograms, so runs of equal lengths do not serialize on one counter.
+        // Code numbers first (a loop the compiler vectorizes), then their bit lengths into
+        // four interleaved histograms so runs of equal lengths do not serialize on one counter.
+        let span = start * W..(start + codes.len()) * W;
+        for ((code, a), b) in codes
+            .iter_mut()
+            .zip(old[span.clone()].chunks_exact(W))
+            .zip(new[span].chunks_exact(W))
+        {
+            *code = step_code::<W>(load_bits(a, W, 0), load_bits(b, W, 0));
+        }
         let mut lanes = [[0u32; 34]; 4];
-        for (j, code) in codes.iter_mut().enumerate() {
-            let i = start + j;
-            *code = step_code::<W>(load_bits(old, W, i), load_bits(new, W, i));
-            let slot = if *code == UNCHANGED {
-                33
-            } else {
-                bit_len(*code as u64) as usize
-            };
-            lanes[j & 3][slot] += 1;
+        for quad in codes.chunks(4) {
+            for (lane, &u) in lanes.iter_mut().zip(quad) {
+                let slot = if u == UNCHANGED {
+                    33
+                } else {
+                    bit_len(u as u64) as usize
+                };
+                lane[slot] += 1;
+            }
         }
         let hist: Histogram = std::array::from_fn(|l| lanes.iter().map(|lane| lane[l]).sum());
         let (k, c, bits) = best_params(&hist, codes.len() as u32, nb);

@@ -1,0 +1,636 @@
+//! The sharded trainer side.
+//!
+//! Every rank diffs only its own shards, converts the changes to the receivers' slot
+//! coordinates, and encodes them. A lockstep gather then moves exactly those encoded bytes to
+//! the leader (rank 0), which places them into frames without decoding or re-encoding.
+//!
+//! Lockstep: parameters are grouped into rounds by the size of their slots in the (identical)
+//! slot table, never by a rank's own byte count, so every rank makes the same collective calls
+//! in the same order. Per round, ranks all-gather a small `[rank × slot]` matrix of
+//! (changed count, encoded bytes, digest contribution before and after); from it every rank
+//! derives the same sub-round plan under the bucket budget, and sends exactly its bytes.
+
+use rayon::prelude::*;
+
+use crate::codec::{PosCodec, ValCodec};
+use crate::convert::{ParamPlan, SlotMap};
+use crate::diff::{diff_and_refresh, Changes};
+use crate::digest::{change, element_hash, slot_salt};
+use crate::dtype::load_bits;
+use crate::error::{Error, Result};
+use crate::flush::{encode_changes, FlushConfig, ReadyChunk, SyncEncoder, SyncStats};
+use crate::wire::{FrameKind, SlotDigest};
+
+/// How a trainer rank reaches the others. Implemented over TCP and in-process channels by
+/// `deltacast-net` (and by NCCL on GPUs). Every call is collective or paired: all ranks make the
+/// same calls in the same order, which the lockstep plan guarantees.
+pub trait GatherLink {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// Every rank contributes `mine`; every rank gets all contributions in rank order.
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// A non-leader rank sends `data` to the leader; the leader knows its length from the plan.
+    fn send_to_leader(&mut self, data: &[u8]) -> Result<()>;
+    /// Leader only: exactly `len` bytes from `rank`.
+    fn recv_from(&mut self, rank: usize, len: usize) -> Result<Vec<u8>>;
+}
+
+/// The link of a world of one rank.
+#[derive(Debug, Default)]
+pub struct SoloLink;
+
+impl GatherLink for SoloLink {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world(&self) -> usize {
+        1
+    }
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        Ok(vec![mine.to_vec()])
+    }
+    fn send_to_leader(&mut self, _data: &[u8]) -> Result<()> {
+        Err(Error::InvalidArgument(
+            "a world of one has no leader to send to".into(),
+        ))
+    }
+    fn recv_from(&mut self, rank: usize, _len: usize) -> Result<Vec<u8>> {
+        Err(Error::InvalidArgument(format!(
+            "a world of one has no rank {rank}"
+        )))
+    }
+}
+
+/// Bytes per slot in a rank's matrix row: count, encoded bytes, digest base, digest new.
+const MATRIX_CELL: usize = 32;
+/// Bytes of a chunk record header in a gathered piece.
+const RECORD_HEADER: usize = 48;
+
+/// How the sharded sync is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardedConfig {
+    pub flush: FlushConfig,
+    /// A gather round closes once its parameters' slots hold this many bytes in the full model.
+    pub round_bytes: u64,
+}
+
+impl Default for ShardedConfig {
+    fn default() -> Self {
+        let flush = FlushConfig::default();
+        ShardedConfig {
+            flush,
+            round_bytes: flush.bucket_size as u64,
+        }
+    }
+}
+
+/// What the gather moved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GatherStats {
+    pub rounds: u32,
+    pub sub_rounds: u32,
+    /// Bytes sent from non-leader ranks to the leader (chunk records, nothing else).
+    pub gathered_bytes: u64,
+    /// Encoded position and value bytes in what the leader received (leader only).
+    pub gathered_payload: u64,
+    /// Encoded position and value bytes of this rank's own changes.
+    pub payload_bytes: u64,
+    /// Bytes of the all-gathered matrices (all rows, as every rank receives them).
+    pub matrix_bytes: u64,
+    /// Changed elements over all ranks.
+    pub changed: u64,
+}
+
+/// What one sharded sync did, seen from one rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankReport {
+    pub kind: FrameKind,
+    pub version: u64,
+    /// Changed elements in this rank's shards.
+    pub local_changed: u64,
+    pub gather: GatherStats,
+    /// The frames' statistics (leader only).
+    pub sync: Option<SyncStats>,
+    /// The combined state digest receivers must ack (leader only; 0 elsewhere).
+    pub state_digest: u64,
+}
+
+/// One trainer rank's sender: its shards' snapshot and digest contributions, no full tensor.
+pub struct RankSender {
+    map: SlotMap,
+    plans: Vec<ParamPlan>,
+    snapshots: Vec<Vec<u8>>,
+    /// This rank's digest contribution per slot (sums over ranks to the slot digest).
+    contrib: Vec<u64>,
+    /// Leader only: the slot digests of the last complete sync.
+    digests: Vec<u64>,
+    version: u64,
+    needs_seed: bool,
+    config: ShardedConfig,
+}
+
+impl RankSender {
+    /// `plans[i]` is this rank's placement of parameter `i` of `map`.
+    pub fn new(map: SlotMap, plans: Vec<ParamPlan>, config: ShardedConfig) -> Result<Self> {
+        config.flush.validate()?;
+        if plans.len() != map.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} plans for {} parameters",
+                plans.len(),
+                map.len()
+            )));
+        }
+        let snapshots = plans
+            .iter()
+            .map(|p| vec![0u8; (p.block().numel() as usize) * width_of(&map, p)])
+            .collect();
+        let slots = map.table().len();
+        Ok(RankSender {
+            map,
+            plans,
+            snapshots,
+            contrib: vec![0; slots],
+            digests: vec![0; slots],
+            version: 0,
+            needs_seed: true,
+            config,
+        })
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn map(&self) -> &SlotMap {
+        &self.map
+    }
+
+    /// Forces the next sync to be a seed (on every rank, since ranks agree before each sync).
+    pub fn request_seed(&mut self) {
+        self.needs_seed = true;
+    }
+
+    /// One sync. Every rank calls it with its local pieces (one buffer per parameter: the block's
+    /// elements, row-major); the leader passes the sink its frames go to. A seed is sent the
+    /// first time, after any failure, or when any rank asks for one.
+    pub fn sync<L: GatherLink, F: FnMut(Vec<u8>) -> Result<()>>(
+        &mut self,
+        link: &mut L,
+        local: &[&[u8]],
+        sink: Option<F>,
+    ) -> Result<RankReport> {
+        if local.len() != self.plans.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} local buffers for {} parameters",
+                local.len(),
+                self.plans.len()
+            )));
+        }
+        for (i, (plan, buf)) in self.plans.iter().zip(local).enumerate() {
+            let need = plan.block().numel() as usize * width_of(&self.map, plan);
+            if buf.len() != need {
+                let name = self
+                    .map
+                    .param(i)
+                    .map(|p| p.name.clone())
+                    .unwrap_or_default();
+                return Err(Error::SlotMismatch {
+                    slot: name,
+                    reason: format!(
+                        "local piece has {} bytes, the placement needs {need}",
+                        buf.len()
+                    ),
+                });
+            }
+        }
+        let leader = link.rank() == 0;
+        if leader != sink.is_some() {
+            return Err(Error::InvalidArgument(
+                "exactly the leader (rank 0) passes a sink".into(),
+            ));
+        }
+        let result = self.sync_inner(link, local, sink);
+        if result.is_err() {
+            self.needs_seed = true;
+        }
+        result
+    }
+
+    fn sync_inner<L: GatherLink, F: FnMut(Vec<u8>) -> Result<()>>(
+        &mut self,
+        link: &mut L,
+        local: &[&[u8]],
+        sink: Option<F>,
+    ) -> Result<RankReport> {
+        let world = link.world();
+        // Agree on seed or delta and on the version before touching any snapshot.
+        let mut hello = vec![u8::from(self.needs_seed)];
+        hello.extend_from_slice(&self.version.to_le_bytes());
+        let hellos = link.all_gather(&hello)?;
+        check_rows(&hellos, world, 9, "sync agreement")?;
+        let seed = hellos.iter().any(|h| h[0] != 0);
+        if hellos.iter().any(|h| h[1..9] != hello[1..9]) {
+            return Err(Error::InvalidArgument(
+                "trainer ranks disagree on the version: restart them together".into(),
+            ));
+        }
+        let kind = if seed {
+            FrameKind::Seed
+        } else {
+            FrameKind::Delta
+        };
+        let version = self.version + 1;
+        let table = self.map.table().clone();
+        let mut encoder = match sink {
+            Some(sink) => Some(SyncEncoder::new(
+                kind,
+                version,
+                table.hash(),
+                self.config.flush,
+                sink,
+            )?),
+            None => None,
+        };
+        let mut stats = GatherStats::default();
+        let mut records: Vec<SlotDigest> = (0..table.len() as u32)
+            .map(|slot| SlotDigest {
+                slot,
+                base: 0,
+                new: 0,
+            })
+            .collect();
+        let mut new_contrib = self.contrib.clone();
+        let mut local_changed = 0u64;
+
+        for params in self.rounds() {
+            stats.rounds += 1;
+            let first_slot = self.plans[params.start].slot_ids().start;
+            let end_slot = self.plans[params.end - 1].slot_ids().end;
+            // This rank's encoded chunks per slot of the round.
+            let mut pieces: Vec<Vec<ReadyChunk>> =
+                vec![Vec::new(); (end_slot - first_slot) as usize];
+            let mut row = vec![0u8; pieces.len() * MATRIX_CELL];
+            for p in params.clone() {
+                let per_slot = self.changes_of(p, local[p], seed)?;
+                let plan = &self.plans[p];
+                for (k, changes) in per_slot.iter().enumerate() {
+                    let slot = plan.slot_ids().start + k as u32;
+                    let info = table.get(slot)?;
+                    let width = info.dtype.width();
+                    let salt = slot_salt(slot);
+                    let base = self.contrib[slot as usize];
+                    let new = if seed {
+                        changes
+                            .positions
+                            .par_iter()
+                            .enumerate()
+                            .with_min_len(1 << 14)
+                            .map(|(j, &i)| {
+                                element_hash(salt, i, load_bits(&changes.new_values, width, j))
+                            })
+                            .reduce(|| 0, u64::wrapping_add)
+                    } else {
+                        base.wrapping_add(
+                            changes
+                                .positions
+                                .par_iter()
+                                .enumerate()
+                                .with_min_len(1 << 14)
+                                .map(|(j, &i)| {
+                                    change(
+                                        salt,
+                                        i,
+                                        load_bits(&changes.old_values, width, j),
+                                        load_bits(&changes.new_values, width, j),
+                                    )
+                                })
+                                .reduce(|| 0, u64::wrapping_add),
+                        )
+                    };
+                    new_contrib[slot as usize] = new;
+                    let out = &mut pieces[(slot - first_slot) as usize];
+                    encode_changes(
+                        &self.config.flush,
+                        seed,
+                        slot,
+                        info.numel(),
+                        width,
+                        &changes.positions,
+                        &changes.old_values,
+                        &changes.new_values,
+                        |c| {
+                            out.push(c);
+                            Ok(())
+                        },
+                    )?;
+                    let count = changes.len() as u64;
+                    local_changed += count;
+                    let bytes: u64 = out
+                        .iter()
+                        .map(|c| (RECORD_HEADER + c.positions.len() + c.values.len()) as u64)
+                        .sum();
+                    let cell =
+                        &mut row[(slot - first_slot) as usize * MATRIX_CELL..][..MATRIX_CELL];
+                    cell[0..8].copy_from_slice(&count.to_le_bytes());
+                    cell[8..16].copy_from_slice(&bytes.to_le_bytes());
+                    cell[16..24].copy_from_slice(&(if seed { 0 } else { base }).to_le_bytes());
+                    cell[24..32].copy_from_slice(&new.to_le_bytes());
+                }
+            }
+            let matrix = link.all_gather(&row)?;
+            check_rows(&matrix, world, row.len(), "gather matrix")?;
+            stats.matrix_bytes += (row.len() * world) as u64;
+            let cell =
+                |r: usize, s: usize, field: usize| u64_at(&matrix[r], s * MATRIX_CELL + field * 8);
+            for s in 0..pieces.len() {
+                for r in 0..world {
+                    let rec = &mut records[first_slot as usize + s];
+                    rec.base = rec.base.wrapping_add(cell(r, s, 2));
+                    rec.new = rec.new.wrapping_add(cell(r, s, 3));
+                    stats.changed += cell(r, s, 0);
+                }
+            }
+            for r in 1..world {
+                stats.gathered_bytes += (0..pieces.len()).map(|s| cell(r, s, 1)).sum::<u64>();
+            }
+            let own_payload: u64 = pieces
+                .iter()
+                .flatten()
+                .map(|c| (c.positions.len() + c.values.len()) as u64)
+                .sum();
+            stats.payload_bytes += own_payload;
+
+            // The same sub-round plan on every rank: (slot, rank) pieces in slot-major order,
+            // packed greedily under the bucket budget.
+            let plan = plan_sub_rounds(
+                pieces.len(),
+                world,
+                self.config.flush.bucket_size as u64,
+                |r, s| cell(r, s, 1),
+            );
+            for sub in &plan {
+                stats.sub_rounds += 1;
+                let me = link.rank();
+                if me != 0 {
+                    let mut blob = Vec::new();
+                    for &(s, r) in sub {
+                        if r == me {
+                            for c in &pieces[s] {
+                                write_record(&mut blob, c);
+                            }
+                        }
+                    }
+                    if !blob.is_empty() {
+                        link.send_to_leader(&blob)?;
+                    }
+                    continue;
+                }
+                let enc = encoder
+                    .as_mut()
+                    .ok_or_else(|| Error::InvalidArgument("leader without a sink".into()))?;
+                for r in 0..world {
+                    let mine: Vec<usize> = sub
+                        .iter()
+                        .filter(|&&(_, rr)| rr == r)
+                        .map(|&(s, _)| s)
+                        .collect();
+                    if r == 0 {
+                        for &s in &mine {
+                            for c in &pieces[s] {
+                                enc.push_ready(c)?;
+                            }
+                        }
+                        continue;
+                    }
+                    let len: u64 = mine.iter().map(|&s| cell(r, s, 1)).sum();
+                    if len == 0 {
+                        continue;
+                    }
+                    let len = usize::try_from(len)
+                        .map_err(|_| Error::Malformed(format!("rank {r} announces {len} bytes")))?;
+                    let blob = link.recv_from(r, len)?;
+                    let mut at = 0;
+                    let expected_slots: Vec<u32> =
+                        mine.iter().map(|&s| first_slot + s as u32).collect();
+                    let mut counts = vec![0u64; mine.len()];
+                    while at < blob.len() {
+                        let (chunk, used) = read_record(&blob[at..])?;
+                        let Some(k) = expected_slots.iter().position(|&s| s == chunk.slot) else {
+                            return Err(Error::Malformed(format!(
+                                "rank {r} sent a chunk of slot {} outside its plan",
+                                chunk.slot
+                            )));
+                        };
+                        counts[k] += chunk.count;
+                        stats.gathered_payload +=
+                            (chunk.positions.len() + chunk.values.len()) as u64;
+                        enc.push_ready(&chunk)?;
+                        at += used;
+                    }
+                    for (k, &s) in mine.iter().enumerate() {
+                        if counts[k] != cell(r, s, 0) {
+                            return Err(Error::Malformed(format!(
+                                "rank {r} sent {} changes of slot {}, its matrix row says {}",
+                                counts[k],
+                                first_slot as usize + s,
+                                cell(r, s, 0)
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        let sync_stats = match encoder {
+            Some(enc) => Some(enc.finish(&records)),
+            None => None,
+        };
+        // Commit only if the leader's frames all went out; every rank learns it.
+        let ok = sync_stats.as_ref().is_none_or(|r| r.is_ok());
+        let verdicts = link.all_gather(&[u8::from(ok)])?;
+        check_rows(&verdicts, world, 1, "sync verdict")?;
+        let sync_stats = sync_stats.transpose()?;
+        if verdicts.iter().any(|v| v[0] == 0) {
+            return Err(Error::IncompleteSync(
+                "the leader could not send every frame of the sync".into(),
+            ));
+        }
+        self.contrib = new_contrib;
+        self.version = version;
+        self.needs_seed = false;
+        let state_digest = if link.rank() == 0 {
+            self.digests = records.iter().map(|r| r.new).collect();
+            self.digests.iter().fold(0u64, |a, &d| a.wrapping_add(d))
+        } else {
+            0
+        };
+        Ok(RankReport {
+            kind,
+            version,
+            local_changed,
+            gather: stats,
+            sync: sync_stats,
+            state_digest,
+        })
+    }
+
+    /// Parameter index ranges of the gather rounds: closed once their slots hold
+    /// `round_bytes` in the full model (the same cut on every rank).
+    fn rounds(&self) -> Vec<std::ops::Range<usize>> {
+        let table = self.map.table();
+        let mut rounds = Vec::new();
+        let (mut start, mut bytes) = (0usize, 0u64);
+        for (p, plan) in self.plans.iter().enumerate() {
+            bytes += plan
+                .slot_ids()
+                .map(|s| table.slots()[s as usize].nbytes())
+                .sum::<u64>();
+            if bytes >= self.config.round_bytes {
+                rounds.push(start..p + 1);
+                start = p + 1;
+                bytes = 0;
+            }
+        }
+        if start < self.plans.len() {
+            rounds.push(start..self.plans.len());
+        }
+        rounds
+    }
+
+    /// The changes of parameter `p` per slot, refreshing the snapshot. A seed carries every
+    /// element of the local piece.
+    fn changes_of(&mut self, p: usize, current: &[u8], seed: bool) -> Result<Vec<Changes>> {
+        let plan = &self.plans[p];
+        let width = width_of(&self.map, plan);
+        let mut local = Changes::default();
+        if seed {
+            self.snapshots[p].copy_from_slice(current);
+            if !plan.is_replica() {
+                local.positions = (0..plan.block().numel()).collect();
+                local.old_values = current.to_vec();
+                local.new_values = current.to_vec();
+            }
+        } else {
+            diff_and_refresh(&mut self.snapshots[p], current, width, 0, &mut local);
+        }
+        let mut per_slot = Vec::new();
+        plan.convert(&local, &mut per_slot)?;
+        Ok(per_slot)
+    }
+}
+
+fn width_of(map: &SlotMap, plan: &ParamPlan) -> usize {
+    map.table().slots()[plan.slot_ids().start as usize]
+        .dtype
+        .width()
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn check_rows(rows: &[Vec<u8>], world: usize, len: usize, what: &str) -> Result<()> {
+    if rows.len() != world {
+        return Err(Error::Malformed(format!(
+            "{what}: {} rows from a world of {world}",
+            rows.len()
+        )));
+    }
+    if let Some((r, row)) = rows.iter().enumerate().find(|(_, row)| row.len() != len) {
+        return Err(Error::Malformed(format!(
+            "{what}: rank {r} sent {} bytes, expected {len}",
+            row.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Packs the (slot, rank) pieces with bytes into sub-rounds of at most `budget` bytes (a piece
+/// larger than the budget travels alone), in slot-major order. Pure function of the matrix.
+pub fn plan_sub_rounds(
+    slots: usize,
+    world: usize,
+    budget: u64,
+    bytes: impl Fn(usize, usize) -> u64,
+) -> Vec<Vec<(usize, usize)>> {
+    let mut plan: Vec<Vec<(usize, usize)>> = Vec::new();
+    let mut current = Vec::new();
+    let mut used = 0u64;
+    for s in 0..slots {
+        for r in 0..world {
+            let b = bytes(r, s);
+            if b == 0 {
+                continue;
+            }
+            if !current.is_empty() && used.saturating_add(b) > budget {
+                plan.push(std::mem::take(&mut current));
+                used = 0;
+            }
+            current.push((s, r));
+            used = used.saturating_add(b);
+        }
+    }
+    if !current.is_empty() {
+        plan.push(current);
+    }
+    plan
+}
+
+/// A chunk record as gathered: a 48-byte header then the two sections.
+fn write_record(out: &mut Vec<u8>, c: &ReadyChunk) {
+    out.extend_from_slice(&c.slot.to_le_bytes());
+    out.push(c.pos_codec as u8);
+    out.push(c.val_codec as u8);
+    out.extend_from_slice(&[0, 0]);
+    for v in [
+        c.start,
+        c.range,
+        c.count,
+        c.positions.len() as u64,
+        c.values.len() as u64,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&c.positions);
+    out.extend_from_slice(&c.values);
+}
+
+/// Reads one chunk record, checking every length against what is there.
+fn read_record(b: &[u8]) -> Result<(ReadyChunk, usize)> {
+    if b.len() < RECORD_HEADER {
+        return Err(Error::Truncated {
+            what: "gathered chunk record",
+            needed: RECORD_HEADER as u64,
+            available: b.len() as u64,
+        });
+    }
+    let pos_codec = PosCodec::from_code(b[4]).ok_or_else(|| {
+        Error::Malformed(format!("gathered chunk: unknown position codec {}", b[4]))
+    })?;
+    let val_codec = ValCodec::from_code(b[5])
+        .ok_or_else(|| Error::Malformed(format!("gathered chunk: unknown value codec {}", b[5])))?;
+    let (pos_len, val_len) = (u64_at(b, 32), u64_at(b, 40));
+    let total = (RECORD_HEADER as u64)
+        .checked_add(pos_len)
+        .and_then(|t| t.checked_add(val_len));
+    let Some(total) = total.filter(|&t| t <= b.len() as u64) else {
+        return Err(Error::Truncated {
+            what: "gathered chunk sections",
+            needed: total.unwrap_or(u64::MAX),
+            available: b.len() as u64,
+        });
+    };
+    let pos_end = RECORD_HEADER + pos_len as usize;
+    let chunk = ReadyChunk {
+        slot: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        start: u64_at(b, 8),
+        range: u64_at(b, 16),
+        count: u64_at(b, 24),
+        pos_codec,
+        val_codec,
+        positions: b[RECORD_HEADER..pos_end].to_vec(),
+        values: b[pos_end..total as usize].to_vec(),
+    };
+    Ok((chunk, total as usize))
+}
