@@ -3,6 +3,7 @@
 mod demo;
 mod files;
 mod output;
+mod stats;
 mod synthetic;
 
 use std::path::PathBuf;
@@ -44,6 +45,21 @@ enum Command {
         delta: PathBuf,
         #[arg(short, long)]
         output: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Wire bytes of one step (OLD NEW) or of every step of a trace (--trace T --base B), against the entropy bound.
+    Stats {
+        old: Option<PathBuf>,
+        new: Option<PathBuf>,
+        /// A recorded trace (step{k}::{param}::idx / ::val tensors).
+        #[arg(long, requires = "base", conflicts_with_all = ["old", "new"])]
+        trace: Option<PathBuf>,
+        /// The trace's base checkpoint (base::{param} tensors).
+        #[arg(long, requires = "trace")]
+        base: Option<PathBuf>,
+        #[command(flatten)]
+        wire: WireArgs,
         #[arg(long)]
         json: bool,
     },
@@ -134,6 +150,20 @@ fn main() {
             json,
         } => files::apply(&base, &delta, &output, json),
         Command::Inspect { file, chunks, json } => files::inspect(&file, chunks, json),
+        Command::Stats {
+            old,
+            new,
+            trace,
+            base,
+            wire,
+            json,
+        } => match (old, new, trace, base) {
+            (Some(old), Some(new), None, None) => stats::stats_files(&old, &new, &wire, json),
+            (None, None, Some(trace), Some(base)) => stats::stats_trace(&trace, &base, &wire, json),
+            _ => Err(anyhow::anyhow!(
+                "give OLD NEW, or --trace TRACE --base BASE"
+            )),
+        },
     };
     if let Err(e) = result {
         eprintln!("deltacast: error: {e:#}");

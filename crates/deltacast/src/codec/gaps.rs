@@ -146,17 +146,18 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
         dir.extend_from_slice(&block[0].to_le_bytes());
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
         dir.push(k as u8);
-        writer.reserve(bits as u64);
         total_bits += bits as u64;
-        for &g in gaps.iter() {
-            let q = g >> k;
-            if q < ESC {
-                // q zeros, a one, then the k low bits.
-                writer.put((1 | ((g as u64 & mask(k)) << 1)) << q, q + 1 + k);
-            } else {
-                writer.put((g as u64) << ESC, ESC + w);
+        writer.block(bits as u64, |out| {
+            for &g in gaps.iter() {
+                let q = g >> k;
+                if q < ESC {
+                    // q zeros, a one, then the k low bits.
+                    out.put((1 | ((g as u64 & mask(k)) << 1)) << q, q + 1 + k);
+                } else {
+                    out.put((g as u64) << ESC, ESC + w);
+                }
             }
-        }
+        });
     }
     debug_assert_eq!(writer.bits_since(dir_start + dir.len()), total_bits);
     writer.finish();

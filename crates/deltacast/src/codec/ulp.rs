@@ -129,7 +129,6 @@ fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
     let mut total_bits = 0u64;
     for start in (0..n).step_by(BLOCK) {
         let codes = &mut codes[..BLOCK.min(n - start)];
-        // Four interleaved histograms, so runs of equal lengths do not serialize on one counter.
         // Code numbers first (a loop the compiler vectorizes), then their bit lengths into
         // four interleaved histograms so runs of equal lengths do not serialize on one counter.
         let span = start * W..(start + codes.len()) * W;
@@ -156,31 +155,34 @@ fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
         dir.push(k as u8);
         dir.push(c as u8);
-        writer.reserve(bits as u64);
         total_bits += bits as u64;
-        for (j, &u) in codes.iter().enumerate() {
-            let l = bit_len(u as u64);
-            let z = l.saturating_sub(k);
-            if u == UNCHANGED || z >= c {
-                let new_bits = load_bits(new, W, start + j) as u64;
-                if W <= 2 || c + nb <= 56 {
-                    writer.put(new_bits << c, c + nb);
-                } else {
-                    writer.zeros(c);
-                    writer.put(new_bits, nb);
+        let new_block = &new[start * W..(start + codes.len()) * W];
+        writer.block(bits as u64, |out| {
+            for (&u, b) in codes.iter().zip(new_block.chunks_exact(W)) {
+                let l = bit_len(u as u64);
+                let z = l.saturating_sub(k);
+                if u == UNCHANGED || z >= c {
+                    // c zeros, then the new bits.
+                    let new_bits = load_bits(b, W, 0) as u64;
+                    if W <= 2 || c + nb <= 56 {
+                        out.put(new_bits << c, c + nb);
+                    } else {
+                        out.zeros(c);
+                        out.put(new_bits, nb);
+                    }
+                    continue;
                 }
-                continue;
+                // z zeros, a one, then u below its leading one (or in k bits when z = 0).
+                let payload_len = if z == 0 { k } else { l - 1 };
+                let tail = 1 | ((u as u64 & mask(payload_len)) << 1);
+                if W <= 2 || z + 1 + payload_len <= 56 {
+                    out.put(tail << z, z + 1 + payload_len);
+                } else {
+                    out.zeros(z);
+                    out.put(tail, 1 + payload_len);
+                }
             }
-            // z zeros, a one, then u below its leading one (or in k bits when z = 0).
-            let payload_len = if z == 0 { k } else { l - 1 };
-            let tail = 1 | ((u as u64 & mask(payload_len)) << 1);
-            if W <= 2 || z + 1 + payload_len <= 56 {
-                writer.put(tail << z, z + 1 + payload_len);
-            } else {
-                writer.zeros(z);
-                writer.put(tail, 1 + payload_len);
-            }
-        }
+        });
     }
     debug_assert_eq!(writer.bits_since(dir_start + dir.len()), total_bits);
     writer.finish();
