@@ -144,6 +144,10 @@ mod tests {
             })
         );
         assert!(decode(&[], 0, 0, &mut out).is_ok());
+        assert!(matches!(
+            decode(&[0xff; 8], u32::MAX, u32::MAX, &mut out),
+            Err(CodecError::Truncated { .. })
+        ));
     }
 
     proptest! {

@@ -224,10 +224,12 @@ pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Resul
         }
         let end = cursor.pos() + bits as usize;
         let mk = mask(k);
+        // This block's longest code word: 15 zeros, a one and k bits, or an escape.
+        let longest = ESC + k.max(w);
         let mut p = first as u64;
         dst[0] = first;
         for slot in &mut dst[1..] {
-            cursor.need(MAX_CODE);
+            cursor.need(longest);
             let word = cursor.bits();
             let z = word.trailing_zeros();
             let (g, len) = if z < ESC {
@@ -428,6 +430,11 @@ mod tests {
         );
         assert!(decode(&[], 0, 10, &mut out).is_ok());
         assert!(decode(&[0], 0, 10, &mut out).is_err());
+        // A huge count with a tiny section fails on the directory size, before allocating.
+        assert!(matches!(
+            decode(&[0; 7], u32::MAX - 1, u32::MAX, &mut out),
+            Err(CodecError::Truncated { .. })
+        ));
         // Second block starting at or before the end of the first.
         let mut bad = enc.clone();
         bad[DIR_ENTRY..DIR_ENTRY + 4].copy_from_slice(&rel[1023].to_le_bytes());

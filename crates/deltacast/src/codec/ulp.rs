@@ -244,8 +244,9 @@ fn decode_width<const W: usize>(
         let end = cursor.pos() + bits as usize;
         for i in b * BLOCK..n.min((b + 1) * BLOCK) {
             // Up to 2-byte elements a code word is at most 47 bits even with corrupt
-            // parameters (z < c <= 17, k <= 15), so one check per value covers it.
-            cursor.need(if W <= 2 { 48 } else { 57 });
+            // parameters (z < c <= 17, k <= 15), so one check per value covers it. For 4-byte
+            // elements the prefix (z < c <= 33, then a one) is read first, then the rest.
+            cursor.need(if W <= 2 { 48 } else { 34 });
             let word = cursor.bits();
             let z = word.trailing_zeros();
             let new_bits = if z >= c {
@@ -268,7 +269,7 @@ fn decode_width<const W: usize>(
                 } else {
                     (z + k - 1, 1u64 << (z + k - 1))
                 };
-                let payload = if W <= 2 || z + 1 + len <= 57 {
+                let payload = if W <= 2 {
                     cursor.skip(z + 1 + len);
                     (word >> (z + 1)) & mask(len)
                 } else {
