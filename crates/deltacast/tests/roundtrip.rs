@@ -168,3 +168,56 @@ fn seed_then_verify_frame_checks_memory() {
     let outcome = receivers[0].receive(&frames[0]).unwrap().unwrap();
     assert_eq!(outcome.kind, FrameKind::Verify);
 }
+
+/// The acceptance bound of the codec issue: at any density the delta costs at most the dense
+/// values plus 1% (and the framing), even with incompressible values.
+#[test]
+fn dense_deltas_never_cost_more_than_the_dense_values() {
+    let n = 1usize << 18;
+    for dtype in [
+        deltacast::DType::F8E4M3,
+        deltacast::DType::BF16,
+        deltacast::DType::F32,
+    ] {
+        let width = dtype.width();
+        let table =
+            deltacast::SlotTable::new(vec![deltacast::SlotInfo::new("w", dtype, vec![n as u64])])
+                .unwrap();
+        for density in [0.3, 0.6, 0.9, 0.97, 0.999, 1.0] {
+            let mut rng = Rng((density * 1000.0) as u64 + width as u64);
+            let base = vec![rng.bytes(n * width)];
+            let mut next = base.clone();
+            // Random new patterns: values do not compress, positions must not add to them.
+            for i in 0..n {
+                if rng.chance(density) {
+                    let at = i * width;
+                    let old = next[0][at];
+                    next[0][at] = old.wrapping_add(1 + (rng.below(255) as u8));
+                }
+            }
+            let mut sender = Sender::new(table.clone(), FlushConfig::default()).unwrap();
+            let mut receivers = vec![Receiver::new(table.clone())];
+            run_sync(&mut sender, &mut receivers, &base);
+            let mut wire = 0usize;
+            let mut frames = Vec::new();
+            let report = sender
+                .sync(&slices(&next), |f| {
+                    wire += f.len();
+                    frames.push(f);
+                    Ok(())
+                })
+                .unwrap();
+            for f in &frames {
+                receivers[0].receive(f).unwrap();
+            }
+            assert_eq!(receivers[0].store(), &next);
+            let dense = (n * width) as f64;
+            let framing = 64.0 * report.stats.chunks as f64 + 256.0;
+            assert!(
+                wire as f64 <= dense * 1.01 + framing,
+                "{dtype} at {density}: {wire} bytes for {dense} dense ({:?})",
+                report.stats.codecs
+            );
+        }
+    }
+}

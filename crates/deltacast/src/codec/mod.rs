@@ -29,6 +29,9 @@ pub enum PosCodec {
     Gaps = 2,
     /// One bit per element of the range.
     Bitmap = 3,
+    /// `gaps` of the elements that did NOT change: for dense chunks, so positions never cost
+    /// more than the values they spare.
+    Holes = 4,
 }
 
 /// How the new values of a chunk are coded. The discriminant is the wire code.
@@ -41,11 +44,12 @@ pub enum ValCodec {
 }
 
 impl PosCodec {
-    pub const ALL: [PosCodec; 4] = [
+    pub const ALL: [PosCodec; 5] = [
         PosCodec::All,
         PosCodec::Abs32,
         PosCodec::Gaps,
         PosCodec::Bitmap,
+        PosCodec::Holes,
     ];
 
     pub fn from_code(code: u8) -> Option<Self> {
@@ -58,6 +62,7 @@ impl PosCodec {
             PosCodec::Abs32 => "abs32",
             PosCodec::Gaps => "gaps",
             PosCodec::Bitmap => "bitmap",
+            PosCodec::Holes => "holes",
         }
     }
 }
@@ -87,7 +92,22 @@ pub fn encode_positions(codec: PosCodec, rel: &[u32], range: u32, out: &mut Vec<
         PosCodec::Abs32 => abs32::encode(rel, out),
         PosCodec::Gaps => gaps::encode(rel, range, out),
         PosCodec::Bitmap => bitmap::encode(rel, range, out),
+        PosCodec::Holes => gaps::encode(&complement(rel, range), range, out),
     }
+}
+
+/// The elements of `0..range` not in `sorted` (strictly increasing, each `< range`).
+fn complement(sorted: &[u32], range: u32) -> Vec<u32> {
+    let mut out = Vec::with_capacity(range as usize - sorted.len());
+    let mut next = sorted.iter().copied().peekable();
+    for i in 0..range {
+        if next.peek() == Some(&i) {
+            next.next();
+        } else {
+            out.push(i);
+        }
+    }
+    out
 }
 
 /// Decodes exactly `count` positions from all of `input` into `out` (cleared first).
@@ -126,6 +146,13 @@ pub fn decode_positions(
         PosCodec::Abs32 => abs32::decode(input, count, range, out),
         PosCodec::Gaps => gaps::decode(input, count, range, out),
         PosCodec::Bitmap => bitmap::decode(input, count, range, out),
+        PosCodec::Holes => {
+            // `range − count` unchanged positions, validated by the gaps decoder, then inverted.
+            let mut holes = Vec::new();
+            gaps::decode(input, range - count, range, &mut holes)?;
+            *out = complement(&holes, range);
+            Ok(())
+        }
     }
 }
 
@@ -264,6 +291,15 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
         out
     });
     let gaps_len = gaps.as_ref().map_or(u64::MAX, |g| g.len() as u64);
+    // Dense chunks: code the few unchanged elements instead.
+    let holes_count = range as usize - rel.len();
+    if holes_count < rel.len() && gaps::min_len(holes_count) < abs32.min(bitmap).min(gaps_len) {
+        let mut out = Vec::new();
+        encode_positions(PosCodec::Holes, rel, range, &mut out);
+        if (out.len() as u64) < abs32.min(bitmap).min(gaps_len) {
+            return (PosCodec::Holes, out);
+        }
+    }
     let codec = match gaps {
         _ if abs32 <= gaps_len && abs32 <= bitmap => PosCodec::Abs32,
         Some(gaps) if gaps_len <= bitmap => return (PosCodec::Gaps, gaps),
@@ -288,4 +324,42 @@ fn choose_values(width: usize, old: &[u8], new: &[u8]) -> (ValCodec, Vec<u8>) {
     let mut out = Vec::new();
     encode_values(ValCodec::Raw, width, old, new, &mut out);
     (ValCodec::Raw, out)
+}
+
+#[cfg(test)]
+mod holes_tests {
+    use super::*;
+
+    #[test]
+    fn holes_round_trip_and_validate() {
+        for range in [1u32, 2, 7, 64, 1000, 4099] {
+            for keep_every in [1u32, 2, 3, 50, 5000] {
+                // Everything changed except every `keep_every`-th element.
+                let rel: Vec<u32> = (0..range)
+                    .filter(|i| keep_every == 1 || i % keep_every != 0)
+                    .collect();
+                let mut enc = Vec::new();
+                encode_positions(PosCodec::Holes, &rel, range, &mut enc);
+                let mut out = Vec::new();
+                decode_positions(PosCodec::Holes, &enc, rel.len() as u32, range, &mut out).unwrap();
+                assert_eq!(out, rel, "range {range} every {keep_every}");
+                // A wrong count is an error, never a panic.
+                if !rel.is_empty() {
+                    assert!(decode_positions(
+                        PosCodec::Holes,
+                        &enc,
+                        rel.len() as u32 - 1,
+                        range,
+                        &mut out
+                    )
+                    .is_err());
+                }
+            }
+        }
+        // The chooser prefers holes for a 99% dense chunk.
+        let rel: Vec<u32> = (0..100_000).filter(|i| i % 100 != 7).collect();
+        let (codec, bytes) = choose_positions(&rel, 100_000);
+        assert_eq!(codec, PosCodec::Holes);
+        assert!(bytes.len() < 100_000 / 8 / 4);
+    }
 }
