@@ -29,9 +29,15 @@ pub struct DemoArgs {
     /// Learning rate of the AdamW-like generator.
     #[arg(long, default_value_t = 1e-6)]
     lr: f32,
-    /// Receivers (threads, each with its own copy of the weights).
+    /// Receivers (threads, each with its own copy of the weights; processes with --processes).
     #[arg(long, default_value_t = 2)]
     receivers: usize,
+    /// Trainer ranks, each holding an FSDP Shard(0) of every tensor (needs --processes above 1).
+    #[arg(long, default_value_t = 1)]
+    trainers: usize,
+    /// Run every trainer rank and receiver as its own OS process, over loopback TCP.
+    #[arg(long)]
+    processes: bool,
     /// Seed of the random weights and updates.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -59,6 +65,25 @@ enum Ack {
 const CHANNEL_DEPTH: usize = 2;
 
 pub fn run(args: DemoArgs) -> Result<()> {
+    if args.processes {
+        return crate::processes::run(crate::processes::ProcessDemo {
+            preset: args.preset,
+            layers: args.layers,
+            steps: args.steps,
+            lr: args.lr,
+            seed: args.seed,
+            wire: args.wire,
+            trainers: args.trainers,
+            receivers: args.receivers,
+            json: args.json,
+        });
+    }
+    if args.trainers != 1 {
+        bail!(
+            "--trainers {} needs --processes (the one-process demo has one sender)",
+            args.trainers
+        );
+    }
     let Some(mut shape) = preset(&args.preset) else {
         let names: Vec<_> = PRESETS.iter().map(|p| p.name).collect();
         bail!(

@@ -3,6 +3,7 @@
 mod demo;
 mod files;
 mod output;
+mod processes;
 mod stats;
 mod synthetic;
 
@@ -62,6 +63,12 @@ enum Command {
         wire: WireArgs,
         #[arg(long)]
         json: bool,
+    },
+    /// Internal: one process of `demo --processes` (a trainer rank or a receiver).
+    #[command(hide = true)]
+    Worker {
+        #[command(subcommand)]
+        role: processes::WorkerRole,
     },
     /// Show a .dcast file: frame headers, manifest summary, codecs, sizes.
     Inspect {
@@ -150,6 +157,7 @@ fn main() {
             json,
         } => files::apply(&base, &delta, &output, json),
         Command::Inspect { file, chunks, json } => files::inspect(&file, chunks, json),
+        Command::Worker { role } => processes::worker(role),
         Command::Stats {
             old,
             new,

@@ -150,55 +150,121 @@ fn normal(key: u64) -> f32 {
 /// One element per parallel task batch.
 const PAR: usize = 1 << 16;
 
-/// The trainer's view of the model: fp32 master and the BF16 copy that gets synced.
+/// The trainer's view of the model: fp32 master and the BF16 copy that gets synced, either whole
+/// or only some runs of each tensor (one trainer rank's FSDP shard).
 pub struct SyntheticModel {
     pub table: SlotTable,
     seed: u64,
+    /// Per slot: the global flat runs `(start, len)` held, in local order.
+    runs: Vec<Vec<(u64, u64)>>,
     master: Vec<Vec<f32>>,
     pub weights: Vec<Vec<u8>>,
     step: u64,
+}
+
+/// Runs `kernel(first_global_index, master, bf16)` over the held elements of one slot in
+/// parallel batches and sums what it returns. Every element's value depends only on its global
+/// index, so a shard computes exactly the bits the whole model holds there.
+fn par_runs(
+    runs: &[(u64, u64)],
+    master: &mut [f32],
+    weights: &mut [u8],
+    kernel: impl Fn(u64, &mut [f32], &mut [u8]) -> u64 + Sync,
+) -> u64 {
+    let mut total = 0;
+    let (mut m_rest, mut w_rest) = (master, weights);
+    for &(first, len) in runs {
+        let (m, m_tail) = std::mem::take(&mut m_rest).split_at_mut(len as usize);
+        let (w, w_tail) = std::mem::take(&mut w_rest).split_at_mut(2 * len as usize);
+        (m_rest, w_rest) = (m_tail, w_tail);
+        total += m
+            .par_chunks_mut(PAR)
+            .zip(w.par_chunks_mut(PAR * 2))
+            .enumerate()
+            .map(|(c, (m, w))| kernel(first + (c * PAR) as u64, m, w))
+            .sum::<u64>();
+    }
+    total
 }
 
 impl SyntheticModel {
     /// Builds the model; `progress` is called after each slot with its element count.
     pub fn new(shape: &ModelShape, seed: u64, progress: impl Fn(u64) + Sync) -> Self {
         let table = shape.slot_table();
+        let runs = table.slots().iter().map(|s| vec![(0, s.numel())]).collect();
+        Self::build(table, seed, runs, progress)
+    }
+
+    /// Builds only the given global flat runs `(start, len)` of every slot, in that local order
+    /// (e.g. `Block::global_ranges()` of a rank's FSDP block): the same bits as the whole model
+    /// there, before and after every [`step`](Self::step).
+    pub fn new_shard(
+        shape: &ModelShape,
+        seed: u64,
+        runs: Vec<Vec<(u64, u64)>>,
+        progress: impl Fn(u64) + Sync,
+    ) -> anyhow::Result<Self> {
+        let table = shape.slot_table();
+        if runs.len() != table.len() {
+            anyhow::bail!("{} run lists for {} tensors", runs.len(), table.len());
+        }
+        for (slot, r) in table.slots().iter().zip(&runs) {
+            if let Some(&(start, len)) = r
+                .iter()
+                .find(|&&(start, len)| start.checked_add(len).is_none_or(|e| e > slot.numel()))
+            {
+                anyhow::bail!(
+                    "run {start}..+{len} is outside `{}` ({} elements)",
+                    slot.name,
+                    slot.numel()
+                );
+            }
+        }
+        Ok(Self::build(table, seed, runs, progress))
+    }
+
+    fn build(
+        table: SlotTable,
+        seed: u64,
+        runs: Vec<Vec<(u64, u64)>>,
+        progress: impl Fn(u64) + Sync,
+    ) -> Self {
         let mut master = Vec::with_capacity(table.len());
         let mut weights = Vec::with_capacity(table.len());
-        for (id, slot) in table.slots().iter().enumerate() {
-            let n = slot.numel() as usize;
+        for (id, (slot, runs)) in table.slots().iter().zip(&runs).enumerate() {
+            let n: u64 = runs.iter().map(|r| r.1).sum();
             let is_norm = slot.name.ends_with("norm.weight");
             let salt = mix(seed ^ mix(id as u64 + 1));
-            let mut m = vec![0f32; n];
-            let mut w = vec![0u8; n * 2];
-            m.par_chunks_mut(PAR)
-                .zip(w.par_chunks_mut(PAR * 2))
-                .enumerate()
-                .for_each(|(c, (m, w))| {
-                    for (k, (x, out)) in m.iter_mut().zip(w.chunks_exact_mut(2)).enumerate() {
-                        let i = (c * PAR + k) as u64;
-                        *x = if is_norm {
-                            1.0
-                        } else {
-                            0.02 * normal(salt ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-                        };
-                        out.copy_from_slice(&bf16::from_f32(*x).to_bits().to_le_bytes());
-                    }
-                });
-            progress(n as u64);
+            let mut m = vec![0f32; n as usize];
+            let mut w = vec![0u8; n as usize * 2];
+            par_runs(runs, &mut m, &mut w, |first, m, w| {
+                for (k, (x, out)) in m.iter_mut().zip(w.chunks_exact_mut(2)).enumerate() {
+                    let i = first + k as u64;
+                    *x = if is_norm {
+                        1.0
+                    } else {
+                        0.02 * normal(salt ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                    };
+                    out.copy_from_slice(&bf16::from_f32(*x).to_bits().to_le_bytes());
+                }
+                0
+            });
+            progress(n);
             master.push(m);
             weights.push(w);
         }
         SyntheticModel {
             table,
             seed,
+            runs,
             master,
             weights,
             step: 0,
         }
     }
 
-    /// One AdamW-like step at learning rate `lr`; returns the number of BF16 elements that changed.
+    /// One AdamW-like step at learning rate `lr`; returns the number of held BF16 elements that
+    /// changed.
     pub fn step(&mut self, lr: f32, progress: impl Fn(u64) + Sync) -> u64 {
         self.step += 1;
         let t = self.step;
@@ -206,34 +272,30 @@ impl SyntheticModel {
         let scale = lr * (0.5 + 0.5 / (t as f32).sqrt());
         let decay = 1.0 - lr * 0.01;
         let mut changed = 0u64;
-        for (id, (m, w)) in self
+        for (id, ((m, w), runs)) in self
             .master
             .iter_mut()
             .zip(self.weights.iter_mut())
+            .zip(&self.runs)
             .enumerate()
         {
             let dir_salt = mix(self.seed ^ 0xd1 ^ mix(id as u64 + 1));
             let noise_salt = mix(dir_salt ^ mix(t));
-            changed += m
-                .par_chunks_mut(PAR)
-                .zip(w.par_chunks_mut(PAR * 2))
-                .enumerate()
-                .map(|(c, (m, w))| {
-                    let mut moved = 0u64;
-                    for (k, (x, out)) in m.iter_mut().zip(w.chunks_exact_mut(2)).enumerate() {
-                        let i = (c * PAR + k) as u64;
-                        let direction = uniform(dir_salt ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-                        let noise = uniform(noise_salt ^ i.wrapping_mul(0xc2b2_ae3d_27d4_eb4f));
-                        *x = *x * decay - scale * (0.7 * direction + 0.6 * noise);
-                        let bits = bf16::from_f32(*x).to_bits().to_le_bytes();
-                        if out != bits {
-                            out.copy_from_slice(&bits);
-                            moved += 1;
-                        }
+            changed += par_runs(runs, m, w, |first, m, w| {
+                let mut moved = 0u64;
+                for (k, (x, out)) in m.iter_mut().zip(w.chunks_exact_mut(2)).enumerate() {
+                    let i = first + k as u64;
+                    let direction = uniform(dir_salt ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                    let noise = uniform(noise_salt ^ i.wrapping_mul(0xc2b2_ae3d_27d4_eb4f));
+                    *x = *x * decay - scale * (0.7 * direction + 0.6 * noise);
+                    let bits = bf16::from_f32(*x).to_bits().to_le_bytes();
+                    if out != bits {
+                        out.copy_from_slice(&bits);
+                        moved += 1;
                     }
-                    moved
-                })
-                .sum::<u64>();
+                }
+                moved
+            });
             progress(m.len() as u64);
         }
         changed
@@ -271,5 +333,63 @@ mod tests {
         assert_eq!(changed, counted);
         let frac = changed as f64 / total;
         assert!((0.005..0.08).contains(&frac), "changed fraction {frac}");
+    }
+
+    #[test]
+    fn fsdp_shards_concatenate_to_the_full_model() {
+        use deltacast::placement::{local_block, DTensorLayout, MeshPlacement};
+        let shape = preset("tiny").unwrap();
+        let mut full = SyntheticModel::new(&shape, 3, |_| {});
+        let world = 3u64;
+        let mut shards: Vec<SyntheticModel> = (0..world)
+            .map(|rank| {
+                let runs = full
+                    .table
+                    .slots()
+                    .iter()
+                    .map(|s| {
+                        let layout = DTensorLayout {
+                            mesh_shape: vec![world],
+                            coords: vec![rank],
+                            placements: vec![MeshPlacement::Shard { dim: 0 }],
+                            global_shape: s.shape.clone(),
+                        };
+                        local_block(&layout)
+                            .unwrap()
+                            .block()
+                            .global_ranges()
+                            .collect()
+                    })
+                    .collect();
+                SyntheticModel::new_shard(&shape, 3, runs, |_| {}).unwrap()
+            })
+            .collect();
+        for step in 0..=2 {
+            if step > 0 {
+                let changed = full.step(1e-6, |_| {});
+                let sum: u64 = shards.iter_mut().map(|m| m.step(1e-6, |_| {})).sum();
+                assert_eq!(changed, sum, "step {step}");
+            }
+            for id in 0..full.table.len() {
+                let joined: Vec<u8> = shards.iter().flat_map(|m| m.weights[id].clone()).collect();
+                assert_eq!(joined, full.weights[id], "step {step}, slot {id}");
+            }
+        }
+        // Odd runs too: a shard of two separate runs.
+        let runs = full
+            .table
+            .slots()
+            .iter()
+            .map(|s| vec![(s.numel() / 2, s.numel() - s.numel() / 2), (0, 1)])
+            .collect();
+        let mut part = SyntheticModel::new_shard(&shape, 3, runs, |_| {}).unwrap();
+        for _ in 0..2 {
+            part.step(1e-6, |_| {});
+        }
+        let n = full.table.slots()[2].numel() as usize;
+        let expect = [&full.weights[2][(n / 2) * 2..], &full.weights[2][..2]].concat();
+        assert_eq!(part.weights[2], expect);
+        let bad = vec![vec![(0, u64::MAX)]; full.table.len()];
+        assert!(SyntheticModel::new_shard(&shape, 3, bad, |_| {}).is_err());
     }
 }

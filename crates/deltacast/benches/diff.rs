@@ -18,10 +18,12 @@
 //! sender reuses its buffers across syncs.
 
 use std::hint::black_box;
+use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use deltacast::diff::{
-    available_impls, diff_and_refresh, diff_serial_with, Changes, DiffImpl, PAR_CHUNK_ELEMS,
+    available_impls, best_impl, diff_and_refresh, diff_serial_with, Changes, DiffImpl,
+    PAR_CHUNK_ELEMS,
 };
 use rayon::prelude::*;
 
@@ -103,20 +105,19 @@ fn xor_fold(a: &[u8], b: &[u8]) -> u64 {
 }
 
 /// Alternating state for one density: see the module comment.
-struct Alternating {
-    p: Vec<u8>,
+struct Alternating<'a> {
+    p: &'a [u8],
     c: Vec<u8>,
     snapshot: Vec<u8>,
     snapshot_is_p: bool,
     out: Changes,
 }
 
-impl Alternating {
-    fn new(p: &[u8], density: f64) -> Self {
-        let c = mutated(p, density);
+impl<'a> Alternating<'a> {
+    fn new(p: &'a [u8], density: f64) -> Self {
         Alternating {
-            p: p.to_vec(),
-            c,
+            p,
+            c: mutated(p, density),
             snapshot: p.to_vec(),
             snapshot_is_p: true,
             out: Changes::default(),
@@ -125,12 +126,49 @@ impl Alternating {
 
     /// One diff at the intended density; returns the change count.
     fn step(&mut self, diff: impl FnOnce(&mut [u8], &[u8], &mut Changes)) -> usize {
-        let current = if self.snapshot_is_p { &self.c } else { &self.p };
+        let current = if self.snapshot_is_p {
+            &self.c[..]
+        } else {
+            self.p
+        };
         self.out.clear();
         diff(&mut self.snapshot, current, &mut self.out);
         self.snapshot_is_p = !self.snapshot_is_p;
         self.out.len()
     }
+}
+
+/// Rounds of the interleaved check in [`paired`].
+const PAIRED_ROUNDS: usize = 15;
+
+/// Times `run(true)` (the plain read) and `run(false)` (the diff) alternately and prints their
+/// best throughputs and ratio. On a shared machine the bandwidth drifts between criterion's
+/// benchmarks, which run one after the other; interleaving puts both under the same
+/// conditions, so this ratio is the figure to trust.
+fn paired(label: &str, bytes: usize, mut run: impl FnMut(bool)) {
+    let (mut best_plain, mut best_diff) = (f64::MAX, f64::MAX);
+    let mut ratios = Vec::with_capacity(PAIRED_ROUNDS);
+    for _ in 0..PAIRED_ROUNDS {
+        let t = Instant::now();
+        run(true);
+        let tp = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        run(false);
+        let td = t.elapsed().as_secs_f64();
+        best_plain = best_plain.min(tp);
+        best_diff = best_diff.min(td);
+        ratios.push(tp / td);
+    }
+    ratios.sort_by(f64::total_cmp);
+    let gib = bytes as f64 / (1u64 << 30) as f64;
+    eprintln!(
+        "{label}: plain_read {:.2} GiB/s, diff {:.2} GiB/s, best/best {:.0}%, \
+         median of round ratios {:.0}% ({PAIRED_ROUNDS} interleaved rounds)",
+        gib / best_plain,
+        gib / best_diff,
+        100.0 * best_plain / best_diff,
+        100.0 * ratios[PAIRED_ROUNDS / 2],
+    );
 }
 
 fn bench_parallel(c: &mut Criterion) {
@@ -148,9 +186,17 @@ fn bench_parallel(c: &mut Criterion) {
         let mut state = Alternating::new(&p, density);
         let expected = state.step(|s, cur, out| diff_and_refresh(s, cur, WIDTH, 0, out));
         eprintln!(
-            "diff_parallel {label}: {expected} changes of {} elements",
-            bytes / WIDTH
+            "diff_parallel {label}: {expected} changes of {} elements, kernel {}",
+            bytes / WIDTH,
+            best_impl()
         );
+        paired(&format!("diff_parallel paired {label}"), bytes, |plain| {
+            if plain {
+                black_box(plain_read_parallel(state.p, &state.c));
+            } else {
+                black_box(state.step(|s, cur, out| diff_and_refresh(s, cur, WIDTH, 0, out)));
+            }
+        });
         group.bench_function(BenchmarkId::new(format!("diff_{label}"), bytes), |b| {
             b.iter(|| {
                 let n = state.step(|s, cur, out| diff_and_refresh(s, cur, WIDTH, 0, out));

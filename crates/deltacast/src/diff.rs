@@ -7,13 +7,15 @@
 //! The diff is memory-bound: at the densities training produces (0.1 % – 25 % of elements per
 //! step) almost every 64-byte block is either untouched or holds a few changes. Every kernel
 //! therefore compares a whole 64-byte block at once, skips it on a zero mask, and only then
-//! visits the changed elements. Kernels are picked at run time ([`DiffImpl`]): AVX-512BW,
-//! AVX-512BW + VBMI2 (compress instead of a per-change loop), AVX2, or a portable word-at-a-time
-//! fallback that every other target uses.
+//! visits the changed elements. Kernels are picked at run time ([`DiffImpl`]): AVX-512BW +
+//! VBMI2 (compress instead of a per-change loop, and no skip branch where changes are dense),
+//! AVX-512BW, AVX2, or a portable word-at-a-time fallback that every other target uses.
+//!
+//! Large buffers are split into chunks diffed on the rayon pool, each chunk's changes appended
+//! to the output in order as soon as every earlier chunk is in (see `diff_chunked`).
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 
 use rayon::prelude::*;
 
@@ -22,8 +24,9 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-/// Elements per parallel task. Large enough that a task's bookkeeping (a `Changes` of its own,
-/// one rayon job) is noise next to its 1–4 MiB of reads, small enough to balance across cores.
+/// Elements per parallel chunk. Large enough that a chunk's bookkeeping (a counter draw, a slot
+/// hand-off, one append) is noise next to its 1–4 MiB of reads; small enough to balance across
+/// cores and for a chunk's changes to still sit in cache when they are appended to the output.
 pub const PAR_CHUNK_ELEMS: usize = 1 << 20;
 
 /// Bytes compared per step of every kernel: one AVX-512 register, one cache line.
@@ -231,8 +234,8 @@ pub fn available_impls() -> Vec<DiffImpl> {
 pub fn best_impl() -> DiffImpl {
     static BEST: OnceLock<DiffImpl> = OnceLock::new();
     *BEST.get_or_init(|| {
-        // Compress (VBMI2) wins at every density measured on Zen 4 (see benches/diff.rs);
-        // otherwise the widest compare available.
+        // On Zen 4 (benches/diff.rs) VBMI2 ties the others where changes are sparse (all are
+        // memory-bound there) and is ~2x faster at 10 %; otherwise the widest compare.
         let order = [DiffImpl::Avx512Vbmi2, DiffImpl::Avx512, DiffImpl::Avx2];
         order
             .into_iter()
@@ -356,11 +359,12 @@ fn run_kernel(
 /// The output must come out in chunk order, and no chunk's count is known before it is diffed.
 /// Writing parts and concatenating them afterwards costs a second write and read of the whole
 /// output (a third of the memory traffic at 10 % density); a counting pass first would read
-/// both buffers twice. Instead, workers take chunks in order from a shared counter, diff each
-/// into a reusable part buffer, and append it to `out` right away, while it is still in
-/// cache, whenever every earlier chunk is already in. A chunk that finishes ahead of an earlier
-/// one is parked and appended by whichever worker closes the gap. Handing out chunks in order
-/// (rather than rayon's split-in-halves) is what keeps parking rare.
+/// both buffers twice. Instead, workers draw chunks in order from a shared counter (rather than
+/// rayon's split-in-halves, which would finish the second half long before the first), diff
+/// each into a part buffer, and hand it to a per-chunk slot; whoever finds `out` free then
+/// appends every part that is next in order, usually its own while it is still in cache.
+/// Nobody waits: a worker that finds `out` busy goes on to its next chunk, and the one
+/// appending re-checks for newly filled slots before it leaves, so no part is stranded.
 fn diff_chunked(
     kind: DiffImpl,
     snapshot: &mut [u8],
@@ -384,25 +388,17 @@ fn diff_chunked(
     // One lock per chunk only to hand a `&mut` piece to whichever worker draws it; each is
     // locked exactly once, so never contended.
     let pieces: Vec<Mutex<&mut [u8]>> = snapshot.chunks_mut(chunk_bytes).map(Mutex::new).collect();
-    let n_chunks = pieces.len();
+    let order = InOrder::new(out, pieces.len());
     let next_chunk = AtomicUsize::new(0);
-    let committer = Mutex::new(Committer {
-        out,
-        next: 0,
-        parked: BTreeMap::new(),
-        spare: Vec::new(),
-    });
-    let workers = rayon::current_num_threads().clamp(1, n_chunks);
+    let workers = rayon::current_num_threads().clamp(1, pieces.len());
     (0..workers).into_par_iter().for_each(|_| {
         let mut part = Changes::default();
         loop {
             let c = next_chunk.fetch_add(1, Ordering::Relaxed);
-            if c >= n_chunks {
-                break;
-            }
+            let Some(piece) = pieces.get(c) else { break };
+            let mut snap = lock(piece);
             let start = c * chunk_bytes;
-            let cur = &current[start..(start + chunk_bytes).min(current.len())];
-            let mut snap = pieces[c].lock().unwrap_or_else(PoisonError::into_inner);
+            let cur = &current[start..start + snap.len()];
             part.clear();
             run_kernel(
                 kind,
@@ -413,50 +409,102 @@ fn diff_chunked(
                 &mut part,
             );
             drop(snap);
-            committer
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(c, &mut part);
+            part = order.hand_in(c, part);
         }
     });
-    let state = committer
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner);
-    debug_assert!(state.next == n_chunks && state.parked.is_empty());
+    order.finish();
+}
+
+/// Locks a mutex whose data stays consistent even if a holder panicked (the panic itself
+/// propagates through rayon anyway).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The in-order append side of [`diff_chunked`].
-struct Committer<'a> {
-    out: &'a mut Changes,
-    /// The chunk whose changes go into `out` next.
-    next: usize,
-    /// Chunks finished ahead of `next`, by index.
-    parked: BTreeMap<usize, Changes>,
-    /// Emptied parked buffers, recycled to keep allocations (and page faults) down.
-    spare: Vec<Changes>,
+struct InOrder<'a> {
+    out: Mutex<&'a mut Changes>,
+    /// Finished parts waiting for every earlier chunk.
+    slots: Vec<Mutex<Option<Changes>>>,
+    /// The chunk that goes into `out` next; written only while holding `out`.
+    next: AtomicUsize,
+    /// Appended parts' buffers, handed back to workers so capacity (and its page faults) is
+    /// paid once per worker, not once per chunk.
+    spare: Mutex<Vec<Changes>>,
 }
 
-impl Committer<'_> {
-    /// Takes chunk `c`'s changes: appends them, then any parked successors, if every earlier
-    /// chunk is in; else parks them, leaving `part` with a recycled buffer.
-    fn take(&mut self, c: usize, part: &mut Changes) {
-        if self.next == c {
-            self.append(part);
-            while let Some(parked) = self.parked.remove(&self.next) {
-                self.append(&parked);
-                self.spare.push(parked);
-            }
-        } else {
-            let replacement = self.spare.pop().unwrap_or_default();
-            self.parked.insert(c, std::mem::replace(part, replacement));
+impl<'a> InOrder<'a> {
+    fn new(out: &'a mut Changes, chunks: usize) -> Self {
+        InOrder {
+            out: Mutex::new(out),
+            slots: (0..chunks).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            spare: Mutex::new(Vec::new()),
         }
     }
 
-    fn append(&mut self, part: &Changes) {
-        self.out.positions.extend_from_slice(&part.positions);
-        self.out.old_values.extend_from_slice(&part.old_values);
-        self.out.new_values.extend_from_slice(&part.new_values);
-        self.next += 1;
+    /// Takes chunk `c`'s changes, appends whatever is ready if nobody else is appending, and
+    /// returns an empty buffer for the worker's next chunk.
+    fn hand_in(&self, c: usize, part: Changes) -> Changes {
+        *lock(&self.slots[c]) = Some(part);
+        loop {
+            let mut out = match self.out.try_lock() {
+                Ok(out) => out,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                // The holder re-checks the slots after releasing, so ours will not be stranded.
+                Err(TryLockError::WouldBlock) => break,
+            };
+            self.drain(&mut out);
+            drop(out);
+            // A part handed in while we held `out` found it busy and left; if it is the next
+            // one, nobody else will append it, so go round again.
+            if !self.next_is_ready() {
+                break;
+            }
+        }
+        lock(&self.spare).pop().unwrap_or_default()
+    }
+
+    /// Appends the ready parts in order; the caller holds `out`.
+    fn drain(&self, out: &mut Changes) {
+        loop {
+            let n = self.next.load(Ordering::Acquire);
+            let Some(slot) = self.slots.get(n) else {
+                return;
+            };
+            let Some(part) = lock(slot).take() else {
+                return;
+            };
+            out.positions.extend_from_slice(&part.positions);
+            out.old_values.extend_from_slice(&part.old_values);
+            out.new_values.extend_from_slice(&part.new_values);
+            self.next.store(n + 1, Ordering::Release);
+            lock(&self.spare).push(part);
+        }
+    }
+
+    fn next_is_ready(&self) -> bool {
+        let n = self.next.load(Ordering::Acquire);
+        self.slots.get(n).is_some_and(|slot| lock(slot).is_some())
+    }
+
+    /// After every worker is done: all parts must be in. Draining once more costs nothing when
+    /// they are, and keeps the result right even if the hand-off had a gap.
+    fn finish(self) {
+        let out = self
+            .out
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        let next = self.next.load(Ordering::Acquire);
+        debug_assert_eq!(next, self.slots.len(), "a finished part was stranded");
+        for slot in &self.slots[next..] {
+            let part = lock(slot)
+                .take()
+                .expect("every chunk was diffed before finish");
+            out.positions.extend_from_slice(&part.positions);
+            out.old_values.extend_from_slice(&part.old_values);
+            out.new_values.extend_from_slice(&part.new_values);
+        }
     }
 }
 

@@ -39,8 +39,8 @@ pub(super) fn run(
         kind.is_available(),
         "diff kernel {kind} is not available on this CPU"
     );
-    // SAFETY (every arm): the kernel's target features are exactly those `detect` found on this
-    // CPU for `kind`, and `is_available` just confirmed `kind` is in that list.
+    // SAFETY: in every arm, the kernel's target features are exactly those `detect` found on
+    // this CPU for `kind`, and `is_available` just confirmed `kind` is in that list.
     unsafe {
         match (kind, width) {
             (DiffImpl::Avx2, 1) => avx2::<1>(snapshot, current, first_index, out),
@@ -183,7 +183,8 @@ unsafe fn avx2<const W: usize>(
         first_index,
         out,
         |off, sp, cp, tail, _dense| {
-            // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
+            // SAFETY: `drive` passes only offsets with `off + BLOCK <= len` (both buffers);
+            // unaligned loads need no alignment.
             let (a0, a1, b0, b1) = unsafe {
                 (
                     _mm256_loadu_si256(sp.add(off) as *const __m256i),
@@ -199,21 +200,20 @@ unsafe fn avx2<const W: usize>(
             };
             let eq = (_mm256_movemask_epi8(e0) as u32 as u64)
                 | ((_mm256_movemask_epi8(e1) as u32 as u64) << 32);
+            // One bit per changed element, at its first byte: bit `j·W` ↔ element `j`.
             let mut ne = !eq & keep;
-            if ne != 0 {
-                // Element bits: compact `j·W` to `j` by visiting with a byte mask walked per element.
-                while ne != 0 {
-                    let at = off + ne.trailing_zeros() as usize;
-                    // SAFETY: `at` is the first byte of an element inside this block, so `at + W <=
-                    // off + BLOCK <= len`; the window reserved room for every element of the block.
-                    unsafe {
-                        let new = read::<W>(cp.add(at));
-                        tail.push(first_index + (at / W) as u64, read::<W>(sp.add(at)), new);
-                        // Refresh only the changed element: the only snapshot store is here.
-                        write::<W>(sp.add(at), new);
-                    }
-                    ne &= ne - 1;
+            while ne != 0 {
+                let at = off + ne.trailing_zeros() as usize;
+                // SAFETY: `at` is the first byte of an element inside this block, so
+                // `at + W <= off + BLOCK <= len`; the window reserved room for every element
+                // of the block.
+                unsafe {
+                    let new = read::<W>(cp.add(at));
+                    tail.push(first_index + (at / W) as u64, read::<W>(sp.add(at)), new);
+                    // Refresh only the changed element: the only snapshot store is here.
+                    write::<W>(sp.add(at), new);
                 }
+                ne &= ne - 1;
             }
         },
     );
@@ -266,7 +266,8 @@ unsafe fn avx512<const W: usize>(
         first_index,
         out,
         |off, sp, cp, tail, _dense| {
-            // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
+            // SAFETY: `drive` passes only offsets with `off + BLOCK <= len` (both buffers);
+            // unaligned loads need no alignment.
             let (a, b) = unsafe {
                 (
                     _mm512_loadu_si512(sp.add(off) as *const _),
@@ -276,7 +277,8 @@ unsafe fn avx512<const W: usize>(
             let m = ne_mask::<W>(a, b);
             if m != 0 {
                 // SAFETY: the block is in bounds, the window reserved room for all its elements,
-                // `m` holds only differing elements; the outputs read the old bits before the store.
+                // `m` holds only differing elements; the outputs read the old bits before the
+                // store.
                 unsafe {
                     visit_bits::<W>(m, off, sp, cp, first_index, tail);
                     // Refresh only the changed elements: the mask selects exactly those.
@@ -372,7 +374,8 @@ unsafe fn avx512_vbmi2<const W: usize>(
         first_index,
         out,
         |off, sp, cp, tail, dense| {
-            // SAFETY: `drive` passes only offsets with `off + BLOCK <= len`; loadu needs no alignment.
+            // SAFETY: `drive` passes only offsets with `off + BLOCK <= len` (both buffers);
+            // unaligned loads need no alignment.
             let (a, b) = unsafe {
                 (
                     _mm512_loadu_si512(sp.add(off) as *const _),
@@ -380,21 +383,22 @@ unsafe fn avx512_vbmi2<const W: usize>(
                 )
             };
             let m = ne_mask::<W>(a, b);
-            // Sparse: skip unchanged blocks (a well-predicted branch). Dense: run the branch-free
-            // path on every block; with m = 0 it stores nothing (masked store) or only into the
-            // slack, and advances by zero.
+            // Sparse: skip unchanged blocks (a well-predicted branch). Dense: run the
+            // branch-free path on every block; with m = 0 it stores nothing (masked store) or
+            // only into the slack, and advances by zero.
             if m == 0 && !dense {
                 return;
             }
             let k = m.count_ones() as usize;
             let base = _mm512_set1_epi64((first_index + (off / W) as u64) as i64);
             let idx = compress::<W>(m, iota);
-            // SAFETY (stores below): the window reserved `max` changes plus SLACK_POSITIONS (8)
-            // positions and SLACK_VALUE_BYTES (64) value bytes, and `tail.len + k <= max` since each
-            // element is pushed at most once. So the 64 value bytes at `tail.len * W` fit, and a
+            // SAFETY: the window reserved `max` changes plus SLACK_POSITIONS (8) positions and
+            // SLACK_VALUE_BYTES (64) value bytes, and `tail.len + k <= max` since each element
+            // is pushed at most once. So the 64 value bytes stored at `tail.len * W` fit, and a
             // group of 8 positions at `tail.len + 8g`, stored only when `k > 8g`, ends at
-            // `tail.len + 8g + 8 <= max - k + 8g + 8 < max + 8`. The block itself is in bounds for
-            // the masked store. Stores need no alignment.
+            // `tail.len + 8g + 8 <= max - k + 8g + 8 < max + 8`. The block is in bounds for the
+            // masked store. The spill reads 16 bytes at `8gW` with `8g < k <= 64 / W`: at most
+            // up to byte 72 of its 80. Unaligned loads and stores need no alignment.
             unsafe {
                 let pos = tail.pos.add(tail.len);
                 _mm512_storeu_si512(tail.old.add(tail.len * W) as *mut _, compress::<W>(m, a));
