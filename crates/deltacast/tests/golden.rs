@@ -105,6 +105,95 @@ fn encoder_reproduces_the_golden_frames() {
     check_or_bless("delta_v2_abs32_raw.dcast", &delta);
 }
 
+/// A larger delta in the entropy-coded codecs (gaps, bitmap, holes positions; ulp values),
+/// fixed so that any change of their bit layout shows.
+fn entropy_coded_delta() -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<u8>) {
+    let table = SlotTable::new(vec![
+        SlotInfo::new("m", DType::BF16, vec![64, 64]),
+        SlotInfo::new("d", DType::F8E4M3, vec![300]),
+    ])
+    .unwrap();
+    let mut x = 7u64;
+    let mut next_u64 = move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        x >> 11
+    };
+    let base: Vec<Vec<u8>> = vec![
+        (0..4096u32)
+            .flat_map(|i| (0x3c00u16 + (i % 977) as u16).to_le_bytes())
+            .collect(),
+        (0..300).map(|i| i as u8).collect(),
+    ];
+    let mut next = base.clone();
+    for i in 0..4096usize {
+        // Sparse region (gaps), then a dense one; ±1 ULP mostly, some big jumps.
+        let p = match i {
+            0..1024 => 3,
+            1024..3072 => 50,
+            _ => 92,
+        };
+        if next_u64() % 100 < p {
+            let v = u16::from_le_bytes([next[0][2 * i], next[0][2 * i + 1]]);
+            let nv = match next_u64() % 8 {
+                0 => v.wrapping_add(300),
+                1..=4 => v + 1,
+                _ => v - 1,
+            };
+            next[0][2 * i..2 * i + 2].copy_from_slice(&nv.to_le_bytes());
+        }
+    }
+    for i in 0..300usize {
+        if i % 50 != 0 {
+            next[1][i] = next[1][i].wrapping_add(1 + (next_u64() % 255) as u8);
+        }
+    }
+    let cfg = FlushConfig {
+        bucket_size: 1 << 20,
+        chunk_elems: 1024,
+        codec: CodecChoice::Auto,
+    };
+    let mut sender = Sender::with_base(table, cfg, base.clone(), 4).unwrap();
+    let mut frames = Vec::new();
+    sender
+        .delta(&[&next[0], &next[1]], |f| {
+            frames.extend(f);
+            Ok(())
+        })
+        .unwrap();
+    (base, next, frames)
+}
+
+#[test]
+fn entropy_coded_golden_frame() {
+    let (base, next, frames) = entropy_coded_delta();
+    check_or_bless("delta_v5_auto.dcast", &frames);
+    let recorded = std::fs::read(golden("delta_v5_auto.dcast")).unwrap();
+    let parsed = parse_frame(&recorded).unwrap();
+    let codecs: std::collections::BTreeSet<String> = parsed
+        .entries
+        .iter()
+        .map(|e| format!("{}+{}", e.pos_codec.name(), e.val_codec.name()))
+        .collect();
+    for expected in ["gaps+ulp", "bitmap+ulp", "holes+ulp", "holes+raw"] {
+        assert!(
+            codecs.iter().any(|c| c == expected),
+            "golden frame lacks {expected}: {codecs:?}"
+        );
+    }
+    let table = SlotTable::new(vec![
+        SlotInfo::new("m", DType::BF16, vec![64, 64]),
+        SlotInfo::new("d", DType::F8E4M3, vec![300]),
+    ])
+    .unwrap();
+    let mut r = Receiver::with_state(table, base, Some(4)).unwrap();
+    for f in split_frames(&recorded).unwrap() {
+        r.receive(f).unwrap();
+    }
+    assert_eq!(r.store(), &next);
+}
+
 #[test]
 fn golden_frames_decode_to_the_expected_state() {
     let (base, next) = states();

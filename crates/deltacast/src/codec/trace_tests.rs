@@ -274,7 +274,20 @@ fn exhaustive_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
         return (PosCodec::All, Vec::new());
     }
     let mut best: Option<(PosCodec, Vec<u8>)> = None;
-    for codec in [PosCodec::Abs32, PosCodec::Gaps, PosCodec::Bitmap] {
+    // Holes (gaps of the unchanged elements) is a candidate for chunks more than half changed,
+    // and wins only when strictly smaller.
+    let dense = (range as usize - rel.len()) < rel.len();
+    let candidates: &[PosCodec] = if dense {
+        &[
+            PosCodec::Abs32,
+            PosCodec::Gaps,
+            PosCodec::Bitmap,
+            PosCodec::Holes,
+        ]
+    } else {
+        &[PosCodec::Abs32, PosCodec::Gaps, PosCodec::Bitmap]
+    };
+    for &codec in candidates {
         let mut out = Vec::new();
         encode_positions(codec, rel, range, &mut out);
         if best.as_ref().is_none_or(|(_, b)| out.len() < b.len()) {
