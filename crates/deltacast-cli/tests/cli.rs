@@ -213,6 +213,7 @@ fn diff_apply_inspect_round_trip_and_refusals() {
         .collect();
     assert!(leftovers.is_empty(), "temporary files left behind");
     // Missing files name themselves.
+    std::fs::write(&d, &bytes).unwrap();
     assert!(run_err(
         bin()
             .args(["apply", "/nonexistent/base.safetensors"])

@@ -146,10 +146,13 @@ pub fn encode_changes(
     let mut pending = Vec::new();
     let mut i = 0;
     while i < positions.len() {
-        let start = positions[i] / grid * grid;
-        let range = grid.min(numel - start);
-        let end = start + range;
-        let j = i + positions[i..].partition_point(|&p| p < end);
+        // The grid cell holding positions[i] bounds the chunk; its range is then tightened to
+        // the changes it holds (never costlier for any codec, and a rank's contiguous piece of a
+        // slot becomes an `all` chunk in a seed).
+        let cell_end = (positions[i] / grid * grid + grid).min(numel);
+        let j = i + positions[i..].partition_point(|&p| p < cell_end);
+        let start = positions[i];
+        let range = positions[j - 1] - start + 1;
         let rel = positions[i..j]
             .iter()
             .map(|&p| (p - start) as u32)

@@ -9,10 +9,10 @@
 //! 0010  .. table hash (8 B) ..
 //! 0018  00 00 00 00 02 00 00 00   flush 0, 2 manifest entries
 //! 0020  .. frame_len (8 B) ..     digest_count 2 at 0x28, zeros to 0x40
-//! 0040  entry 0: slot 0, abs32, raw, start 0, range 6, count 2, sections
-//! 0080  entry 1: slot 1, abs32, raw, start 0, range 2, count 1, sections
+//! 0040  entry 0: slot 0, abs32, raw, start 0, range 4, count 2, sections
+//! 0080  entry 1: slot 1, abs32, raw, start 1, range 1, count 1, sections
 //! 00c0  digest records (slot, 0, base, new) × 2
-//! 00f0  sections: 00 00 00 00 03 00 00 00 | 81 3f 00 80 (pad) | 01 00 00 00 (pad) | c3 16 01 00 (pad)
+//! 00f0  sections: 00 00 00 00 03 00 00 00 | 81 3f 00 80 (pad) | 00 00 00 00 (pad) | c3 16 01 00 (pad)
 //! ....  xxh3-64 checksum
 //! ```
 
