@@ -55,9 +55,13 @@ const DIE_AT_STEP: &str = "DELTACAST_TEST_DIE_AT_STEP";
 const DIE_RANK: &str = "DELTACAST_TEST_DIE_RANK";
 const DIE_AFTER_SENDS: &str = "DELTACAST_TEST_DIE_AFTER_SENDS";
 
-/// What every process of one run must agree on (the model, the steps and the wire settings).
+/// What every process of one run is started with: the model, the steps and the wire settings
+/// (which all must agree on), and whether to exit when stdin closes.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
+    /// Exit when stdin closes: the parent holds it open, so a worker never outlives it.
+    #[arg(long)]
+    watch_stdin: bool,
     #[arg(long)]
     preset: String,
     #[arg(long)]
@@ -91,6 +95,7 @@ impl ModelArgs {
     /// The same settings as command-line arguments (`--key=value`, so negative numbers parse).
     fn to_args(&self) -> Vec<String> {
         let mut a = vec![
+            "--watch-stdin".to_string(),
             format!("--preset={}", self.preset),
             format!("--steps={}", self.steps),
             format!("--lr={}", self.lr),
@@ -141,7 +146,10 @@ pub enum WorkerRole {
 
 /// Entry point of `deltacast worker …`.
 pub fn worker(role: WorkerRole) -> Result<()> {
-    exit_when_parent_goes();
+    let (WorkerRole::Trainer { model, .. } | WorkerRole::Receiver { model, .. }) = &role;
+    if model.watch_stdin {
+        exit_when_parent_goes();
+    }
     match role {
         WorkerRole::Trainer {
             rank,
@@ -179,7 +187,9 @@ fn exit_when_parent_goes() {
         loop {
             match stdin.read(&mut buf) {
                 Ok(0) | Err(_) => {
-                    eprintln!("the parent process went away; exiting");
+                    // Not eprintln!: with the parent gone stderr may be a broken pipe, and a
+                    // panic here would keep the process alive.
+                    let _ = writeln!(std::io::stderr(), "the parent process went away; exiting");
                     std::process::exit(3);
                 }
                 Ok(_) => {}
@@ -476,7 +486,8 @@ fn train_and_sync(
             .map(|r| r.as_slice().try_into().map_or(0, u64::from_le_bytes))
             .collect();
         if let (Some(l), Some(acks)) = (leader.as_ref(), acks) {
-            let (digest_ok, receiver_rss) = check_acks(&report, &acks, l.receivers);
+            let (digest_ok, receiver_rss) = check_acks(&report, &acks, l.receivers)
+                .with_context(|| format!("after the sync of version {next} (step {step})"))?;
             all_ok &= digest_ok;
             tell_parent(
                 "step",
@@ -508,7 +519,9 @@ fn train_and_sync(
     Ok(())
 }
 
-/// Whether every receiver acked this sync with the leader's version and digest; their peak RSS.
+/// Whether every receiver acked this sync with the leader's version and digest (a mismatch is
+/// reported, and the run goes on as the one-process demo does), and their peak RSS. A receiver
+/// that is gone is an error: the demo needs all of them.
 fn check_acks(
     report: &RankReport,
     acks: &[(
@@ -516,40 +529,40 @@ fn check_acks(
         std::result::Result<Ack, NetError>,
     )],
     expected: usize,
-) -> (bool, Vec<u64>) {
-    let mut ok = acks.len() == expected;
-    if !ok {
-        eprintln!("{} acks for {expected} receivers", acks.len());
+) -> Result<(bool, Vec<u64>)> {
+    let lost: Vec<String> = acks
+        .iter()
+        .filter_map(|(_, a)| a.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    if !lost.is_empty() {
+        bail!("lost a receiver: {}", lost.join("; "));
     }
+    if acks.len() != expected {
+        bail!("{} of {expected} receivers are still connected", acks.len());
+    }
+    let mut ok = true;
     let mut rss = Vec::new();
-    for (id, ack) in acks {
-        match ack {
-            Ok(a)
-                if a.ok && a.version == report.version && a.state_digest == report.state_digest =>
-            {
-                let r = serde_json::from_str::<Value>(&a.message)
-                    .ok()
-                    .and_then(|v| v["peak_rss_bytes"].as_u64());
-                rss.push(r.unwrap_or(0));
-            }
-            Ok(a) if a.ok => {
-                ok = false;
-                eprintln!(
-                    "{id}: acked version {} digest {:016x}, the trainer has {} {:016x}",
-                    a.version, a.state_digest, report.version, report.state_digest
-                );
-            }
-            Ok(a) => {
-                ok = false;
-                eprintln!("{id}: sync failed at version {}: {}", a.version, a.message);
-            }
-            Err(e) => {
-                ok = false;
-                eprintln!("{id}: no ack: {e}");
-            }
+    for (id, a) in acks
+        .iter()
+        .filter_map(|(id, a)| Some((id, a.as_ref().ok()?)))
+    {
+        if a.ok && a.version == report.version && a.state_digest == report.state_digest {
+            let r = serde_json::from_str::<Value>(&a.message)
+                .ok()
+                .and_then(|v| v["peak_rss_bytes"].as_u64());
+            rss.push(r.unwrap_or(0));
+        } else if a.ok {
+            ok = false;
+            eprintln!(
+                "{id}: acked version {} digest {:016x}, the trainer has {} {:016x}",
+                a.version, a.state_digest, report.version, report.state_digest
+            );
+        } else {
+            ok = false;
+            eprintln!("{id}: sync failed at version {}: {}", a.version, a.message);
         }
     }
-    (ok, rss)
+    Ok((ok, rss))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -811,6 +824,7 @@ pub fn run(opts: ProcessDemo) -> Result<()> {
         bail!("--trainers and --receivers must be at least 1");
     }
     let model = ModelArgs {
+        watch_stdin: true,
         preset: opts.preset.clone(),
         layers: opts.layers,
         steps: opts.steps,
@@ -965,7 +979,7 @@ impl Printer {
     fn new(json: bool) -> Self {
         if !json {
             println!(
-                "{:>4}  {:>6}  {:>9}  {:>11}  {:>11}  {:>7}  {:>9}  {:>10}  {:>11}  {:>8}  {}",
+                "{:>4}  {:>6}  {:>9}  {:>11}  {:>11}  {:>7}  {:>9}  {:>10}  {:>11}  {:>8}  digest",
                 "step",
                 "kind",
                 "changed",
@@ -976,7 +990,6 @@ impl Printer {
                 "gather r/s",
                 "gathered",
                 "g/payld",
-                "digest"
             );
         }
         Printer {
