@@ -140,8 +140,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let mut all_ok = true;
     if !args.json {
         println!(
-            "{:>4}  {:>6}  {:>9}  {:>11}  {:>11}  {:>7}  {:>9}  {:>7}  {}",
-            "step", "kind", "changed", "wire", "full", "ratio", "sync ms", "flushes", "digest"
+            "{:>4}  {:>6}  {:>9}  {:>11}  {:>11}  {:>7}  {:>9}  {:>7}  digest",
+            "step", "kind", "changed", "wire", "full", "ratio", "sync ms", "flushes"
         );
     }
     for step in 0..=args.steps {

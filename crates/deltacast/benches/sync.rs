@@ -50,9 +50,9 @@ fn pair(n: usize, density: f64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
                 if rng(&mut s) < threshold {
                     let v = u16::from_le_bytes([e[0], e[1]]);
                     let r = rng(&mut s);
-                    let nv = if r % 8 == 0 {
+                    let nv = if r.is_multiple_of(8) {
                         v ^ (r as u16 & 0x3ff | 1)
-                    } else if r % 2 == 0 {
+                    } else if r.is_multiple_of(2) {
                         v + 1
                     } else {
                         v - 1

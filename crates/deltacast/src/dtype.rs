@@ -71,7 +71,7 @@ impl DType {
 
     /// Number of elements in `bytes`, or an error when the length is not a multiple of the width.
     pub fn elements_in(self, bytes: &[u8]) -> Result<usize> {
-        if bytes.len() % self.width() != 0 {
+        if !bytes.len().is_multiple_of(self.width()) {
             return Err(Error::Misaligned {
                 len: bytes.len(),
                 dtype: self,

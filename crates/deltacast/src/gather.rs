@@ -440,10 +440,7 @@ impl RankSender {
                 }
             }
         }
-        let sync_stats = match encoder {
-            Some(enc) => Some(enc.finish(&records)),
-            None => None,
-        };
+        let sync_stats = encoder.map(|enc| enc.finish(&records));
         // Commit only if the leader's frames all went out; every rank learns it.
         let ok = sync_stats.as_ref().is_none_or(|r| r.is_ok());
         let verdicts = link.all_gather(&[u8::from(ok)])?;

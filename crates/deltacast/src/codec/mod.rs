@@ -86,7 +86,7 @@ impl ValCodec {
 /// `All` requires `rel.len() == range` and writes nothing.
 pub fn encode_positions(codec: PosCodec, rel: &[u32], range: u32, out: &mut Vec<u8>) {
     debug_assert!(rel.windows(2).all(|w| w[0] < w[1]));
-    debug_assert!(rel.last().map_or(true, |&p| p < range));
+    debug_assert!(rel.last().is_none_or(|&p| p < range));
     match codec {
         PosCodec::All => debug_assert_eq!(rel.len() as u64, range as u64),
         PosCodec::Abs32 => abs32::encode(rel, out),
@@ -182,18 +182,13 @@ pub fn decode_values(
 }
 
 /// Which codecs the encoder may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CodecChoice {
+    #[default]
     /// Pick the cheapest position and value codec per chunk by exact encoded size.
     Auto,
     /// Always use this pair (positions fall back to `All` only for seeds).
     Fixed(PosCodec, ValCodec),
-}
-
-impl Default for CodecChoice {
-    fn default() -> Self {
-        CodecChoice::Auto
-    }
 }
 
 impl CodecChoice {
