@@ -12,3 +12,22 @@ cargo test --workspace --no-fail-fast 2>&1
 
 echo "== benches compile"
 cargo check --workspace --benches --quiet
+
+echo "== python package (bindings/python): pip install into a venv, pytest"
+# The package is its own cargo workspace (no Python needed by the Rust tests above). pip builds
+# it through maturin, fetched from PyPI into pip's isolated build environment; the wheel's cargo
+# build keeps its artefacts in target/python so later runs only rebuild what changed.
+py_env=target/pyenv
+if [ ! -x "$py_env/bin/python" ]; then
+  python3 -m venv "$py_env" || {
+    echo "python3 -m venv failed: install the venv module (Debian: apt-get install python3-venv)" >&2
+    exit 1
+  }
+fi
+export PYTHONDONTWRITEBYTECODE=1
+"$py_env/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest
+CARGO_TARGET_DIR="$PWD/target/python" "$py_env/bin/python" -m pip install --quiet \
+  --disable-pip-version-check --no-deps --force-reinstall ./bindings/python
+cargo fmt --manifest-path bindings/python/Cargo.toml -- --check
+# pytest exits 5 when it collects no test, which `set -e` turns into a failure.
+"$py_env/bin/python" -m pytest bindings/python/tests -q -rs -p no:cacheprovider

@@ -1,0 +1,39 @@
+//! `deltacast._native`: the Python bindings of the deltacast core.
+//!
+//! Arrays are borrowed, never copied: numpy arrays (and CPU torch tensors viewed as numpy)
+//! are checked for dtype width, shape, contiguity and, for receivers, writability, then read
+//! or written in place by the core with the GIL released. Every core error kind maps to one
+//! exception class of `deltacast._errors`.
+
+use pyo3::prelude::*;
+
+mod arrays;
+mod errors;
+mod files;
+mod receiver;
+mod sender;
+mod sharded;
+mod table;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<table::Slot>()?;
+    m.add_class::<table::SlotTable>()?;
+    m.add_class::<sender::Sender>()?;
+    m.add_class::<sender::SyncResult>()?;
+    m.add_class::<receiver::Receiver>()?;
+    m.add_class::<receiver::SyncOutcome>()?;
+    m.add_class::<sharded::Converter>()?;
+    m.add_class::<sharded::Param>()?;
+    m.add_class::<sharded::Layout>()?;
+    m.add_class::<sharded::RankSender>()?;
+    m.add_class::<sharded::RankSyncResult>()?;
+    m.add_function(wrap_pyfunction!(files::load_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(files::save_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(files::read_sync_file, m)?)?;
+    m.add_function(wrap_pyfunction!(files::write_sync_file, m)?)?;
+    m.add_function(wrap_pyfunction!(files::frame_header, m)?)?;
+    m.add("DEFAULT_BUCKET_SIZE", deltacast::flush::DEFAULT_BUCKET_SIZE)?;
+    m.add("DEFAULT_CHUNK_ELEMS", deltacast::flush::DEFAULT_CHUNK_ELEMS)?;
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! `Receiver`: applies syncs in place into arrays it was given, all or nothing.
+
+use std::time::Instant;
+
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::arrays::{check_array, resolve, NumpyStore, RawView, Want};
+use crate::errors::IntoPyResult;
+use crate::sender::digests_dict;
+use crate::table::{table_arg, SlotTable};
+
+/// What a completed sync did on the receiver.
+#[pyclass(module = "deltacast._native", frozen, get_all)]
+pub struct SyncOutcome {
+    /// "seed", "delta" or "verify".
+    pub kind: &'static str,
+    pub version: u64,
+    pub flushes: u32,
+    /// Elements written.
+    pub changed: u64,
+    pub wire_bytes: u64,
+    /// The combined digest after the sync; equal to the sender's, or the sync was refused.
+    pub state_digest: u64,
+    /// Time inside the core over every flush of the sync (decode, verify, digest check,
+    /// apply), without the binding's own work.
+    pub rust_seconds: f64,
+}
+
+#[pymethods]
+impl SyncOutcome {
+    fn __repr__(&self) -> String {
+        format!(
+            "SyncOutcome(kind='{}', version={}, changed={}, flushes={}, state_digest={:#018x})",
+            self.kind, self.version, self.changed, self.flushes, self.state_digest
+        )
+    }
+}
+
+/// A frame's bytes without a copy where the object allows it: `bytes` (immutable) and
+/// contiguous uint8/int8 numpy arrays are borrowed; anything else goes through `bytes(obj)`.
+pub fn frame_bytes<'py>(obj: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, RawView)> {
+    let py = obj.py();
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok((obj.clone(), RawView::of_bytes(b.as_bytes())));
+    }
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        let descr = arr.dtype();
+        if descr.itemsize() == 1
+            && matches!(descr.kind(), b'u' | b'i')
+            && arr.ndim() == 1
+            && arr.is_c_contiguous()
+        {
+            let n = arr.len() as u64;
+            let view = check_array(arr, "frame", deltacast::DType::F8E4M3, &[n], false)?;
+            return Ok((obj.clone(), view));
+        }
+    }
+    let copy = py.get_type::<PyBytes>().call1((obj,))?;
+    let view = RawView::of_bytes(copy.cast::<PyBytes>()?.as_bytes());
+    Ok((copy, view))
+}
+
+/// Receives syncs into the arrays it was given, in place. A sync is applied only when every
+/// flush verified and the state digest it reaches equals the sender's; on any error the arrays
+/// are untouched. Holds a reference to every array for its whole life.
+#[pyclass(module = "deltacast._native")]
+pub struct Receiver {
+    inner: deltacast::Receiver<NumpyStore>,
+    arrays: Py<PyDict>,
+    /// Core time spent on the flushes of the sync being staged.
+    staged_seconds: f64,
+}
+
+#[pymethods]
+impl Receiver {
+    /// `slots`: the sender's table. `arrays`: a dict name → writable C-contiguous array (or a
+    /// list in table order), bf16 as uint16, fp8 as uint8; CPU torch tensors are viewed
+    /// without a copy. `version`: the version the arrays already hold (e.g. a checkpoint at
+    /// that version); None accepts only a seed.
+    #[new]
+    #[pyo3(signature = (slots, arrays, *, version = None))]
+    fn new(
+        py: Python<'_>,
+        slots: &Bound<'_, PyAny>,
+        arrays: &Bound<'_, PyAny>,
+        version: Option<u64>,
+    ) -> PyResult<Self> {
+        let table = table_arg(slots)?;
+        let names: Vec<&str> = table.slots().iter().map(|s| s.name.as_str()).collect();
+        let wants: Vec<Want<'_>> = table
+            .slots()
+            .iter()
+            .map(|s| Want {
+                name: &s.name,
+                dtype: s.dtype,
+                shape: &s.shape,
+            })
+            .collect();
+        let (held, views) = resolve(arrays, &wants, true)?;
+        let dict = PyDict::new(py);
+        for (name, arr) in names.iter().zip(&held) {
+            dict.set_item(name, arr)?;
+        }
+        let store = NumpyStore::new(held, views, &names)?;
+        let inner = py.detach(|| deltacast::Receiver::with_state(table, store, version));
+        Ok(Receiver {
+            inner: inner.py()?,
+            arrays: dict.unbind(),
+            staged_seconds: 0.0,
+        })
+    }
+
+    /// Takes one flush (`bytes`, or a uint8 array). Returns a `SyncOutcome` when it completed
+    /// a sync that was verified and applied, None while a sync is still arriving. Any error
+    /// drops the staged sync and leaves the arrays as they were. Releases the GIL.
+    fn receive(
+        &mut self,
+        py: Python<'_>,
+        frame: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<SyncOutcome>> {
+        let (_held, view) = frame_bytes(frame)?;
+        // SAFETY: `_held` keeps the frame object alive until we return; `bytes` never change,
+        // and a frame array is only read (the user contract: not written meanwhile).
+        let data = unsafe { view.bytes() };
+        if !self.inner.is_staging() {
+            self.staged_seconds = 0.0;
+        }
+        let inner = &mut self.inner;
+        let (result, seconds) = py.detach(|| {
+            let t = Instant::now();
+            let r = inner.receive(data);
+            (r, t.elapsed().as_secs_f64())
+        });
+        self.staged_seconds += seconds;
+        let rust_seconds = self.staged_seconds;
+        Ok(result.py()?.map(|o| SyncOutcome {
+            kind: o.kind.name(),
+            version: o.version,
+            flushes: o.flushes,
+            changed: o.changed,
+            wire_bytes: o.wire_bytes,
+            state_digest: o.state_digest,
+            rust_seconds,
+        }))
+    }
+
+    /// Recomputes every slot's digest from the arrays and returns the names of the slots
+    /// whose bits no longer match what the receiver applied (changed behind its back).
+    fn recompute_digests(&self, py: Python<'_>) -> Vec<String> {
+        let inner = &self.inner;
+        let bad = py.detach(|| inner.recompute_digests());
+        let slots = self.inner.table().slots();
+        bad.into_iter()
+            .map(|id| slots[id as usize].name.clone())
+            .collect()
+    }
+
+    /// Drops a half-received sync (e.g. the connection to the sender broke).
+    fn abort_sync(&mut self) {
+        self.inner.abort_sync();
+    }
+
+    /// The version the arrays hold (None before the first seed).
+    #[getter]
+    fn version(&self) -> Option<u64> {
+        self.inner.version()
+    }
+
+    /// The combined digest to ack to the sender.
+    #[getter]
+    fn state_digest(&self) -> u64 {
+        self.inner.state_digest()
+    }
+
+    /// Per-slot running digests, by name.
+    #[getter]
+    fn digests<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        digests_dict(py, self.inner.table(), self.inner.digests())
+    }
+
+    /// Whether a sync is half received.
+    #[getter]
+    fn is_staging(&self) -> bool {
+        self.inner.is_staging()
+    }
+
+    #[getter]
+    fn table(&self) -> SlotTable {
+        SlotTable {
+            table: self.inner.table().clone(),
+        }
+    }
+
+    /// The numpy arrays the receiver writes, by name (views of the tensors if it was given
+    /// tensors).
+    #[getter]
+    fn arrays<'py>(&self, py: Python<'py>) -> Bound<'py, PyDict> {
+        self.arrays.bind(py).clone()
+    }
+}
