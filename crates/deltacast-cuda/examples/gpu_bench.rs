@@ -1,0 +1,288 @@
+//! GPU figures: the batched diff's bandwidth against a device-to-device copy of the same bytes
+//! at several densities, plus digest and encoder throughput.
+//!
+//! `gpu_bench [GIB] [REPS] [TUNING...]` (default 4 GiB of BF16, 10 repetitions, median of
+//! device-event times; each TUNING `items,min_blocks,reload[,wide]` also times the diff built
+//! that way).
+//! The diff at 1 % is checked bit for bit against `deltacast::diff::diff_and_refresh`.
+
+use std::time::Instant;
+
+use deltacast::diff::{diff_and_refresh, Changes};
+use deltacast_cuda::{DiffInput, DiffOutput, DiffTuning, DigestInput, EncodeInput, Gpu};
+
+fn splitmix(s: &mut u64) -> u64 {
+    *s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Fills `out` in parallel: `f(seed, chunk_index, chunk)`.
+fn par_fill(out: &mut [u8], f: impl Fn(u64, usize, &mut [u8]) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let per = out.len().div_ceil(threads).next_multiple_of(64);
+    std::thread::scope(|s| {
+        for (i, chunk) in out.chunks_mut(per).enumerate() {
+            let f = &f;
+            s.spawn(move || f(0x1234 + i as u64, i * per, chunk));
+        }
+    });
+}
+
+fn median(mut v: Vec<f32>) -> f32 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let gib: f64 = args.get(1).map_or(Ok(4.0), |s| s.parse())?;
+    let reps: usize = args.get(2).map_or(Ok(10), |s| s.parse())?;
+    let gpu = Gpu::new(0)?;
+    println!(
+        "device: {} ({}, {} SMs), diff tuning {:?}",
+        gpu.name(),
+        gpu.arch(),
+        gpu.sm_count(),
+        gpu.tuning()
+    );
+    // Variants share the primary context (and so the buffers) with `gpu`, kept alive throughout.
+    let mut variants = Vec::new();
+    for t in args.iter().skip(3) {
+        let p: Vec<u32> = t.split(',').map(|x| x.parse()).collect::<Result<_, _>>()?;
+        let tuning = DiffTuning {
+            items: p[0],
+            min_blocks: p[1],
+            reload: p[2] == 1,
+            wide_lookback: p.get(3) == Some(&1),
+        };
+        variants.push(Gpu::with_tuning(0, tuning)?);
+    }
+    let bytes = ((gib * (1u64 << 30) as f64) as usize) / 64 * 64;
+    let numel = bytes / 2;
+    let t = Instant::now();
+    let mut old = vec![0u8; bytes];
+    par_fill(&mut old, |seed, _, c| {
+        let mut s = seed;
+        for w in c.chunks_mut(8) {
+            let r = splitmix(&mut s).to_le_bytes();
+            w.copy_from_slice(&r[..w.len()]);
+        }
+    });
+    println!("host data: {:.1} s", t.elapsed().as_secs_f64());
+    let old_d = gpu.upload(&old)?;
+    let cur_d = gpu.alloc(bytes)?;
+    let snap_d = gpu.alloc(bytes)?;
+    let cap = numel / 8; // room for 12.5 % changes
+    let pos_d = gpu.alloc(cap * 8)?;
+    let new_d = gpu.alloc(cap * 2)?;
+    let oldv_d = gpu.alloc(cap * 2)?;
+    let dig_d = gpu.alloc_zeroed(8)?;
+
+    // Ceiling: cuMemcpyDtoD of the same bytes.
+    let mut copy = Vec::new();
+    for _ in 0..reps + 2 {
+        // SAFETY: both buffers are `bytes` long.
+        copy.push(gpu.time_ms(|| unsafe { gpu.copy_device(snap_d.ptr(), old_d.ptr(), bytes) })?);
+    }
+    let copy_ms = median(copy[2..].to_vec());
+    let gbs = |ms: f32| bytes as f64 / (ms as f64 * 1e-3) / 1e9;
+    println!(
+        "copy (cuMemcpyDtoD) of {:.2} GB: {copy_ms:.3} ms = {:.0} GB/s of tensor ({:.0} GB/s read+write)",
+        bytes as f64 / 1e9,
+        gbs(copy_ms),
+        2.0 * gbs(copy_ms)
+    );
+
+    let mut rows = Vec::new();
+    let mut host_cur = vec![0u8; bytes];
+    for density in [0.001f64, 0.01, 0.1] {
+        let thresh = (density * (1u64 << 32) as f64) as u64;
+        par_fill(&mut host_cur, |seed, at, c| {
+            let mut s = seed ^ 0xabcdef;
+            let src = &old[at..at + c.len()];
+            for (k, e) in c.chunks_mut(2).enumerate() {
+                let o = u16::from_le_bytes([src[2 * k], src[2 * k + 1]]);
+                let r = splitmix(&mut s);
+                let n = if (r & 0xffff_ffff) < thresh {
+                    if r >> 63 == 1 {
+                        o.wrapping_add(1)
+                    } else {
+                        o.wrapping_sub(1)
+                    }
+                } else {
+                    o
+                };
+                e.copy_from_slice(&n.to_le_bytes());
+            }
+        });
+        // SAFETY: `cur_d` is `bytes` long.
+        unsafe { gpu.copy_to_device(cur_d.ptr(), &host_cur)? };
+        let mut configs: Vec<(&Gpu, String, bool, usize)> = vec![
+            (&gpu, "1 tensor, new bits".into(), false, 1),
+            (&gpu, "1 tensor, new+old bits, digest".into(), true, 1),
+            (&gpu, "339 tensors, new+old, digest".into(), true, 339),
+        ];
+        for v in &variants {
+            let t = v.tuning();
+            let name = format!(
+                "{},{},{},{}",
+                t.items, t.min_blocks, t.reload as u32, t.wide_lookback as u32
+            );
+            configs.push((v, format!("[{name}] 1 tensor, new bits"), false, 1));
+            configs.push((v, format!("[{name}] 1 tensor, new+old, digest"), true, 1));
+        }
+        for (g, label, with_old, pieces) in configs {
+            let label = label.as_str();
+            let mut times = Vec::new();
+            let mut found = 0;
+            for r in 0..reps + 2 {
+                // Restore the snapshot (not timed).
+                // SAFETY: both `bytes` long.
+                unsafe { g.copy_device(snap_d.ptr(), old_d.ptr(), bytes)? };
+                let per = (numel / pieces / 8 * 8).max(8); // 16-byte aligned pieces
+                let inputs: Vec<DiffInput> = (0..pieces)
+                    .map(|p| {
+                        let first = p * per;
+                        let n = if p + 1 == pieces { numel - first } else { per };
+                        DiffInput {
+                            snapshot: snap_d.ptr() + 2 * first as u64,
+                            current: cur_d.ptr() + 2 * first as u64,
+                            numel: n as u64,
+                            width: 2,
+                            first_index: first as u64,
+                            digest: with_old.then_some((dig_d.ptr(), 0)),
+                        }
+                    })
+                    .collect();
+                let out = DiffOutput {
+                    positions: pos_d.ptr(),
+                    new_values: new_d.ptr(),
+                    old_values: with_old.then_some(oldv_d.ptr()),
+                    capacity: cap as u64,
+                };
+                // SAFETY: all inside the buffers above.
+                let res = unsafe { g.diff_batch(&inputs, &out)? };
+                assert!(res.is_complete());
+                found = res.found;
+                if r >= 2 {
+                    times.push(res.kernel_ms);
+                }
+            }
+            let ms = median(times);
+            println!(
+                "diff {:5.1}% {label:40}: {ms:.3} ms = {:.0} GB/s of tensor = {:.0}% of copy ({} changes)",
+                density * 100.0,
+                gbs(ms),
+                100.0 * copy_ms / ms,
+                found
+            );
+            rows.push((density, label.to_string(), ms, found));
+        }
+        if density == 0.01 {
+            // Bit-exact check against the CPU diff (the last run above left its output).
+            let t = Instant::now();
+            let mut snap = old.clone();
+            let mut ch = Changes::default();
+            diff_and_refresh(&mut snap, &host_cur, 2, 0, &mut ch);
+            let n = ch.len();
+            // SAFETY: the output buffers hold `found` changes.
+            let g_pos = unsafe { gpu.download(pos_d.ptr(), 8 * n)? };
+            let g_new = unsafe { gpu.download(new_d.ptr(), 2 * n)? };
+            let g_old = unsafe { gpu.download(oldv_d.ptr(), 2 * n)? };
+            let cpu_pos: Vec<u8> = ch.positions.iter().flat_map(|p| p.to_le_bytes()).collect();
+            let ok = g_pos == cpu_pos && g_new == ch.new_values && g_old == ch.old_values;
+            let g_snap = unsafe { gpu.download(snap_d.ptr(), bytes)? };
+            println!(
+                "check vs CPU diff_and_refresh at 1%: {} ({} changes, snapshot {}; {:.1} s)",
+                if ok { "identical" } else { "MISMATCH" },
+                n,
+                if g_snap == host_cur {
+                    "refreshed"
+                } else {
+                    "WRONG"
+                },
+                t.elapsed().as_secs_f64()
+            );
+            if !ok || g_snap != host_cur {
+                return Err("GPU diff differs from the CPU".into());
+            }
+            // Encoders on the 1 % output, 1 Mi-element grid.
+            let inputs = [EncodeInput {
+                change_offset: 0,
+                change_count: n as u64,
+                first_index: 0,
+                numel: numel as u64,
+            }];
+            let bm_len = Gpu::bitmap_bytes(&inputs, 1 << 20) as usize;
+            let bm = gpu.alloc(bm_len)?;
+            let abs = gpu.alloc(4 * n)?;
+            let mut times = Vec::new();
+            for _ in 0..reps {
+                times.push(gpu.time_ms(|| {
+                    // SAFETY: buffers sized as documented.
+                    unsafe {
+                        gpu.encode_positions(
+                            pos_d.ptr(),
+                            &inputs,
+                            1 << 20,
+                            Some(abs.ptr()),
+                            Some(bm.ptr()),
+                        )
+                    }
+                    .map(|_| ())
+                })?);
+            }
+            let ms = median(times);
+            println!(
+                "encode abs32+bitmap of {n} changes (1 Mi grid, {} chunks): {ms:.3} ms incl. host sync",
+                numel.div_ceil(1 << 20)
+            );
+        }
+    }
+    // Full digest of the whole buffer.
+    let mut times = Vec::new();
+    let mut d = 0;
+    for _ in 0..reps {
+        times.push(gpu.time_ms(|| {
+            // SAFETY: `old_d` holds `numel` BF16.
+            d = unsafe {
+                gpu.digest(&[DigestInput {
+                    ptr: old_d.ptr(),
+                    numel: numel as u64,
+                    width: 2,
+                    first_index: 0,
+                    slot: 0,
+                }])
+            }?[0];
+            Ok(())
+        })?);
+    }
+    let ms = median(times);
+    let t = Instant::now();
+    let cpu = deltacast::digest::digest_range(0, 2, &old, 0);
+    println!(
+        "digest of {:.2} GB: {ms:.3} ms = {:.0} GB/s ({}; CPU {:.2} s)",
+        bytes as f64 / 1e9,
+        gbs(ms),
+        if cpu == d {
+            "equals CPU"
+        } else {
+            "DIFFERS from CPU"
+        },
+        t.elapsed().as_secs_f64()
+    );
+    println!("\nsummary (median of {reps}, device events):");
+    println!("copy {copy_ms:.3} ms, {:.0} GB/s of tensor", gbs(copy_ms));
+    for (density, label, ms, found) in rows {
+        println!(
+            "{:>6.1}%  {label:40} {ms:7.3} ms {:6.0} GB/s {:5.0}% of copy  {found} changes",
+            density * 100.0,
+            gbs(ms),
+            100.0 * copy_ms / ms
+        );
+    }
+    Ok(())
+}

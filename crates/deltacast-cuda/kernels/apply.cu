@@ -1,0 +1,133 @@
+// Receiver side: decode + verify, then scatter, of chunks whose sections sit in device memory
+// (a received frame copied to the GPU, or sections assembled there). Position codecs: all,
+// abs32, bitmap; values: raw. Two launches, as deltacast::Receiver does it on the CPU:
+//
+//   dc_apply_check    decodes every chunk, checks what the CPU decoders check on the section's
+//                     contents (abs32: each position < range and strictly increasing; bitmap: no
+//                     set bit at or past range, exactly `count` set bits; delta: no element set
+//                     to the bits it already holds), and adds the chunk's digest change
+//                     (delta: Σ h(new) − h(old) from the bits held; seed: Σ h(new)) to its slot.
+//                     Writes nothing to the slots.
+//   dc_apply_scatter  writes the new bits; the host launches it only when every chunk checked
+//                     clean and the digests matched the sender's, so the state never ends
+//                     half way between two versions.
+//
+// Header-level checks (section lengths, count <= range, chunk inside its slot, pointer alignment)
+// are the host's (see src/gpu.rs) and happen before the launch: the kernels never read or write
+// outside what those bounds allow.
+
+#define APPLY_THREADS 256
+
+#define ERR_OUT_OF_RANGE 1u
+#define ERR_NOT_SORTED 2u
+#define ERR_BITMAP_COUNT 3u
+#define ERR_UNCHANGED 4u
+
+struct ApplyChunk {
+    u64 dst;        // device pointer to the slot's bytes
+    u64 pos;        // position section (abs32: u32 LE, 4-byte aligned; bitmap: bytes, 4-byte aligned)
+    u64 val;        // raw values section, aligned to the width
+    u64 start;      // first element of the chunk (slot index)
+    u64 range;      // elements in the chunk
+    u64 count;      // changes in the chunk
+    u64 salt;       // digest salt of the slot
+    u32 width;      // 1, 2 or 4
+    u32 pos_codec;  // 0 all, 1 abs32, 3 bitmap
+    u32 slot;       // index into digest_delta
+    u32 seed;       // 1: seed chunk (digest Σ h(new)); 0: delta chunk
+};
+
+__device__ __forceinline__ void dc_flag(u32* err, u32 code) { atomicCAS(err, 0u, code); }
+
+// Calls f(k, rel) for every change k of the chunk (k-th value, position rel relative to start),
+// each exactly once, in any order across threads; invalid entries are flagged in *err and skipped.
+// Every thread of the block must call it (the bitmap path scans across the block).
+template <class F>
+__device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scratch, u32* err, F f) {
+    if (c.pos_codec == 0) {
+        for (u64 k = threadIdx.x; k < c.count; k += blockDim.x) f(k, k);
+    } else if (c.pos_codec == 1) {
+        const u32* p = (const u32*)c.pos;
+        for (u64 k = threadIdx.x; k < c.count; k += blockDim.x) {
+            const u32 r = p[k];
+            if (r >= c.range) { dc_flag(err, ERR_OUT_OF_RANGE); continue; }
+            if (k > 0 && p[k - 1] >= r) { dc_flag(err, ERR_NOT_SORTED); continue; }
+            f(k, (u64)r);
+        }
+    } else {
+        const u8* b = (const u8*)c.pos;
+        const u64 nbytes = (c.range + 7) >> 3;
+        const u64 nwords = (nbytes + 3) >> 2;
+        u64 base = 0;  // set bits in earlier rounds
+        for (u64 w0 = 0; w0 < nwords; w0 += blockDim.x) {
+            const u64 wi = w0 + threadIdx.x;
+            u32 word = 0;
+            if (wi < nwords) {
+                if (wi * 4 + 4 <= nbytes) {
+                    word = *(const u32*)(b + wi * 4);
+                } else {
+                    for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)b[q] << (8 * (q - wi * 4));
+                }
+                const u64 bit0 = wi * 32;
+                if (bit0 + 32 > c.range) {
+                    const u32 valid = (u32)(c.range - bit0);  // 1..31 here
+                    const u32 keep = (1u << valid) - 1u;
+                    if (word & ~keep) { dc_flag(err, ERR_OUT_OF_RANGE); word &= keep; }
+                }
+            }
+            u32 total;
+            const u32 ex = dc_block_exclusive_scan((u32)__popc(word), scan_scratch, &total);
+            u64 k = base + ex;
+            while (word) {
+                const u32 bit = __ffs(word) - 1;
+                word &= word - 1;
+                if (k < c.count) f(k, wi * 32 + bit);
+                ++k;
+            }
+            base += total;
+        }
+        if (threadIdx.x == 0 && base != c.count) dc_flag(err, ERR_BITMAP_COUNT);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(APPLY_THREADS)
+dc_apply_check(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __restrict__ errors,
+               u64* __restrict__ digest_delta) {
+    __shared__ u32 s_scan[32];
+    __shared__ u64 s_sum[32];
+    for (u64 ci = blockIdx.x; ci < num_chunks; ci += gridDim.x) {
+        const ApplyChunk c = chunks[ci];
+        u32* err = &errors[ci];
+        const u8* dst = (const u8*)c.dst;
+        const u8* val = (const u8*)c.val;
+        u64 sum = 0;
+        dc_for_each(c, s_scan, err, [&](u64 k, u64 rel) {
+            const u64 index = c.start + rel;
+            const u32 nb = dc_load_bits(val, k, c.width);
+            if (c.seed) {
+                sum += dc_element_hash(c.salt, index, nb);
+            } else {
+                const u32 ob = dc_load_bits(dst, index, c.width);
+                if (ob == nb) dc_flag(err, ERR_UNCHANGED);
+                sum += dc_element_hash(c.salt, index, nb) - dc_element_hash(c.salt, index, ob);
+            }
+        });
+        const u64 total = dc_block_sum(sum, s_sum);
+        if (threadIdx.x == 0) atomicAdd(&digest_delta[c.slot], total);
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(APPLY_THREADS)
+dc_apply_scatter(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __restrict__ errors) {
+    __shared__ u32 s_scan[32];
+    for (u64 ci = blockIdx.x; ci < num_chunks; ci += gridDim.x) {
+        const ApplyChunk c = chunks[ci];
+        u8* dst = (u8*)c.dst;
+        const u8* val = (const u8*)c.val;
+        dc_for_each(c, s_scan, &errors[ci], [&](u64 k, u64 rel) {
+            dc_store_bits(dst, c.start + rel, c.width, dc_load_bits(val, k, c.width));
+        });
+        __syncthreads();
+    }
+}

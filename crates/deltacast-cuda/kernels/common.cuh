@@ -1,0 +1,81 @@
+// deltacast GPU kernels: shared prelude, prepended (as text) to every kernel file before NVRTC
+// compiles it. Header-free on purpose: NVRTC needs no include path and no CUDA toolkit.
+//
+// The host-side twins of every struct below are `#[repr(C)]` in src/kernels.rs; keep the two in
+// step (field order, sizes, 8-byte alignment).
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+#define DC_FULL_MASK 0xffffffffu
+
+// The digest mixer of docs/wire-format.md ("State digest"), mod 2^64.
+__device__ __forceinline__ u64 dc_mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+// h(s, i, b) with salt(s) precomputed on the host.
+__device__ __forceinline__ u64 dc_element_hash(u64 salt, u64 index, u32 bits) {
+    u64 key = ((salt ^ index) * 0x9e3779b97f4a7c15ULL) ^ (((u64)bits + 1ULL) * 0xd6e8feb86659fd93ULL);
+    return dc_mix64(key);
+}
+
+// Sum over the warp, every lane gets the total.
+__device__ __forceinline__ u64 dc_warp_sum(u64 v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(DC_FULL_MASK, v, o);
+    return v;
+}
+
+// Block-wide sum of a u64 (wrapping), result valid in thread 0. `scratch` holds one u64 per warp.
+__device__ __forceinline__ u64 dc_block_sum(u64 v, u64* scratch) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = dc_warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    u64 total = 0;
+    if (threadIdx.x == 0)
+        for (u32 w = 0; w < warps; ++w) total += scratch[w];
+    return total;
+}
+
+// Element `e` (width 1, 2 or 4 bytes) of a little-endian buffer, zero-extended to 32 bits.
+// The pointer must be aligned to the width (the host checks it).
+__device__ __forceinline__ u32 dc_load_bits(const u8* p, u64 e, u32 w) {
+    if (w == 1) return p[e];
+    if (w == 2) return *(const u16*)(p + 2 * e);
+    return *(const u32*)(p + 4 * e);
+}
+
+__device__ __forceinline__ void dc_store_bits(u8* p, u64 e, u32 w, u32 bits) {
+    if (w == 1) p[e] = (u8)bits;
+    else if (w == 2) *(u16*)(p + 2 * e) = (u16)bits;
+    else *(u32*)(p + 4 * e) = bits;
+}
+
+// Exclusive block-wide scan of a u32 (blockDim.x a multiple of 32, at most 1024). Returns the
+// exclusive prefix; `*total` gets the block total. `scratch` holds 32 u32.
+__device__ __forceinline__ u32 dc_block_exclusive_scan(u32 v, u32* scratch, u32* total) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    u32 incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 n = __shfl_up_sync(DC_FULL_MASK, incl, o);
+        if (lane >= (u32)o) incl += n;
+    }
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    u32 before = 0, all = 0;
+    for (u32 w = 0; w < warps; ++w) {
+        u32 t = scratch[w];
+        if (w < warp) before += t;
+        all += t;
+    }
+    *total = all;
+    return before + incl - v;
+}

@@ -1,0 +1,1283 @@
+//! The GPU path (feature `cuda`): cudarc's thin `result` layer over the driver API, NVRTC for the
+//! kernels, every call guarded so that a missing library is an error and never a panic.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::{result as cu, sys};
+use cudarc::nvrtc;
+
+use deltacast::digest::slot_salt;
+
+use crate::error::{CudaError, Result};
+use crate::DiffTuning;
+use crate::{
+    apply_error_reason, ApplyCheck, ApplyInput, ApplyPositions, ChunkError, DevicePtr, DiffInput,
+    DiffOutput, DiffResult, DiffTensorResult, DigestInput, EncodeInput, GridChunk, UpdateInput,
+    KERNELS,
+};
+
+const DIFF_THREADS: u32 = 256;
+/// Elements per digest block (kernels/digest.cu).
+const DIGEST_BLOCK_ELEMS: u64 = 256 * 32;
+const THREADS: u32 = 256;
+/// Most blocks a grid-stride kernel is launched with.
+const MAX_GRID: u64 = 1 << 16;
+
+// Host twins of the kernel structs; field order and sizes must match the .cu files.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KDiffTensor {
+    snap: u64,
+    cur: u64,
+    nbytes: u64,
+    first_index: u64,
+    tile_begin: u64,
+    digest_out: u64,
+    salt: u64,
+    width: u32,
+    aligned16: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KEncodeCell {
+    begin: u64,
+    end: u64,
+    chg_off: u64,
+    chg_cnt: u64,
+    bitmap_off: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct KEncodedCell {
+    lo: u64,
+    count: u64,
+    start: u64,
+    range: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KApplyChunk {
+    dst: u64,
+    pos: u64,
+    val: u64,
+    start: u64,
+    range: u64,
+    count: u64,
+    salt: u64,
+    width: u32,
+    pos_codec: u32,
+    slot: u32,
+    seed: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KDigestTensor {
+    ptr: u64,
+    numel: u64,
+    first_index: u64,
+    salt: u64,
+    block_begin: u64,
+    out: u64,
+    width: u32,
+    pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KUpdateSeg {
+    chg_off: u64,
+    chg_cnt: u64,
+    salt: u64,
+    block_begin: u64,
+    out: u64,
+    width: u32,
+    pad: u32,
+}
+
+/// Runs `f`, turning a panic inside cudarc (missing library or symbol) into an error.
+fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(CudaError::Panicked(msg))
+        }
+    }
+}
+
+fn drv(op: &'static str) -> impl Fn(cu::DriverError) -> CudaError {
+    move |e| {
+        let msg = match (e.error_name(), e.error_string()) {
+            (Ok(n), Ok(s)) => format!("{} ({})", n.to_string_lossy(), s.to_string_lossy()),
+            _ => format!("{:?}", e.0),
+        };
+        CudaError::Driver { op, msg }
+    }
+}
+
+/// Loads the library named by `var` (a file path) once, so that cudarc's later `dlopen` by
+/// soname finds it already in the process.
+fn preload(var: &str) -> std::result::Result<(), String> {
+    static LOADED: OnceLock<Mutex<HashMap<String, std::result::Result<(), String>>>> =
+        OnceLock::new();
+    let Ok(path) = std::env::var(var) else {
+        return Ok(());
+    };
+    let map = LOADED.get_or_init(Default::default);
+    let mut map = map.lock().unwrap_or_else(PoisonError::into_inner);
+    map.entry(var.to_string())
+        .or_insert_with(|| {
+            // SAFETY: loading a shared library runs its initialisers; the CUDA libraries'
+            // are sound. The handle is leaked so it stays loaded for the process.
+            match unsafe { libloading::Library::new(&path) } {
+                Ok(lib) => {
+                    std::mem::forget(lib);
+                    Ok(())
+                }
+                Err(e) => Err(format!("{var}={path}: {e}")),
+            }
+        })
+        .clone()
+}
+
+/// Probes `libcuda` without letting cudarc panic.
+fn driver_present() -> Result<()> {
+    preload("DELTACAST_CUDA_PATH").map_err(CudaError::DriverNotFound)?;
+    // SAFETY: only tries to dlopen the candidate names.
+    let present = catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+    if present {
+        Ok(())
+    } else {
+        Err(CudaError::DriverNotFound(
+            "no libcuda.so in the library search path (is an NVIDIA driver installed? \
+             DELTACAST_CUDA_PATH may name the file)"
+                .into(),
+        ))
+    }
+}
+
+/// Probes `libnvrtc` without letting cudarc panic.
+pub fn nvrtc_present() -> Result<()> {
+    preload("DELTACAST_NVRTC_PATH").map_err(CudaError::NvrtcNotFound)?;
+    // SAFETY: only tries to dlopen the candidate names.
+    let present = catch_unwind(|| unsafe { nvrtc::sys::is_culib_present() }).unwrap_or(false);
+    if present {
+        Ok(())
+    } else {
+        Err(CudaError::NvrtcNotFound(
+            "no libnvrtc.so in the library search path (install the CUDA toolkit or the \
+             nvidia-cuda-nvrtc wheel; DELTACAST_NVRTC_PATH may name the file)"
+                .into(),
+        ))
+    }
+}
+
+/// Compiles kernel file `name` to PTX for `arch` (e.g. `compute_90`), without a device.
+pub fn compile_kernel(name: &str, arch: &str) -> Result<String> {
+    compile_kernel_with(name, arch, &[])
+}
+
+/// [`compile_kernel`] with the diff kernel's knobs set to `tuning`.
+pub fn compile_kernel_tuned(name: &str, arch: &str, tuning: DiffTuning) -> Result<String> {
+    compile_kernel_with(name, arch, &tuning.defines())
+}
+
+/// [`compile_kernel`] with extra NVRTC options (e.g. `-DDIFF_ITEMS=8`).
+fn compile_kernel_with(name: &str, arch: &str, extra: &[String]) -> Result<String> {
+    guarded(|| {
+        nvrtc_present()?;
+        let program = crate::kernel_program(name)
+            .ok_or_else(|| CudaError::InvalidArgument(format!("no kernel file `{name}`")))?;
+        let opts = nvrtc::CompileOptions {
+            options: vec![
+                format!("--gpu-architecture={arch}"),
+                "--std=c++17".into(),
+                "-default-device".into(),
+            ]
+            .into_iter()
+            .chain(extra.iter().cloned())
+            .collect(),
+            name: Some(format!("{name}.cu")),
+            ..Default::default()
+        };
+        match nvrtc::compile_ptx_with_opts(program, opts) {
+            Ok(ptx) => Ok(ptx.to_src()),
+            Err(nvrtc::CompileError::CompileError { log, .. }) => Err(CudaError::Compile {
+                name: name.into(),
+                arch: arch.into(),
+                log: log.to_string_lossy().into_owned(),
+            }),
+            Err(e) => Err(CudaError::Compile {
+                name: name.into(),
+                arch: arch.into(),
+                log: format!("{e:?}"),
+            }),
+        }
+    })
+}
+
+/// PTX of every kernel file for `arch` and tuning, compiled once per process.
+fn ptx_for(arch: &str, tuning: DiffTuning) -> Result<Arc<Vec<(&'static str, String)>>> {
+    type Cache = Mutex<HashMap<(String, DiffTuning), Arc<Vec<(&'static str, String)>>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (arch.to_string(), tuning);
+    if let Some(hit) = cache
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+    {
+        return Ok(hit.clone());
+    }
+    let mut all = Vec::new();
+    for (name, _) in KERNELS {
+        let extra = if *name == "diff" {
+            tuning.defines()
+        } else {
+            Vec::new()
+        };
+        all.push((*name, compile_kernel_with(name, arch, &extra)?));
+    }
+    let all = Arc::new(all);
+    cache
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(key, all.clone());
+    Ok(all)
+}
+
+/// Kernel arguments: every value lives in a u64 slot (a u32 argument reads the low half, as
+/// the host is little-endian), so the pointers handed to the driver stay put.
+struct Args {
+    slots: [u64; 16],
+    len: usize,
+}
+
+impl Args {
+    fn new() -> Self {
+        Args {
+            slots: [0; 16],
+            len: 0,
+        }
+    }
+
+    fn push(mut self, v: u64) -> Self {
+        self.slots[self.len] = v;
+        self.len += 1;
+        self
+    }
+
+    fn ptrs(&mut self) -> Vec<*mut c_void> {
+        let base = self.slots.as_mut_ptr();
+        // SAFETY: every index is below `len` <= 16.
+        (0..self.len)
+            .map(|i| unsafe { base.add(i) } as *mut c_void)
+            .collect()
+    }
+}
+
+/// A device allocation owned by this crate, freed on drop.
+pub struct DeviceBuffer {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: a device address and a context handle; the driver API is thread-safe.
+unsafe impl Send for DeviceBuffer {}
+unsafe impl Sync for DeviceBuffer {}
+
+impl DeviceBuffer {
+    /// Its device address.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            let (ptr, ctx) = (self.ptr, self.ctx);
+            // Errors on free (a context torn down) cannot be reported from drop.
+            let _ = guarded(|| {
+                // SAFETY: `ptr` came from `malloc_sync` in `ctx` and is freed once.
+                unsafe {
+                    let _ = cu::ctx::set_current(ctx);
+                    let _ = cu::free_sync(ptr);
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+struct Scratch {
+    buf: Option<DeviceBuffer>,
+}
+
+/// One GPU: its primary context, a stream, the loaded kernels and some scratch memory.
+pub struct Gpu {
+    ordinal: usize,
+    device: sys::CUdevice,
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+    modules: Vec<sys::CUmodule>,
+    funcs: HashMap<&'static str, sys::CUfunction>,
+    events: (sys::CUevent, sys::CUevent),
+    arch: String,
+    name: String,
+    tuning: DiffTuning,
+    sm_count: u32,
+    scratch: Mutex<Scratch>,
+}
+
+// SAFETY: handles of the driver API, which is thread-safe; the mutable scratch is behind a
+// mutex held for the whole of every call that uses it, including the final synchronisation.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+/// The kernels of each file.
+const KERNEL_NAMES: &[(&str, &[&str])] = &[
+    ("diff", &["dc_diff", "dc_diff_finish"]),
+    ("encode", &["dc_encode_cells"]),
+    ("apply", &["dc_apply_check", "dc_apply_scatter"]),
+    ("digest", &["dc_digest", "dc_digest_update"]),
+];
+
+impl Gpu {
+    /// Opens device `ordinal`: loads the driver, retains its primary context (the one torch
+    /// uses), creates a stream, and compiles (once per process) and loads the kernels.
+    /// A machine without the driver, NVRTC or the device gets an error, never a panic.
+    pub fn new(ordinal: usize) -> Result<Gpu> {
+        Gpu::with_tuning(ordinal, DiffTuning::from_env()?)
+    }
+
+    /// [`Gpu::new`] with the diff kernel built with `tuning`.
+    pub fn with_tuning(ordinal: usize, tuning: DiffTuning) -> Result<Gpu> {
+        guarded(|| {
+            driver_present()?;
+            cu::init().map_err(drv("cuInit"))?;
+            let count = cu::device::get_count().map_err(drv("cuDeviceGetCount"))?;
+            if ordinal >= count.max(0) as usize {
+                return Err(CudaError::NoDevice(format!(
+                    "device {ordinal} asked for, {count} present"
+                )));
+            }
+            let device = cu::device::get(ordinal as i32).map_err(drv("cuDeviceGet"))?;
+            let name = cu::device::get_name(device).unwrap_or_default();
+            let attr = |a| {
+                // SAFETY: `device` is a valid device handle.
+                unsafe { cu::device::get_attribute(device, a) }.map_err(drv("cuDeviceGetAttribute"))
+            };
+            use sys::CUdevice_attribute as A;
+            let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+            let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+            let sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+            let arch = format!("compute_{major}{minor}");
+            // SAFETY: retained here, released in drop.
+            let ctx = unsafe { cu::primary_ctx::retain(device) }
+                .map_err(drv("cuDevicePrimaryCtxRetain"))?;
+            let mut gpu = Gpu {
+                ordinal,
+                device,
+                ctx,
+                stream: std::ptr::null_mut(),
+                modules: Vec::new(),
+                funcs: HashMap::new(),
+                events: (std::ptr::null_mut(), std::ptr::null_mut()),
+                arch,
+                name,
+                tuning,
+                sm_count,
+                scratch: Mutex::new(Scratch { buf: None }),
+            };
+            gpu.bind()?;
+            gpu.stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+                .map_err(drv("cuStreamCreate"))?;
+            let ev = || {
+                cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                    .map_err(drv("cuEventCreate"))
+            };
+            gpu.events = (ev()?, ev()?);
+            let ptx = ptx_for(&gpu.arch, tuning)?;
+            for (file, src) in ptx.iter() {
+                let image = CString::new(src.as_bytes()).map_err(|_| CudaError::Compile {
+                    name: file.to_string(),
+                    arch: gpu.arch.clone(),
+                    log: "PTX holds a NUL byte".into(),
+                })?;
+                // SAFETY: a NUL-terminated PTX image, alive for the call.
+                let module = unsafe { cu::module::load_data(image.as_ptr() as *const c_void) }
+                    .map_err(drv("cuModuleLoadData"))?;
+                gpu.modules.push(module);
+                let names = KERNEL_NAMES
+                    .iter()
+                    .find(|(f, _)| f == file)
+                    .map_or(&[][..], |(_, k)| *k);
+                for &k in names {
+                    let cname = CString::new(k).expect("no NUL");
+                    // SAFETY: `module` was just loaded.
+                    let f = unsafe { cu::module::get_function(module, cname) }
+                        .map_err(drv("cuModuleGetFunction"))?;
+                    gpu.funcs.insert(k, f);
+                }
+            }
+            Ok(gpu)
+        })
+    }
+
+    /// Number of devices (0 when there is no driver).
+    pub fn device_count() -> Result<usize> {
+        guarded(|| {
+            driver_present()?;
+            cu::init().map_err(drv("cuInit"))?;
+            Ok(cu::device::get_count()
+                .map_err(drv("cuDeviceGetCount"))?
+                .max(0) as usize)
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The device's name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The virtual architecture the kernels were compiled for, e.g. `compute_90`.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// How the diff kernel was built.
+    pub fn tuning(&self) -> DiffTuning {
+        self.tuning
+    }
+
+    /// The raw `CUstream` every method enqueues on.
+    pub fn stream_handle(&self) -> u64 {
+        self.stream as u64
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: `ctx` is a retained primary context.
+        unsafe { cu::ctx::set_current(self.ctx) }.map_err(drv("cuCtxSetCurrent"))
+    }
+
+    fn func(&self, name: &'static str) -> sys::CUfunction {
+        self.funcs[name]
+    }
+
+    fn launch(&self, name: &'static str, grid: u64, block: u32, mut args: Args) -> Result<()> {
+        if grid == 0 {
+            return Ok(());
+        }
+        let grid = u32::try_from(grid)
+            .ok()
+            .filter(|&g| g < (1 << 31))
+            .ok_or_else(|| CudaError::InvalidArgument(format!("grid of {grid} blocks")))?;
+        let mut ptrs = args.ptrs();
+        // SAFETY: the kernel's parameters match `args` in number and size (each launch site
+        // follows its kernel's signature); the pointers in them are the caller's promise.
+        unsafe {
+            cu::launch_kernel(
+                self.func(name),
+                (grid, 1, 1),
+                (block, 1, 1),
+                0,
+                self.stream,
+                &mut ptrs,
+            )
+        }
+        .map_err(drv(name))
+    }
+
+    fn sync(&self) -> Result<()> {
+        // SAFETY: our stream.
+        unsafe { cu::stream::synchronize(self.stream) }.map_err(drv("cuStreamSynchronize"))
+    }
+
+    /// Waits for everything enqueued so far.
+    pub fn synchronize(&self) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            self.sync()
+        })
+    }
+
+    /// A new device allocation of `len` bytes (contents undefined).
+    pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
+        guarded(|| {
+            self.bind()?;
+            let ptr = if len == 0 {
+                0
+            } else {
+                // SAFETY: plain allocation in the bound context.
+                unsafe { cu::malloc_sync(len) }.map_err(drv("cuMemAlloc"))?
+            };
+            Ok(DeviceBuffer {
+                ptr,
+                len,
+                ctx: self.ctx,
+            })
+        })
+    }
+
+    /// A new zeroed allocation.
+    pub fn alloc_zeroed(&self, len: usize) -> Result<DeviceBuffer> {
+        let buf = self.alloc(len)?;
+        // SAFETY: the whole new allocation.
+        unsafe { self.memset(buf.ptr(), 0, len)? };
+        Ok(buf)
+    }
+
+    /// A new allocation holding `data`.
+    pub fn upload(&self, data: &[u8]) -> Result<DeviceBuffer> {
+        let buf = self.alloc(data.len())?;
+        // SAFETY: the new allocation is `data.len()` bytes.
+        unsafe { self.copy_to_device(buf.ptr(), data)? };
+        Ok(buf)
+    }
+
+    /// Copies `data` to `dst` (synchronous with respect to the host).
+    ///
+    /// # Safety
+    /// `dst` must be valid for `data.len()` bytes.
+    pub unsafe fn copy_to_device(&self, dst: DevicePtr, data: &[u8]) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            if data.is_empty() {
+                return Ok(());
+            }
+            // SAFETY: per this function's contract; a copy from pageable memory is staged
+            // before the call returns, and the stream is synchronised anyway.
+            unsafe { cu::memcpy_htod_async(dst, data, self.stream) }
+                .map_err(drv("cuMemcpyHtoD"))?;
+            self.sync()
+        })
+    }
+
+    /// Copies `len` bytes at `src` back to the host (after everything enqueued before).
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` bytes.
+    pub unsafe fn download(&self, src: DevicePtr, len: usize) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; len];
+        // SAFETY: per this function's contract.
+        unsafe { self.download_into(src, &mut out)? };
+        Ok(out)
+    }
+
+    /// Copies `out.len()` bytes at `src` into `out`.
+    ///
+    /// # Safety
+    /// `src` must be valid for `out.len()` bytes.
+    pub unsafe fn download_into(&self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            if out.is_empty() {
+                return self.sync();
+            }
+            // SAFETY: per this function's contract; synchronised before `out` is used.
+            unsafe { cu::memcpy_dtoh_async(out, src, self.stream) }.map_err(drv("cuMemcpyDtoH"))?;
+            self.sync()
+        })
+    }
+
+    fn download_typed<T: Copy + Default>(&self, src: DevicePtr, n: usize) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); n];
+        if n == 0 {
+            return Ok(out);
+        }
+        // SAFETY: callers pass buffers of `n` values of T (plain-old-data repr(C) structs or
+        // integers) that they allocated themselves.
+        unsafe { cu::memcpy_dtoh_async(&mut out, src, self.stream) }
+            .map_err(drv("cuMemcpyDtoH"))?;
+        self.sync()?;
+        Ok(out)
+    }
+
+    fn upload_typed<T: Copy>(&self, dst: DevicePtr, data: &[T]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: callers pass a scratch region sized for `data`; pageable memory is staged
+        // before the call returns.
+        unsafe { cu::memcpy_htod_async(dst, data, self.stream) }.map_err(drv("cuMemcpyHtoD"))
+    }
+
+    /// Sets `len` bytes at `dst` to `value` (enqueued).
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes.
+    pub unsafe fn memset(&self, dst: DevicePtr, value: u8, len: usize) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            if len == 0 {
+                return Ok(());
+            }
+            // SAFETY: per this function's contract.
+            unsafe { cu::memset_d8_async(dst, value, len, self.stream) }.map_err(drv("cuMemsetD8"))
+        })
+    }
+
+    /// Device-to-device copy of `len` bytes (enqueued): `cuMemcpyDtoDAsync`.
+    ///
+    /// # Safety
+    /// Both pointers must be valid for `len` bytes.
+    pub unsafe fn copy_device(&self, dst: DevicePtr, src: DevicePtr, len: usize) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            if len == 0 {
+                return Ok(());
+            }
+            // SAFETY: per this function's contract.
+            unsafe { cu::memcpy_dtod_async(dst, src, len, self.stream) }
+                .map_err(drv("cuMemcpyDtoD"))
+        })
+    }
+
+    /// Device time of whatever `f` enqueues on this GPU's stream, in milliseconds (events).
+    pub fn time_ms(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+        guarded(|| {
+            self.bind()?;
+            // SAFETY: our events and stream.
+            unsafe { cu::event::record(self.events.0, self.stream) }
+                .map_err(drv("cuEventRecord"))?;
+            f()?;
+            self.bind()?;
+            // SAFETY: as above.
+            unsafe {
+                cu::event::record(self.events.1, self.stream).map_err(drv("cuEventRecord"))?;
+                cu::event::synchronize(self.events.1).map_err(drv("cuEventSynchronize"))?;
+                cu::event::elapsed(self.events.0, self.events.1).map_err(drv("cuEventElapsedTime"))
+            }
+        })
+    }
+
+    /// A scratch region of at least `len` bytes, 256-aligned, valid until the guard drops.
+    fn scratch(&self, len: usize) -> Result<(std::sync::MutexGuard<'_, Scratch>, DevicePtr)> {
+        let mut s = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        let len = len.max(256);
+        if s.buf.as_ref().is_none_or(|b| b.len() < len) {
+            // Whatever used the old buffer was synchronised before its guard dropped.
+            s.buf = None;
+            s.buf = Some(self.alloc(len.next_power_of_two())?);
+        }
+        let ptr = s.buf.as_ref().map(|b| b.ptr()).unwrap_or(0);
+        Ok((s, ptr))
+    }
+
+    /// Diffs many tensors in one launch sequence (see kernels/diff.cu): compares each
+    /// `current` with its `snapshot` as unsigned integers, writes the changes in order to `out`,
+    /// refreshes exactly the changed snapshot elements, and adds the fused digest updates.
+    /// Synchronises once, at the end, to return the per-tensor counts.
+    ///
+    /// # Safety
+    /// Every pointer must be valid for its size (`numel * width` bytes for the tensors;
+    /// `out` as documented on [`DiffOutput`]), snapshots must not overlap anything else, and
+    /// the digest words must be valid u64.
+    pub unsafe fn diff_batch(&self, inputs: &[DiffInput], out: &DiffOutput) -> Result<DiffResult> {
+        guarded(|| {
+            self.bind()?;
+            let n = inputs.len();
+            if n == 0 {
+                return Ok(DiffResult::default());
+            }
+            if n >= u32::MAX as usize {
+                return Err(CudaError::InvalidArgument("too many tensors".into()));
+            }
+            for (i, t) in inputs.iter().enumerate() {
+                if !matches!(t.width, 1 | 2 | 4) {
+                    return Err(CudaError::InvalidArgument(format!(
+                        "tensor {i}: width {} (1, 2 or 4)",
+                        t.width
+                    )));
+                }
+                let w = t.width as u64;
+                if t.numel.checked_mul(w).is_none() || t.first_index.checked_add(t.numel).is_none()
+                {
+                    return Err(CudaError::InvalidArgument(format!(
+                        "tensor {i}: size overflows"
+                    )));
+                }
+                if t.numel > 0 && (t.snapshot % w != 0 || t.current % w != 0) {
+                    return Err(CudaError::InvalidArgument(format!(
+                        "tensor {i}: pointers not aligned to the element width {w}"
+                    )));
+                }
+            }
+            // Non-decreasing width, so value ranges at g * width never overlap.
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by_key(|&i| inputs[i].width);
+            let mut table = Vec::with_capacity(n);
+            let mut tiles = 0u64;
+            for &i in &order {
+                let t = &inputs[i];
+                let nbytes = t.numel * t.width as u64;
+                let (digest_out, salt) = match t.digest {
+                    Some((ptr, slot)) => (ptr, slot_salt(slot)),
+                    None => (0, 0),
+                };
+                table.push(KDiffTensor {
+                    snap: t.snapshot,
+                    cur: t.current,
+                    nbytes,
+                    first_index: t.first_index,
+                    tile_begin: tiles,
+                    digest_out,
+                    salt,
+                    width: t.width as u32,
+                    aligned16: (t.snapshot | t.current).is_multiple_of(16) as u32,
+                });
+                tiles += nbytes.div_ceil(self.tuning.tile_bytes());
+            }
+            if tiles >= (1 << 31) {
+                return Err(CudaError::InvalidArgument(format!(
+                    "batch of {tiles} tiles; split it (at most 2^31 tiles of {} B)",
+                    self.tuning.tile_bytes()
+                )));
+            }
+            // Scratch: [counter 8][status tiles*8][table n*64][result (3n+2)*8].
+            let status_off = 8u64;
+            let table_off = status_off + tiles * 8;
+            let result_off = table_off + (n * std::mem::size_of::<KDiffTensor>()) as u64;
+            let len = result_off + (3 * n as u64 + 2) * 8;
+            let (_guard, base) = self.scratch(len as usize)?;
+            // SAFETY: inside the scratch region.
+            unsafe { cu::memset_d8_async(base, 0, table_off as usize, self.stream) }
+                .map_err(drv("cuMemsetD8"))?;
+            self.upload_typed(base + table_off, &table)?;
+            let start = self.events.0;
+            // SAFETY: our event and stream.
+            unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
+            self.launch(
+                "dc_diff",
+                tiles,
+                DIFF_THREADS,
+                Args::new()
+                    .push(base + table_off)
+                    .push(n as u64)
+                    .push(base)
+                    .push(base + status_off)
+                    .push(out.capacity)
+                    .push(out.positions)
+                    .push(out.new_values)
+                    .push(out.old_values.unwrap_or(0)),
+            )?;
+            self.launch(
+                "dc_diff_finish",
+                (n as u64).div_ceil(THREADS as u64).min(MAX_GRID),
+                THREADS,
+                Args::new()
+                    .push(base + table_off)
+                    .push(n as u64)
+                    .push(base + status_off)
+                    .push(tiles)
+                    .push(out.capacity)
+                    .push(base + result_off),
+            )?;
+            // SAFETY: our event and stream.
+            unsafe { cu::event::record(self.events.1, self.stream) }
+                .map_err(drv("cuEventRecord"))?;
+            let raw: Vec<u64> = self.download_typed(base + result_off, 3 * n + 2)?;
+            // SAFETY: both events were recorded and the stream synchronised.
+            let kernel_ms = unsafe { cu::event::elapsed(start, self.events.1) }
+                .map_err(drv("cuEventElapsedTime"))?;
+            let mut tensors = vec![DiffTensorResult::default(); n];
+            for (k, &i) in order.iter().enumerate() {
+                let offset = raw[3 * k];
+                tensors[i] = DiffTensorResult {
+                    offset,
+                    written: raw[3 * k + 1],
+                    found: raw[3 * k + 2],
+                    value_offset: offset * inputs[i].width as u64,
+                };
+            }
+            Ok(DiffResult {
+                tensors,
+                found: raw[3 * n],
+                written: raw[3 * n + 1],
+                kernel_ms,
+            })
+        })
+    }
+
+    /// Bytes the bitmap buffer of [`Gpu::encode_positions`] needs for these inputs.
+    pub fn bitmap_bytes(inputs: &[EncodeInput], chunk_elems: u64) -> u64 {
+        cells(inputs, chunk_elems)
+            .map(|c| c.1.end - c.1.begin)
+            .map(|len| len.div_ceil(8).next_multiple_of(8))
+            .sum()
+    }
+
+    /// Forms the core's chunks (grid cells of `chunk_elems`, tightened to their changes) over
+    /// sorted change lists and writes their position sections: abs32 (`u32` per change, at the
+    /// change's index) into `abs32_out`, and/or bitmaps into `bitmap_out` (zeroed here first;
+    /// [`Gpu::bitmap_bytes`] long). Returns the non-empty chunks in order.
+    ///
+    /// # Safety
+    /// `positions` must hold every listed change (u64); `abs32_out` one u32 per change index
+    /// used; `bitmap_out` `bitmap_bytes(inputs, chunk_elems)` bytes, 8-byte aligned.
+    pub unsafe fn encode_positions(
+        &self,
+        positions: DevicePtr,
+        inputs: &[EncodeInput],
+        chunk_elems: u64,
+        abs32_out: Option<DevicePtr>,
+        bitmap_out: Option<DevicePtr>,
+    ) -> Result<Vec<GridChunk>> {
+        guarded(|| {
+            self.bind()?;
+            if chunk_elems == 0 || chunk_elems > u32::MAX as u64 {
+                return Err(CudaError::InvalidArgument(format!(
+                    "chunk size {chunk_elems} outside 1..=2^32-1"
+                )));
+            }
+            if bitmap_out.is_some_and(|p| p % 8 != 0) || abs32_out.is_some_and(|p| p % 4 != 0) {
+                return Err(CudaError::InvalidArgument("misaligned output".into()));
+            }
+            let list: Vec<(usize, KEncodeCell)> = cells(inputs, chunk_elems).collect();
+            let nc = list.len();
+            if nc == 0 {
+                return Ok(Vec::new());
+            }
+            let table: Vec<KEncodeCell> = list.iter().map(|c| c.1).collect();
+            let table_len = (nc * std::mem::size_of::<KEncodeCell>()) as u64;
+            let out_len = (nc * std::mem::size_of::<KEncodedCell>()) as u64;
+            let (_guard, base) = self.scratch((table_len + out_len) as usize)?;
+            self.upload_typed(base, &table)?;
+            if let Some(bm) = bitmap_out {
+                let bytes = Self::bitmap_bytes(inputs, chunk_elems);
+                // SAFETY: per this function's contract.
+                unsafe { cu::memset_d8_async(bm, 0, bytes as usize, self.stream) }
+                    .map_err(drv("cuMemsetD8"))?;
+            }
+            self.launch(
+                "dc_encode_cells",
+                (nc as u64).min(MAX_GRID),
+                THREADS,
+                Args::new()
+                    .push(base)
+                    .push(nc as u64)
+                    .push(positions)
+                    .push(base + table_len)
+                    .push(abs32_out.unwrap_or(0))
+                    .push(bitmap_out.unwrap_or(0)),
+            )?;
+            let got: Vec<KEncodedCell> = self.download_typed(base + table_len, nc)?;
+            let mut seen = vec![0u64; inputs.len()];
+            let mut chunks = Vec::new();
+            for ((input, cell), r) in list.iter().zip(&got) {
+                seen[*input] += r.count;
+                if r.count > 0 {
+                    chunks.push(GridChunk {
+                        input: *input,
+                        lo: r.lo,
+                        count: r.count,
+                        start: r.start,
+                        range: r.range,
+                        bitmap_offset: cell.bitmap_off,
+                    });
+                }
+            }
+            for (i, (s, t)) in seen.iter().zip(inputs).enumerate() {
+                if *s != t.change_count {
+                    return Err(CudaError::InvalidArgument(format!(
+                        "input {i}: {} of {} changes lie in its range (unsorted or out of range)",
+                        s, t.change_count
+                    )));
+                }
+            }
+            Ok(chunks)
+        })
+    }
+
+    /// Checks a batch of chunks on the GPU without writing anything: section lengths and
+    /// alignment (host), then contents and digest changes (kernel). `seed` selects the seed
+    /// digest (Σ h(new)) over the delta one (Σ h(new) − h(old), and new ≠ held).
+    /// `num_slots` sizes [`ApplyCheck::digest_change`]. Synchronises once.
+    ///
+    /// # Safety
+    /// Every pointer must be valid for the lengths given (slots: `slot_numel * width`).
+    pub unsafe fn apply_check(
+        &self,
+        chunks: &[ApplyInput],
+        seed: bool,
+        num_slots: usize,
+    ) -> Result<ApplyCheck> {
+        guarded(|| {
+            self.bind()?;
+            let table = apply_table(chunks, seed, num_slots)?;
+            let n = table.len();
+            let t_len = (n * std::mem::size_of::<KApplyChunk>()) as u64;
+            let e_off = t_len.next_multiple_of(8);
+            let d_off = e_off + (n as u64 * 4).next_multiple_of(8);
+            let len = d_off + num_slots as u64 * 8;
+            let (_guard, base) = self.scratch(len as usize)?;
+            self.upload_typed(base, &table)?;
+            // SAFETY: inside the scratch region.
+            unsafe { cu::memset_d8_async(base + e_off, 0, (len - e_off) as usize, self.stream) }
+                .map_err(drv("cuMemsetD8"))?;
+            self.launch(
+                "dc_apply_check",
+                (n as u64).min(MAX_GRID),
+                THREADS,
+                Args::new()
+                    .push(base)
+                    .push(n as u64)
+                    .push(base + e_off)
+                    .push(base + d_off),
+            )?;
+            let codes: Vec<u32> = self.download_typed(base + e_off, n)?;
+            let digest_change: Vec<u64> = self.download_typed(base + d_off, num_slots)?;
+            let errors = codes
+                .iter()
+                .enumerate()
+                .filter(|(_, &c)| c != 0)
+                .map(|(chunk, &c)| ChunkError {
+                    chunk,
+                    reason: apply_error_reason(c),
+                })
+                .collect();
+            Ok(ApplyCheck {
+                digest_change,
+                errors,
+            })
+        })
+    }
+
+    /// Writes the chunks' new bits into their slots (no digest, no content checks beyond
+    /// staying inside each chunk): call it only after [`Gpu::apply_check`] passed.
+    /// Synchronises once.
+    ///
+    /// # Safety
+    /// As [`Gpu::apply_check`]; the slots are written.
+    pub unsafe fn apply_scatter(&self, chunks: &[ApplyInput]) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            let table = apply_table(chunks, false, usize::MAX)?;
+            let n = table.len();
+            let t_len = (n * std::mem::size_of::<KApplyChunk>()) as u64;
+            let e_off = t_len.next_multiple_of(8);
+            let len = e_off + n as u64 * 4;
+            let (_guard, base) = self.scratch(len as usize)?;
+            self.upload_typed(base, &table)?;
+            // SAFETY: inside the scratch region.
+            unsafe { cu::memset_d8_async(base + e_off, 0, n * 4, self.stream) }
+                .map_err(drv("cuMemsetD8"))?;
+            self.launch(
+                "dc_apply_scatter",
+                (n as u64).min(MAX_GRID),
+                THREADS,
+                Args::new().push(base).push(n as u64).push(base + e_off),
+            )?;
+            self.sync()
+        })
+    }
+
+    /// The receiver's whole step for one staged sync: check every chunk, compute the new
+    /// digests from the bits held (`held[slot]` plus the changes; a seed's from the values
+    /// alone), compare them with the sender's `expected`, and only then scatter. On any
+    /// failure nothing is written. Returns the new digests.
+    ///
+    /// # Safety
+    /// As [`Gpu::apply_check`].
+    pub unsafe fn apply_verified(
+        &self,
+        chunks: &[ApplyInput],
+        seed: bool,
+        held: &[u64],
+        expected: &[u64],
+    ) -> Result<Vec<u64>> {
+        if held.len() != expected.len() {
+            return Err(CudaError::InvalidArgument(
+                "held and expected digests differ in length".into(),
+            ));
+        }
+        // SAFETY: per this function's contract.
+        let check = unsafe { self.apply_check(chunks, seed, expected.len())? };
+        if let Some(e) = check.errors.first() {
+            return Err(CudaError::BadChunk {
+                chunk: e.chunk,
+                reason: e.reason,
+            });
+        }
+        let new: Vec<u64> = check
+            .digest_change
+            .iter()
+            .zip(held)
+            .map(|(&d, &h)| if seed { d } else { h.wrapping_add(d) })
+            .collect();
+        for (slot, (&a, &e)) in new.iter().zip(expected).enumerate() {
+            if a != e {
+                return Err(CudaError::DigestMismatch {
+                    slot: slot as u32,
+                    expected: e,
+                    actual: a,
+                });
+            }
+        }
+        // SAFETY: per this function's contract; every chunk checked clean.
+        unsafe { self.apply_scatter(chunks)? };
+        Ok(new)
+    }
+
+    /// The digest of each input (`Σ h(slot, first_index + k, bits_k)`), all in one launch.
+    ///
+    /// # Safety
+    /// Every `ptr` must be valid for `numel * width` bytes, aligned to the width.
+    pub unsafe fn digest(&self, inputs: &[DigestInput]) -> Result<Vec<u64>> {
+        guarded(|| {
+            self.bind()?;
+            let n = inputs.len();
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let t_len = (n * std::mem::size_of::<KDigestTensor>()) as u64;
+            let (_guard, base) = self.scratch((t_len + n as u64 * 8) as usize)?;
+            let out = base + t_len;
+            let mut table = Vec::with_capacity(n);
+            let mut blocks = 0u64;
+            for (i, t) in inputs.iter().enumerate() {
+                if !matches!(t.width, 1 | 2 | 4) || (t.numel > 0 && t.ptr % t.width as u64 != 0) {
+                    return Err(CudaError::InvalidArgument(format!(
+                        "input {i}: width {} or alignment",
+                        t.width
+                    )));
+                }
+                table.push(KDigestTensor {
+                    ptr: t.ptr,
+                    numel: t.numel,
+                    first_index: t.first_index,
+                    salt: slot_salt(t.slot),
+                    block_begin: blocks,
+                    out: out + i as u64 * 8,
+                    width: t.width as u32,
+                    pad: 0,
+                });
+                blocks += t.numel.div_ceil(DIGEST_BLOCK_ELEMS);
+            }
+            self.upload_typed(base, &table)?;
+            // SAFETY: inside the scratch region.
+            unsafe { cu::memset_d8_async(out, 0, n * 8, self.stream) }
+                .map_err(drv("cuMemsetD8"))?;
+            self.launch(
+                "dc_digest",
+                blocks.min(MAX_GRID * 4),
+                THREADS,
+                Args::new().push(base).push(n as u64).push(blocks),
+            )?;
+            self.download_typed(out, n)
+        })
+    }
+
+    /// The O(changed) digest update of each run of changes laid out as [`Gpu::diff_batch`]
+    /// writes them: `Σ h(new) − h(old)` (wrapping).
+    ///
+    /// # Safety
+    /// `positions`, `new_values` and `old_values` must hold every listed change.
+    pub unsafe fn digest_update(
+        &self,
+        positions: DevicePtr,
+        new_values: DevicePtr,
+        old_values: DevicePtr,
+        inputs: &[UpdateInput],
+    ) -> Result<Vec<u64>> {
+        guarded(|| {
+            self.bind()?;
+            let n = inputs.len();
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let t_len = (n * std::mem::size_of::<KUpdateSeg>()) as u64;
+            let (_guard, base) = self.scratch((t_len + n as u64 * 8) as usize)?;
+            let out = base + t_len;
+            let mut table = Vec::with_capacity(n);
+            let mut blocks = 0u64;
+            for (i, s) in inputs.iter().enumerate() {
+                if !matches!(s.width, 1 | 2 | 4) {
+                    return Err(CudaError::InvalidArgument(format!(
+                        "input {i}: width {}",
+                        s.width
+                    )));
+                }
+                table.push(KUpdateSeg {
+                    chg_off: s.change_offset,
+                    chg_cnt: s.change_count,
+                    salt: slot_salt(s.slot),
+                    block_begin: blocks,
+                    out: out + i as u64 * 8,
+                    width: s.width as u32,
+                    pad: 0,
+                });
+                blocks += s.change_count.div_ceil(DIGEST_BLOCK_ELEMS);
+            }
+            self.upload_typed(base, &table)?;
+            // SAFETY: inside the scratch region.
+            unsafe { cu::memset_d8_async(out, 0, n * 8, self.stream) }
+                .map_err(drv("cuMemsetD8"))?;
+            self.launch(
+                "dc_digest_update",
+                blocks.min(MAX_GRID * 4),
+                THREADS,
+                Args::new()
+                    .push(base)
+                    .push(n as u64)
+                    .push(blocks)
+                    .push(positions)
+                    .push(new_values)
+                    .push(old_values),
+            )?;
+            self.download_typed(out, n)
+        })
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let _ = guarded(|| {
+            self.bind()?;
+            // SAFETY: our own handles, released once.
+            unsafe {
+                let _ = cu::stream::synchronize(self.stream);
+                self.scratch
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .buf = None;
+                for &m in &self.modules {
+                    let _ = cu::module::unload(m);
+                }
+                if !self.events.0.is_null() {
+                    let _ = cu::event::destroy(self.events.0);
+                }
+                if !self.events.1.is_null() {
+                    let _ = cu::event::destroy(self.events.1);
+                }
+                if !self.stream.is_null() {
+                    let _ = cu::stream::destroy(self.stream);
+                }
+                let _ = cu::primary_ctx::release(self.device);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The grid cells of every input that holds changes: (input index, cell).
+fn cells(inputs: &[EncodeInput], grid: u64) -> impl Iterator<Item = (usize, KEncodeCell)> + '_ {
+    let mut bitmap_off = 0u64;
+    inputs
+        .iter()
+        .enumerate()
+        .filter(move |(_, t)| t.change_count > 0 && t.numel > 0 && grid > 0)
+        .flat_map(move |(i, t)| {
+            let end = t.first_index + t.numel;
+            let first = t.first_index / grid;
+            let last = (end - 1) / grid;
+            (first..=last).map(move |c| {
+                (
+                    i,
+                    KEncodeCell {
+                        begin: (c * grid).max(t.first_index),
+                        end: (c * grid + grid).min(end),
+                        chg_off: t.change_offset,
+                        chg_cnt: t.change_count,
+                        bitmap_off: 0,
+                    },
+                )
+            })
+        })
+        .map(move |(i, mut c)| {
+            c.bitmap_off = bitmap_off;
+            bitmap_off += (c.end - c.begin).div_ceil(8).next_multiple_of(8);
+            (i, c)
+        })
+}
+
+/// Host-side checks of apply chunks (what `parse_frame` and the receiver check on the
+/// manifest), then the kernel table.
+fn apply_table(chunks: &[ApplyInput], seed: bool, num_slots: usize) -> Result<Vec<KApplyChunk>> {
+    let bad = |chunk: usize, reason: &'static str| CudaError::BadChunk { chunk, reason };
+    let mut table = Vec::with_capacity(chunks.len());
+    for (i, c) in chunks.iter().enumerate() {
+        if !matches!(c.width, 1 | 2 | 4) {
+            return Err(bad(i, "element width is not 1, 2 or 4"));
+        }
+        let w = c.width as u64;
+        if (c.slot as usize) >= num_slots {
+            return Err(bad(i, "slot id beyond the digest table"));
+        }
+        if c.range == 0 || c.range > u32::MAX as u64 || c.count == 0 || c.count > c.range {
+            return Err(bad(i, "needs 1 <= count <= range <= 2^32 - 1"));
+        }
+        if c.start
+            .checked_add(c.range)
+            .is_none_or(|end| end > c.slot_numel)
+        {
+            return Err(bad(i, "chunk lies beyond its slot"));
+        }
+        if c.val_len != c.count * w {
+            return Err(bad(
+                i,
+                "raw value section length differs from count * width",
+            ));
+        }
+        let pos_ok = match c.positions {
+            ApplyPositions::All => c.count == c.range && c.pos_len == 0,
+            ApplyPositions::Abs32 => c.pos_len == c.count * 4,
+            ApplyPositions::Bitmap => c.pos_len == c.range.div_ceil(8),
+        };
+        if !pos_ok {
+            return Err(bad(i, "position section length does not fit its codec"));
+        }
+        if c.dst % w != 0 || c.val_section % w != 0 {
+            return Err(bad(
+                i,
+                "slot or value section not aligned to the element width",
+            ));
+        }
+        if c.positions != ApplyPositions::All && c.pos_section % 4 != 0 {
+            return Err(bad(i, "position section not 4-byte aligned"));
+        }
+        table.push(KApplyChunk {
+            dst: c.dst,
+            pos: c.pos_section,
+            val: c.val_section,
+            start: c.start,
+            range: c.range,
+            count: c.count,
+            salt: slot_salt(c.slot),
+            width: c.width as u32,
+            pos_codec: c.positions as u32,
+            slot: c.slot,
+            seed: seed as u32,
+        });
+    }
+    Ok(table)
+}

@@ -1,0 +1,389 @@
+//! GPU kernels for deltacast: the batched bit-exact diff with snapshot refresh, the `abs32` and
+//! `bitmap` position encoders on a chunk grid, the verified decode + scatter apply of a receiver,
+//! and the state digest (full and O(changed)). Every kernel gives the same bits as its CPU twin
+//! in the `deltacast` crate.
+//!
+//! # Building
+//!
+//! Without the `cuda` feature (the default) the crate builds everywhere and every entry point
+//! returns [`CudaError::NotBuilt`], like candle. With it, [cudarc] is used with
+//! `dynamic-loading`: `libcuda` and `libnvrtc` are opened at run time, so the build needs no
+//! CUDA, and a machine without them gets [`CudaError::DriverNotFound`] /
+//! [`CudaError::NvrtcNotFound`] from [`Gpu::new`], never a crash.
+//!
+//! cudarc itself panics when a library or a symbol is missing. This crate (1) probes the library
+//! first (`is_culib_present`, a plain `dlopen`), and (2) runs every call into cudarc inside
+//! `catch_unwind`, turning a panic into [`CudaError::Panicked`]. (2) relies on unwinding: a build
+//! with `panic = "abort"` keeps (1) but loses (2). Set `DELTACAST_CUDA_PATH` /
+//! `DELTACAST_NVRTC_PATH` to a library file to load that one first (cudarc's own lookup then
+//! finds it by its soname); otherwise the usual `dlopen` search (`LD_LIBRARY_PATH`, ldconfig).
+//!
+//! # Kernels
+//!
+//! The kernels are CUDA C source in `kernels/*.cu` (no headers, see [`KERNELS`]), compiled at
+//! run time by NVRTC to PTX for the device's compute capability, once per process and
+//! architecture, and loaded once per [`Gpu`]. `scripts/check-kernels.sh` compile-checks them
+//! in CI with the NVRTC wheel from PyPI, no GPU needed (`examples/check_kernels.rs`).
+//!
+//! # Memory
+//!
+//! Entry points take raw device pointers ([`DevicePtr`]): torch tensors are borrowed by pointer
+//! and never freed here. They are `unsafe` because the caller vouches that the pointers are
+//! valid for the sizes given. [`DeviceBuffer`] is an owned allocation for everything else.
+//! All work runs in order on the [`Gpu`]'s own stream; a method that returns host data
+//! synchronises that stream once (never once per tensor).
+//!
+//! xxh3 frame checksums stay on the CPU: frames are assembled and checksummed on the host.
+
+mod error;
+pub use error::{CudaError, Result, NOT_BUILT};
+
+#[cfg(feature = "cuda")]
+mod gpu;
+#[cfg(feature = "cuda")]
+pub use gpu::{compile_kernel, compile_kernel_tuned, nvrtc_present, DeviceBuffer, Gpu};
+
+#[cfg(not(feature = "cuda"))]
+mod stub;
+#[cfg(not(feature = "cuda"))]
+pub use stub::{compile_kernel, compile_kernel_tuned, nvrtc_present, DeviceBuffer, Gpu};
+
+/// A device address (`CUdeviceptr`).
+pub type DevicePtr = u64;
+
+/// Whether this build carries the GPU path (the `cuda` feature).
+pub const fn is_built() -> bool {
+    cfg!(feature = "cuda")
+}
+
+/// The text every kernel file is compiled with in front of it.
+pub const PRELUDE: &str = include_str!("../kernels/common.cuh");
+
+/// Every kernel source file: (name, CUDA C source without the prelude).
+pub const KERNELS: &[(&str, &str)] = &[
+    ("diff", include_str!("../kernels/diff.cu")),
+    ("encode", include_str!("../kernels/encode.cu")),
+    ("apply", include_str!("../kernels/apply.cu")),
+    ("digest", include_str!("../kernels/digest.cu")),
+];
+
+/// The full program NVRTC compiles for kernel file `name` (prelude + source).
+pub fn kernel_program(name: &str) -> Option<String> {
+    KERNELS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, src)| format!("{PRELUDE}\n#line 1 \"{name}.cu\"\n{src}"))
+}
+
+/// Compile-time knobs of the diff kernel (kernels/diff.cu). The default is what measured
+/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload[,wide_lookback]`
+/// overrides it (benches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DiffTuning {
+    /// 16-byte vectors per thread and array: a tile is `256 * 16 * items` bytes (1..=16).
+    pub items: u32,
+    /// Blocks per multiprocessor asked of the register allocator (`__launch_bounds__`).
+    pub min_blocks: u32,
+    /// Keep only change masks across the chained scan; re-read changed vectors to write.
+    pub reload: bool,
+    /// Look back 256 tiles per round trip instead of 32. Compile-checked, not yet run on a GPU.
+    pub wide_lookback: bool,
+}
+
+impl Default for DiffTuning {
+    fn default() -> Self {
+        DiffTuning {
+            items: 4,
+            min_blocks: 4,
+            reload: true,
+            wide_lookback: false,
+        }
+    }
+}
+
+impl DiffTuning {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn defines(&self) -> Vec<String> {
+        vec![
+            format!("-DDIFF_ITEMS={}", self.items),
+            format!("-DDIFF_MINBLOCKS={}", self.min_blocks),
+            format!("-DDIFF_RELOAD={}", self.reload as u32),
+            format!("-DDIFF_WIDE_LOOKBACK={}", self.wide_lookback as u32),
+        ]
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn tile_bytes(&self) -> u64 {
+        256 * 16 * self.items as u64
+    }
+
+    /// The tuning from `DELTACAST_DIFF_TUNING`, else the default.
+    pub fn from_env() -> Result<Self> {
+        let Ok(text) = std::env::var("DELTACAST_DIFF_TUNING") else {
+            return Ok(DiffTuning::default());
+        };
+        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+        let bad = || {
+            CudaError::InvalidArgument(format!(
+                "DELTACAST_DIFF_TUNING={text}: expected items,min_blocks,reload[,wide] (e.g. 4,4,1)"
+            ))
+        };
+        if parts.len() != 3 && parts.len() != 4 {
+            return Err(bad());
+        }
+        let wide_lookback = match parts.get(3).copied() {
+            None | Some("0") => false,
+            Some("1") => true,
+            _ => return Err(bad()),
+        };
+        let items: u32 = parts[0].parse().map_err(|_| bad())?;
+        let min_blocks: u32 = parts[1].parse().map_err(|_| bad())?;
+        let reload = match parts[2] {
+            "0" => false,
+            "1" => true,
+            _ => return Err(bad()),
+        };
+        if !(1..=16).contains(&items) || !(1..=8).contains(&min_blocks) {
+            return Err(bad());
+        }
+        Ok(DiffTuning {
+            items,
+            min_blocks,
+            reload,
+            wide_lookback,
+        })
+    }
+}
+
+/// One tensor of a batched diff ([`Gpu::diff_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiffInput {
+    /// The snapshot (`numel * width` bytes), refreshed in place for the changed elements.
+    pub snapshot: DevicePtr,
+    /// The current bits, same size.
+    pub current: DevicePtr,
+    pub numel: u64,
+    /// Element width in bytes: 1, 2 or 4.
+    pub width: usize,
+    /// Slot index of element 0 (positions come out as `first_index + element`).
+    pub first_index: u64,
+    /// When set, `Σ h(new) − h(old)` of this tensor's changes is added (wrapping) to the u64
+    /// at `.0`, with the slot id `.1` choosing the salt: the O(changed) digest update, fused.
+    pub digest: Option<(DevicePtr, u32)>,
+}
+
+/// Where a batched diff writes its changes. Change `g` (in order: tensor after tensor, element
+/// order within each) has its position at `positions[g]` (u64) and its bits at byte
+/// `g * width` of `new_values` (and `old_values`), `width` being its tensor's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiffOutput {
+    /// `capacity` u64.
+    pub positions: DevicePtr,
+    /// `capacity * largest width in the batch` bytes.
+    pub new_values: DevicePtr,
+    /// Same size as `new_values`, or `None` to skip the old bits.
+    pub old_values: Option<DevicePtr>,
+    /// Changes the buffers hold.
+    pub capacity: u64,
+}
+
+/// What the diff found in one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiffTensorResult {
+    /// Index of its first change in the output.
+    pub offset: u64,
+    /// Changes written (and refreshed in the snapshot).
+    pub written: u64,
+    /// Changes found; more than `written` only when the output was too small.
+    pub found: u64,
+    /// Byte offset of its first change's bits in `new_values` / `old_values`.
+    pub value_offset: u64,
+}
+
+/// The result of [`Gpu::diff_batch`], tensors in input order.
+///
+/// When the output is too small, the changes that fit are written as a prefix of the full
+/// result (whole 16 KiB tiles, in order) and only those are refreshed in the snapshot: running
+/// the same diff again yields the rest.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DiffResult {
+    pub tensors: Vec<DiffTensorResult>,
+    pub found: u64,
+    pub written: u64,
+    /// Device time of the diff kernels (events around the launches), in milliseconds.
+    pub kernel_ms: f32,
+}
+
+impl DiffResult {
+    /// Whether every change was written.
+    pub fn is_complete(&self) -> bool {
+        self.found == self.written
+    }
+}
+
+/// One tensor's sorted change list, as input to [`Gpu::encode_positions`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncodeInput {
+    /// Its changes are `positions[change_offset .. change_offset + change_count]`.
+    pub change_offset: u64,
+    pub change_count: u64,
+    /// The tensor covers slot indices `first_index .. first_index + numel`.
+    pub first_index: u64,
+    pub numel: u64,
+}
+
+/// One chunk of the grid, as the core's `flush::encode_changes` forms it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GridChunk {
+    /// Which [`EncodeInput`].
+    pub input: usize,
+    /// Index of the chunk's first change in the positions buffer (its abs32 section is the
+    /// u32 at `abs32_out[lo .. lo + count]`).
+    pub lo: u64,
+    pub count: u64,
+    /// Slot index of the first change; positions are relative to it.
+    pub start: u64,
+    /// Last − first + 1.
+    pub range: u64,
+    /// Byte offset of its bitmap (`ceil(range / 8)` bytes) in the bitmap buffer.
+    pub bitmap_offset: u64,
+}
+
+/// Position codec of a chunk to apply (the wire codes of `deltacast::PosCodec`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyPositions {
+    All = 0,
+    Abs32 = 1,
+    Bitmap = 3,
+}
+
+impl ApplyPositions {
+    /// The GPU codec for a wire codec, if the GPU decodes it.
+    pub fn from_pos_codec(codec: deltacast::PosCodec) -> Option<Self> {
+        match codec {
+            deltacast::PosCodec::All => Some(ApplyPositions::All),
+            deltacast::PosCodec::Abs32 => Some(ApplyPositions::Abs32),
+            deltacast::PosCodec::Bitmap => Some(ApplyPositions::Bitmap),
+            _ => None,
+        }
+    }
+}
+
+/// One chunk whose sections are in device memory, to apply to a slot ([`Gpu::apply_check`]).
+/// Values are `raw`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApplyInput {
+    /// The slot's bytes.
+    pub dst: DevicePtr,
+    pub slot_numel: u64,
+    pub width: usize,
+    /// Slot id (salt of the digest, and index of its digest change).
+    pub slot: u32,
+    pub start: u64,
+    pub range: u64,
+    pub count: u64,
+    pub positions: ApplyPositions,
+    /// The position section (4-byte aligned) and its length; ignored for `All`.
+    pub pos_section: DevicePtr,
+    pub pos_len: u64,
+    /// The raw value section (aligned to the width) and its length.
+    pub val_section: DevicePtr,
+    pub val_len: u64,
+}
+
+/// A chunk that failed its check, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkError {
+    pub chunk: usize,
+    pub reason: &'static str,
+}
+
+/// What [`Gpu::apply_check`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ApplyCheck {
+    /// Per slot id (`0..num_slots`): the digest change of a delta (Σ h(new) − h(old)), or the
+    /// digest contribution of a seed (Σ h(new)).
+    pub digest_change: Vec<u64>,
+    pub errors: Vec<ChunkError>,
+}
+
+/// Why the GPU check refused a chunk, by the kernel's code.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn apply_error_reason(code: u32) -> &'static str {
+    match code {
+        1 => "a position lies at or past the chunk's range",
+        2 => "positions are not strictly increasing",
+        3 => "the bitmap's set bits differ from the chunk's count",
+        4 => "a delta element sets the value the receiver already holds",
+        _ => "unknown error",
+    }
+}
+
+/// One tensor (or piece of a slot) to digest ([`Gpu::digest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DigestInput {
+    pub ptr: DevicePtr,
+    pub numel: u64,
+    pub width: usize,
+    /// Slot index of element 0.
+    pub first_index: u64,
+    pub slot: u32,
+}
+
+/// One run of changes laid out as [`Gpu::diff_batch`] writes them ([`Gpu::digest_update`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpdateInput {
+    pub change_offset: u64,
+    pub change_count: u64,
+    pub width: usize,
+    pub slot: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_has_a_program() {
+        for (name, _) in KERNELS {
+            let program = kernel_program(name).expect("listed");
+            assert!(program.contains("dc_mix64"), "{name} lacks the prelude");
+            assert!(program.contains("extern \"C\" __global__"), "{name}");
+        }
+        assert!(kernel_program("nope").is_none());
+    }
+
+    #[test]
+    fn host_structs_match_the_kernels() {
+        // The kernel structs are mirrored in gpu.rs; their sizes are fixed by the .cu comments.
+        let src: String = KERNELS.iter().map(|(_, s)| *s).collect();
+        for name in [
+            "struct DiffTensor",
+            "struct EncodeCell",
+            "struct EncodedCell",
+            "struct ApplyChunk",
+            "struct DigestTensor",
+            "struct UpdateSeg",
+        ] {
+            assert!(src.contains(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn apply_codes_map_wire_codecs() {
+        use deltacast::PosCodec;
+        assert_eq!(
+            ApplyPositions::from_pos_codec(PosCodec::Abs32),
+            Some(ApplyPositions::Abs32)
+        );
+        assert_eq!(ApplyPositions::from_pos_codec(PosCodec::Gaps), None);
+        for c in [
+            ApplyPositions::All,
+            ApplyPositions::Abs32,
+            ApplyPositions::Bitmap,
+        ] {
+            let wire = PosCodec::from_code(c as u8).expect("a wire code");
+            assert_eq!(ApplyPositions::from_pos_codec(wire), Some(c));
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The build without the `cuda` feature: the same types and methods as the GPU path, each
+//! returning [`CudaError::NotBuilt`]. A [`Gpu`] or [`DeviceBuffer`] can never exist here, so
+//! their methods are unreachable.
+
+use std::convert::Infallible;
+
+use crate::error::{CudaError, Result, NOT_BUILT};
+use crate::{
+    ApplyCheck, ApplyInput, DevicePtr, DiffInput, DiffOutput, DiffResult, DigestInput, EncodeInput,
+    GridChunk, UpdateInput,
+};
+
+fn not_built<T>() -> Result<T> {
+    Err(CudaError::NotBuilt(NOT_BUILT))
+}
+
+/// Compiling needs NVRTC, which only the `cuda` feature loads.
+pub fn compile_kernel(_name: &str, _arch: &str) -> Result<String> {
+    not_built()
+}
+
+pub fn compile_kernel_tuned(
+    _name: &str,
+    _arch: &str,
+    _tuning: crate::DiffTuning,
+) -> Result<String> {
+    not_built()
+}
+
+pub fn nvrtc_present() -> Result<()> {
+    not_built()
+}
+
+/// Never constructed without the `cuda` feature.
+pub struct DeviceBuffer {
+    never: Infallible,
+}
+
+impl DeviceBuffer {
+    pub fn ptr(&self) -> DevicePtr {
+        match self.never {}
+    }
+
+    pub fn len(&self) -> usize {
+        match self.never {}
+    }
+
+    pub fn is_empty(&self) -> bool {
+        match self.never {}
+    }
+}
+
+/// Never constructed without the `cuda` feature: [`Gpu::new`] returns
+/// [`CudaError::NotBuilt`].
+pub struct Gpu {
+    never: Infallible,
+}
+
+#[allow(clippy::missing_safety_doc, unused_variables)]
+impl Gpu {
+    pub fn new(ordinal: usize) -> Result<Gpu> {
+        not_built()
+    }
+
+    pub fn with_tuning(ordinal: usize, tuning: crate::DiffTuning) -> Result<Gpu> {
+        not_built()
+    }
+
+    pub fn tuning(&self) -> crate::DiffTuning {
+        match self.never {}
+    }
+
+    pub fn device_count() -> Result<usize> {
+        not_built()
+    }
+
+    pub fn ordinal(&self) -> usize {
+        match self.never {}
+    }
+
+    pub fn name(&self) -> &str {
+        match self.never {}
+    }
+
+    pub fn arch(&self) -> &str {
+        match self.never {}
+    }
+
+    pub fn sm_count(&self) -> u32 {
+        match self.never {}
+    }
+
+    pub fn stream_handle(&self) -> u64 {
+        match self.never {}
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
+        match self.never {}
+    }
+
+    pub fn alloc_zeroed(&self, len: usize) -> Result<DeviceBuffer> {
+        match self.never {}
+    }
+
+    pub fn upload(&self, data: &[u8]) -> Result<DeviceBuffer> {
+        match self.never {}
+    }
+
+    pub unsafe fn copy_to_device(&self, dst: DevicePtr, data: &[u8]) -> Result<()> {
+        match self.never {}
+    }
+
+    pub unsafe fn download(&self, src: DevicePtr, len: usize) -> Result<Vec<u8>> {
+        match self.never {}
+    }
+
+    pub unsafe fn download_into(&self, src: DevicePtr, out: &mut [u8]) -> Result<()> {
+        match self.never {}
+    }
+
+    pub unsafe fn memset(&self, dst: DevicePtr, value: u8, len: usize) -> Result<()> {
+        match self.never {}
+    }
+
+    pub unsafe fn copy_device(&self, dst: DevicePtr, src: DevicePtr, len: usize) -> Result<()> {
+        match self.never {}
+    }
+
+    pub fn time_ms(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+        match self.never {}
+    }
+
+    pub unsafe fn diff_batch(&self, inputs: &[DiffInput], out: &DiffOutput) -> Result<DiffResult> {
+        match self.never {}
+    }
+
+    pub fn bitmap_bytes(inputs: &[EncodeInput], chunk_elems: u64) -> u64 {
+        0
+    }
+
+    pub unsafe fn encode_positions(
+        &self,
+        positions: DevicePtr,
+        inputs: &[EncodeInput],
+        chunk_elems: u64,
+        abs32_out: Option<DevicePtr>,
+        bitmap_out: Option<DevicePtr>,
+    ) -> Result<Vec<GridChunk>> {
+        match self.never {}
+    }
+
+    pub unsafe fn apply_check(
+        &self,
+        chunks: &[ApplyInput],
+        seed: bool,
+        num_slots: usize,
+    ) -> Result<ApplyCheck> {
+        match self.never {}
+    }
+
+    pub unsafe fn apply_scatter(&self, chunks: &[ApplyInput]) -> Result<()> {
+        match self.never {}
+    }
+
+    pub unsafe fn apply_verified(
+        &self,
+        chunks: &[ApplyInput],
+        seed: bool,
+        held: &[u64],
+        expected: &[u64],
+    ) -> Result<Vec<u64>> {
+        match self.never {}
+    }
+
+    pub unsafe fn digest(&self, inputs: &[DigestInput]) -> Result<Vec<u64>> {
+        match self.never {}
+    }
+
+    pub unsafe fn digest_update(
+        &self,
+        positions: DevicePtr,
+        new_values: DevicePtr,
+        old_values: DevicePtr,
+        inputs: &[UpdateInput],
+    ) -> Result<Vec<u64>> {
+        match self.never {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_point_says_not_built() {
+        let e = Gpu::new(0).err().expect("no GPU without the feature");
+        assert_eq!(e, CudaError::NotBuilt(NOT_BUILT));
+        assert_eq!(
+            e.to_string(),
+            "deltacast was built without the `cuda` feature"
+        );
+        assert!(Gpu::device_count().is_err());
+        assert!(matches!(
+            compile_kernel("diff", "compute_90"),
+            Err(CudaError::NotBuilt(_))
+        ));
+        assert!(nvrtc_present().is_err());
+        assert!(!crate::is_built());
+    }
+}

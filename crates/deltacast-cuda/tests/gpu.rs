@@ -1,0 +1,774 @@
+//! Every GPU kernel against its CPU twin in `deltacast`, bit for bit.
+//!
+//! Without a GPU (or without the `cuda` feature) each test prints why it is skipped and passes;
+//! with `DELTACAST_REQUIRE_GPU=1` a missing GPU fails instead (what the GPU runs use).
+
+use deltacast::codec::{encode_positions, PosCodec, ValCodec};
+use deltacast::diff::{diff_and_refresh, Changes};
+use deltacast::digest::{change, digest_range, slot_salt};
+use deltacast::dtype::load_bits;
+use deltacast::wire::parse_frame;
+use deltacast::{CodecChoice, DType, FlushConfig, Receiver, Sender, SlotInfo, SlotTable};
+use deltacast_cuda::{
+    ApplyInput, ApplyPositions, CudaError, DeviceBuffer, DiffInput, DiffOutput, DigestInput,
+    EncodeInput, Gpu, UpdateInput,
+};
+
+/// The GPU, or `None` with the reason printed.
+fn gpu() -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            if std::env::var("DELTACAST_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("DELTACAST_REQUIRE_GPU=1 but no GPU: {e}");
+            }
+            eprintln!("skipping GPU test: {e}");
+            None
+        }
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+fn mask(width: usize) -> u32 {
+    if width == 4 {
+        u32::MAX
+    } else {
+        (1u32 << (8 * width)) - 1
+    }
+}
+
+/// A bit pattern: random, or one of the floats that compare wrongly as floats.
+fn special(rng: &mut Rng, width: usize) -> u32 {
+    let pats: &[u32] = match width {
+        1 => &[0x00, 0x80, 0x7f, 0xff, 0x01, 0x81, 0x78, 0xf8],
+        2 => &[
+            0x0000, 0x8000, 0x7fc0, 0x7fc1, 0xffff, 0x7f81, 0x0001, 0x8001, 0x7f80, 0xff80,
+        ],
+        _ => &[
+            0,
+            0x8000_0000,
+            0x7fc0_0000,
+            0x7fc0_0001,
+            0xffff_ffff,
+            0x7f80_0001,
+            1,
+            0x8000_0001,
+            0x7f80_0000,
+        ],
+    };
+    if rng.chance(0.3) {
+        pats[rng.below(pats.len() as u64) as usize]
+    } else {
+        rng.next() as u32 & mask(width)
+    }
+}
+
+fn fill_old(rng: &mut Rng, numel: usize, width: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(numel * width);
+    for _ in 0..numel {
+        out.extend_from_slice(&special(rng, width).to_le_bytes()[..width]);
+    }
+    out
+}
+
+/// `old` with about `density` of its elements changed to other bits (±1 ULP mostly, specials).
+fn mutate(rng: &mut Rng, old: &[u8], width: usize, density: f64) -> Vec<u8> {
+    let mut new = old.to_vec();
+    for i in 0..old.len() / width {
+        if !rng.chance(density) {
+            continue;
+        }
+        let o = load_bits(old, width, i);
+        let mut n = match rng.below(4) {
+            0 => o.wrapping_add(1) & mask(width),
+            1 => o.wrapping_sub(1) & mask(width),
+            2 => o ^ (1 << (8 * width - 1)), // sign flip: +0 <-> -0
+            _ => special(rng, width),
+        };
+        if n == o {
+            n ^= 1;
+        }
+        new[i * width..(i + 1) * width].copy_from_slice(&n.to_le_bytes()[..width]);
+    }
+    new
+}
+
+fn dl(gpu: &Gpu, ptr: u64, len: usize) -> Vec<u8> {
+    // SAFETY: the tests only download what they allocated.
+    unsafe { gpu.download(ptr, len) }.expect("download")
+}
+
+fn u64s(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn gpu_new_never_panics() {
+    // Feature off: NotBuilt. Feature on without a GPU: a clear error. With one: a device.
+    match Gpu::new(0) {
+        Ok(g) => {
+            assert!(!g.name().is_empty());
+            assert!(g.arch().starts_with("compute_"));
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(!msg.is_empty());
+            if deltacast_cuda::is_built() {
+                assert!(
+                    matches!(
+                        e,
+                        CudaError::DriverNotFound(_)
+                            | CudaError::NoDevice(_)
+                            | CudaError::NvrtcNotFound(_)
+                            | CudaError::Driver { .. }
+                    ),
+                    "{e:?}"
+                );
+            } else {
+                assert_eq!(e, CudaError::NotBuilt(deltacast_cuda::NOT_BUILT));
+                assert!(msg.contains("without the `cuda` feature"));
+            }
+            eprintln!("Gpu::new(0) here: {msg}");
+        }
+    }
+    assert!(Gpu::new(1 << 20).is_err());
+}
+
+struct DiffCase {
+    numel: usize,
+    width: usize,
+    density: f64,
+    misalign: bool,
+    first_index: u64,
+    slot: u32,
+}
+
+/// Places every case at its own offset in one snapshot and one current buffer, runs one batched
+/// diff, and compares each tensor with `deltacast::diff::diff_and_refresh`.
+fn run_diff_batch(gpu: &Gpu, rng: &mut Rng, cases: &[DiffCase], capacity_frac: f64) {
+    let mut olds = Vec::new();
+    let mut news = Vec::new();
+    let mut offsets = Vec::new();
+    let mut total = 0usize;
+    for c in cases {
+        let old = fill_old(rng, c.numel, c.width);
+        let new = mutate(rng, &old, c.width, c.density);
+        // 256-aligned, or shifted by one element (not 16-byte aligned: the byte path).
+        total = total.next_multiple_of(256) + if c.misalign { c.width } else { 0 };
+        offsets.push(total);
+        total += old.len();
+        olds.push(old);
+        news.push(new);
+    }
+    let mut snap_host = vec![0u8; total];
+    let mut cur_host = vec![0u8; total];
+    for ((o, n), &at) in olds.iter().zip(&news).zip(&offsets) {
+        snap_host[at..at + o.len()].copy_from_slice(o);
+        cur_host[at..at + n.len()].copy_from_slice(n);
+    }
+    let snap = gpu.upload(&snap_host).unwrap();
+    let cur = gpu.upload(&cur_host).unwrap();
+    let digests = gpu.alloc_zeroed(8 * cases.len()).unwrap();
+
+    // CPU reference.
+    let mut expect = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let mut s = olds[i].clone();
+        let mut ch = Changes::default();
+        diff_and_refresh(&mut s, &news[i], c.width, c.first_index, &mut ch);
+        assert_eq!(s, news[i]);
+        let salt = slot_salt(c.slot);
+        let d = (0..ch.len()).fold(0u64, |acc, k| {
+            acc.wrapping_add(change(
+                salt,
+                ch.positions[k],
+                load_bits(&ch.old_values, c.width, k),
+                load_bits(&ch.new_values, c.width, k),
+            ))
+        });
+        expect.push((ch, d));
+    }
+    let found_total: usize = expect.iter().map(|e| e.0.len()).sum();
+    let capacity = ((found_total as f64 * capacity_frac) as usize).max(1);
+    let pos = gpu.alloc(8 * capacity).unwrap();
+    let newv = gpu.alloc(4 * capacity).unwrap();
+    let oldv = gpu.alloc(4 * capacity).unwrap();
+    let inputs: Vec<DiffInput> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| DiffInput {
+            snapshot: snap.ptr() + offsets[i] as u64,
+            current: cur.ptr() + offsets[i] as u64,
+            numel: c.numel as u64,
+            width: c.width,
+            first_index: c.first_index,
+            digest: Some((digests.ptr() + 8 * i as u64, c.slot)),
+        })
+        .collect();
+    let out = DiffOutput {
+        positions: pos.ptr(),
+        new_values: newv.ptr(),
+        old_values: Some(oldv.ptr()),
+        capacity: capacity as u64,
+    };
+    // SAFETY: every pointer is inside the buffers above.
+    let res = unsafe { gpu.diff_batch(&inputs, &out) }.unwrap();
+    assert_eq!(res.found as usize, found_total);
+    let g_pos = u64s(&dl(gpu, pos.ptr(), 8 * capacity));
+    let g_new = dl(gpu, newv.ptr(), 4 * capacity);
+    let g_old = dl(gpu, oldv.ptr(), 4 * capacity);
+    let g_dig = u64s(&dl(gpu, digests.ptr(), 8 * cases.len()));
+    let g_snap = dl(gpu, snap.ptr(), total);
+
+    if res.is_complete() {
+        // Every change in order; snapshot equals current; digests updated.
+        for (i, c) in cases.iter().enumerate() {
+            let r = res.tensors[i];
+            let (ch, d) = &expect[i];
+            let what = format!(
+                "tensor {i} (numel {}, width {}, density {}, misaligned {})",
+                c.numel, c.width, c.density, c.misalign
+            );
+            assert_eq!(r.found as usize, ch.len(), "{what}");
+            assert_eq!(r.written, r.found, "{what}");
+            let (o, n) = (r.offset as usize, ch.len());
+            assert_eq!(&g_pos[o..o + n], &ch.positions[..], "{what}: positions");
+            let vo = r.value_offset as usize;
+            assert_eq!(vo, o * c.width);
+            assert_eq!(
+                &g_new[vo..vo + n * c.width],
+                &ch.new_values[..],
+                "{what}: new bits"
+            );
+            assert_eq!(
+                &g_old[vo..vo + n * c.width],
+                &ch.old_values[..],
+                "{what}: old bits"
+            );
+            assert_eq!(g_dig[i], *d, "{what}: fused digest update");
+            let at = offsets[i];
+            assert_eq!(
+                &g_snap[at..at + c.numel * c.width],
+                &news[i][..],
+                "{what}: snapshot"
+            );
+        }
+        // The separate O(changed) update kernel gives the same digests.
+        let ups: Vec<UpdateInput> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| UpdateInput {
+                change_offset: res.tensors[i].offset,
+                change_count: res.tensors[i].found,
+                width: c.width,
+                slot: c.slot,
+            })
+            .collect();
+        // SAFETY: the diff outputs above.
+        let upd = unsafe { gpu.digest_update(pos.ptr(), newv.ptr(), oldv.ptr(), &ups) }.unwrap();
+        let want: Vec<u64> = expect.iter().map(|e| e.1).collect();
+        assert_eq!(upd, want, "digest_update");
+    } else {
+        // A prefix of the changes (whole tiles, in order) was written and refreshed; the rest
+        // of the snapshot is untouched, so the diff can be run again for the rest.
+        assert!(res.written < res.found);
+        assert!(res.written <= capacity as u64);
+        let all_pos: Vec<u64> = expect.iter().flat_map(|e| e.0.positions.clone()).collect();
+        assert_eq!(
+            &g_pos[..res.written as usize],
+            &all_pos[..res.written as usize]
+        );
+    }
+}
+
+#[test]
+fn diff_batch_matches_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(1);
+    let sizes = [
+        0usize, 1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 1000, 4095, 4096, 4097, 8191, 8192, 8193, 16383,
+        16384, 16385, 65537, 300_001,
+    ];
+    let densities = [0.0, 0.0005, 0.01, 0.1, 0.5, 1.0];
+    let mut cases = Vec::new();
+    for (k, &numel) in sizes.iter().enumerate() {
+        for width in [1usize, 2, 4] {
+            cases.push(DiffCase {
+                numel,
+                width,
+                density: densities[(k + width) % densities.len()],
+                misalign: (k + width) % 5 == 0,
+                first_index: rng.below(1 << 40),
+                slot: rng.below(1000) as u32,
+            });
+        }
+    }
+    // Interleave widths and add a larger one: the batch sorts internally, output per input.
+    cases.push(DiffCase {
+        numel: (1 << 21) + 5,
+        width: 2,
+        density: 0.02,
+        misalign: false,
+        first_index: 7,
+        slot: 3,
+    });
+    run_diff_batch(&gpu, &mut rng, &cases, 1.0);
+    // Many small tensors in one batch.
+    let many: Vec<DiffCase> = (0..2000)
+        .map(|i| DiffCase {
+            numel: rng.below(3000) as usize,
+            width: [1, 2, 4][i % 3],
+            density: [0.0, 0.01, 0.3][i % 7 % 3],
+            misalign: i % 11 == 0,
+            first_index: rng.below(1 << 33),
+            slot: i as u32,
+        })
+        .collect();
+    run_diff_batch(&gpu, &mut rng, &many, 1.0);
+    // Repeat the first batch with new data: the same kernels, fresh scratch state.
+    run_diff_batch(&gpu, &mut rng, &cases[..10], 1.0);
+}
+
+#[test]
+fn diff_batch_with_small_output_writes_a_prefix() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(2);
+    let cases: Vec<DiffCase> = (0..5)
+        .map(|i| DiffCase {
+            numel: 200_000 + i,
+            width: 2,
+            density: 0.05,
+            misalign: false,
+            first_index: 0,
+            slot: 0,
+        })
+        .collect();
+    run_diff_batch(&gpu, &mut rng, &cases, 0.4);
+}
+
+#[test]
+fn diff_resumes_until_complete() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(3);
+    let (numel, width) = (1_000_003usize, 2usize);
+    let old = fill_old(&mut rng, numel, width);
+    let new = mutate(&mut rng, &old, width, 0.1);
+    let mut cpu_snap = old.clone();
+    let mut ch = Changes::default();
+    diff_and_refresh(&mut cpu_snap, &new, width, 0, &mut ch);
+    let snap = gpu.upload(&old).unwrap();
+    let cur = gpu.upload(&new).unwrap();
+    let cap = ch.len() / 3 + 1;
+    let pos = gpu.alloc(8 * cap).unwrap();
+    let vals = gpu.alloc(2 * cap).unwrap();
+    let mut got_pos = Vec::new();
+    let mut got_vals = Vec::new();
+    for round in 0.. {
+        assert!(round < 10, "no progress");
+        let input = DiffInput {
+            snapshot: snap.ptr(),
+            current: cur.ptr(),
+            numel: numel as u64,
+            width,
+            first_index: 0,
+            digest: None,
+        };
+        let out = DiffOutput {
+            positions: pos.ptr(),
+            new_values: vals.ptr(),
+            old_values: None,
+            capacity: cap as u64,
+        };
+        // SAFETY: inside the buffers above.
+        let r = unsafe { gpu.diff_batch(&[input], &out) }.unwrap();
+        let w = r.written as usize;
+        got_pos.extend(u64s(&dl(&gpu, pos.ptr(), 8 * w)));
+        got_vals.extend(dl(&gpu, vals.ptr(), 2 * w));
+        if r.is_complete() {
+            break;
+        }
+        assert!(w > 0);
+    }
+    assert_eq!(got_pos, ch.positions);
+    assert_eq!(got_vals, ch.new_values);
+    assert_eq!(dl(&gpu, snap.ptr(), old.len()), new);
+}
+
+/// The core's chunking of one slot's sorted positions (flush::encode_changes).
+fn core_chunks(positions: &[u64], grid: u64) -> Vec<(u64, u64, Vec<u32>)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < positions.len() {
+        let cell_end = positions[i] / grid * grid + grid;
+        let j = i + positions[i..].partition_point(|&p| p < cell_end);
+        let start = positions[i];
+        let range = positions[j - 1] - start + 1;
+        let rel = positions[i..j]
+            .iter()
+            .map(|&p| (p - start) as u32)
+            .collect();
+        out.push((start, range, rel));
+        i = j;
+    }
+    out
+}
+
+#[test]
+fn encoders_match_the_core() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(4);
+    for grid in [1u64, 7, 1000, 4096, 1 << 20] {
+        let mut inputs = Vec::new();
+        let mut all_pos = Vec::new();
+        let mut lists = Vec::new();
+        for t in 0..40 {
+            let numel = [0u64, 1, 5, 999, 4097, 100_000, 2_500_001][t % 7];
+            let first_index = if t % 2 == 0 { 0 } else { rng.below(1 << 36) };
+            let density: f64 = [0.0, 0.001, 0.05, 0.6, 1.0][t % 5];
+            let dense = if grid == 1 {
+                density.min(0.01)
+            } else {
+                density
+            };
+            let pos: Vec<u64> = (0..numel)
+                .filter(|_| rng.chance(dense))
+                .map(|k| first_index + k)
+                .collect();
+            inputs.push(EncodeInput {
+                change_offset: all_pos.len() as u64,
+                change_count: pos.len() as u64,
+                first_index,
+                numel,
+            });
+            all_pos.extend_from_slice(&pos);
+            lists.push(pos);
+        }
+        let bytes: Vec<u8> = all_pos.iter().flat_map(|p| p.to_le_bytes()).collect();
+        let dpos = gpu.upload(&bytes).unwrap();
+        let abs = gpu.alloc(4 * all_pos.len().max(1)).unwrap();
+        let bm_len = Gpu::bitmap_bytes(&inputs, grid) as usize;
+        let bm = gpu.alloc(bm_len.max(8)).unwrap();
+        // SAFETY: buffers sized as documented.
+        let chunks = unsafe {
+            gpu.encode_positions(dpos.ptr(), &inputs, grid, Some(abs.ptr()), Some(bm.ptr()))
+        }
+        .unwrap();
+        let g_abs = dl(&gpu, abs.ptr(), 4 * all_pos.len());
+        let g_bm = dl(&gpu, bm.ptr(), bm_len);
+        let mut want = Vec::new();
+        for (i, list) in lists.iter().enumerate() {
+            for c in core_chunks(list, grid) {
+                want.push((i, c));
+            }
+        }
+        assert_eq!(chunks.len(), want.len(), "grid {grid}");
+        for (c, (i, (start, range, rel))) in chunks.iter().zip(&want) {
+            assert_eq!(
+                (c.input, c.start, c.range, c.count),
+                (*i, *start, *range, rel.len() as u64)
+            );
+            let mut a = Vec::new();
+            encode_positions(PosCodec::Abs32, rel, *range as u32, &mut a);
+            let lo = c.lo as usize;
+            assert_eq!(
+                &g_abs[4 * lo..4 * lo + a.len()],
+                &a[..],
+                "abs32, grid {grid}"
+            );
+            let mut b = Vec::new();
+            encode_positions(PosCodec::Bitmap, rel, *range as u32, &mut b);
+            let at = c.bitmap_offset as usize;
+            assert_eq!(&g_bm[at..at + b.len()], &b[..], "bitmap, grid {grid}");
+        }
+    }
+}
+
+#[test]
+fn digest_matches_the_core() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(5);
+    let mut bufs = Vec::new();
+    let mut inputs = Vec::new();
+    let mut keep: Vec<DeviceBuffer> = Vec::new();
+    for t in 0..30usize {
+        let numel = [0usize, 1, 3, 8191, 8192, 8193, 100_003, 1 << 20][t % 8];
+        let width = [1usize, 2, 4][t % 3];
+        let data = fill_old(&mut rng, numel, width);
+        let first_index = rng.below(1 << 35);
+        let buf = gpu.upload(&data).unwrap();
+        inputs.push(DigestInput {
+            ptr: buf.ptr(),
+            numel: numel as u64,
+            width,
+            first_index,
+            slot: t as u32 * 7,
+        });
+        keep.push(buf);
+        bufs.push(data);
+    }
+    // SAFETY: the uploads above.
+    let got = unsafe { gpu.digest(&inputs) }.unwrap();
+    for (i, inp) in inputs.iter().enumerate() {
+        assert_eq!(
+            got[i],
+            digest_range(inp.slot, inp.width, &bufs[i], inp.first_index),
+            "input {i}"
+        );
+    }
+}
+
+fn table() -> SlotTable {
+    SlotTable::new(vec![
+        SlotInfo::new("a.bf16", DType::BF16, vec![300, 517]),
+        SlotInfo::new("b.f32", DType::F32, vec![12_345]),
+        SlotInfo::new("c.f8", DType::F8E4M3, vec![3, 7, 11]),
+        SlotInfo::new("d.f16", DType::F16, vec![1]),
+        SlotInfo::new("e.bf16", DType::BF16, vec![1 << 18]),
+    ])
+    .unwrap()
+}
+
+/// Applies one sync's frames on the GPU (frames copied to the device, chunks decoded there).
+fn gpu_apply(
+    gpu: &Gpu,
+    table: &SlotTable,
+    slots: &[DeviceBuffer],
+    frames: &[Vec<u8>],
+    held: &[u64],
+) -> deltacast_cuda::Result<Vec<u64>> {
+    let mut dev_frames = Vec::new();
+    let mut chunks = Vec::new();
+    let mut expected = vec![None; table.len()];
+    let mut seed = false;
+    for f in frames {
+        let frame = parse_frame(f).expect("a valid frame");
+        seed = frame.header.kind == deltacast::wire::FrameKind::Seed;
+        let dev = gpu.upload(f).unwrap();
+        for e in &frame.entries {
+            assert_eq!(e.val_codec, ValCodec::Raw);
+            let s = &table.slots()[e.slot as usize];
+            chunks.push(ApplyInput {
+                dst: slots[e.slot as usize].ptr(),
+                slot_numel: s.numel(),
+                width: s.dtype.width(),
+                slot: e.slot,
+                start: e.start,
+                range: e.range,
+                count: e.count,
+                positions: ApplyPositions::from_pos_codec(e.pos_codec).expect("GPU codec"),
+                pos_section: dev.ptr() + e.pos_offset,
+                pos_len: e.pos_len,
+                val_section: dev.ptr() + e.val_offset,
+                val_len: e.val_len,
+            });
+        }
+        for d in &frame.digests {
+            expected[d.slot as usize] = Some(d.new);
+        }
+        dev_frames.push(dev);
+    }
+    let expected: Vec<u64> = expected.into_iter().map(|d| d.expect("digest")).collect();
+    // SAFETY: chunk pointers are inside the uploaded frames and slots.
+    unsafe { gpu.apply_verified(&chunks, seed, held, &expected) }
+}
+
+#[test]
+fn apply_matches_the_receiver() {
+    let Some(gpu) = gpu() else { return };
+    for (pos, chunk_elems) in [
+        (PosCodec::Abs32, 1000u64),
+        (PosCodec::Bitmap, 777),
+        (PosCodec::Abs32, 1 << 20),
+        (PosCodec::Bitmap, 1 << 16),
+    ] {
+        let mut rng = Rng(6 + chunk_elems);
+        let table = table();
+        let config = FlushConfig {
+            bucket_size: 64 << 10,
+            chunk_elems,
+            codec: CodecChoice::Fixed(pos, ValCodec::Raw),
+        };
+        let mut sender = Sender::new(table.clone(), config).unwrap();
+        let mut receiver = Receiver::new(table.clone());
+        let mut current: Vec<Vec<u8>> = table
+            .slots()
+            .iter()
+            .map(|s| fill_old(&mut rng, s.numel() as usize, s.dtype.width()))
+            .collect();
+        let slots: Vec<DeviceBuffer> = table
+            .slots()
+            .iter()
+            .map(|s| gpu.alloc_zeroed(s.nbytes() as usize).unwrap())
+            .collect();
+        let mut digests = vec![0u64; table.len()];
+        for step in 0..5 {
+            let mut frames = Vec::new();
+            let refs: Vec<&[u8]> = current.iter().map(Vec::as_slice).collect();
+            sender
+                .sync(&refs, |f| {
+                    frames.push(f);
+                    Ok(())
+                })
+                .unwrap();
+            for f in &frames {
+                receiver.receive(f).unwrap();
+            }
+            digests = gpu_apply(&gpu, &table, &slots, &frames, &digests)
+                .unwrap_or_else(|e| panic!("{pos:?} step {step}: {e}"));
+            assert_eq!(digests, receiver.digests(), "{pos:?} step {step}");
+            for (id, s) in slots.iter().enumerate() {
+                assert_eq!(
+                    dl(&gpu, s.ptr(), s.len()),
+                    receiver.store()[id],
+                    "{pos:?} step {step} slot {id}"
+                );
+            }
+            let density = [0.01, 0.3, 0.0005, 1.0][step % 4];
+            current = current
+                .iter()
+                .zip(table.slots())
+                .map(|(c, s)| mutate(&mut rng, c, s.dtype.width(), density))
+                .collect();
+        }
+    }
+}
+
+#[test]
+fn apply_refuses_bad_chunks_and_writes_nothing() {
+    let Some(gpu) = gpu() else { return };
+    let table = SlotTable::new(vec![SlotInfo::new("w", DType::BF16, vec![10_000])]).unwrap();
+    let slot = gpu.upload(&vec![0u8; 20_000]).unwrap();
+    let held = {
+        let zeros = vec![0u8; 20_000];
+        digest_range(0, 2, &zeros, 0)
+    };
+    let mk = |pos: ApplyPositions,
+              sec: &DeviceBuffer,
+              pos_len: u64,
+              vals: &DeviceBuffer,
+              count: u64,
+              range: u64| ApplyInput {
+        dst: slot.ptr(),
+        slot_numel: 10_000,
+        width: 2,
+        slot: 0,
+        start: 100,
+        range,
+        count,
+        positions: pos,
+        pos_section: sec.ptr(),
+        pos_len,
+        val_section: vals.ptr(),
+        val_len: count * 2,
+    };
+    let vals = gpu.upload(&[1, 0, 2, 0, 3, 0]).unwrap();
+    let abs = |p: [u32; 3]| {
+        gpu.upload(&p.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+            .unwrap()
+    };
+    let cases: Vec<(DeviceBuffer, ApplyPositions, u64, &str)> = vec![
+        (abs([1, 5, 50]), ApplyPositions::Abs32, 12, "position lies"),
+        (
+            abs([5, 5, 9]),
+            ApplyPositions::Abs32,
+            12,
+            "strictly increasing",
+        ),
+        (
+            abs([9, 5, 20]),
+            ApplyPositions::Abs32,
+            12,
+            "strictly increasing",
+        ),
+        // bitmap of range 50 with 4 bits set for a count of 3
+        (
+            gpu.upload(&[0b1011, 0, 0, 0, 0, 0, 0b10, 0]).unwrap(),
+            ApplyPositions::Bitmap,
+            7,
+            "count",
+        ),
+        // a stray bit past the range (bit 50 = byte 6, bit 2)
+        (
+            gpu.upload(&[0b11, 0, 0, 0, 0, 0, 0b100, 0]).unwrap(),
+            ApplyPositions::Bitmap,
+            7,
+            "at or past",
+        ),
+    ];
+    for (sec, codec, pos_len, why) in &cases {
+        let chunk = mk(*codec, sec, *pos_len, &vals, 3, 50);
+        // SAFETY: inside the buffers above.
+        let err = unsafe { gpu.apply_verified(&[chunk], false, &[held], &[0]) }.unwrap_err();
+        match err {
+            CudaError::BadChunk { chunk: 0, reason } => {
+                assert!(reason.contains(why), "{reason} / {why}")
+            }
+            e => panic!("{why}: {e}"),
+        }
+        assert_eq!(
+            dl(&gpu, slot.ptr(), 20_000),
+            vec![0u8; 20_000],
+            "{why}: nothing written"
+        );
+    }
+    // Unchanged element (value 0 onto 0).
+    let zeros = gpu.upload(&[0u8; 6]).unwrap();
+    let good = abs([1, 5, 9]);
+    let chunk = mk(ApplyPositions::Abs32, &good, 12, &zeros, 3, 50);
+    // SAFETY: as above.
+    let err = unsafe { gpu.apply_verified(&[chunk], false, &[held], &[0]) }.unwrap_err();
+    assert!(matches!(err, CudaError::BadChunk { .. }), "{err}");
+    // Header-level refusals, before any launch.
+    let chunk = mk(ApplyPositions::Abs32, &good, 8, &vals, 3, 50);
+    // SAFETY: as above.
+    assert!(unsafe { gpu.apply_check(&[chunk], false, 1) }.is_err());
+    let mut far = mk(ApplyPositions::Abs32, &good, 12, &vals, 3, 50);
+    far.start = 9_990;
+    // SAFETY: as above.
+    assert!(unsafe { gpu.apply_check(&[far], false, 1) }.is_err());
+    // A good chunk with the wrong expected digest: refused, nothing written.
+    let chunk = mk(ApplyPositions::Abs32, &good, 12, &vals, 3, 50);
+    // SAFETY: as above.
+    let err = unsafe { gpu.apply_verified(&[chunk], false, &[held], &[12345]) }.unwrap_err();
+    assert!(matches!(err, CudaError::DigestMismatch { .. }), "{err}");
+    assert_eq!(dl(&gpu, slot.ptr(), 20_000), vec![0u8; 20_000]);
+    // And with the right one: applied.
+    let salt = slot_salt(0);
+    let want = [(101u64, 1u32), (105, 2), (109, 3)]
+        .iter()
+        .fold(held, |d, &(i, v)| d.wrapping_add(change(salt, i, 0, v)));
+    // SAFETY: as above.
+    let got = unsafe { gpu.apply_verified(&[chunk], false, &[held], &[want]) }.unwrap();
+    assert_eq!(got, vec![want]);
+    let after = dl(&gpu, slot.ptr(), 20_000);
+    assert_eq!(load_bits(&after, 2, 101), 1);
+    assert_eq!(load_bits(&after, 2, 109), 3);
+    let _ = table;
+}
