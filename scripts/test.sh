@@ -13,6 +13,9 @@ cargo test --workspace --no-fail-fast 2>&1
 echo "== benches compile"
 cargo check --workspace --benches --quiet
 
+echo "== GPU kernels compile (NVRTC from PyPI, PTX for sm_90, no GPU needed)"
+./scripts/check-kernels.sh
+
 echo "== python package (bindings/python): pip install into a venv, pytest"
 # The package is its own cargo workspace (no Python needed by the Rust tests above). pip builds
 # it through maturin, fetched from PyPI into pip's isolated build environment; the wheel's cargo
