@@ -1,5 +1,6 @@
 //! The `deltacast` command line.
 
+mod bench;
 mod demo;
 mod files;
 mod output;
@@ -63,6 +64,14 @@ enum Command {
         wire: WireArgs,
         #[arg(long)]
         json: bool,
+    },
+    /// Sync time of a full broadcast, abs32+raw and deltacast across hosts on shaped links (network namespaces + tc; needs root, or --loopback).
+    Bench(bench::BenchArgs),
+    /// Internal: one process of `bench` (a trainer rank or a receiver).
+    #[command(hide = true)]
+    BenchWorker {
+        #[command(subcommand)]
+        role: bench::worker::BenchWorker,
     },
     /// Internal: one process of `demo --processes` (a trainer rank or a receiver).
     #[command(hide = true)]
@@ -158,6 +167,8 @@ fn main() {
         } => files::apply(&base, &delta, &output, json),
         Command::Inspect { file, chunks, json } => files::inspect(&file, chunks, json),
         Command::Worker { role } => processes::worker(role),
+        Command::Bench(args) => bench::run(args),
+        Command::BenchWorker { role } => bench::worker::run(role),
         Command::Stats {
             old,
             new,

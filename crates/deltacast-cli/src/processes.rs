@@ -42,9 +42,9 @@ use crate::synthetic::{preset, ModelShape, SyntheticModel, PRESETS};
 use crate::WireArgs;
 
 /// Prefix of the lines children write to stdout for the parent.
-const TAG: &str = "@deltacast ";
+pub(crate) const TAG: &str = "@deltacast ";
 /// Reason the leader gives receivers when the run ended well (they then exit 0).
-const DONE: &str = "demo finished";
+pub(crate) const DONE: &str = "demo finished";
 /// How long the others get to exit on their own after one process failed.
 const GRACE: Duration = Duration::from_secs(5);
 /// How long the leader may take to report its addresses.
@@ -171,7 +171,7 @@ pub fn worker(role: WorkerRole) -> Result<()> {
 // Shared by every process.
 
 /// Writes one tagged line for the parent.
-fn tell_parent(kind: &str, body: &Value) {
+pub(crate) fn tell_parent(kind: &str, body: &Value) {
     let mut out = std::io::stdout().lock();
     // A parent that went away is noticed by the stdin watch; nothing to do here.
     let _ = writeln!(out, "{TAG}{kind} {body}");
@@ -180,7 +180,7 @@ fn tell_parent(kind: &str, body: &Value) {
 
 /// The parent holds our stdin open; when it closes (the parent exited or was killed) we go too,
 /// so no worker outlives the run.
-fn exit_when_parent_goes() {
+pub(crate) fn exit_when_parent_goes() {
     thread::spawn(|| {
         let mut buf = [0u8; 64];
         let mut stdin = std::io::stdin();
@@ -199,7 +199,7 @@ fn exit_when_parent_goes() {
 }
 
 /// Peak resident set size of this process (VmHWM), where /proc says it.
-fn peak_rss_bytes() -> Option<u64> {
+pub(crate) fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line
@@ -214,7 +214,7 @@ fn peak_rss_bytes() -> Option<u64> {
 
 /// Every tensor as one parameter named like its slot: what the trainer ranks shard and the
 /// receivers hold.
-fn slot_map(shape: &ModelShape) -> Result<SlotMap> {
+pub(crate) fn slot_map(shape: &ModelShape) -> Result<SlotMap> {
     let params = shape
         .slot_table()
         .slots()
@@ -254,13 +254,13 @@ fn env_u64(name: &str) -> Result<Option<u64>> {
 // Trainer ranks.
 
 /// A [`GatherLink`] over the TCP collective, with the test hook that kills this rank mid-sync.
-struct NetLink {
-    inner: TcpCollective,
+pub(crate) struct NetLink {
+    pub(crate) inner: TcpCollective,
     /// `(sends to skip, sends made)` while the hook is armed for the current sync.
-    die: Option<(u64, u64)>,
+    pub(crate) die: Option<(u64, u64)>,
 }
 
-fn net(e: NetError) -> deltacast::Error {
+pub(crate) fn net(e: NetError) -> deltacast::Error {
     // NetError messages name the peer (rank, receiver or leader, with its address).
     deltacast::Error::IncompleteSync(e.to_string())
 }
@@ -302,7 +302,7 @@ impl GatherLink for NetLink {
 }
 
 /// This rank's FSDP `Shard(0)` plan of every parameter over a mesh of `world` ranks.
-fn fsdp_plans(map: &SlotMap, rank: usize, world: usize) -> Result<Vec<ParamPlan>> {
+pub(crate) fn fsdp_plans(map: &SlotMap, rank: usize, world: usize) -> Result<Vec<ParamPlan>> {
     (0..map.len())
         .map(|i| {
             let layout = DTensorLayout {
@@ -522,7 +522,7 @@ fn train_and_sync(
 /// Whether every receiver acked this sync with the leader's version and digest (a mismatch is
 /// reported, and the run goes on as the one-process demo does), and their peak RSS. A receiver
 /// that is gone is an error: the demo needs all of them.
-fn check_acks(
+pub(crate) fn check_acks(
     report: &RankReport,
     acks: &[(
         deltacast_net::ReceiverId,
@@ -812,7 +812,7 @@ impl Drop for Fleet {
 }
 
 /// A random per-run secret: 32 bytes, hex.
-fn random_secret() -> Result<String> {
+pub(crate) fn random_secret() -> Result<String> {
     let mut key = [0u8; 32];
     getrandom::fill(&mut key).map_err(|e| anyhow!("no system randomness for the secret: {e}"))?;
     Ok(key.iter().map(|b| format!("{b:02x}")).collect())
