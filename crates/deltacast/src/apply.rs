@@ -198,7 +198,8 @@ impl<S: SlotStore> Receiver<S> {
             match h.kind {
                 FrameKind::Delta | FrameKind::Verify => {
                     let expected = if h.kind == FrameKind::Delta {
-                        self.version.map(|v| v + 1)
+                        // No version follows u64::MAX (a seed may bring a receiver there).
+                        self.version.and_then(|v| v.checked_add(1))
                     } else {
                         self.version
                     };
@@ -471,6 +472,29 @@ fn decode_entry<S: SlotStore>(
     let range = e.range as u32;
     let count = e.count as u32;
     let all = e.pos_codec == PosCodec::All;
+    // Refuse a count the value section cannot hold before decoding positions: `all` and
+    // `holes` positions take no bytes per position, so a tiny frame could otherwise make the
+    // receiver allocate 4 bytes per element of the range. Raw values are exactly `width` bytes
+    // each; an ulp code word is at least one bit.
+    match e.val_codec {
+        ValCodec::Raw if e.val_len != count as u64 * width as u64 => {
+            return Err(codec_err(crate::error::CodecError::Malformed {
+                codec: "raw",
+                reason: format!(
+                    "section has {} bytes, {count} values need {}",
+                    e.val_len,
+                    count as u64 * width as u64
+                ),
+            }));
+        }
+        ValCodec::Ulp if e.val_len.saturating_mul(8) < count as u64 => {
+            return Err(codec_err(crate::error::CodecError::Truncated {
+                needed: (count as u64).div_ceil(8),
+                available: e.val_len,
+            }));
+        }
+        _ => {}
+    }
     let mut rel = Vec::new();
     if !all {
         decode_positions(e.pos_codec, frame.positions(e), count, range, &mut rel)
@@ -482,19 +506,8 @@ fn decode_entry<S: SlotStore>(
     }
     let mut values = Vec::new();
     match e.val_codec {
-        ValCodec::Raw => {
-            let expected = count as u64 * width as u64;
-            if e.val_len != expected {
-                return Err(codec_err(crate::error::CodecError::Malformed {
-                    codec: "raw",
-                    reason: format!(
-                        "section has {} bytes, {count} values need {expected}",
-                        e.val_len
-                    ),
-                }));
-            }
-            values.extend_from_slice(frame.values(e));
-        }
+        // Length checked above.
+        ValCodec::Raw => values.extend_from_slice(frame.values(e)),
         codec => {
             let held = store.slot(e.slot);
             let mut old = Vec::with_capacity(count as usize * width);

@@ -1,0 +1,104 @@
+//! Writes the seed corpora of fuzz/seeds/ from the golden frames in
+//! crates/deltacast/tests/golden/: `cargo run --manifest-path fuzz/Cargo.toml --example seeds`.
+//! Each target's input layout is in its own source; the frames themselves seed `frame`,
+//! `manifest` and `apply` directly (fuzz-smoke.sh adds the golden folder to their corpora).
+
+use std::path::Path;
+
+use deltacast::wire::{parse_frame, split_frames};
+use deltacast::{PosCodec, ValCodec};
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let golden = root.join("../crates/deltacast/tests/golden");
+    let out = root.join("seeds");
+    let write = |target: &str, name: String, bytes: &[u8]| {
+        let dir = out.join(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    };
+    let mut files: Vec<_> = std::fs::read_dir(&golden)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    // `apply`, recorded mode: the small golden seed then its delta, on one fresh receiver.
+    let small: Vec<u8> = ["seed_v1.dcast", "delta_v2_abs32_raw.dcast"]
+        .iter()
+        .flat_map(|f| std::fs::read(golden.join(f)).unwrap())
+        .collect();
+    write("apply", "seed_then_delta".into(), &small);
+    for path in files {
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let stream = std::fs::read(&path).unwrap();
+        // `apply`, resealing mode: a mode byte ≡ 0 mod 4, then the frames.
+        write(
+            "apply",
+            format!("{stem}.resealed"),
+            &[&[0u8][..], &stream].concat(),
+        );
+        for (f, frame) in split_frames(&stream).unwrap().into_iter().enumerate() {
+            let frame = parse_frame(frame).unwrap();
+            let widths = if stem.contains("v5") { [2, 1] } else { [2, 4] };
+            for (e, entry) in frame.entries.iter().enumerate() {
+                let name = format!("{stem}.f{f}.e{e}");
+                // codec_positions: codec, range u32, count u32, section.
+                let mut pos = vec![entry.pos_codec as u8];
+                pos.extend_from_slice(&(entry.range as u32).to_le_bytes());
+                pos.extend_from_slice(&(entry.count as u32).to_le_bytes());
+                pos.extend_from_slice(frame.positions(entry));
+                write("codec_positions", name.clone(), &pos);
+                // codec_values: codec | width index << 1, count u16, old-bits seed, section.
+                let width = widths[entry.slot as usize];
+                let sel = entry.val_codec as u8
+                    | ([1, 2, 4].iter().position(|&w| w == width).unwrap() as u8) << 1;
+                let mut val = vec![sel];
+                val.extend_from_slice(&(entry.count as u16).to_le_bytes());
+                val.push(0);
+                val.extend_from_slice(frame.values(entry));
+                write("codec_values", name, &val);
+            }
+        }
+    }
+    // Sections of each codec the goldens may lack, from the library's encoders.
+    let rel: Vec<u32> = (0..3000).filter(|i| i % 3 != 1).collect();
+    for codec in PosCodec::ALL {
+        let rel: Vec<u32> = if codec == PosCodec::All {
+            (0..3000).collect()
+        } else {
+            rel.clone()
+        };
+        let mut section = Vec::new();
+        deltacast::codec::encode_positions(codec, &rel, 3000, &mut section);
+        let mut pos = vec![codec as u8];
+        pos.extend_from_slice(&3000u32.to_le_bytes());
+        pos.extend_from_slice(&(rel.len() as u32).to_le_bytes());
+        pos.extend_from_slice(&section);
+        write("codec_positions", format!("encoded.{}", codec.name()), &pos);
+    }
+    for (wi, width) in [1usize, 2, 4].into_iter().enumerate() {
+        let n = 1500usize;
+        let old: Vec<u8> = (0..n * width)
+            .map(|i| (i as u8).wrapping_mul(0x9d) ^ (i >> 8) as u8)
+            .collect();
+        let mut new = old.clone();
+        for (i, b) in new.iter_mut().enumerate() {
+            if i % width == 0 {
+                *b = b.wrapping_add((i % 3) as u8);
+            }
+        }
+        for codec in ValCodec::ALL {
+            let mut section = Vec::new();
+            deltacast::codec::encode_values(codec, width, &old, &new, &mut section);
+            let mut val = vec![codec as u8 | (wi as u8) << 1];
+            val.extend_from_slice(&(n as u16).to_le_bytes());
+            val.push(0);
+            val.extend_from_slice(&section);
+            write(
+                "codec_values",
+                format!("encoded.{}.w{width}", codec.name()),
+                &val,
+            );
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! Adversarial syncs applied to a receiver holding known data. After every frame that does not
+//! complete a sync, store, version and digests must be exactly as before (no half-applied
+//! sync); a completed sync must leave digests that match memory. Three input modes:
+//!
+//! - starts with `DCST`: a `.dcast` stream as recorded (the golden files), frames as they are;
+//! - first byte ≡ 0 mod 4: the rest cut into frames, each resealed (right length and checksum);
+//! - otherwise: a plan (via `arbitrary`) built into real frames with the library's encoders,
+//!   honest digests from a model of the result, then lies, damage and reordering on top. An
+//!   honest plan must be accepted and give the model's state.
+#![no_main]
+
+use std::collections::HashSet;
+
+use arbitrary::{Arbitrary, Unstructured};
+use deltacast::codec::{encode_positions, encode_values, PosCodec, ValCodec};
+use deltacast::digest::digest_slot;
+use deltacast::dtype::{from_ordered, load_bits, store_bits, to_ordered};
+use deltacast::wire::{FrameWriter, SlotDigest};
+use deltacast::{FrameKind, Receiver};
+use deltacast_fuzz::{
+    cut_frames, feed, golden_entropy, golden_small, mixed, reseal, scenario_for, seal,
+};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| POOL.install(|| one_input(data)));
+
+// One worker, and the input runs on it: the receiver's parallel loops then run inline instead
+// of waking another thread for every frame (faster, and a crash stack is the input's own).
+static POOL: std::sync::LazyLock<rayon::ThreadPool> = std::sync::LazyLock::new(|| {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+});
+
+fn one_input(data: &[u8]) {
+    match data.first() {
+        None => {}
+        Some(b'D') => {
+            let mut r = scenario_for(data, 0).receiver();
+            for f in cut_frames(data) {
+                let _ = feed(&mut r, f);
+            }
+        }
+        Some(&m) if m % 4 == 0 => {
+            let frames = cut_frames(&data[1..]);
+            let mut r = scenario_for(frames.first().copied().unwrap_or(&[]), m >> 2).receiver();
+            for f in frames {
+                let mut f = f.to_vec();
+                seal(&mut f);
+                let _ = feed(&mut r, &f);
+            }
+        }
+        Some(_) => {
+            if let Ok(plan) = Plan::arbitrary_take_rest(Unstructured::new(&data[1..])) {
+                run_plan(&plan);
+            }
+        }
+    }
+}
+
+#[derive(Arbitrary, Debug)]
+struct Plan {
+    scenario: u8,
+    fresh: bool,
+    syncs: Vec<SyncPlan>,
+}
+
+#[derive(Arbitrary, Debug)]
+struct SyncPlan {
+    kind: u8,
+    /// Below 240: the right version; 255: the last one (`u64::MAX`); else off by `skew - 239`.
+    skew: u8,
+    frames: u8,
+    digest_frame: u8,
+    chunks: Vec<ChunkPlan>,
+    lies: Vec<Lie>,
+    damage: Vec<Damage>,
+    /// Below 5: in order; 5 reversed, 6 first frame twice, 7 last frame dropped.
+    order: u8,
+}
+
+#[derive(Arbitrary, Debug)]
+struct ChunkPlan {
+    slot: u8,
+    start: u16,
+    range: u16,
+    density: u8,
+    seed: u32,
+    pos: u8,
+    val: u8,
+    frame: u8,
+    /// Even: small ULP steps; odd: random bit flips.
+    step: u8,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Lie {
+    Base(u8, u64),
+    New(u8, u64),
+    Missing(u8),
+    Twice(u8),
+}
+
+#[derive(Arbitrary, Debug)]
+struct Damage {
+    frame: u8,
+    at: u32,
+    xor: u8,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) as u32
+    }
+}
+
+struct Chunk {
+    frame: usize,
+    slot: u32,
+    pos: PosCodec,
+    val: ValCodec,
+    start: u64,
+    range: u64,
+    rel: Vec<u32>,
+    old: Vec<u8>,
+    new: Vec<u8>,
+}
+
+fn run_plan(plan: &Plan) {
+    let scenario = match plan.scenario % 3 {
+        0 => golden_small(),
+        1 => golden_entropy(),
+        _ => mixed(),
+    };
+    let mut r = if plan.fresh {
+        Receiver::new(scenario.table.clone())
+    } else {
+        scenario.receiver()
+    };
+    for sync in plan.syncs.iter().take(4) {
+        run_sync(&mut r, sync);
+    }
+}
+
+fn run_sync(r: &mut Receiver, plan: &SyncPlan) {
+    let table = r.table().clone();
+    let held = r.store().clone();
+    let mut model = held.clone();
+    let mut honest = true;
+    let kind = [FrameKind::Seed, FrameKind::Delta, FrameKind::Verify][plan.kind as usize % 3];
+    let nframes = 1 + plan.frames as usize % 4;
+    let mut chunks = Vec::new();
+    let width = |slot: u32| table.slots()[slot as usize].dtype.width();
+
+    match kind {
+        FrameKind::Delta => {
+            let mut touched = HashSet::new();
+            for c in plan.chunks.iter().take(16) {
+                let slot = (c.slot as usize % table.len()) as u32;
+                let (numel, w) = (table.slots()[slot as usize].numel(), width(slot));
+                if numel == 0 {
+                    continue;
+                }
+                let start = c.start as u64 % numel;
+                let range = 1 + c.range as u64 % (numel - start);
+                let pos = PosCodec::ALL[c.pos as usize % 5];
+                let mut rng = Rng(c.seed as u64);
+                let mut rel: Vec<u32> = (0..range as u32)
+                    .filter(|_| pos == PosCodec::All || rng.next() % 256 <= c.density as u32)
+                    .collect();
+                if rel.is_empty() {
+                    rel.push(rng.next() % range as u32);
+                }
+                let (mut old, mut new) = (Vec::new(), Vec::new());
+                let mask = if w == 4 {
+                    u32::MAX
+                } else {
+                    (1u32 << (8 * w)) - 1
+                };
+                for &p in &rel {
+                    let index = (start + p as u64) as usize;
+                    honest &= touched.insert((slot, index));
+                    let a = load_bits(&held[slot as usize], w, index);
+                    let b = if c.step % 2 == 0 {
+                        let d = 1 + rng.next() % 4;
+                        let d = if rng.next() % 2 == 0 {
+                            d
+                        } else {
+                            d.wrapping_neg()
+                        };
+                        from_ordered(to_ordered(a, w).wrapping_add(d) & mask, w)
+                    } else {
+                        a ^ ((rng.next() & mask).max(1))
+                    };
+                    old.extend_from_slice(&a.to_le_bytes()[..w]);
+                    new.extend_from_slice(&b.to_le_bytes()[..w]);
+                    store_bits(&mut model[slot as usize], w, index, b);
+                }
+                chunks.push(Chunk {
+                    frame: c.frame as usize % nframes,
+                    slot,
+                    pos,
+                    val: ValCodec::ALL[c.val as usize % 2],
+                    start,
+                    range,
+                    rel,
+                    old,
+                    new,
+                });
+            }
+        }
+        FrameKind::Seed => {
+            // Each slot cut into pieces; a piece is one `all` chunk or two interleaved chunks.
+            let mut plans = plan.chunks.iter().cycle();
+            let mut rng = Rng(plan.chunks.first().map_or(1, |c| c.seed as u64));
+            for slot in 0..table.len() as u32 {
+                let (numel, w) = (table.slots()[slot as usize].numel(), width(slot));
+                let mut start = 0u64;
+                while start < numel {
+                    let c = plans.next();
+                    let mut range = c.map_or(numel, |c| 1 + c.range as u64).min(numel - start);
+                    if chunks.len() >= 60 {
+                        range = numel - start;
+                    }
+                    let pos = c.map_or(PosCodec::All, |c| PosCodec::ALL[c.pos as usize % 5]);
+                    let frame = c.map_or(0, |c| c.frame as usize) % nframes;
+                    let density = c.map_or(0, |c| c.density as u32);
+                    let mut parts = vec![Vec::new(), Vec::new()];
+                    for p in 0..range as u32 {
+                        let part = pos != PosCodec::All && rng.next() % 256 <= density;
+                        parts[part as usize].push(p);
+                    }
+                    for (k, rel) in parts.into_iter().enumerate() {
+                        if rel.is_empty() {
+                            continue;
+                        }
+                        let mut new = Vec::new();
+                        for &p in &rel {
+                            let b = rng.next();
+                            new.extend_from_slice(&b.to_le_bytes()[..w]);
+                            store_bits(
+                                &mut model[slot as usize],
+                                w,
+                                (start + p as u64) as usize,
+                                b,
+                            );
+                        }
+                        let pos = if rel.len() as u64 == range {
+                            PosCodec::All
+                        } else if k == 0 {
+                            PosCodec::ALL[1 + (density as usize + 1) % 4]
+                        } else {
+                            pos
+                        };
+                        chunks.push(Chunk {
+                            frame: (frame + k) % nframes,
+                            slot,
+                            pos,
+                            val: ValCodec::Raw,
+                            start,
+                            range,
+                            rel,
+                            old: Vec::new(),
+                            new,
+                        });
+                    }
+                    start += range;
+                }
+            }
+        }
+        FrameKind::Verify => {}
+    }
+
+    let model_digests: Vec<u64> = (0..table.len() as u32)
+        .map(|id| digest_slot(id, width(id), &model[id as usize]))
+        .collect();
+    let mut records: Vec<Option<SlotDigest>> = (0..table.len())
+        .map(|id| {
+            let base = match kind {
+                FrameKind::Delta => r.digests()[id],
+                FrameKind::Seed => 0,
+                FrameKind::Verify => model_digests[id],
+            };
+            Some(SlotDigest {
+                slot: id as u32,
+                base,
+                new: model_digests[id],
+            })
+        })
+        .collect();
+    let mut twice = Vec::new();
+    for lie in plan.lies.iter().take(4) {
+        let pick = |s: &u8| *s as usize % table.len();
+        match lie {
+            Lie::Base(s, v) => {
+                if let Some(rec) = &mut records[pick(s)] {
+                    honest &= kind != FrameKind::Delta || rec.base == *v;
+                    rec.base = *v;
+                }
+            }
+            Lie::New(s, v) => {
+                if let Some(rec) = &mut records[pick(s)] {
+                    honest &= rec.new == *v;
+                    rec.new = *v;
+                }
+            }
+            Lie::Missing(s) => {
+                honest = false;
+                records[pick(s)] = None;
+            }
+            Lie::Twice(s) => {
+                honest = false;
+                twice.extend(records[pick(s)]);
+            }
+        }
+    }
+
+    let current = r.version();
+    let version = match kind {
+        FrameKind::Verify => current.unwrap_or(0),
+        _ => current.map_or(1, |v| v.wrapping_add(1)),
+    };
+    honest &= kind == FrameKind::Seed || current.is_some();
+    // No version follows the last one: a delta from there must be refused, not wrap.
+    honest &= kind != FrameKind::Delta || current != Some(u64::MAX);
+    let version = match plan.skew {
+        0..240 => version,
+        255 => {
+            honest &= kind == FrameKind::Seed || version == u64::MAX;
+            u64::MAX
+        }
+        skew => {
+            honest = false;
+            version.wrapping_add(skew as u64 - 239)
+        }
+    };
+
+    let digest_frame = plan.digest_frame as usize % nframes;
+    let mut frames: Vec<Vec<u8>> = (0..nframes)
+        .map(|i| {
+            let mut w = FrameWriter::new(kind, version, table.hash(), i as u32);
+            for c in chunks.iter().filter(|c| c.frame == i) {
+                let (mut pos, mut val) = (Vec::new(), Vec::new());
+                encode_positions(c.pos, &c.rel, c.range as u32, &mut pos);
+                let old = if c.val == ValCodec::Ulp {
+                    &c.old
+                } else {
+                    &c.new
+                };
+                encode_values(c.val, width(c.slot), old, &c.new, &mut val);
+                let count = c.rel.len() as u64;
+                w.push_chunk(c.slot, c.pos, c.val, c.start, c.range, count, &pos, &val);
+            }
+            if i == digest_frame {
+                for rec in records.iter().flatten().chain(&twice) {
+                    w.push_digest(*rec);
+                }
+            }
+            w.finish(i + 1 == nframes)
+        })
+        .collect();
+    for d in plan.damage.iter().take(8) {
+        let f = &mut frames[d.frame as usize % nframes];
+        let at = d.at as usize % f.len();
+        f[at] ^= d.xor;
+        honest &= d.xor == 0;
+        reseal(f);
+    }
+    match plan.order % 8 {
+        5 if nframes > 1 => {
+            honest = false;
+            frames.reverse();
+        }
+        6 => {
+            honest = false;
+            frames.insert(1, frames[0].clone());
+        }
+        7 => {
+            honest = false;
+            frames.pop();
+        }
+        _ => {}
+    }
+
+    let mut last = None;
+    for f in &frames {
+        let result = feed(r, f);
+        if honest {
+            assert!(result.is_ok(), "honest {kind:?} sync refused: {result:?}");
+        }
+        last = Some(result);
+    }
+    if let Some(Ok(Some(outcome))) = &last {
+        if r.digests() == model_digests && outcome.kind != FrameKind::Verify {
+            assert!(r.store() == &model, "accepted sync differs from the model");
+        }
+    } else if honest {
+        panic!("honest {kind:?} sync did not complete: {last:?}");
+    }
+}
