@@ -1,13 +1,15 @@
 //! Encode and decode throughput of every position and value codec on one chunk of
 //! 2^20 BF16 elements at 0.1%, 1%, 10% and 50% density, with AdamW-like ULP steps
-//! (~87% ±1, a tail of small steps, ~1% jumps of hundreds to tens of thousands of ULPs).
+//! (~87% ±1, a tail of small steps, ~1% jumps of hundreds to tens of thousands of ULPs),
+//! and of the encoder's choice of codecs for the chunk (`chunk/auto`).
 //!
 //! Criterion reports changes per second (`elem/s`); elements of the range per second are
 //! that divided by the density in the benchmark name. `cargo bench -p deltacast --bench codecs`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use deltacast::codec::{
-    decode_positions, decode_values, encode_positions, encode_values, PosCodec, ValCodec,
+    decode_positions, decode_values, encode_chunk, encode_positions, encode_values, CodecChoice,
+    PosCodec, ValCodec,
 };
 use deltacast::dtype::{from_ordered, to_ordered};
 use std::hint::black_box;
@@ -143,5 +145,35 @@ fn codecs(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, codecs);
+/// The whole choice for one chunk (`encode_chunk` with `Auto`): every candidate sized, the
+/// smallest positions and values written.
+fn auto(c: &mut Criterion) {
+    let mut group = c.benchmark_group("chunk/auto");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(600));
+    for density in DENSITIES {
+        let ch = chunk(density);
+        group.throughput(Throughput::Elements(ch.rel.len() as u64));
+        group.bench_function(
+            BenchmarkId::new("encode", format!("density={density}")),
+            |b| {
+                b.iter(|| {
+                    encode_chunk(
+                        CodecChoice::Auto,
+                        2,
+                        black_box(&ch.rel),
+                        RANGE,
+                        &ch.old,
+                        &ch.new,
+                    )
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, codecs, auto);
 criterion_main!(benches);

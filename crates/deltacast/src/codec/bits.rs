@@ -5,45 +5,61 @@
 //! 64 bits in a register, reads a unary prefix with one `trailing_zeros` and the fields after it
 //! with shifts, with no per-bit loop; a block can start at any bit.
 
-/// Appends a bit stream to a byte vector, one block at a time: [`BitWriter::block`] makes
-/// room for the block's exact size (the encoders size each block before writing it) and hands
-/// out a [`BlockWriter`] over that room.
+use std::cell::Cell;
+
+/// Bytes a block's code words may span: more than the largest block (gaps: 49,104 bits; ulp:
+/// at most 1024 · 32 bits, the all-raw size) plus the pending partial byte. A power of two, so
+/// a store index is masked into range instead of bounds checked.
+const SCRATCH: usize = 8192;
+
+/// Appends a bit stream to a byte vector, one block at a time: [`BitWriter::block`] hands out
+/// a [`BlockWriter`] over a fixed scratch buffer (the encoders size each block before writing
+/// it), then appends the block's whole bytes to the vector and keeps the last partial byte.
 pub(crate) struct BitWriter<'a> {
     out: &'a mut Vec<u8>,
-    /// Byte that holds the first bit not yet final.
-    byte: usize,
-    /// Pending bits (the low `n`, fewer than 8), already stored at `out[byte]`.
+    /// Pending bits (the low `n`, fewer than 8), not yet in `out`.
     acc: u64,
     n: u32,
+    /// Room for one block plus the 8 bytes a store may touch past its end. Its contents do
+    /// not matter (only bytes a block stored are copied out), so it is reused.
+    scratch: Box<[u8; SCRATCH + 8]>,
+}
+
+thread_local! {
+    /// The scratch buffer of this thread's last finished writer, so that encoding a small
+    /// section does not pay for a fresh 8 KiB buffer.
+    static SPARE_SCRATCH: Cell<Option<Box<[u8; SCRATCH + 8]>>> = const { Cell::new(None) };
 }
 
 impl<'a> BitWriter<'a> {
     /// Starts a bit stream at the end of `out`.
     pub(crate) fn new(out: &'a mut Vec<u8>) -> Self {
-        let byte = out.len();
+        let scratch = SPARE_SCRATCH
+            .take()
+            .unwrap_or_else(|| Box::new([0; SCRATCH + 8]));
         BitWriter {
             out,
-            byte,
             acc: 0,
             n: 0,
+            scratch,
         }
     }
 
-    /// Writes `bits` more bits with `write`. The block writer works on a plain slice and local
-    /// state, so the hot loop keeps everything in registers.
+    /// Writes `bits` more bits with `write`. The block writer works on a fixed-size buffer and
+    /// local state, so the hot loop keeps everything in registers and stores without bounds
+    /// checks.
     #[inline(always)]
     pub(crate) fn block<R>(
         &mut self,
         bits: u64,
         write: impl FnOnce(&mut BlockWriter<'_>) -> R,
     ) -> R {
-        // Room for the block plus the 8 bytes a store may touch past its end.
-        let end = self.byte + (self.n as u64 + bits).div_ceil(8) as usize + 8;
-        if self.out.len() < end {
-            self.out.resize(end, 0);
-        }
+        debug_assert!(
+            self.n as u64 + bits < 8 * SCRATCH as u64,
+            "block of {bits} bits"
+        );
         let mut block = BlockWriter {
-            buf: &mut self.out[self.byte..end],
+            buf: &mut self.scratch,
             byte: 0,
             acc: self.acc,
             n: self.n,
@@ -54,47 +70,55 @@ impl<'a> BitWriter<'a> {
             self.n as u64 + bits,
             "block size"
         );
-        self.byte += block.byte;
-        self.acc = block.acc;
-        self.n = block.n;
+        let (byte, acc, n) = (block.byte, block.acc, block.n);
+        self.out.extend_from_slice(&self.scratch[..byte]);
+        self.acc = acc;
+        self.n = n;
         result
     }
 
     /// Bits written since `start_byte` (a byte offset in the vector).
     pub(crate) fn bits_since(&self, start_byte: usize) -> u64 {
-        (self.byte - start_byte) as u64 * 8 + self.n as u64
+        (self.out.len() - start_byte) as u64 * 8 + self.n as u64
     }
 
-    /// Ends the stream: drops the spare room, keeps the last partial byte (zero padded).
+    /// Ends the stream: appends the last partial byte (zero padded).
     pub(crate) fn finish(self) {
-        let end = self.byte + self.n.div_ceil(8) as usize;
-        self.out.truncate(end);
+        if self.n > 0 {
+            self.out.push(self.acc as u8);
+        }
+        SPARE_SCRATCH.set(Some(self.scratch));
     }
 }
 
-/// Writes the code words of one block: every field is one unaligned 8-byte store, with no
-/// branch per byte.
+/// Writes the code words of one block: every field is one unaligned 8-byte store of the
+/// accumulator, with no branch per byte.
 pub(crate) struct BlockWriter<'b> {
-    buf: &'b mut [u8],
+    buf: &'b mut [u8; SCRATCH + 8],
+    /// Byte of `buf` that holds the first bit not yet final.
     byte: usize,
+    /// Pending bits (the low `n`, fewer than 8), already stored at `buf[byte]`.
     acc: u64,
     n: u32,
 }
 
 impl BlockWriter<'_> {
     /// Appends the low `len` bits of `bits` (`len <= 56`; higher bits must be zero).
-    /// Panics only if the encoder sized the block too small, which is a bug, not bad data.
     #[inline(always)]
     pub(crate) fn put(&mut self, bits: u64, len: u32) {
         debug_assert!(len <= 56, "field of {len} bits");
         debug_assert!(bits >> len == 0, "bits above the field");
+        debug_assert!(self.byte < SCRATCH, "block larger than its size");
         self.acc |= bits << self.n;
         self.n += len;
-        self.buf[self.byte..self.byte + 8].copy_from_slice(&self.acc.to_le_bytes());
-        let whole = self.n / 8;
-        self.byte += whole as usize;
-        self.acc >>= whole * 8;
-        self.n -= whole * 8;
+        // The mask only keeps the index provably in range (the block was sized to fit), so
+        // the store needs no bounds check.
+        let at = self.byte & (SCRATCH - 1);
+        self.buf[at..at + 8].copy_from_slice(&self.acc.to_le_bytes());
+        self.byte += (self.n / 8) as usize;
+        // n <= 63 here, so this drops exactly the whole bytes just stored.
+        self.acc >>= self.n & !7;
+        self.n %= 8;
     }
 
     /// Appends `len` zero bits (any count).
@@ -125,23 +149,66 @@ impl<'a> BitReader<'a> {
     #[inline(always)]
     pub(crate) fn peek(&self, pos: usize) -> u64 {
         let at = pos >> 3;
-        let word = match self.data.get(at..).and_then(|rest| rest.first_chunk::<8>()) {
-            Some(bytes) => u64::from_le_bytes(*bytes),
-            None => self.tail(at),
+        // One comparison (`at + 8` cannot overflow) and a load; the tail is cold.
+        let word = match self.data.get(at..at + 8) {
+            Some(bytes) => u64::from_le_bytes(bytes.try_into().unwrap()),
+            None => tail(self.data, at),
         };
         word >> (pos & 7)
     }
 
-    #[cold]
-    #[inline(never)]
-    fn tail(&self, at: usize) -> u64 {
-        let mut bytes = [0u8; 8];
-        if let Some(rest) = self.data.get(at..) {
-            let n = rest.len().min(8);
-            bytes[..n].copy_from_slice(&rest[..n]);
+    /// Reads `N` consecutive code words from bit `*pos` on and moves `*pos` past them.
+    /// `word` decodes the code word in the low bits of its argument into `(value, length)`
+    /// and must depend on no bit past that length (bits above it may be anything).
+    ///
+    /// One load serves all `N` words when they fit the bits it holds (at least 57): the chain
+    /// from one load to the next is then `N` count-and-shift steps instead of `N` loads. The
+    /// words are decoded speculatively and checked afterwards; when they do not fit (long
+    /// words, rare) each gets its own load. Either way the result is that of `N` reads at
+    /// their exact positions.
+    #[inline(always)]
+    pub(crate) fn read_n<T: Copy + Default, const N: usize>(
+        &self,
+        pos: &mut usize,
+        word: impl Fn(u64) -> (T, u32),
+    ) -> [T; N] {
+        let mut bits = self.peek(*pos);
+        // Bits of `bits` that are the stream's (the rest are zero).
+        let room = 64 - (*pos & 7) as u32;
+        let mut values = [T::default(); N];
+        let mut used = 0u32;
+        for value in &mut values {
+            let len;
+            (*value, len) = word(bits);
+            // Shifting the word itself keeps the sum of lengths off the chain. Past `room`
+            // the result is discarded, so the shift may wrap.
+            bits = bits.wrapping_shr(len);
+            used += len;
         }
-        u64::from_le_bytes(bytes)
+        if used > room {
+            used = 0;
+            for value in &mut values {
+                let len;
+                (*value, len) = word(self.peek(*pos + used as usize));
+                used += len;
+            }
+        }
+        *pos += used as usize;
+        values
     }
+}
+
+/// The up to 8 bytes of `data` from byte `at` on (zeros past its end). Takes the slice by
+/// value: a reference to the reader would keep a cursor that holds it out of registers.
+#[cold]
+#[inline(never)]
+fn tail(data: &[u8], at: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    if let Some(rest) = data.get(at..) {
+        let n = rest.len().min(8);
+        bytes[..n].copy_from_slice(&rest[..n]);
+    }
+    u64::from_le_bytes(bytes)
 }
 
 /// A read position with the next bits cached in a register: consuming a field is a shift,
@@ -205,14 +272,16 @@ impl<'a> BitCursor<'a> {
 
 /// The low `len` bits set (`len <= 63`).
 #[inline(always)]
-pub(crate) fn mask(len: u32) -> u64 {
+pub(crate) const fn mask(len: u32) -> u64 {
     (1u64 << len) - 1
 }
 
-/// Number of significant bits of `x` (0 for 0).
+/// Number of significant bits of `x` (0 for 0), for `x < 2^63`. `2x + 1` is never zero, so
+/// this is one `bsr` even on CPUs without `lzcnt` (no zero special case).
 #[inline(always)]
 pub(crate) fn bit_len(x: u64) -> u32 {
-    64 - x.leading_zeros()
+    debug_assert!(x >> 63 == 0);
+    63 - ((x << 1) | 1).leading_zeros()
 }
 
 /// Checks that a stream of `bits` bits fills `stream` exactly, padding bits zero.
@@ -292,6 +361,39 @@ mod tests {
         assert_eq!(cursor.pos(), pos);
         assert_eq!(r.peek(pos), 0);
         assert_eq!(r.peek(pos + 10_000), 0);
+    }
+
+    #[test]
+    fn read_n_matches_reads_at_each_position() {
+        // A prefix code: z zeros, a one, then a 3z-bit value (up to 45 bits for z = 11).
+        // Mostly short words (several per load), some long ones (the one-load-each path).
+        let decode = |word: u64| {
+            let z = word.trailing_zeros().min(11);
+            ((word >> (z + 1)) & mask(3 * z), 4 * z + 1)
+        };
+        let fields: Vec<(u64, u32)> = (0..3000u64)
+            .map(|i| {
+                let h = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let z = (h >> 60) as u32 % if i % 5 == 0 { 12 } else { 3 };
+                (h & mask(3 * z), z)
+            })
+            .collect();
+        let bits: u64 = fields.iter().map(|&(_, z)| 4 * z as u64 + 1).sum();
+        let mut buf = Vec::new();
+        let mut w = BitWriter::new(&mut buf);
+        w.block(bits, |b| {
+            for &(v, z) in &fields {
+                b.put(((v << 1) | 1) << z, 4 * z + 1);
+            }
+        });
+        w.finish();
+        let r = BitReader::new(&buf);
+        let mut pos = 0;
+        for group in fields.chunks_exact(3) {
+            let read: [u64; 3] = r.read_n(&mut pos, decode);
+            assert_eq!(read, [group[0].0, group[1].0, group[2].0]);
+        }
+        assert_eq!(pos as u64, bits);
     }
 
     #[test]

@@ -275,32 +275,56 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     if rel.len() as u64 == range as u64 {
         return (PosCodec::All, Vec::new());
     }
-    // abs32 and bitmap sizes follow from the count and range; gaps is encoded (which sizes
-    // it exactly) only when its smallest possible size could match the better of the two.
-    // The first of abs32, gaps, bitmap with the smallest size wins, as if all were encoded.
+    // abs32 and bitmap sizes follow from the count and range; gaps is sized exactly only
+    // when its smallest possible size could match the better of the two. The first of abs32,
+    // gaps, bitmap with the smallest size wins, as if all were encoded.
     let abs32 = rel.len() as u64 * 4;
     let bitmap = (range as u64).div_ceil(8);
-    let gaps = (gaps::min_len(rel.len()) <= abs32.min(bitmap)).then(|| {
-        let mut out = Vec::new();
-        encode_positions(PosCodec::Gaps, rel, range, &mut out);
-        out
-    });
-    let gaps_len = gaps.as_ref().map_or(u64::MAX, |g| g.len() as u64);
-    // Dense chunks: code the few unchanged elements instead.
+    let mut out = Vec::new();
+    // Up to a third of the range gaps all but always wins (bitmap does from ~40%, holes only
+    // past half), so it is written at once; denser chunks size it from its directory alone
+    // and write it only if it wins.
+    let mut gaps_dir = None;
+    let gaps_len = if gaps::min_len(rel.len()) > abs32.min(bitmap) {
+        u64::MAX
+    } else if rel.len() <= range as usize / 3 {
+        gaps::encode(rel, range, &mut out);
+        out.len() as u64
+    } else {
+        let (dir, len) = gaps::directory(rel, range);
+        gaps_dir = Some(dir);
+        len
+    };
+    let best = abs32.min(bitmap).min(gaps_len);
+    // Dense chunks: code the few unchanged elements instead, when strictly smaller.
     let holes_count = range as usize - rel.len();
-    if holes_count < rel.len() && gaps::min_len(holes_count) < abs32.min(bitmap).min(gaps_len) {
-        let mut out = Vec::new();
-        encode_positions(PosCodec::Holes, rel, range, &mut out);
-        if (out.len() as u64) < abs32.min(bitmap).min(gaps_len) {
+    if holes_count < rel.len() && gaps::min_len(holes_count) < best {
+        // `complement(rel, range)`, a run at a time.
+        let mut holes = Vec::with_capacity(holes_count);
+        let mut next = 0;
+        for &p in rel {
+            holes.extend(next..p);
+            next = p + 1;
+        }
+        holes.extend(next..range);
+        let (dir, len) = gaps::directory(&holes, range);
+        if len < best {
+            out.clear();
+            gaps::encode_with(&holes, range, &dir, &mut out);
             return (PosCodec::Holes, out);
         }
     }
-    let codec = match gaps {
-        _ if abs32 <= gaps_len && abs32 <= bitmap => PosCodec::Abs32,
-        Some(gaps) if gaps_len <= bitmap => return (PosCodec::Gaps, gaps),
-        _ => PosCodec::Bitmap,
+    let codec = if abs32 <= gaps_len && abs32 <= bitmap {
+        PosCodec::Abs32
+    } else if gaps_len <= bitmap {
+        if let Some(dir) = gaps_dir {
+            gaps::encode_with(rel, range, &dir, &mut out);
+        }
+        return (PosCodec::Gaps, out);
+    } else {
+        PosCodec::Bitmap
     };
-    let mut out = Vec::new();
+    out.clear();
     encode_positions(codec, rel, range, &mut out);
     (codec, out)
 }
