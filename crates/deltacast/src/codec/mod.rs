@@ -98,15 +98,14 @@ pub fn encode_positions(codec: PosCodec, rel: &[u32], range: u32, out: &mut Vec<
 
 /// The elements of `0..range` not in `sorted` (strictly increasing, each `< range`).
 fn complement(sorted: &[u32], range: u32) -> Vec<u32> {
-    let mut out = Vec::with_capacity(range as usize - sorted.len());
-    let mut next = sorted.iter().copied().peekable();
-    for i in 0..range {
-        if next.peek() == Some(&i) {
-            next.next();
-        } else {
-            out.push(i);
-        }
+    // Run by run: every gap between two consecutive holes is a run of changed positions.
+    let mut out = Vec::with_capacity((range as usize).saturating_sub(sorted.len()));
+    let mut next = 0u32;
+    for &hole in sorted {
+        out.extend(next..hole);
+        next = hole.saturating_add(1);
     }
+    out.extend(next..range);
     out
 }
 
