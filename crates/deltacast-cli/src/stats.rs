@@ -51,6 +51,7 @@ fn figures(
     config: FlushConfig,
 ) -> Result<StepFigures> {
     let mut changed = 0u64;
+    let mut abs32_raw = 0u64;
     let mut position_bits = 0f64;
     let mut ulp_counts: HashMap<i64, u64> = HashMap::new();
     let mut scratch = Changes::default();
@@ -62,6 +63,7 @@ fn figures(
         let (n, k) = (slot.numel() as f64, scratch.len() as f64);
         position_bits += n * binary_entropy(k / n.max(1.0));
         changed += scratch.len() as u64;
+        abs32_raw += scratch.len() as u64 * (4 + width as u64);
         for j in 0..scratch.len() {
             let a = to_ordered(load_bits(&scratch.old_values, width, j), width) as i64;
             let b = to_ordered(load_bits(&scratch.new_values, width, j), width) as i64;
@@ -82,19 +84,6 @@ fn figures(
         chosen += f.len() as u64;
         Ok(())
     })?;
-    let abs32_raw: u64 = {
-        let mut total = 0u64;
-        for (id, slot) in table.slots().iter().enumerate() {
-            let width = slot.dtype.width();
-            let k = old[id]
-                .chunks_exact(width)
-                .zip(new[id].chunks_exact(width))
-                .filter(|(a, b)| a != b)
-                .count() as u64;
-            total += k * (4 + width as u64);
-        }
-        total
-    };
     Ok(StepFigures {
         step,
         changed,

@@ -19,7 +19,7 @@ use crate::digest::{change, element_hash, slot_salt};
 use crate::dtype::load_bits;
 use crate::error::{Error, Result};
 use crate::flush::{encode_changes, FlushConfig, ReadyChunk, SyncEncoder, SyncStats};
-use crate::wire::{FrameKind, SlotDigest};
+use crate::wire::{u32_at, u64_at, FrameKind, SlotDigest};
 
 /// How a trainer rank reaches the others. Implemented over TCP and in-process channels by
 /// `deltacast-net` (and by NCCL on GPUs). Every call is collective or paired: all ranks make the
@@ -521,12 +521,6 @@ fn width_of(map: &SlotMap, plan: &ParamPlan) -> usize {
         .width()
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
 fn check_rows(rows: &[Vec<u8>], world: usize, len: usize, what: &str) -> Result<()> {
     if rows.len() != world {
         return Err(Error::Malformed(format!(
@@ -620,7 +614,7 @@ fn read_record(b: &[u8]) -> Result<(ReadyChunk, usize)> {
     };
     let pos_end = RECORD_HEADER + pos_len as usize;
     let chunk = ReadyChunk {
-        slot: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        slot: u32_at(b, 0),
         start: u64_at(b, 8),
         range: u64_at(b, 16),
         count: u64_at(b, 24),
