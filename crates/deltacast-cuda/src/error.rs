@@ -40,6 +40,32 @@ pub enum CudaError {
         expected: u64,
         actual: u64,
     },
+    /// `libnccl` could not be loaded.
+    #[error("the NCCL library could not be loaded: {0}")]
+    NcclNotFound(String),
+    /// An NCCL call failed (or a peer failed: NCCL's asynchronous error).
+    #[error("NCCL {op} failed: {msg}")]
+    Nccl { op: &'static str, msg: String },
+    /// A collective did not finish in time; the communicator was aborted.
+    #[error("{what} did not finish within {seconds} s; the communicator was aborted")]
+    Timeout { what: &'static str, seconds: u64 },
+    /// A GPU sync message is malformed or announces sizes this receiver's slots cannot have.
+    #[error("malformed GPU sync: {0}")]
+    Protocol(String),
+    /// The sender's slot table is not the receiver's.
+    #[error("slot table {got:#018x} is not this receiver's {expected:#018x}")]
+    WrongTable { expected: u64, got: u64 },
+    /// The receiver does not hold the state the delta starts from (needs a seed).
+    #[error("receiver holds version {held} with digest of slot {slot} {actual:#018x}, the delta starts from {expected:#018x}: it needs a seed")]
+    BaseMismatch {
+        held: u64,
+        slot: u32,
+        expected: u64,
+        actual: u64,
+    },
+    /// A receiver refused the sync (its digest check or its input checks failed).
+    #[error("{0} receiver(s) refused the sync; the next sync is a seed")]
+    ReceiverRefused(u64),
 }
 
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;

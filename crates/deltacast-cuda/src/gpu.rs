@@ -101,6 +101,14 @@ struct KUpdateSeg {
     pad: u32,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KPackCopy {
+    src: u64,
+    dst: u64,
+    words: u64,
+}
+
 /// Runs `f`, turning a panic inside cudarc (missing library or symbol) into an error.
 fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -343,6 +351,10 @@ pub struct Gpu {
     modules: Vec<sys::CUmodule>,
     funcs: HashMap<&'static str, sys::CUfunction>,
     events: (sys::CUevent, sys::CUevent),
+    /// Recorded on a foreign stream (torch's) for ours to wait on.
+    wait_event: sys::CUevent,
+    /// Recorded on our stream after collectives, polled by `NcclComm::wait`.
+    done_event: sys::CUevent,
     arch: String,
     name: String,
     tuning: DiffTuning,
@@ -357,6 +369,7 @@ unsafe impl Sync for Gpu {}
 
 /// The kernels of each file.
 const KERNEL_NAMES: &[(&str, &[&str])] = &[
+    ("pack", &["dc_pack_words"]),
     ("diff", &["dc_diff", "dc_diff_finish"]),
     ("encode", &["dc_encode_cells"]),
     ("apply", &["dc_apply_check", "dc_apply_scatter"]),
@@ -404,6 +417,8 @@ impl Gpu {
                 modules: Vec::new(),
                 funcs: HashMap::new(),
                 events: (std::ptr::null_mut(), std::ptr::null_mut()),
+                wait_event: std::ptr::null_mut(),
+                done_event: std::ptr::null_mut(),
                 arch,
                 name,
                 tuning,
@@ -418,6 +433,12 @@ impl Gpu {
                     .map_err(drv("cuEventCreate"))
             };
             gpu.events = (ev()?, ev()?);
+            let quiet = || {
+                cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .map_err(drv("cuEventCreate"))
+            };
+            gpu.wait_event = quiet()?;
+            gpu.done_event = quiet()?;
             let ptx = ptx_for(&gpu.arch, tuning)?;
             for (file, src) in ptx.iter() {
                 let image = CString::new(src.as_bytes()).map_err(|_| CudaError::Compile {
@@ -482,6 +503,82 @@ impl Gpu {
     /// The raw `CUstream` every method enqueues on.
     pub fn stream_handle(&self) -> u64 {
         self.stream as u64
+    }
+
+    /// Makes this GPU's context current on the calling thread (NCCL's communicator setup
+    /// needs it).
+    pub fn make_current(&self) -> Result<()> {
+        guarded(|| self.bind())
+    }
+
+    /// Makes our stream wait (on the device, no host sync) for everything enqueued so far on
+    /// `other`, a stream of the same context (e.g. torch's current stream; 0 is the legacy
+    /// default stream).
+    ///
+    /// # Safety
+    /// `other` must be a live stream handle of this GPU's context, or 0.
+    pub unsafe fn wait_for_stream(&self, other: u64) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            // SAFETY: per this function's contract; our event and stream.
+            unsafe {
+                cu::event::record(self.wait_event, other as sys::CUstream)
+                    .map_err(drv("cuEventRecord"))?;
+                cu::stream::wait_event(
+                    self.stream,
+                    self.wait_event,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+                .map_err(drv("cuStreamWaitEvent"))
+            }
+        })
+    }
+
+    /// Records an event after everything enqueued so far and returns its handle, to poll
+    /// (`NcclComm::wait`) instead of blocking in a stream synchronisation.
+    pub fn record_done(&self) -> Result<u64> {
+        guarded(|| {
+            self.bind()?;
+            // SAFETY: our event and stream.
+            unsafe { cu::event::record(self.done_event, self.stream) }
+                .map_err(drv("cuEventRecord"))?;
+            Ok(self.done_event as u64)
+        })
+    }
+
+    /// Copies many runs of 4-byte words in one launch: `(src, dst, words)` each (enqueued).
+    ///
+    /// # Safety
+    /// Every `src` and `dst` must be 4-byte aligned device memory valid for `words * 4`
+    /// bytes; destinations must not overlap sources or each other.
+    pub unsafe fn pack_words(&self, copies: &[(DevicePtr, DevicePtr, u64)]) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            let table: Vec<KPackCopy> = copies
+                .iter()
+                .filter(|c| c.2 > 0)
+                .map(|&(src, dst, words)| KPackCopy { src, dst, words })
+                .collect();
+            if table.is_empty() {
+                return Ok(());
+            }
+            if table.iter().any(|c| (c.src | c.dst) % 4 != 0) {
+                return Err(CudaError::InvalidArgument(
+                    "pack_words: unaligned copy".into(),
+                ));
+            }
+            let len = table.len() * std::mem::size_of::<KPackCopy>();
+            let (_guard, base) = self.scratch(len)?;
+            self.upload_typed(base, &table)?;
+            self.launch(
+                "dc_pack_words",
+                (table.len() as u64).min(MAX_GRID),
+                THREADS,
+                Args::new().push(base).push(table.len() as u64),
+            )?;
+            // The scratch table must outlive the kernel: hold the guard until it has run.
+            self.sync()
+        })
     }
 
     fn bind(&self) -> Result<()> {
@@ -1176,8 +1273,10 @@ impl Drop for Gpu {
                 if !self.events.0.is_null() {
                     let _ = cu::event::destroy(self.events.0);
                 }
-                if !self.events.1.is_null() {
-                    let _ = cu::event::destroy(self.events.1);
+                for e in [self.events.1, self.wait_event, self.done_event] {
+                    if !e.is_null() {
+                        let _ = cu::event::destroy(e);
+                    }
                 }
                 if !self.stream.is_null() {
                     let _ = cu::stream::destroy(self.stream);

@@ -38,8 +38,14 @@
 mod error;
 pub use error::{CudaError, Result, NOT_BUILT};
 
+pub mod protocol;
+
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "cuda")]
+pub mod sync;
 #[cfg(feature = "cuda")]
 pub use gpu::{compile_kernel, compile_kernel_tuned, nvrtc_present, DeviceBuffer, Gpu};
 
@@ -65,6 +71,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("encode", include_str!("../kernels/encode.cu")),
     ("apply", include_str!("../kernels/apply.cu")),
     ("digest", include_str!("../kernels/digest.cu")),
+    ("pack", include_str!("../kernels/pack.cu")),
 ];
 
 /// The full program NVRTC compiles for kernel file `name` (prelude + source).
@@ -364,6 +371,7 @@ mod tests {
             "struct ApplyChunk",
             "struct DigestTensor",
             "struct UpdateSeg",
+            "struct PackCopy",
         ] {
             assert!(src.contains(name), "{name}");
         }

@@ -1,0 +1,536 @@
+//! The GPU sync's message layout (host side, no GPU needed, so it is tested everywhere).
+//!
+//! A GPU sync moves device buffers with NCCL, not the framed byte stream of the core: frames
+//! are assembled and checksummed on the host, and copying a whole delta through host memory
+//! would cost more than the link. Each sync is four broadcasts from the trainer's root rank:
+//!
+//! 1. the [`Header`], 64 bytes, fixed size;
+//! 2. the manifest: per slot the digest before and after (16 bytes each), then per chunk a
+//!    [`ChunkRecord`] (48 bytes) — `header.manifest_bytes` long;
+//! 3. the position sections, packed (`header.position_bytes`);
+//! 4. the value sections, packed (`header.value_bytes`).
+//!
+//! A seed or a dense sync replaces 2–4 with the tensors' own bytes, slot after slot.
+//!
+//! Integrity without a checksum: the receiver checks every length against its own slot table
+//! before it allocates or receives anything, the GPU check refuses any chunk whose positions
+//! are out of range, unsorted or no-ops, and nothing is written until the digests computed
+//! from the bits held plus the changes equal the sender's. Corruption in transit therefore
+//! fails the digest (a 64-bit check per slot) and applies nothing.
+
+use crate::error::{CudaError, Result};
+
+/// "DCGP": deltacast GPU protocol.
+pub const MAGIC: [u8; 4] = *b"DCGP";
+/// Version of this layout.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Bytes of a [`Header`].
+pub const HEADER_BYTES: usize = 64;
+/// Bytes of one [`ChunkRecord`].
+pub const CHUNK_RECORD_BYTES: usize = 48;
+/// Bytes of one slot's digest pair in the manifest.
+pub const SLOT_RECORD_BYTES: usize = 16;
+/// The finest chunk grid a sender may use: it bounds the manifest a receiver accepts.
+pub const MIN_CHUNK_ELEMS: u64 = 4096;
+
+/// What a sync carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Every slot's bytes; the receiver's previous state does not matter.
+    Seed = 1,
+    /// Changed elements only, as chunks.
+    Delta = 2,
+    /// Every slot's bytes, from a receiver at the previous version (chosen when a delta would
+    /// be larger, or did not fit the sender's buffers).
+    Dense = 3,
+    /// No sync follows: the sender is closing.
+    Close = 4,
+}
+
+impl SyncKind {
+    fn from_code(code: u32) -> Result<Self> {
+        Ok(match code {
+            1 => SyncKind::Seed,
+            2 => SyncKind::Delta,
+            3 => SyncKind::Dense,
+            4 => SyncKind::Close,
+            _ => return Err(bad(format!("unknown sync kind {code}"))),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncKind::Seed => "seed",
+            SyncKind::Delta => "delta",
+            SyncKind::Dense => "dense",
+            SyncKind::Close => "close",
+        }
+    }
+}
+
+fn bad(msg: String) -> CudaError {
+    CudaError::Protocol(msg)
+}
+
+/// The fixed-size first message of a sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: SyncKind,
+    /// The version the receiver holds after applying.
+    pub version: u64,
+    /// `SlotTable::hash` of the sender's slots; must equal the receiver's.
+    pub table_hash: u64,
+    pub num_slots: u32,
+    pub num_chunks: u64,
+    pub manifest_bytes: u64,
+    pub position_bytes: u64,
+    pub value_bytes: u64,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..8].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        b[8..12].copy_from_slice(&(self.kind as u32).to_le_bytes());
+        b[12..16].copy_from_slice(&self.num_slots.to_le_bytes());
+        b[16..24].copy_from_slice(&self.version.to_le_bytes());
+        b[24..32].copy_from_slice(&self.table_hash.to_le_bytes());
+        b[32..40].copy_from_slice(&self.num_chunks.to_le_bytes());
+        b[40..48].copy_from_slice(&self.manifest_bytes.to_le_bytes());
+        b[48..56].copy_from_slice(&self.position_bytes.to_le_bytes());
+        b[56..64].copy_from_slice(&self.value_bytes.to_le_bytes());
+        b
+    }
+
+    /// Parses and checks a header against the receiver's own table: every size it announces
+    /// is bounded by that table before anything is allocated for it.
+    pub fn decode(b: &[u8], table: &TableLimits) -> Result<Header> {
+        if b.len() != HEADER_BYTES {
+            return Err(bad(format!("header of {} bytes", b.len())));
+        }
+        if b[0..4] != MAGIC {
+            return Err(bad("not a deltacast GPU sync header".into()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[o..o + 8]);
+            u64::from_le_bytes(w)
+        };
+        let version = u32_at(4);
+        if version != PROTOCOL_VERSION {
+            return Err(bad(format!(
+                "protocol version {version}, this build speaks {PROTOCOL_VERSION}"
+            )));
+        }
+        let h = Header {
+            kind: SyncKind::from_code(u32_at(8))?,
+            num_slots: u32_at(12),
+            version: u64_at(16),
+            table_hash: u64_at(24),
+            num_chunks: u64_at(32),
+            manifest_bytes: u64_at(40),
+            position_bytes: u64_at(48),
+            value_bytes: u64_at(56),
+        };
+        if h.kind == SyncKind::Close {
+            return Ok(h);
+        }
+        if h.table_hash != table.hash || h.num_slots as usize != table.num_slots {
+            return Err(CudaError::WrongTable {
+                expected: table.hash,
+                got: h.table_hash,
+            });
+        }
+        let manifest = (h.num_slots as u64)
+            .checked_mul(SLOT_RECORD_BYTES as u64)
+            .and_then(|s| {
+                h.num_chunks
+                    .checked_mul(CHUNK_RECORD_BYTES as u64)
+                    .and_then(|c| c.checked_add(s))
+            });
+        if manifest != Some(h.manifest_bytes) {
+            return Err(bad("manifest length does not match its counts".into()));
+        }
+        match h.kind {
+            SyncKind::Delta => {
+                if h.num_chunks > table.max_chunks() {
+                    return Err(bad(format!(
+                        "{} chunks: more than this model's slots can have",
+                        h.num_chunks
+                    )));
+                }
+                if h.position_bytes > table.max_position_bytes(h.num_chunks) {
+                    return Err(bad(format!(
+                        "{} position bytes: more than any delta of this model needs",
+                        h.position_bytes
+                    )));
+                }
+                if h.value_bytes > table.total_bytes {
+                    return Err(bad(format!(
+                        "{} value bytes for a model of {} bytes",
+                        h.value_bytes, table.total_bytes
+                    )));
+                }
+            }
+            _ => {
+                if h.num_chunks != 0 || h.position_bytes != 0 || h.value_bytes != table.total_bytes
+                {
+                    return Err(bad(format!(
+                        "a {} must carry exactly the model's {} bytes",
+                        h.kind.name(),
+                        table.total_bytes
+                    )));
+                }
+            }
+        }
+        Ok(h)
+    }
+}
+
+/// What the receiver knows of its own slots, against which every announced size is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableLimits {
+    pub hash: u64,
+    pub num_slots: usize,
+    pub total_elements: u64,
+    pub total_bytes: u64,
+    /// Per slot: (elements, width).
+    pub slots: Vec<(u64, usize)>,
+}
+
+impl TableLimits {
+    /// Chunks of a delta never exceed one per [`MIN_CHUNK_ELEMS`] elements of each slot
+    /// (senders use a grid at least that coarse), which bounds the manifest.
+    pub fn max_chunks(&self) -> u64 {
+        self.slots
+            .iter()
+            .map(|&(n, _)| n.div_ceil(MIN_CHUNK_ELEMS))
+            .sum()
+    }
+
+    /// Positions of a delta never exceed one bitmap of every element or one u32 per element,
+    /// whichever is larger, plus 4 bytes of padding per chunk.
+    pub fn max_position_bytes(&self, chunks: u64) -> u64 {
+        let elems = self.total_elements;
+        (elems.saturating_mul(4)).saturating_add(chunks.saturating_mul(4))
+    }
+}
+
+/// Position codec of a chunk (the core's wire codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkPositions {
+    Abs32 = 1,
+    Bitmap = 3,
+}
+
+/// One chunk of a delta: a slot's changes between `start` and `start + range`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRecord {
+    pub slot: u32,
+    pub positions: ChunkPositions,
+    pub start: u64,
+    pub range: u64,
+    pub count: u64,
+    /// Byte offset of its position section in the packed positions (4-byte aligned).
+    pub position_offset: u64,
+    /// Byte offset of its values in the packed values (aligned to the slot's width).
+    pub value_offset: u64,
+}
+
+impl ChunkRecord {
+    /// Bytes of its position section.
+    pub fn position_len(&self) -> u64 {
+        match self.positions {
+            ChunkPositions::Abs32 => self.count * 4,
+            ChunkPositions::Bitmap => self.range.div_ceil(8),
+        }
+    }
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.slot.to_le_bytes());
+        out.extend_from_slice(&(self.positions as u32).to_le_bytes());
+        out.extend_from_slice(&self.start.to_le_bytes());
+        out.extend_from_slice(&self.range.to_le_bytes());
+        out.extend_from_slice(&self.count.to_le_bytes());
+        out.extend_from_slice(&self.position_offset.to_le_bytes());
+        out.extend_from_slice(&self.value_offset.to_le_bytes());
+    }
+}
+
+/// The manifest of a sync: digests before and after per slot, and the chunks of a delta.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Manifest {
+    /// Per slot: (digest the receiver must hold before, digest it holds after).
+    pub digests: Vec<(u64, u64)>,
+    pub chunks: Vec<ChunkRecord>,
+}
+
+impl Manifest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(
+            self.digests.len() * SLOT_RECORD_BYTES + self.chunks.len() * CHUNK_RECORD_BYTES,
+        );
+        for (before, after) in &self.digests {
+            out.extend_from_slice(&before.to_le_bytes());
+            out.extend_from_slice(&after.to_le_bytes());
+        }
+        for c in &self.chunks {
+            c.encode_into(&mut out);
+        }
+        out
+    }
+
+    /// Parses a manifest and checks every chunk against the header and the receiver's slots:
+    /// slot ids, ranges inside their slot, counts, section offsets inside the announced
+    /// sections, chunks of a slot in order and not overlapping.
+    pub fn decode(b: &[u8], header: &Header, table: &TableLimits) -> Result<Manifest> {
+        if b.len() as u64 != header.manifest_bytes {
+            return Err(bad(format!(
+                "manifest of {} bytes, the header says {}",
+                b.len(),
+                header.manifest_bytes
+            )));
+        }
+        let u64_at = |o: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[o..o + 8]);
+            u64::from_le_bytes(w)
+        };
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let n = header.num_slots as usize;
+        let digests: Vec<(u64, u64)> = (0..n)
+            .map(|s| (u64_at(s * 16), u64_at(s * 16 + 8)))
+            .collect();
+        let base = n * SLOT_RECORD_BYTES;
+        let mut chunks = Vec::with_capacity(header.num_chunks as usize);
+        let mut last_end: Vec<u64> = vec![0; n];
+        for k in 0..header.num_chunks as usize {
+            let o = base + k * CHUNK_RECORD_BYTES;
+            let fail = |why: &str| bad(format!("chunk {k}: {why}"));
+            let positions = match u32_at(o + 4) {
+                1 => ChunkPositions::Abs32,
+                3 => ChunkPositions::Bitmap,
+                c => {
+                    return Err(fail(&format!(
+                        "position codec {c} is not decoded on the GPU"
+                    )))
+                }
+            };
+            let c = ChunkRecord {
+                slot: u32_at(o),
+                positions,
+                start: u64_at(o + 8),
+                range: u64_at(o + 16),
+                count: u64_at(o + 24),
+                position_offset: u64_at(o + 32),
+                value_offset: u64_at(o + 40),
+            };
+            let Some(&(numel, width)) = table.slots.get(c.slot as usize) else {
+                return Err(fail("slot id beyond the table"));
+            };
+            if c.range == 0 || c.range > u32::MAX as u64 || c.count == 0 || c.count > c.range {
+                return Err(fail("needs 1 <= count <= range <= 2^32 - 1"));
+            }
+            let end = c.start.checked_add(c.range).filter(|&e| e <= numel);
+            let Some(end) = end else {
+                return Err(fail("lies beyond its slot"));
+            };
+            if c.start < last_end[c.slot as usize] {
+                return Err(fail("overlaps or precedes an earlier chunk of its slot"));
+            }
+            last_end[c.slot as usize] = end;
+            let in_section =
+                |off: u64, len: u64, total: u64| off.checked_add(len).is_some_and(|e| e <= total);
+            if !c.position_offset.is_multiple_of(4)
+                || !in_section(c.position_offset, c.position_len(), header.position_bytes)
+            {
+                return Err(fail("position section outside the packed positions"));
+            }
+            let w = width as u64;
+            if !c.value_offset.is_multiple_of(w)
+                || !in_section(c.value_offset, c.count * w, header.value_bytes)
+            {
+                return Err(fail("value section outside the packed values"));
+            }
+            chunks.push(c);
+        }
+        Ok(Manifest { digests, chunks })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> TableLimits {
+        TableLimits {
+            hash: 0xabc,
+            num_slots: 2,
+            total_elements: 10_000 + 77,
+            total_bytes: 20_000 + 308,
+            slots: vec![(10_000, 2), (77, 4)],
+        }
+    }
+
+    fn delta() -> (Header, Manifest) {
+        let chunks = vec![
+            ChunkRecord {
+                slot: 0,
+                positions: ChunkPositions::Abs32,
+                start: 10,
+                range: 500,
+                count: 3,
+                position_offset: 0,
+                value_offset: 0,
+            },
+            ChunkRecord {
+                slot: 0,
+                positions: ChunkPositions::Bitmap,
+                start: 600,
+                range: 400,
+                count: 300,
+                position_offset: 12,
+                value_offset: 6,
+            },
+            ChunkRecord {
+                slot: 1,
+                positions: ChunkPositions::Abs32,
+                start: 0,
+                range: 77,
+                count: 1,
+                position_offset: 64,
+                value_offset: 608,
+            },
+        ];
+        let m = Manifest {
+            digests: vec![(1, 2), (3, 4)],
+            chunks,
+        };
+        let h = Header {
+            kind: SyncKind::Delta,
+            version: 7,
+            table_hash: 0xabc,
+            num_slots: 2,
+            num_chunks: 3,
+            manifest_bytes: (2 * SLOT_RECORD_BYTES + 3 * CHUNK_RECORD_BYTES) as u64,
+            position_bytes: 68,
+            value_bytes: 612,
+        };
+        (h, m)
+    }
+
+    #[test]
+    fn header_and_manifest_round_trip() {
+        let (h, m) = delta();
+        let hb = h.encode();
+        assert_eq!(Header::decode(&hb, &limits()).expect("valid"), h);
+        let mb = m.encode();
+        assert_eq!(mb.len() as u64, h.manifest_bytes);
+        assert_eq!(Manifest::decode(&mb, &h, &limits()).expect("valid"), m);
+    }
+
+    #[test]
+    fn headers_that_lie_are_refused_before_allocation() {
+        let (h, _) = delta();
+        let t = limits();
+        let mut wrong_table = h;
+        wrong_table.table_hash ^= 1;
+        assert!(matches!(
+            Header::decode(&wrong_table.encode(), &t),
+            Err(CudaError::WrongTable { .. })
+        ));
+        let mut huge = h;
+        huge.value_bytes = u64::MAX;
+        assert!(Header::decode(&huge.encode(), &t).is_err());
+        let mut huge = h;
+        huge.position_bytes = t.total_elements * 8;
+        assert!(Header::decode(&huge.encode(), &t).is_err());
+        let mut many = h;
+        many.num_chunks = u64::MAX / 2;
+        assert!(Header::decode(&many.encode(), &t).is_err());
+        let mut seed = h;
+        seed.kind = SyncKind::Seed;
+        assert!(
+            Header::decode(&seed.encode(), &t).is_err(),
+            "seed with chunks"
+        );
+        seed.num_chunks = 0;
+        seed.position_bytes = 0;
+        seed.value_bytes = t.total_bytes;
+        seed.manifest_bytes = 2 * SLOT_RECORD_BYTES as u64;
+        assert_eq!(
+            Header::decode(&seed.encode(), &t).expect("seed").kind,
+            SyncKind::Seed
+        );
+        let mut b = h.encode();
+        b[4] = 9;
+        assert!(Header::decode(&b, &t).is_err(), "version");
+        b = h.encode();
+        b[0] = b'X';
+        assert!(Header::decode(&b, &t).is_err(), "magic");
+        assert!(Header::decode(&b[..10], &t).is_err(), "short");
+        b = h.encode();
+        b[8] = 99;
+        assert!(Header::decode(&b, &t).is_err(), "kind");
+    }
+
+    #[test]
+    fn every_single_byte_change_of_a_manifest_is_caught_or_harmless() {
+        // Mutating any byte either fails the decode or yields a manifest whose chunks still
+        // satisfy every bound (the GPU check and the digest catch the rest).
+        let (h, m) = delta();
+        let t = limits();
+        let good = m.encode();
+        let mut state = 0x1234_5678u64;
+        for i in 0..good.len() {
+            for _ in 0..8 {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let mut b = good.clone();
+                b[i] ^= ((state >> 33) as u8) | 1;
+                if let Ok(d) = Manifest::decode(&b, &h, &t) {
+                    for c in &d.chunks {
+                        let (numel, w) = t.slots[c.slot as usize];
+                        assert!(c.start + c.range <= numel);
+                        assert!(c.count >= 1 && c.count <= c.range);
+                        assert!(c.position_offset + c.position_len() <= h.position_bytes);
+                        assert!(c.value_offset + c.count * w as u64 <= h.value_bytes);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn manifests_out_of_bounds_are_refused() {
+        let (h, m) = delta();
+        let t = limits();
+        let cases: Vec<(&str, Box<dyn Fn(&mut Manifest)>)> = vec![
+            ("slot", Box::new(|m| m.chunks[2].slot = 2)),
+            ("beyond slot", Box::new(|m| m.chunks[2].range = 78)),
+            ("count > range", Box::new(|m| m.chunks[0].count = 501)),
+            ("zero count", Box::new(|m| m.chunks[0].count = 0)),
+            ("overlap", Box::new(|m| m.chunks[1].start = 500)),
+            (
+                "pos section",
+                Box::new(|m| m.chunks[2].position_offset = 68),
+            ),
+            ("pos align", Box::new(|m| m.chunks[2].position_offset = 2)),
+            ("val section", Box::new(|m| m.chunks[2].value_offset = 612)),
+            ("val align", Box::new(|m| m.chunks[2].value_offset = 606)),
+        ];
+        for (what, mutate) in cases {
+            let mut bad = m.clone();
+            mutate(&mut bad);
+            assert!(
+                Manifest::decode(&bad.encode(), &h, &t).is_err(),
+                "{what} accepted"
+            );
+        }
+        let good = m.encode();
+        assert!(Manifest::decode(&good[..good.len() - 1], &h, &t).is_err());
+    }
+}

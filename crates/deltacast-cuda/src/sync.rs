@@ -1,0 +1,933 @@
+//! The GPU sync: a trainer rank ([`GpuSender`]) pushes its tensors to receivers
+//! ([`GpuReceiver`]) over NCCL, sending only the changed elements (message layout in
+//! [`crate::protocol`]).
+//!
+//! Per sync the sender runs one batched diff over every tensor against its snapshot (which
+//! the diff refreshes in place, and whose per-slot digests it updates, fused), forms the
+//! core's chunks on the GPU with both abs32 and bitmap sections, keeps the smaller of the two
+//! per chunk, packs them with one kernel, and broadcasts header, manifest, positions and
+//! values. When the delta would be as large as the tensors themselves, or more elements
+//! changed than the delta buffers hold, it sends the tensors whole instead (dense). Receivers
+//! check everything against their own slot table, check every chunk and compute their new
+//! digests on the GPU, and only then scatter; an all-reduce of their status is the ack.
+//!
+//! Tensors are borrowed by device pointer (a torch tensor's `data_ptr()`), never freed; both
+//! sides make their own stream wait for the caller's stream (torch's current stream) first,
+//! and return only once their work is complete.
+
+use std::time::{Duration, Instant};
+
+use deltacast::{DType, SlotInfo, SlotTable};
+
+use crate::error::{CudaError, Result};
+use crate::nccl::NcclComm;
+use crate::protocol::{
+    ChunkPositions, ChunkRecord, Header, Manifest, SyncKind, TableLimits, HEADER_BYTES,
+    MIN_CHUNK_ELEMS,
+};
+use crate::{
+    ApplyInput, ApplyPositions, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput,
+    EncodeInput, Gpu,
+};
+
+/// One tensor of a sync: a slot, by device pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuTensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Device address of its first element (contiguous, aligned to the element width).
+    pub ptr: DevicePtr,
+}
+
+impl GpuTensor {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    fn nbytes(&self) -> u64 {
+        self.numel() * self.dtype.width() as u64
+    }
+}
+
+/// Settings of a [`GpuSender`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSenderConfig {
+    /// Rank that sends (the others receive).
+    pub root: usize,
+    /// Chunk grid in elements (at least [`MIN_CHUNK_ELEMS`]).
+    pub chunk_elems: u64,
+    /// Fraction of all elements the delta buffers hold; a step changing more goes dense.
+    pub capacity: f64,
+    /// How long a sync may take before the communicator is aborted.
+    pub timeout: Duration,
+}
+
+impl Default for GpuSenderConfig {
+    fn default() -> Self {
+        GpuSenderConfig {
+            root: 0,
+            chunk_elems: deltacast::flush::DEFAULT_CHUNK_ELEMS,
+            capacity: 0.05,
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What one sync did, for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSyncReport {
+    pub kind: SyncKind,
+    pub version: u64,
+    /// Elements that differ from the previous version (every element for a seed).
+    pub changed: u64,
+    pub numel: u64,
+    /// Bytes broadcast: header, manifest, positions and values (or the tensors).
+    pub payload_bytes: u64,
+    pub chunks: u64,
+    /// Wall time of the whole call, until every receiver acked.
+    pub time_ms: f64,
+    /// Device time of the diff kernels (senders; 0 for receivers and seeds).
+    pub diff_ms: f64,
+}
+
+/// Where a snapshot lives: allocated here, or memory the caller lends (e.g. a torch tensor,
+/// so that other code can read the previous version too).
+enum Snapshot {
+    Owned(DeviceBuffer),
+    Borrowed(DevicePtr),
+}
+
+impl Snapshot {
+    fn ptr(&self) -> DevicePtr {
+        match self {
+            Snapshot::Owned(b) => b.ptr(),
+            Snapshot::Borrowed(p) => *p,
+        }
+    }
+}
+
+/// A buffer that grows on demand (never past what the caller checked).
+struct Growable {
+    buf: Option<DeviceBuffer>,
+}
+
+impl Growable {
+    fn new() -> Self {
+        Growable { buf: None }
+    }
+
+    fn at_least(&mut self, gpu: &Gpu, len: u64) -> Result<DevicePtr> {
+        let len = (len.max(256) as usize).next_multiple_of(256);
+        if self.buf.as_ref().is_none_or(|b| b.len() < len) {
+            self.buf = None;
+            self.buf = Some(gpu.alloc(len)?);
+        }
+        Ok(self.buf.as_ref().map_or(0, |b| b.ptr()))
+    }
+}
+
+fn slot_table(tensors: &[GpuTensor]) -> Result<SlotTable> {
+    SlotTable::new(
+        tensors
+            .iter()
+            .map(|t| SlotInfo::new(t.name.clone(), t.dtype, t.shape.clone()))
+            .collect(),
+    )
+    .map_err(|e| CudaError::InvalidArgument(e.to_string()))
+}
+
+fn limits(table: &SlotTable) -> TableLimits {
+    TableLimits {
+        hash: table.hash(),
+        num_slots: table.len(),
+        total_elements: table.total_elements(),
+        total_bytes: table.total_bytes(),
+        slots: table
+            .slots()
+            .iter()
+            .map(|s| (s.numel(), s.dtype.width()))
+            .collect(),
+    }
+}
+
+fn check_tensors(tensors: &[GpuTensor]) -> Result<()> {
+    for t in tensors {
+        let w = t.dtype.width() as u64;
+        if t.numel() > 0 && t.ptr % w != 0 {
+            return Err(CudaError::InvalidArgument(format!(
+                "tensor `{}` is not aligned to its element width",
+                t.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Broadcasts every tensor whole, slot after slot (seed and dense; the root sends from its
+/// tensors, receivers write into theirs).
+fn broadcast_tensors(
+    comm: &mut NcclComm,
+    gpu: &Gpu,
+    tensors: &[GpuTensor],
+    root: usize,
+) -> Result<()> {
+    for t in tensors {
+        // SAFETY: each tensor is valid for nbytes (the caller's promise at construction).
+        unsafe { comm.broadcast(t.ptr, t.ptr, t.nbytes() as usize, root, gpu.stream_handle())? };
+    }
+    Ok(())
+}
+
+fn digest_inputs(tensors: &[GpuTensor]) -> Vec<DigestInput> {
+    tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| DigestInput {
+            ptr: t.ptr,
+            numel: t.numel(),
+            width: t.dtype.width(),
+            first_index: 0,
+            slot: i as u32,
+        })
+        .collect()
+}
+
+fn u64s(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect()
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+/// The trainer side of a GPU sync.
+pub struct GpuSender {
+    gpu: Gpu,
+    comm: NcclComm,
+    config: GpuSenderConfig,
+    tensors: Vec<GpuTensor>,
+    table: SlotTable,
+    snapshots: Vec<Snapshot>,
+    /// Per-slot digests of the snapshot, on the device (the diff adds its changes there).
+    digests_dev: DeviceBuffer,
+    digests: Vec<u64>,
+    version: u64,
+    /// Set when the receivers cannot be trusted to hold `version` (first sync, a refusal).
+    needs_seed: bool,
+    capacity: u64,
+    positions: DeviceBuffer,
+    values: DeviceBuffer,
+    abs32: DeviceBuffer,
+    bitmap: DeviceBuffer,
+    packed: Growable,
+    header: DeviceBuffer,
+    manifest: Growable,
+    status: DeviceBuffer,
+}
+
+impl GpuSender {
+    /// A sender over `tensors` (borrowed: they must stay valid, and unmoved, for the life of
+    /// the sender). `snapshots`, when given, are the caller's memory for the snapshot (one per
+    /// tensor, same size); else they are allocated here.
+    ///
+    /// # Safety
+    /// Every pointer must be device memory of `gpu`'s device valid for its tensor's bytes.
+    pub unsafe fn new(
+        gpu: Gpu,
+        comm: NcclComm,
+        tensors: Vec<GpuTensor>,
+        snapshots: Option<Vec<DevicePtr>>,
+        config: GpuSenderConfig,
+    ) -> Result<GpuSender> {
+        if config.chunk_elems < MIN_CHUNK_ELEMS || config.chunk_elems > u32::MAX as u64 {
+            return Err(CudaError::InvalidArgument(format!(
+                "chunk_elems {} outside {MIN_CHUNK_ELEMS}..=2^32-1",
+                config.chunk_elems
+            )));
+        }
+        if !(config.capacity > 0.0 && config.capacity <= 1.0) {
+            return Err(CudaError::InvalidArgument(format!(
+                "capacity {} outside (0, 1]",
+                config.capacity
+            )));
+        }
+        if config.root != comm.rank() {
+            return Err(CudaError::InvalidArgument(format!(
+                "the sender is rank {}, the root is {}",
+                comm.rank(),
+                config.root
+            )));
+        }
+        check_tensors(&tensors)?;
+        let table = slot_table(&tensors)?;
+        let snapshots = match snapshots {
+            Some(ptrs) => {
+                if ptrs.len() != tensors.len() {
+                    return Err(CudaError::InvalidArgument(format!(
+                        "{} snapshots for {} tensors",
+                        ptrs.len(),
+                        tensors.len()
+                    )));
+                }
+                ptrs.into_iter().map(Snapshot::Borrowed).collect()
+            }
+            None => tensors
+                .iter()
+                .map(|t| gpu.alloc(t.nbytes() as usize).map(Snapshot::Owned))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let total = table.total_elements();
+        let capacity = ((total as f64 * config.capacity).ceil() as u64).clamp(1, total.max(1));
+        let max_width = tensors.iter().map(|t| t.dtype.width()).max().unwrap_or(1) as u64;
+        let encode_inputs: Vec<EncodeInput> = tensors
+            .iter()
+            .map(|t| EncodeInput {
+                change_offset: 0,
+                change_count: 1,
+                first_index: 0,
+                numel: t.numel(),
+            })
+            .collect();
+        let bitmap_len = Gpu::bitmap_bytes(&encode_inputs, config.chunk_elems);
+        let n = tensors.len();
+        Ok(GpuSender {
+            positions: gpu.alloc((capacity * 8) as usize)?,
+            values: gpu.alloc((capacity * max_width).next_multiple_of(8) as usize)?,
+            abs32: gpu.alloc((capacity * 4) as usize)?,
+            bitmap: gpu.alloc(bitmap_len.max(8) as usize)?,
+            packed: Growable::new(),
+            header: gpu.alloc(HEADER_BYTES)?,
+            manifest: Growable::new(),
+            status: gpu.alloc(8)?,
+            digests_dev: gpu.alloc_zeroed(n.max(1) * 8)?,
+            digests: vec![0; n],
+            gpu,
+            comm,
+            config,
+            tensors,
+            table,
+            snapshots,
+            version: 0,
+            needs_seed: true,
+            capacity,
+        })
+    }
+
+    /// The version the last sync produced.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Per-slot digests of the last version sent.
+    pub fn digests(&self) -> &[u64] {
+        &self.digests
+    }
+
+    pub fn slot_table(&self) -> &SlotTable {
+        &self.table
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Sends a seed (every tensor whole) and takes a fresh snapshot.
+    ///
+    /// # Safety
+    /// `wait_stream` must be a live stream of the GPU's context, or 0.
+    pub unsafe fn seed(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
+        let started = Instant::now();
+        // SAFETY: per this function's contract.
+        unsafe { self.gpu.wait_for_stream(wait_stream)? };
+        self.refresh_whole()?;
+        let report = self.send_whole(SyncKind::Seed, started, 0.0)?;
+        Ok(report)
+    }
+
+    /// Sends what changed since the last version (a seed first, when one is due).
+    ///
+    /// # Safety
+    /// As [`GpuSender::seed`].
+    pub unsafe fn sync(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
+        if self.needs_seed {
+            // SAFETY: per this function's contract.
+            return unsafe { self.seed(wait_stream) };
+        }
+        let started = Instant::now();
+        // SAFETY: per this function's contract.
+        unsafe { self.gpu.wait_for_stream(wait_stream)? };
+        let inputs: Vec<DiffInput> = self
+            .tensors
+            .iter()
+            .zip(&self.snapshots)
+            .enumerate()
+            .map(|(i, (t, s))| DiffInput {
+                snapshot: s.ptr(),
+                current: t.ptr,
+                numel: t.numel(),
+                width: t.dtype.width(),
+                first_index: 0,
+                digest: Some((self.digests_dev.ptr() + 8 * i as u64, i as u32)),
+            })
+            .collect();
+        let out = DiffOutput {
+            positions: self.positions.ptr(),
+            new_values: self.values.ptr(),
+            old_values: None,
+            capacity: self.capacity,
+        };
+        // SAFETY: tensors and snapshots are valid (constructor contract), the outputs are
+        // ours and sized for `capacity`.
+        let diff = unsafe { self.gpu.diff_batch(&inputs, &out)? };
+        let diff_ms = diff.kernel_ms as f64;
+        if !diff.is_complete() {
+            // More changed than the buffers hold: the snapshot is partly refreshed, so make
+            // it whole and send everything.
+            self.refresh_whole()?;
+            return self.send_whole(SyncKind::Dense, started, diff_ms);
+        }
+        let before = self.digests.clone();
+        // SAFETY: our digest words.
+        let after = u64s(&unsafe {
+            self.gpu
+                .download(self.digests_dev.ptr(), self.tensors.len() * 8)?
+        });
+        let encode: Vec<EncodeInput> = self
+            .tensors
+            .iter()
+            .zip(&diff.tensors)
+            .map(|(t, r)| EncodeInput {
+                change_offset: r.offset,
+                change_count: r.written,
+                first_index: 0,
+                numel: t.numel(),
+            })
+            .collect();
+        // SAFETY: positions hold every change written by the diff; abs32 one u32 per change;
+        // bitmap sized by `bitmap_bytes` for these tensors at construction.
+        let grid = unsafe {
+            self.gpu.encode_positions(
+                self.positions.ptr(),
+                &encode,
+                self.config.chunk_elems,
+                Some(self.abs32.ptr()),
+                Some(self.bitmap.ptr()),
+            )?
+        };
+        let mut chunks = Vec::with_capacity(grid.len());
+        let mut copies = Vec::with_capacity(grid.len());
+        let mut pos_bytes = 0u64;
+        let mut value_bytes = 0u64;
+        for g in &grid {
+            let t = &self.tensors[g.input];
+            let r = &diff.tensors[g.input];
+            let w = t.dtype.width() as u64;
+            let abs32_len = g.count * 4;
+            let bitmap_len = g.range.div_ceil(8);
+            let (positions, src, len) = if abs32_len <= bitmap_len {
+                (
+                    ChunkPositions::Abs32,
+                    self.abs32.ptr() + g.lo * 4,
+                    abs32_len,
+                )
+            } else {
+                (
+                    ChunkPositions::Bitmap,
+                    self.bitmap.ptr() + g.bitmap_offset,
+                    bitmap_len,
+                )
+            };
+            copies.push((src, pos_bytes, len.div_ceil(4)));
+            let value_offset = r.value_offset + (g.lo - r.offset) * w;
+            value_bytes = value_bytes.max(value_offset + g.count * w);
+            chunks.push(ChunkRecord {
+                slot: g.input as u32,
+                positions,
+                start: g.start,
+                range: g.range,
+                count: g.count,
+                position_offset: pos_bytes,
+                value_offset,
+            });
+            pos_bytes += len.next_multiple_of(4);
+        }
+        let manifest = Manifest {
+            digests: before.iter().copied().zip(after.iter().copied()).collect(),
+            chunks,
+        }
+        .encode();
+        let delta_bytes = HEADER_BYTES as u64 + manifest.len() as u64 + pos_bytes + value_bytes;
+        if delta_bytes >= self.table.total_bytes() {
+            // Dense wins: the snapshot and digests are already current (the diff was whole).
+            self.digests = after;
+            return self.send_whole(SyncKind::Dense, started, diff_ms);
+        }
+        let packed = self.packed.at_least(&self.gpu, pos_bytes)?;
+        let copies: Vec<_> = copies
+            .into_iter()
+            .map(|(src, off, words)| (src, packed + off, words))
+            .collect();
+        // SAFETY: sources are sections inside abs32 / bitmap (padded to whole words: abs32
+        // lengths are multiples of 4, bitmap cells are padded to 8 bytes); destinations are
+        // disjoint, 4-aligned runs of `packed`, sized above.
+        unsafe { self.gpu.pack_words(&copies)? };
+        let header = Header {
+            kind: SyncKind::Delta,
+            version: self.version + 1,
+            table_hash: self.table.hash(),
+            num_slots: self.tensors.len() as u32,
+            num_chunks: grid.len() as u64,
+            manifest_bytes: manifest.len() as u64,
+            position_bytes: pos_bytes,
+            value_bytes,
+        };
+        let stream = self.gpu.stream_handle();
+        let root = self.config.root;
+        self.broadcast_head(&header, &manifest)?;
+        // SAFETY: packed and values hold pos_bytes / value_bytes written above.
+        unsafe {
+            self.comm
+                .broadcast(packed, packed, pos_bytes as usize, root, stream)?;
+            self.comm.broadcast(
+                self.values.ptr(),
+                self.values.ptr(),
+                value_bytes as usize,
+                root,
+                stream,
+            )?;
+        }
+        self.finish(header.version, after)?;
+        Ok(GpuSyncReport {
+            kind: SyncKind::Delta,
+            version: self.version,
+            changed: diff.found,
+            numel: self.table.total_elements(),
+            payload_bytes: delta_bytes,
+            chunks: grid.len() as u64,
+            time_ms: ms(started),
+            diff_ms,
+        })
+    }
+
+    /// Tells the receivers no sync follows (their `receive` returns `None`).
+    pub fn close(&mut self) -> Result<()> {
+        let header = Header {
+            kind: SyncKind::Close,
+            version: self.version,
+            table_hash: self.table.hash(),
+            num_slots: self.tensors.len() as u32,
+            num_chunks: 0,
+            manifest_bytes: 0,
+            position_bytes: 0,
+            value_bytes: 0,
+        };
+        // SAFETY: our header buffer.
+        unsafe {
+            self.gpu
+                .copy_to_device(self.header.ptr(), &header.encode())?
+        };
+        let stream = self.gpu.stream_handle();
+        // SAFETY: as above.
+        unsafe {
+            self.comm.broadcast(
+                self.header.ptr(),
+                self.header.ptr(),
+                HEADER_BYTES,
+                self.config.root,
+                stream,
+            )?
+        };
+        let done = self.gpu.record_done()?;
+        self.comm.wait(done, self.config.timeout, "the close")
+    }
+
+    /// Copies every tensor into its snapshot and recomputes the digests.
+    fn refresh_whole(&mut self) -> Result<()> {
+        for (t, s) in self.tensors.iter().zip(&self.snapshots) {
+            // SAFETY: both valid for nbytes (constructor contract).
+            unsafe { self.gpu.copy_device(s.ptr(), t.ptr, t.nbytes() as usize)? };
+        }
+        // SAFETY: the tensors (constructor contract).
+        self.digests = unsafe { self.gpu.digest(&digest_inputs(&self.tensors))? };
+        let bytes: Vec<u8> = self.digests.iter().flat_map(|d| d.to_le_bytes()).collect();
+        // SAFETY: our digest words, one per slot.
+        unsafe { self.gpu.copy_to_device(self.digests_dev.ptr(), &bytes)? };
+        Ok(())
+    }
+
+    fn broadcast_head(&mut self, header: &Header, manifest: &[u8]) -> Result<()> {
+        let stream = self.gpu.stream_handle();
+        let root = self.config.root;
+        let mptr = self.manifest.at_least(&self.gpu, manifest.len() as u64)?;
+        // SAFETY: our buffers, sized for what is copied.
+        unsafe {
+            self.gpu
+                .copy_to_device(self.header.ptr(), &header.encode())?;
+            self.gpu.copy_to_device(mptr, manifest)?;
+            self.comm.broadcast(
+                self.header.ptr(),
+                self.header.ptr(),
+                HEADER_BYTES,
+                root,
+                stream,
+            )?;
+            self.comm
+                .broadcast(mptr, mptr, manifest.len(), root, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Seed or dense: header, digests, then every tensor whole.
+    fn send_whole(
+        &mut self,
+        kind: SyncKind,
+        started: Instant,
+        diff_ms: f64,
+    ) -> Result<GpuSyncReport> {
+        let before = if kind == SyncKind::Seed {
+            vec![0; self.tensors.len()]
+        } else {
+            self.digests_before_dense()
+        };
+        let after = self.digests.clone();
+        let manifest = Manifest {
+            digests: before.into_iter().zip(after.iter().copied()).collect(),
+            chunks: Vec::new(),
+        }
+        .encode();
+        let header = Header {
+            kind,
+            version: self.version + 1,
+            table_hash: self.table.hash(),
+            num_slots: self.tensors.len() as u32,
+            num_chunks: 0,
+            manifest_bytes: manifest.len() as u64,
+            position_bytes: 0,
+            value_bytes: self.table.total_bytes(),
+        };
+        self.broadcast_head(&header, &manifest)?;
+        broadcast_tensors(&mut self.comm, &self.gpu, &self.tensors, self.config.root)?;
+        self.finish(header.version, after)?;
+        Ok(GpuSyncReport {
+            kind,
+            version: self.version,
+            changed: self.table.total_elements(),
+            numel: self.table.total_elements(),
+            payload_bytes: HEADER_BYTES as u64 + manifest.len() as u64 + self.table.total_bytes(),
+            chunks: 0,
+            time_ms: ms(started),
+            diff_ms,
+        })
+    }
+
+    /// A dense sync does not depend on what the receiver held; it says 0 for "any".
+    fn digests_before_dense(&self) -> Vec<u64> {
+        vec![0; self.tensors.len()]
+    }
+
+    /// The ack: an all-reduce (max) of every rank's status; the sender contributes 0.
+    fn finish(&mut self, version: u64, after: Vec<u64>) -> Result<()> {
+        let stream = self.gpu.stream_handle();
+        // SAFETY: our status word.
+        unsafe {
+            self.gpu.memset(self.status.ptr(), 0, 8)?;
+            self.comm.all_reduce_max_u64(self.status.ptr(), 1, stream)?;
+        }
+        let done = self.gpu.record_done()?;
+        self.comm.wait(done, self.config.timeout, "the sync")?;
+        // SAFETY: our status word; the stream has passed the all-reduce.
+        let status = u64s(&unsafe { self.gpu.download(self.status.ptr(), 8)? })[0];
+        if status != 0 {
+            self.needs_seed = true;
+            return Err(CudaError::ReceiverRefused(status));
+        }
+        self.version = version;
+        self.digests = after;
+        self.needs_seed = false;
+        Ok(())
+    }
+}
+
+/// The receiving side of a GPU sync: applies into tensors it is given, all or nothing.
+pub struct GpuReceiver {
+    gpu: Gpu,
+    comm: NcclComm,
+    root: usize,
+    timeout: Duration,
+    tensors: Vec<GpuTensor>,
+    limits: TableLimits,
+    /// Digests of the bits held, valid when `version > 0`.
+    digests: Vec<u64>,
+    /// 0: holds nothing trustworthy (before the first seed, after a failed whole sync).
+    version: u64,
+    header: DeviceBuffer,
+    manifest: Growable,
+    positions: Growable,
+    values: Growable,
+    status: DeviceBuffer,
+}
+
+impl GpuReceiver {
+    /// A receiver into `tensors` (borrowed; written in place by each applied sync).
+    ///
+    /// # Safety
+    /// Every pointer must be device memory of `gpu`'s device valid for its tensor's bytes.
+    pub unsafe fn new(
+        gpu: Gpu,
+        comm: NcclComm,
+        tensors: Vec<GpuTensor>,
+        root: usize,
+        timeout: Duration,
+    ) -> Result<GpuReceiver> {
+        if root == comm.rank() || root >= comm.nranks() {
+            return Err(CudaError::InvalidArgument(format!(
+                "receiver rank {} with root {root} of {}",
+                comm.rank(),
+                comm.nranks()
+            )));
+        }
+        check_tensors(&tensors)?;
+        let table = slot_table(&tensors)?;
+        let n = tensors.len();
+        Ok(GpuReceiver {
+            header: gpu.alloc(HEADER_BYTES)?,
+            status: gpu.alloc(8)?,
+            manifest: Growable::new(),
+            positions: Growable::new(),
+            values: Growable::new(),
+            limits: limits(&table),
+            digests: vec![0; n],
+            version: 0,
+            gpu,
+            comm,
+            root,
+            timeout,
+            tensors,
+        })
+    }
+
+    /// The version held (0: none yet, or the last whole sync failed).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn digests(&self) -> &[u64] {
+        &self.digests
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Receives and applies the next sync; `None` when the sender closed. A refused sync
+    /// (digest, base version, checks) is acked as refused, applies nothing, and returns the
+    /// error; protocol errors abort the communicator (peers fail too, never hang).
+    ///
+    /// # Safety
+    /// `wait_stream` must be a live stream of the GPU's context, or 0.
+    pub unsafe fn receive(&mut self, wait_stream: u64) -> Result<Option<GpuSyncReport>> {
+        let started = Instant::now();
+        // SAFETY: per this function's contract.
+        unsafe { self.gpu.wait_for_stream(wait_stream)? };
+        let stream = self.gpu.stream_handle();
+        // SAFETY: our header buffer.
+        unsafe {
+            self.comm.broadcast(
+                self.header.ptr(),
+                self.header.ptr(),
+                HEADER_BYTES,
+                self.root,
+                stream,
+            )?
+        };
+        let done = self.gpu.record_done()?;
+        // Waiting for the next sync can take a whole training step: no timeout here.
+        self.comm
+            .wait(done, Duration::from_secs(u64::MAX / 4), "the next sync")?;
+        // SAFETY: our header buffer, complete.
+        let head = unsafe { self.gpu.download(self.header.ptr(), HEADER_BYTES)? };
+        let header = match Header::decode(&head, &self.limits) {
+            Ok(h) => h,
+            Err(e) => {
+                // Without a trustworthy header the next broadcasts cannot be matched.
+                self.comm.abort();
+                return Err(e);
+            }
+        };
+        if header.kind == SyncKind::Close {
+            return Ok(None);
+        }
+        let mptr = self.manifest.at_least(&self.gpu, header.manifest_bytes)?;
+        // SAFETY: sized above.
+        unsafe {
+            self.comm.broadcast(
+                mptr,
+                mptr,
+                header.manifest_bytes as usize,
+                self.root,
+                stream,
+            )?
+        };
+        let done = self.gpu.record_done()?;
+        self.comm.wait(done, self.timeout, "the manifest")?;
+        // SAFETY: complete (waited above).
+        let mbytes = unsafe { self.gpu.download(mptr, header.manifest_bytes as usize)? };
+        let manifest = match Manifest::decode(&mbytes, &header, &self.limits) {
+            Ok(m) => m,
+            Err(e) => {
+                self.comm.abort();
+                return Err(e);
+            }
+        };
+        let outcome = match header.kind {
+            SyncKind::Delta => self.apply_delta(&header, &manifest),
+            _ => self.apply_whole(&header, &manifest),
+        };
+        // The ack: 1 when this receiver refused.
+        let refused = outcome.is_err() as u8;
+        // SAFETY: our status word.
+        unsafe {
+            self.gpu.memset(self.status.ptr(), 0, 8)?;
+            self.gpu.memset(self.status.ptr(), refused, 1)?;
+            self.comm.all_reduce_max_u64(self.status.ptr(), 1, stream)?;
+        }
+        let done = self.gpu.record_done()?;
+        self.comm.wait(done, self.timeout, "the ack")?;
+        let changed = outcome?;
+        Ok(Some(GpuSyncReport {
+            kind: header.kind,
+            version: self.version,
+            changed,
+            numel: self.limits.total_elements,
+            payload_bytes: HEADER_BYTES as u64
+                + header.manifest_bytes
+                + header.position_bytes
+                + header.value_bytes,
+            chunks: header.num_chunks,
+            time_ms: ms(started),
+            diff_ms: 0.0,
+        }))
+    }
+
+    fn apply_delta(&mut self, header: &Header, manifest: &Manifest) -> Result<u64> {
+        let stream = self.gpu.stream_handle();
+        let pptr = self.positions.at_least(&self.gpu, header.position_bytes)?;
+        let vptr = self.values.at_least(&self.gpu, header.value_bytes)?;
+        // SAFETY: sized above (bounded by this receiver's own table in Header::decode).
+        unsafe {
+            self.comm.broadcast(
+                pptr,
+                pptr,
+                header.position_bytes as usize,
+                self.root,
+                stream,
+            )?;
+            self.comm
+                .broadcast(vptr, vptr, header.value_bytes as usize, self.root, stream)?;
+        }
+        let done = self.gpu.record_done()?;
+        self.comm.wait(done, self.timeout, "the delta")?;
+        if self.version == 0 || header.version != self.version + 1 {
+            return Err(CudaError::BaseMismatch {
+                held: self.version,
+                slot: 0,
+                expected: manifest.digests.first().map_or(0, |d| d.0),
+                actual: self.digests.first().copied().unwrap_or(0),
+            });
+        }
+        for (slot, (&(before, _), &held)) in manifest.digests.iter().zip(&self.digests).enumerate()
+        {
+            if before != held {
+                return Err(CudaError::BaseMismatch {
+                    held: self.version,
+                    slot: slot as u32,
+                    expected: before,
+                    actual: held,
+                });
+            }
+        }
+        let inputs: Vec<ApplyInput> = manifest
+            .chunks
+            .iter()
+            .map(|c| {
+                let t = &self.tensors[c.slot as usize];
+                ApplyInput {
+                    dst: t.ptr,
+                    slot_numel: t.numel(),
+                    width: t.dtype.width(),
+                    slot: c.slot,
+                    start: c.start,
+                    range: c.range,
+                    count: c.count,
+                    positions: match c.positions {
+                        ChunkPositions::Abs32 => ApplyPositions::Abs32,
+                        ChunkPositions::Bitmap => ApplyPositions::Bitmap,
+                    },
+                    pos_section: pptr + c.position_offset,
+                    pos_len: c.position_len(),
+                    val_section: vptr + c.value_offset,
+                    val_len: c.count * t.dtype.width() as u64,
+                }
+            })
+            .collect();
+        let expected: Vec<u64> = manifest.digests.iter().map(|d| d.1).collect();
+        // SAFETY: sections lie inside the received buffers (Manifest::decode checked the
+        // offsets against the announced lengths, which the buffers hold); slots are ours.
+        let new = unsafe {
+            self.gpu
+                .apply_verified(&inputs, false, &self.digests, &expected)?
+        };
+        self.digests = new;
+        self.version = header.version;
+        Ok(manifest.chunks.iter().map(|c| c.count).sum())
+    }
+
+    fn apply_whole(&mut self, header: &Header, manifest: &Manifest) -> Result<u64> {
+        // The bytes land in the tensors directly (no second copy of the model): until the
+        // digests check, this receiver holds no version.
+        self.version = 0;
+        broadcast_tensors(&mut self.comm, &self.gpu, &self.tensors, self.root)?;
+        let done = self.gpu.record_done()?;
+        self.comm.wait(done, self.timeout, "the tensors")?;
+        // SAFETY: our tensors (constructor contract).
+        let got = unsafe { self.gpu.digest(&digest_inputs(&self.tensors))? };
+        for (slot, (&(_, expected), &actual)) in manifest.digests.iter().zip(&got).enumerate() {
+            if expected != actual {
+                return Err(CudaError::DigestMismatch {
+                    slot: slot as u32,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        self.digests = got;
+        self.version = header.version;
+        Ok(self.limits.total_elements)
+    }
+
+    /// Recomputes the digests of the bits held and compares them with the ones recorded:
+    /// finds weights changed behind the receiver's back (then it needs a seed).
+    pub fn verify(&mut self) -> Result<()> {
+        // SAFETY: our tensors (constructor contract).
+        let got = unsafe { self.gpu.digest(&digest_inputs(&self.tensors))? };
+        for (slot, (&expected, &actual)) in self.digests.iter().zip(&got).enumerate() {
+            if expected != actual {
+                self.version = 0;
+                return Err(CudaError::DigestMismatch {
+                    slot: slot as u32,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,287 @@
+//! The GPU sync end to end over real NCCL: a sender on GPU 0 and a receiver on GPU 1 (one
+//! thread each), scripted steps at several densities, dense fallbacks, a tamper on the receiver
+//! and its recovery; after every step the receiver's bytes must equal the sender's, byte for
+//! byte (the oracle is the host copy the sender's tensors were uploaded from).
+//!
+//! Needs two GPUs and NCCL; otherwise each test prints why it is skipped and passes
+//! (`DELTACAST_REQUIRE_GPU=1` turns that into a failure).
+#![cfg(feature = "cuda")]
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use deltacast::DType;
+use deltacast_cuda::nccl::{unique_id, NcclComm};
+use deltacast_cuda::protocol::SyncKind;
+use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor};
+use deltacast_cuda::{CudaError, DeviceBuffer, Gpu};
+
+fn two_gpus() -> bool {
+    let why = match Gpu::device_count() {
+        Ok(n) if n >= 2 => match unique_id() {
+            Ok(_) => return true,
+            Err(e) => e.to_string(),
+        },
+        Ok(n) => format!("{n} GPU(s), two needed"),
+        Err(e) => e.to_string(),
+    };
+    if std::env::var("DELTACAST_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        panic!("DELTACAST_REQUIRE_GPU=1 but: {why}");
+    }
+    eprintln!("skipping GPU sync test: {why}");
+    false
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+/// Bit patterns that break float compares: ±0, NaNs, infinities, subnormals, ±1 ULP moves.
+fn special(width: usize, k: u64) -> u32 {
+    let w = match width {
+        2 => [
+            0x0000u32, 0x8000, 0x7fc0, 0xffc1, 0x7f80, 0xff80, 0x0001, 0x807f,
+        ],
+        4 => [
+            0u32,
+            0x8000_0000,
+            0x7fc0_0000,
+            0xffc0_0001,
+            0x7f80_0000,
+            0xff80_0000,
+            1,
+            0x8000_0001,
+        ],
+        _ => [0u32, 0x80, 0x7f, 0xff, 0x01, 0x81, 0x78, 0xf8],
+    };
+    w[(k % 8) as usize]
+}
+
+fn store(bytes: &mut [u8], width: usize, i: usize, bits: u32) {
+    bytes[i * width..(i + 1) * width].copy_from_slice(&bits.to_le_bytes()[..width]);
+}
+
+fn load(bytes: &[u8], width: usize, i: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b[..width].copy_from_slice(&bytes[i * width..(i + 1) * width]);
+    u32::from_le_bytes(b)
+}
+
+/// Changes about `density` of the elements: ±1 ULP mostly, sometimes a special pattern.
+fn mutate(rng: &mut Rng, bytes: &mut [u8], width: usize, density: f64) {
+    let mask = if width == 4 {
+        u32::MAX
+    } else {
+        (1u32 << (8 * width)) - 1
+    };
+    for i in 0..bytes.len() / width {
+        if rng.chance(density) {
+            let old = load(bytes, width, i);
+            let r = rng.next();
+            let mut new = if r % 10 == 0 {
+                special(width, r >> 8)
+            } else if r % 2 == 0 {
+                old.wrapping_add(1) & mask
+            } else {
+                old.wrapping_sub(1) & mask
+            };
+            if new == old {
+                new = old ^ 1;
+            }
+            store(bytes, width, i, new);
+        }
+    }
+}
+
+const SHAPES: &[(&str, DType, &[u64])] = &[
+    ("empty", DType::BF16, &[0]),
+    ("one", DType::BF16, &[1]),
+    ("odd", DType::BF16, &[7]),
+    ("grid_edge", DType::BF16, &[4097]),
+    ("big", DType::BF16, &[3, 100_003]),
+    ("f32", DType::F32, &[12_289]),
+    ("f8", DType::F8E4M3, &[8_195]),
+    ("f16", DType::F16, &[4096, 3]),
+];
+
+/// (density, what the receiver does before this step)
+#[derive(Clone, Copy, PartialEq)]
+enum Before {
+    Nothing,
+    /// Flip one element behind the receiver's back and check `verify` notices.
+    Tamper,
+}
+
+const STEPS: &[(f64, Before)] = &[
+    (0.001, Before::Nothing),
+    (0.01, Before::Nothing),
+    (0.0, Before::Nothing),
+    (0.2, Before::Nothing),
+    (0.9, Before::Nothing),
+    (0.3, Before::Nothing), // fits neither: more than the 25 % capacity → dense
+    (0.02, Before::Tamper), // refused by the receiver, acked as such
+    (0.01, Before::Nothing), // the sender reseeds
+    (0.005, Before::Nothing),
+];
+
+#[test]
+fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
+    if !two_gpus() {
+        return;
+    }
+    let uid = unique_id().expect("unique id");
+    let (truth_tx, truth_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
+    let (got_tx, got_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
+
+    let sender = std::thread::spawn(move || {
+        let gpu = Gpu::new(0).expect("gpu 0");
+        gpu.make_current().expect("current");
+        let comm = NcclComm::new(&uid, 2, 0).expect("comm rank 0");
+        let mut rng = Rng(42);
+        let mut host: Vec<Vec<u8>> = SHAPES
+            .iter()
+            .map(|(_, d, s)| {
+                let n = s.iter().product::<u64>() as usize * d.width();
+                (0..n).map(|_| rng.next() as u8).collect()
+            })
+            .collect();
+        let bufs: Vec<DeviceBuffer> = host
+            .iter()
+            .map(|h| gpu.upload(h).expect("upload"))
+            .collect();
+        let tensors: Vec<GpuTensor> = SHAPES
+            .iter()
+            .zip(&bufs)
+            .map(|((n, d, s), b)| GpuTensor {
+                name: n.to_string(),
+                dtype: *d,
+                shape: s.to_vec(),
+                ptr: b.ptr(),
+            })
+            .collect();
+        let config = GpuSenderConfig {
+            chunk_elems: 4096,
+            capacity: 0.25,
+            timeout: Duration::from_secs(60),
+            ..GpuSenderConfig::default()
+        };
+        // SAFETY: the buffers outlive the sender (dropped after it, at the end of scope).
+        let mut s = unsafe { GpuSender::new(gpu, comm, tensors, None, config) }.expect("sender");
+        let report = unsafe { s.seed(0) }.expect("seed");
+        truth_tx
+            .send((0, host.clone(), report.kind.name().into()))
+            .unwrap();
+        for (step, &(density, _)) in STEPS.iter().enumerate() {
+            for ((_, d, _), (h, b)) in SHAPES.iter().zip(host.iter_mut().zip(&bufs)) {
+                mutate(&mut rng, h, d.width(), density);
+                // SAFETY: the buffer holds exactly h.len() bytes.
+                unsafe { s.gpu().copy_to_device(b.ptr(), h) }.expect("upload");
+            }
+            // SAFETY: stream 0 is the legacy default stream.
+            let outcome = match unsafe { s.sync(0) } {
+                Ok(r) => r.kind.name().to_string(),
+                Err(CudaError::ReceiverRefused(n)) => format!("refused by {n}"),
+                Err(e) => panic!("step {}: {e}", step + 1),
+            };
+            truth_tx.send((step + 1, host.clone(), outcome)).unwrap();
+        }
+        s.close().expect("close");
+        drop(s);
+        drop(bufs);
+    });
+
+    let receiver = std::thread::spawn(move || {
+        let gpu = Gpu::new(1).expect("gpu 1");
+        gpu.make_current().expect("current");
+        let comm = NcclComm::new(&uid, 2, 1).expect("comm rank 1");
+        let bufs: Vec<DeviceBuffer> = SHAPES
+            .iter()
+            .map(|(_, d, s)| {
+                gpu.alloc_zeroed(s.iter().product::<u64>() as usize * d.width())
+                    .expect("alloc")
+            })
+            .collect();
+        let tensors: Vec<GpuTensor> = SHAPES
+            .iter()
+            .zip(&bufs)
+            .map(|((n, d, s), b)| GpuTensor {
+                name: n.to_string(),
+                dtype: *d,
+                shape: s.to_vec(),
+                ptr: b.ptr(),
+            })
+            .collect();
+        let mut r = unsafe { GpuReceiver::new(gpu, comm, tensors, 0, Duration::from_secs(60)) }
+            .expect("receiver");
+        let read = |r: &GpuReceiver| -> Vec<Vec<u8>> {
+            bufs.iter()
+                .map(|b| unsafe { r.gpu().download(b.ptr(), b.len()) }.expect("download"))
+                .collect()
+        };
+        let mut step = 0;
+        loop {
+            if step > 0 && STEPS[step - 1].1 == Before::Tamper {
+                let big = &bufs[4];
+                let mut one = unsafe { r.gpu().download(big.ptr(), 2) }.expect("read");
+                one[0] ^= 1;
+                unsafe { r.gpu().copy_to_device(big.ptr(), &one) }.expect("tamper");
+                assert!(
+                    matches!(r.verify(), Err(CudaError::DigestMismatch { slot: 4, .. })),
+                    "verify must notice the tampered slot"
+                );
+                assert_eq!(r.version(), 0, "a tampered receiver holds no version");
+            }
+            let outcome = match unsafe { r.receive(0) } {
+                Ok(Some(rep)) => rep.kind.name().to_string(),
+                Ok(None) => break,
+                Err(e) => format!("error: {e}"),
+            };
+            got_tx.send((step, read(&r), outcome)).unwrap();
+            step += 1;
+        }
+        drop(r);
+        drop(bufs);
+    });
+
+    let mut kinds = Vec::new();
+    for _ in 0..=STEPS.len() {
+        let (step, truth, sent) = truth_rx.recv().expect("sender step");
+        let (rstep, got, applied) = got_rx.recv().expect("receiver step");
+        assert_eq!(step, rstep);
+        kinds.push((sent.clone(), applied.clone()));
+        if sent.starts_with("refused") {
+            assert!(applied.starts_with("error"), "step {step}: {applied}");
+            continue;
+        }
+        for (i, (t, g)) in truth.iter().zip(&got).enumerate() {
+            assert!(
+                t == g,
+                "step {step} ({sent}/{applied}): tensor {} differs",
+                SHAPES[i].0
+            );
+        }
+    }
+    sender.join().expect("sender thread");
+    receiver.join().expect("receiver thread");
+    eprintln!("kinds per step: {kinds:?}");
+    let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
+    assert_eq!(names[0], SyncKind::Seed.name());
+    assert_eq!(names[1], "delta");
+    assert_eq!(names[5], "dense", "90 % changed must go dense");
+    assert_eq!(names[6], "dense", "over capacity must go dense");
+    assert!(names[7].starts_with("refused"), "{names:?}");
+    assert_eq!(names[8], "seed", "after a refusal the sender reseeds");
+    assert_eq!(names[9], "delta");
+}
