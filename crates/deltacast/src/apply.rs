@@ -5,8 +5,7 @@
 use rayon::prelude::*;
 
 use crate::codec::{decode_positions, decode_values, PosCodec, ValCodec};
-use crate::digest::{change, digest_range, digest_slot, element_hash, slot_salt};
-use crate::dtype::{load_bits, store_bits};
+use crate::digest::{chunk_change, chunk_terms, digest_slot};
 use crate::error::{Error, Result};
 use crate::slot::SlotTable;
 use crate::wire::{parse_frame, ChunkEntry, Frame, FrameKind, SlotDigest};
@@ -15,6 +14,13 @@ use crate::wire::{parse_frame, ChunkEntry, Frame, FrameKind, SlotDigest};
 pub trait SlotStore: Sync {
     fn slot(&self, id: u32) -> &[u8];
     fn slot_mut(&mut self, id: u32) -> &mut [u8];
+
+    /// Every slot's bytes at once (index = slot id), so that a sync is applied to all slots in
+    /// parallel. The default, `None`, applies one slot at a time (chunks of one slot still in
+    /// parallel).
+    fn slots_mut(&mut self) -> Option<Vec<&mut [u8]>> {
+        None
+    }
 }
 
 impl SlotStore for Vec<Vec<u8>> {
@@ -25,6 +31,10 @@ impl SlotStore for Vec<Vec<u8>> {
     fn slot_mut(&mut self, id: u32) -> &mut [u8] {
         &mut self[id as usize]
     }
+
+    fn slots_mut(&mut self) -> Option<Vec<&mut [u8]>> {
+        Some(self.iter_mut().map(Vec::as_mut_slice).collect())
+    }
 }
 
 /// One decoded chunk waiting for the rest of its sync.
@@ -32,11 +42,20 @@ impl SlotStore for Vec<Vec<u8>> {
 struct StagedChunk {
     slot: u32,
     start: u64,
+    /// Elements of the chunk's range (`[start, start + range)` holds every position).
+    range: u64,
     /// Positions relative to `start`; empty when every element of the range is set (seed/all).
     rel: Vec<u32>,
     all: bool,
     /// New bit patterns, `width` bytes each.
     values: Vec<u8>,
+    /// Computed while decoding, from the bits held then (nothing is applied before the sync
+    /// completes, so they are the bits before the sync): for a delta, how the chunk moves its
+    /// slot's digest; for a seed, the digest terms of its elements.
+    digest: u64,
+    /// A delta element whose new bits equal the held bits (slot index), reported by
+    /// `finish_sync` after the base digests were checked (a wrong base shows as that).
+    noop: Option<u64>,
 }
 
 /// A sync being received.
@@ -134,6 +153,12 @@ impl<S: SlotStore> Receiver<S> {
 
     pub fn into_store(self) -> S {
         self.store
+    }
+
+    /// The store, writable. Writes bypass the running digests, as an engine writing into its
+    /// weights would: [`recompute_digests`](Self::recompute_digests) finds them (fault tests).
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
     }
 
     /// Running per-slot digests.
@@ -267,10 +292,11 @@ impl<S: SlotStore> Receiver<S> {
         }
         let store = &self.store;
         let table = &self.table;
+        let kind = staging.kind;
         let decoded: Vec<Result<StagedChunk>> = frame
             .entries
             .par_iter()
-            .map(|e| decode_entry(table, store, &frame, e))
+            .map(|e| decode_entry(table, store, &frame, e, kind))
             .collect();
         for chunk in decoded {
             staging.chunks.push(chunk?);
@@ -332,26 +358,21 @@ impl<S: SlotStore> Receiver<S> {
                     }
                 }
                 let mut next = self.digests.clone();
-                let deltas: Vec<Result<(u32, u64)>> = staging
-                    .chunks
-                    .par_iter()
-                    .map(|c| Ok((c.slot, self.chunk_digest_change(c)?)))
-                    .collect();
-                for delta in deltas {
-                    let (slot, d) = delta?;
-                    next[slot as usize] = next[slot as usize].wrapping_add(d);
+                for c in &staging.chunks {
+                    if let Some(index) = c.noop {
+                        let slot = &self.table.slots()[c.slot as usize].name;
+                        return Err(Error::Malformed(format!(
+                            "delta for slot `{slot}` sets element {index} to the value it already holds"
+                        )));
+                    }
+                    next[c.slot as usize] = next[c.slot as usize].wrapping_add(c.digest);
                 }
                 next
             }
             FrameKind::Seed => {
                 let mut next = vec![0u64; self.table.len()];
-                let parts: Vec<(u32, u64)> = staging
-                    .chunks
-                    .par_iter()
-                    .map(|c| (c.slot, self.chunk_seed_digest(c)))
-                    .collect();
-                for (slot, d) in parts {
-                    next[slot as usize] = next[slot as usize].wrapping_add(d);
+                for c in &staging.chunks {
+                    next[c.slot as usize] = next[c.slot as usize].wrapping_add(c.digest);
                 }
                 next
             }
@@ -380,27 +401,7 @@ impl<S: SlotStore> Receiver<S> {
         }
 
         // Everything verified: apply.
-        let mut changed = 0u64;
-        for c in &staging.chunks {
-            let width = self.table.slots()[c.slot as usize].dtype.width();
-            let dst = self.store.slot_mut(c.slot);
-            if c.all {
-                let at = c.start as usize * width;
-                dst[at..at + c.values.len()].copy_from_slice(&c.values);
-                changed += (c.values.len() / width) as u64;
-            } else {
-                let base = c.start as usize;
-                for (k, &p) in c.rel.iter().enumerate() {
-                    store_bits(
-                        dst,
-                        width,
-                        base + p as usize,
-                        load_bits(&c.values, width, k),
-                    );
-                }
-                changed += c.rel.len() as u64;
-            }
-        }
+        let changed = apply_chunks(&self.table, &mut self.store, &staging.chunks);
         self.digests = new_digests;
         self.version = Some(staging.version);
         Ok(SyncOutcome {
@@ -412,46 +413,6 @@ impl<S: SlotStore> Receiver<S> {
             state_digest: self.state_digest(),
         })
     }
-
-    /// How a delta chunk moves its slot's digest, from the old bits held here. A delta element
-    /// whose new bits equal the held bits is refused: the sender never sends one, and refusing it
-    /// makes a position sent twice always change the digest (so overlapping chunks are caught).
-    fn chunk_digest_change(&self, c: &StagedChunk) -> Result<u64> {
-        let width = self.table.slots()[c.slot as usize].dtype.width();
-        let salt = slot_salt(c.slot);
-        let held = self.store.slot(c.slot);
-        let mut sum = 0u64;
-        let n = c.values.len() / width;
-        for k in 0..n {
-            let index = c.start + if c.all { k as u64 } else { c.rel[k] as u64 };
-            let old = load_bits(held, width, index as usize);
-            let new = load_bits(&c.values, width, k);
-            if old == new {
-                let slot = &self.table.slots()[c.slot as usize].name;
-                return Err(Error::Malformed(format!(
-                    "delta for slot `{slot}` sets element {index} to the value it already holds"
-                )));
-            }
-            sum = sum.wrapping_add(change(salt, index, old, new));
-        }
-        Ok(sum)
-    }
-
-    /// The digest terms of a seed chunk (independent of what the receiver held).
-    fn chunk_seed_digest(&self, c: &StagedChunk) -> u64 {
-        let width = self.table.slots()[c.slot as usize].dtype.width();
-        if c.all {
-            return digest_range(c.slot, width, &c.values, c.start);
-        }
-        let salt = slot_salt(c.slot);
-        c.rel.iter().enumerate().fold(0u64, |sum, (k, &p)| {
-            sum.wrapping_add(element_hash(
-                salt,
-                c.start + p as u64,
-                load_bits(&c.values, width, k),
-            ))
-        })
-    }
 }
 
 /// Decodes one manifest entry against the receiver's current state.
@@ -460,6 +421,7 @@ fn decode_entry<S: SlotStore>(
     store: &S,
     frame: &Frame<'_>,
     e: &ChunkEntry,
+    kind: FrameKind,
 ) -> Result<StagedChunk> {
     let slot = table.get(e.slot)?;
     let width = slot.dtype.width();
@@ -496,38 +458,180 @@ fn decode_entry<S: SlotStore>(
         _ => {}
     }
     let mut rel = Vec::new();
-    if !all {
+    if all {
+        // Every element of the range: nothing to expand (a seed's `all` chunks would otherwise
+        // materialize one u32 per element).
+        if count != range {
+            return Err(codec_err(crate::error::CodecError::Malformed {
+                codec: "all",
+                reason: format!("count {count} differs from range {range}"),
+            }));
+        }
+        let input = frame.positions(e);
+        if !input.is_empty() {
+            return Err(codec_err(crate::error::CodecError::TrailingBytes {
+                count: count as u64,
+                extra: input.len() as u64,
+            }));
+        }
+    } else {
         decode_positions(e.pos_codec, frame.positions(e), count, range, &mut rel)
             .map_err(codec_err)?;
-    } else {
-        decode_positions(PosCodec::All, frame.positions(e), count, range, &mut rel)
-            .map_err(codec_err)?;
-        rel = Vec::new();
     }
-    let mut values = Vec::new();
-    match e.val_codec {
+    let positions = (!all).then_some(rel.as_slice());
+    // The held bits at the chunk's positions: what ulp steps start from and what a delta's
+    // digest change subtracts. One pass over the held state, whose cache lines are the cost.
+    let held_old = |old: &mut Vec<u8>| {
+        let held = store.slot(e.slot);
+        let at = e.start as usize * width;
+        // Inside the slot (checked against the table before decoding).
+        let held = &held[at..at + range as usize * width];
+        gather(width, held, positions, count as usize, old);
+    };
+    let mut old = Vec::new();
+    let values = match e.val_codec {
         // Length checked above.
-        ValCodec::Raw => values.extend_from_slice(frame.values(e)),
+        ValCodec::Raw => frame.values(e).to_vec(),
         codec => {
-            let held = store.slot(e.slot);
-            let mut old = Vec::with_capacity(count as usize * width);
-            if all {
-                let at = e.start as usize * width;
-                old.extend_from_slice(&held[at..at + count as usize * width]);
-            } else {
-                for &p in &rel {
-                    let at = (e.start as usize + p as usize) * width;
-                    old.extend_from_slice(&held[at..at + width]);
-                }
-            }
+            held_old(&mut old);
+            let mut values = Vec::new();
             decode_values(codec, width, frame.values(e), &old, &mut values).map_err(codec_err)?;
+            values
         }
-    }
+    };
+    let (digest, noop) = match kind {
+        FrameKind::Delta => {
+            if old.len() != values.len() {
+                held_old(&mut old);
+            }
+            let (sum, noop) = chunk_change(e.slot, width, e.start, positions, &old, &values);
+            let noop = noop.map(|k| e.start + positions.map_or(k as u64, |rel| rel[k] as u64));
+            (sum, noop)
+        }
+        FrameKind::Seed => (
+            chunk_terms(e.slot, width, e.start, positions, &values),
+            None,
+        ),
+        // Verify frames carry no entries (parse_frame).
+        FrameKind::Verify => (0, None),
+    };
     Ok(StagedChunk {
         slot: e.slot,
         start: e.start,
+        range: e.range,
         rel,
         all,
         values,
+        digest,
+        noop,
     })
+}
+
+/// The `width`-byte elements of `held` (a chunk's range) at `positions` (every element when
+/// `None`, then `count` of them) into `out`.
+fn gather(width: usize, held: &[u8], positions: Option<&[u32]>, count: usize, out: &mut Vec<u8>) {
+    fn at<const W: usize>(held: &[u8], rel: &[u32], out: &mut Vec<u8>) {
+        let held = held.as_chunks::<W>().0;
+        out.resize(rel.len() * W, 0);
+        for (o, &p) in out.as_chunks_mut::<W>().0.iter_mut().zip(rel) {
+            *o = held[p as usize];
+        }
+    }
+    out.clear();
+    match (positions, width) {
+        (None, _) => out.extend_from_slice(&held[..count * width]),
+        (Some(rel), 1) => at::<1>(held, rel, out),
+        (Some(rel), 2) => at::<2>(held, rel, out),
+        (Some(rel), _) => at::<4>(held, rel, out),
+    }
+}
+
+/// Applies verified chunks: every slot's chunks in parallel, each into its own disjoint part
+/// of the slot (chunks whose ranges overlap, which a sharded sender may produce, go into one
+/// part, in order). Returns the number of elements written.
+fn apply_chunks<S: SlotStore>(table: &SlotTable, store: &mut S, chunks: &[StagedChunk]) -> u64 {
+    let mut by_slot: Vec<Vec<&StagedChunk>> = vec![Vec::new(); table.len()];
+    for c in chunks {
+        by_slot[c.slot as usize].push(c);
+    }
+    let changed = chunks
+        .iter()
+        .map(|c| if c.all { c.range } else { c.rel.len() as u64 })
+        .sum();
+    let widths: Vec<usize> = table.slots().iter().map(|s| s.dtype.width()).collect();
+    if let Some(slots) = store.slots_mut() {
+        let mut jobs = Vec::new();
+        for ((dst, list), width) in slots.into_iter().zip(&mut by_slot).zip(&widths) {
+            split_jobs(dst, *width, list, &mut jobs);
+        }
+        jobs.into_par_iter()
+            .for_each(|job| apply_job(job.0, job.1, job.2, job.3));
+    } else {
+        for (id, list) in by_slot.iter_mut().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let mut jobs = Vec::new();
+            split_jobs(store.slot_mut(id as u32), widths[id], list, &mut jobs);
+            jobs.into_par_iter()
+                .for_each(|job| apply_job(job.0, job.1, job.2, job.3));
+        }
+    }
+    changed
+}
+
+/// One unit of parallel apply: a part of a slot starting at element `first`, its element width
+/// and the chunks that lie inside it.
+type ApplyJob<'a, 'c> = (&'a mut [u8], usize, u64, Vec<&'c StagedChunk>);
+
+/// Cuts `dst` (a whole slot) into disjoint parts, one per group of chunks with overlapping
+/// ranges (`list` is sorted by start here).
+fn split_jobs<'a, 'c>(
+    mut dst: &'a mut [u8],
+    width: usize,
+    list: &mut [&'c StagedChunk],
+    jobs: &mut Vec<ApplyJob<'a, 'c>>,
+) {
+    list.sort_by_key(|c| c.start);
+    let mut consumed = 0u64; // elements of the slot before `dst`
+    let mut i = 0;
+    while i < list.len() {
+        let first = list[i].start;
+        let mut end = first + list[i].range;
+        let mut j = i + 1;
+        while j < list.len() && list[j].start < end {
+            end = end.max(list[j].start + list[j].range);
+            j += 1;
+        }
+        // Chunk ranges lie inside the slot (checked when received), and groups are ascending.
+        let rest = std::mem::take(&mut dst);
+        let (_, rest) = rest.split_at_mut((first - consumed) as usize * width);
+        let (part, rest) = rest.split_at_mut((end - first) as usize * width);
+        dst = rest;
+        consumed = end;
+        jobs.push((part, width, first, list[i..j].to_vec()));
+        i = j;
+    }
+}
+
+fn apply_job(part: &mut [u8], width: usize, first: u64, chunks: Vec<&StagedChunk>) {
+    fn scatter<const W: usize>(dst: &mut [u8], rel: &[u32], values: &[u8]) {
+        let dst = dst.as_chunks_mut::<W>().0;
+        for (&p, v) in rel.iter().zip(values.as_chunks::<W>().0) {
+            dst[p as usize] = *v;
+        }
+    }
+    for c in chunks {
+        let at = (c.start - first) as usize * width;
+        if c.all {
+            part[at..at + c.values.len()].copy_from_slice(&c.values);
+            continue;
+        }
+        let dst = &mut part[at..at + c.range as usize * width];
+        match width {
+            1 => scatter::<1>(dst, &c.rel, &c.values),
+            2 => scatter::<2>(dst, &c.rel, &c.values),
+            _ => scatter::<4>(dst, &c.rel, &c.values),
+        }
+    }
 }

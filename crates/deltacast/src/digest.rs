@@ -76,6 +76,131 @@ pub fn change(salt: u64, index: u64, old: u32, new: u32) -> u64 {
     element_hash(salt, index, new).wrapping_sub(element_hash(salt, index, old))
 }
 
+/// A `W`-byte little-endian element.
+#[inline(always)]
+fn le<const W: usize>(bytes: &[u8; W]) -> u32 {
+    let mut b = [0u8; 4];
+    b[..W].copy_from_slice(bytes);
+    u32::from_le_bytes(b)
+}
+
+/// Σ change over a chunk, and whether some element's old and new bits are equal. No early
+/// exit and no branch in the loop, so the compiler vectorizes it where 64-bit lane multiplies
+/// exist.
+#[inline(always)]
+fn change_sum<const W: usize>(
+    salt: u64,
+    start: u64,
+    positions: Option<&[u32]>,
+    old: &[u8],
+    new: &[u8],
+) -> (u64, bool) {
+    let (old, new) = (old.as_chunks::<W>().0, new.as_chunks::<W>().0);
+    let mut sum = 0u64;
+    let mut same = false;
+    match positions {
+        Some(rel) => {
+            for ((&p, a), b) in rel.iter().zip(old).zip(new) {
+                let (a, b) = (le(a), le(b));
+                same |= a == b;
+                sum = sum.wrapping_add(change(salt, start + p as u64, a, b));
+            }
+        }
+        None => {
+            for (k, (a, b)) in old.iter().zip(new).enumerate() {
+                let (a, b) = (le(a), le(b));
+                same |= a == b;
+                sum = sum.wrapping_add(change(salt, start + k as u64, a, b));
+            }
+        }
+    }
+    (sum, same)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl")]
+fn change_sum_avx512<const W: usize>(
+    salt: u64,
+    start: u64,
+    positions: Option<&[u32]>,
+    old: &[u8],
+    new: &[u8],
+) -> (u64, bool) {
+    change_sum::<W>(salt, start, positions, old, new)
+}
+
+#[inline(always)]
+fn change_sum_dispatch<const W: usize>(
+    salt: u64,
+    start: u64,
+    positions: Option<&[u32]>,
+    old: &[u8],
+    new: &[u8],
+) -> (u64, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+    {
+        // SAFETY: the function's only requirement is its target features, detected just above
+        // on this CPU (avx512dq and avx512vl imply avx512f).
+        return unsafe { change_sum_avx512::<W>(salt, start, positions, old, new) };
+    }
+    change_sum::<W>(salt, start, positions, old, new)
+}
+
+/// How the digest of slot `slot_id` moves when the elements of a chunk go from `old` to `new`
+/// (`width` bytes each, the same count): element `k` is slot index `start + positions[k]`, or
+/// `start + k` when `positions` is `None`. Equals the sum of [`change`] over the elements.
+/// Also returns the first `k` whose new bits equal its old bits, if any (a receiver refuses
+/// such a delta element).
+pub fn chunk_change(
+    slot_id: u32,
+    width: usize,
+    start: u64,
+    positions: Option<&[u32]>,
+    old: &[u8],
+    new: &[u8],
+) -> (u64, Option<usize>) {
+    let salt = slot_salt(slot_id);
+    let n =
+        (old.len().min(new.len()) / width.max(1)).min(positions.map_or(usize::MAX, <[u32]>::len));
+    let (old, new) = (&old[..n * width], &new[..n * width]);
+    let (sum, same) = match width {
+        1 => change_sum_dispatch::<1>(salt, start, positions, old, new),
+        2 => change_sum_dispatch::<2>(salt, start, positions, old, new),
+        _ => change_sum_dispatch::<4>(salt, start, positions, old, new),
+    };
+    let first_same = same.then(|| {
+        old.chunks_exact(width)
+            .zip(new.chunks_exact(width))
+            .position(|(a, b)| a == b)
+            .unwrap_or(0)
+    });
+    (sum, first_same)
+}
+
+/// The digest terms of a chunk's elements holding `bits` (`width` bytes each), at slot indices
+/// `start + positions[k]`, or `start + k` when `positions` is `None`.
+pub fn chunk_terms(
+    slot_id: u32,
+    width: usize,
+    start: u64,
+    positions: Option<&[u32]>,
+    bits: &[u8],
+) -> u64 {
+    let Some(rel) = positions else {
+        return digest_range(slot_id, width, bits, start);
+    };
+    let salt = slot_salt(slot_id);
+    rel.iter()
+        .zip(bits.chunks_exact(width.max(1)))
+        .fold(0u64, |sum, (&p, e)| {
+            let mut b = [0u8; 4];
+            b[..e.len()].copy_from_slice(e);
+            sum.wrapping_add(element_hash(salt, start + p as u64, u32::from_le_bytes(b)))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
