@@ -8,6 +8,7 @@
 use pyo3::prelude::*;
 
 mod arrays;
+mod cuda;
 mod errors;
 mod files;
 mod receiver;
@@ -33,6 +34,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::read_sync_file, m)?)?;
     m.add_function(wrap_pyfunction!(files::write_sync_file, m)?)?;
     m.add_function(wrap_pyfunction!(files::frame_header, m)?)?;
+    m.add_class::<cuda::NcclComm>()?;
+    m.add_class::<cuda::NativeGpuSender>()?;
+    m.add_class::<cuda::NativeGpuReceiver>()?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::nccl_unique_id, m)?)?;
     m.add("DEFAULT_BUCKET_SIZE", deltacast::flush::DEFAULT_BUCKET_SIZE)?;
     m.add("DEFAULT_CHUNK_ELEMS", deltacast::flush::DEFAULT_CHUNK_ELEMS)?;
     Ok(())

@@ -169,6 +169,9 @@ pub struct NcclComm {
 // SAFETY: an opaque handle; NCCL allows a communicator to be used from any one thread at a
 // time, which `&mut self` on every collective guarantees.
 unsafe impl Send for NcclComm {}
+// SAFETY: through a shared reference only the plain fields (rank, size) are read; every call
+// into NCCL takes `&mut self`.
+unsafe impl Sync for NcclComm {}
 
 impl NcclComm {
     /// Joins the communicator named by `id` as `rank` of `nranks`. Blocks until every rank has

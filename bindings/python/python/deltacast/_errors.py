@@ -25,6 +25,10 @@ __all__ = [
     "UnsupportedDTypeError",
     "SafetensorsError",
     "IoError",
+    "CudaError",
+    "NcclError",
+    "SyncTimeoutError",
+    "ReceiverRefusedError",
 ]
 
 
@@ -102,3 +106,23 @@ class SafetensorsError(DeltacastError):
 
 class IoError(DeltacastError, OSError):
     """A file could not be read or written."""
+
+
+class CudaError(DeltacastError):
+    """The GPU path failed: no driver or device, a driver call, a kernel compile, or this
+    build has no GPU path."""
+
+
+class NcclError(CudaError):
+    """NCCL could not be loaded, or a collective failed (often: a peer rank died). The
+    communicator is aborted; make a new one."""
+
+
+class SyncTimeoutError(DeltacastError, TimeoutError):
+    """A sync did not complete in time (a peer is stuck or gone); the communicator was
+    aborted, so no rank stays blocked."""
+
+
+class ReceiverRefusedError(DeltacastError):
+    """At least one receiver refused the sync (its digest or input checks failed; it applied
+    nothing). The sender's next sync is a seed. Attribute ``receivers``."""

@@ -1,0 +1,179 @@
+"""The GPU sync: CUDA tensors on the trainer, NCCL to the receivers, no host copies.
+
+The trainer's rank makes a ``GpuSender`` over its (contiguous, CUDA) tensors; each rollout
+process makes a ``GpuReceiver`` over the tensors it serves from, e.g. an HF model's
+parameters. Every ``sender.sync()`` diffs the tensors against a snapshot on the GPU, sends the
+changed elements (or everything, when that is smaller) with NCCL broadcasts, and returns once
+every receiver has applied the sync, checked its digest and acked. A receiver applies nothing
+unless the digests it computes equal the trainer's.
+
+Tensors are borrowed by ``data_ptr()``: keep them alive and do not reallocate them (in-place
+updates such as ``p.copy_(...)`` or an optimizer step are fine). Work is ordered after
+torch's current stream, and finished when the call returns.
+
+    uid = deltacast.cuda.nccl_unique_id() if rank == 0 else None   # share it, e.g.
+    # via torch.distributed's store or broadcast_object_list
+    comm = deltacast.cuda.NcclComm(uid, nranks, rank, device)
+    sender = deltacast.cuda.GpuSender(comm, model.named_parameters(), device=device)
+    sender.seed()
+    ... optimizer.step(); sender.sync()
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence, Tuple
+
+from . import _native
+from ._native import NcclComm
+
+__all__ = ["available", "nccl_unique_id", "NcclComm", "GpuSender", "GpuReceiver"]
+
+_DTYPES = {
+    "torch.bfloat16": "BF16",
+    "torch.float16": "F16",
+    "torch.float32": "F32",
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.float8_e5m2": "F8_E5M2",
+}
+
+
+def available() -> Tuple[bool, str]:
+    """``(True, description)`` when the GPU sync can run here, else ``(False, why)``."""
+    return _native.cuda_available()
+
+
+def nccl_unique_id() -> bytes:
+    """A fresh NCCL unique id (128 bytes) for ``NcclComm``; make it on one rank only."""
+    return _native.nccl_unique_id()
+
+
+def _specs(named: Iterable[Tuple[str, Any]], device: int) -> Tuple[list, list]:
+    """(name, data_ptr, dtype, shape) tuples, and the tensors (kept referenced)."""
+    specs, kept = [], []
+    for name, t in named:
+        if t.device.type != "cuda" or (t.device.index or 0) != device:
+            raise _errors().InvalidArgumentError(
+                f"tensor {name!r} is on {t.device}, the sync runs on cuda:{device}"
+            )
+        if not t.is_contiguous():
+            raise _errors().InvalidArgumentError(f"tensor {name!r} is not contiguous")
+        dtype = _DTYPES.get(str(t.dtype))
+        if dtype is None:
+            raise _errors().UnsupportedDTypeError(f"tensor {name!r} has dtype {t.dtype}")
+        specs.append((name, int(t.data_ptr()), dtype, [int(d) for d in t.shape]))
+        kept.append(t)
+    return specs, kept
+
+
+def _errors():
+    from . import _errors
+
+    return _errors
+
+
+def _stream(device: int) -> int:
+    import torch
+
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+class GpuSender:
+    """The trainer side. ``named_tensors``: ``(name, tensor)`` pairs (``named_parameters()``
+    works; parameters are read through ``.data``). ``snapshots``: optional tensors of the
+    same shapes and dtypes to hold the previous version (else allocated inside).
+    ``capacity``: the fraction of all elements a delta may carry before the sync goes dense.
+    """
+
+    def __init__(
+        self,
+        comm: NcclComm,
+        named_tensors: Iterable[Tuple[str, Any]],
+        device: Optional[int] = None,
+        root: int = 0,
+        snapshots: Optional[Sequence[Any]] = None,
+        chunk_elems: int = _native.DEFAULT_CHUNK_ELEMS,
+        capacity: float = 0.05,
+        timeout_s: float = 300.0,
+    ):
+        self.device = comm.device if device is None else int(device)
+        named = [(n, getattr(t, "data", t)) for n, t in named_tensors]
+        specs, self._tensors = _specs(named, self.device)
+        snap_ptrs = None
+        self._snapshots = None
+        if snapshots is not None:
+            snaps = list(snapshots)
+            if len(snaps) != len(named):
+                raise _errors().InvalidArgumentError(
+                    f"{len(snaps)} snapshots for {len(named)} tensors"
+                )
+            snap_specs, self._snapshots = _specs(
+                [(n, s) for (n, _), s in zip(named, snaps)], self.device
+            )
+            for (n, _, d, shape), (_, _, sd, sshape) in zip(specs, snap_specs):
+                if (d, shape) != (sd, sshape):
+                    raise _errors().InvalidArgumentError(
+                        f"snapshot of {n!r} is {sd}{sshape}, the tensor {d}{shape}"
+                    )
+            snap_ptrs = [p for _, p, _, _ in snap_specs]
+        self._native = _native.NativeGpuSender(
+            comm, specs, snap_ptrs, root, chunk_elems, capacity, timeout_s
+        )
+
+    def seed(self) -> dict:
+        """Sends every tensor whole; returns metrics once every receiver acked."""
+        return self._native.seed(_stream(self.device))
+
+    def sync(self) -> dict:
+        """Sends what changed since the last sync (a seed when one is due): a dict with
+        ``kind`` ('delta', 'dense' or 'seed'), ``version``, ``changed``, ``numel``,
+        ``changed_ratio``, ``payload_bytes``, ``chunks``, ``time_ms``, ``diff_ms``."""
+        return self._native.sync(_stream(self.device))
+
+    def close(self) -> None:
+        """Tells the receivers no sync follows (their ``receive()`` returns ``None``)."""
+        self._native.close()
+
+    @property
+    def version(self) -> int:
+        return self._native.version
+
+    @property
+    def digests(self) -> list:
+        return self._native.digests
+
+
+class GpuReceiver:
+    """The receiving side: applies each sync in place into ``named_tensors`` (e.g. a model's
+    ``named_parameters()``), all or nothing, after checking the trainer's digests. No copy of
+    the model is made; a delta needs only buffers of its own size."""
+
+    def __init__(
+        self,
+        comm: NcclComm,
+        named_tensors: Iterable[Tuple[str, Any]],
+        device: Optional[int] = None,
+        root: int = 0,
+        timeout_s: float = 300.0,
+    ):
+        self.device = comm.device if device is None else int(device)
+        named = [(n, getattr(t, "data", t)) for n, t in named_tensors]
+        specs, self._tensors = _specs(named, self.device)
+        self._native = _native.NativeGpuReceiver(comm, specs, root, timeout_s)
+
+    def receive(self) -> Optional[dict]:
+        """Blocks for the next sync and applies it; ``None`` when the sender closed. Raises a
+        ``DeltacastError`` subclass when the sync was refused (nothing applied)."""
+        return self._native.receive(_stream(self.device))
+
+    def verify(self) -> None:
+        """Recomputes the digests of the weights held; raises ``DigestMismatchError`` when
+        they were changed behind the receiver's back (the next sync must be a seed)."""
+        self._native.verify()
+
+    @property
+    def version(self) -> int:
+        return self._native.version
+
+    @property
+    def digests(self) -> list:
+        return self._native.digests

@@ -1,0 +1,352 @@
+//! The GPU sync from Python: CUDA tensors borrowed by device pointer (torch's `data_ptr()`),
+//! NCCL between the trainer's rank and the receivers. The pure-Python wrapper
+//! `deltacast/cuda.py` turns torch tensors into the (name, pointer, dtype, shape) tuples taken
+//! here and passes torch's current stream.
+
+use std::time::Duration;
+
+use deltacast_cuda::nccl;
+use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuSyncReport, GpuTensor};
+use deltacast_cuda::{CudaError, Gpu};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use pyo3::IntoPyObjectExt;
+
+use crate::errors::{invalid, raise};
+
+/// A CUDA error as its Python exception class.
+pub fn cuda_to_py(err: CudaError) -> PyErr {
+    let message = err.to_string();
+    Python::attach(|py| {
+        let a = |v: u64| v.into_py_any(py).unwrap_or_else(|_| py.None());
+        match &err {
+            CudaError::InvalidArgument(_) => invalid(message),
+            CudaError::BadChunk { .. } | CudaError::Protocol(_) => {
+                raise("MalformedFrameError", message, &[])
+            }
+            CudaError::DigestMismatch {
+                slot,
+                expected,
+                actual,
+            } => raise(
+                "DigestMismatchError",
+                message,
+                &[
+                    ("slot", a(*slot as u64)),
+                    ("expected", a(*expected)),
+                    ("actual", a(*actual)),
+                ],
+            ),
+            CudaError::BaseMismatch {
+                slot,
+                expected,
+                actual,
+                ..
+            } => raise(
+                "BaseDigestMismatchError",
+                message,
+                &[
+                    ("slot", a(*slot as u64)),
+                    ("expected", a(*expected)),
+                    ("actual", a(*actual)),
+                ],
+            ),
+            CudaError::WrongTable { expected, got } => raise(
+                "SlotTableMismatchError",
+                message,
+                &[("frame", a(*got)), ("local", a(*expected))],
+            ),
+            CudaError::ReceiverRefused(n) => {
+                raise("ReceiverRefusedError", message, &[("receivers", a(*n))])
+            }
+            CudaError::Timeout { .. } => raise("SyncTimeoutError", message, &[]),
+            CudaError::NcclNotFound(_) | CudaError::Nccl { .. } => raise("NcclError", message, &[]),
+            CudaError::NotBuilt(_)
+            | CudaError::DriverNotFound(_)
+            | CudaError::NvrtcNotFound(_)
+            | CudaError::NoDevice(_)
+            | CudaError::Driver { .. }
+            | CudaError::Compile { .. }
+            | CudaError::Panicked(_) => raise("CudaError", message, &[]),
+        }
+    })
+}
+
+trait CudaResult<T> {
+    fn py(self) -> PyResult<T>;
+}
+
+impl<T> CudaResult<T> for Result<T, CudaError> {
+    fn py(self) -> PyResult<T> {
+        self.map_err(cuda_to_py)
+    }
+}
+
+/// `(True, "…")` when this machine can run the GPU sync (a driver, a device, NCCL), else
+/// `(False, why)`.
+#[pyfunction]
+pub fn cuda_available() -> (bool, String) {
+    let devices = match Gpu::device_count() {
+        Ok(0) => return (false, "no CUDA device".into()),
+        Ok(n) => n,
+        Err(e) => return (false, e.to_string()),
+    };
+    match nccl::nccl_version() {
+        Ok(v) => (true, format!("{devices} CUDA device(s), NCCL {v}")),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+/// A fresh NCCL unique id (128 bytes): make it on one rank and share it (e.g. through the
+/// torch.distributed store) with every rank of the communicator.
+#[pyfunction]
+pub fn nccl_unique_id(py: Python<'_>) -> PyResult<Bound<'_, PyBytes>> {
+    let id = nccl::unique_id().py()?;
+    Ok(PyBytes::new(py, &id))
+}
+
+/// One rank of an NCCL communicator on one GPU. Made once, then handed to exactly one
+/// `GpuSender` or `GpuReceiver`, which owns it from then on.
+#[pyclass(module = "deltacast._native")]
+pub struct NcclComm {
+    parts: Option<(Gpu, nccl::NcclComm)>,
+    rank: usize,
+    nranks: usize,
+    device: usize,
+}
+
+#[pymethods]
+impl NcclComm {
+    /// Joins the communicator named by `unique_id` as `rank` of `nranks`, on CUDA device
+    /// `device`; blocks until every rank has joined (the GIL is released meanwhile).
+    #[new]
+    fn new(
+        py: Python<'_>,
+        unique_id: &[u8],
+        nranks: usize,
+        rank: usize,
+        device: usize,
+    ) -> PyResult<Self> {
+        let id: [u8; nccl::UNIQUE_ID_BYTES] = unique_id.try_into().map_err(|_| {
+            invalid(format!(
+                "unique_id of {} bytes, NCCL's is {}",
+                unique_id.len(),
+                nccl::UNIQUE_ID_BYTES
+            ))
+        })?;
+        let parts = py
+            .detach(|| -> Result<_, CudaError> {
+                let gpu = Gpu::new(device)?;
+                gpu.make_current()?;
+                let comm = nccl::NcclComm::new(&id, nranks, rank)?;
+                Ok((gpu, comm))
+            })
+            .py()?;
+        Ok(NcclComm {
+            parts: Some(parts),
+            rank,
+            nranks,
+            device,
+        })
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    #[getter]
+    fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "NcclComm(rank={}, nranks={}, device={}{})",
+            self.rank,
+            self.nranks,
+            self.device,
+            if self.parts.is_none() { ", taken" } else { "" }
+        )
+    }
+}
+
+impl NcclComm {
+    fn take(&mut self) -> PyResult<(Gpu, nccl::NcclComm)> {
+        self.parts
+            .take()
+            .ok_or_else(|| invalid("this NcclComm already belongs to a sender or receiver"))
+    }
+}
+
+/// `(name, data_ptr, dtype, shape)` tuples into tensors.
+fn tensors(specs: Vec<(String, u64, String, Vec<u64>)>) -> PyResult<Vec<GpuTensor>> {
+    specs
+        .into_iter()
+        .map(|(name, ptr, dtype, shape)| {
+            let dtype = deltacast::DType::from_name(&dtype).map_err(|e| invalid(e.to_string()))?;
+            Ok(GpuTensor {
+                name,
+                dtype,
+                shape,
+                ptr,
+            })
+        })
+        .collect()
+}
+
+fn report_dict<'py>(py: Python<'py>, r: &GpuSyncReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("kind", r.kind.name())?;
+    d.set_item("version", r.version)?;
+    d.set_item("changed", r.changed)?;
+    d.set_item("numel", r.numel)?;
+    d.set_item(
+        "changed_ratio",
+        if r.numel == 0 {
+            0.0
+        } else {
+            r.changed as f64 / r.numel as f64
+        },
+    )?;
+    d.set_item("payload_bytes", r.payload_bytes)?;
+    d.set_item("chunks", r.chunks)?;
+    d.set_item("time_ms", r.time_ms)?;
+    d.set_item("diff_ms", r.diff_ms)?;
+    Ok(d)
+}
+
+fn timeout(seconds: f64) -> PyResult<Duration> {
+    if !(seconds > 0.0 && seconds.is_finite()) {
+        return Err(invalid(format!("timeout of {seconds} s")));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// The trainer side of the GPU sync (use `deltacast.cuda.GpuSender`, which takes torch
+/// tensors). Tensors are borrowed by pointer: the caller keeps them alive and unmoved.
+#[pyclass(module = "deltacast._native")]
+pub struct NativeGpuSender {
+    inner: GpuSender,
+}
+
+#[pymethods]
+impl NativeGpuSender {
+    #[new]
+    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        comm: &mut NcclComm,
+        tensors: Vec<(String, u64, String, Vec<u64>)>,
+        snapshots: Option<Vec<u64>>,
+        root: usize,
+        chunk_elems: u64,
+        capacity: f64,
+        timeout_s: f64,
+    ) -> PyResult<Self> {
+        let tensors = self::tensors(tensors)?;
+        let config = GpuSenderConfig {
+            root,
+            chunk_elems,
+            capacity,
+            timeout: timeout(timeout_s)?,
+        };
+        let (gpu, nccl) = comm.take()?;
+        // SAFETY: the Python wrapper passes live CUDA tensors of this device (checked there:
+        // device, contiguity, dtype) and keeps references to them for the sender's life.
+        let inner = unsafe { GpuSender::new(gpu, nccl, tensors, snapshots, config) }.py()?;
+        Ok(NativeGpuSender { inner })
+    }
+
+    /// Sends every tensor whole (after `stream`'s work), waits for every receiver's ack.
+    fn seed<'py>(&mut self, py: Python<'py>, stream: u64) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &mut self.inner;
+        // SAFETY: `stream` is torch's current stream of this device (the wrapper's promise).
+        let r = py.detach(|| unsafe { inner.seed(stream) }).py()?;
+        report_dict(py, &r)
+    }
+
+    /// Sends what changed since the last sync (a seed when one is due).
+    fn sync<'py>(&mut self, py: Python<'py>, stream: u64) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &mut self.inner;
+        // SAFETY: as in `seed`.
+        let r = py.detach(|| unsafe { inner.sync(stream) }).py()?;
+        report_dict(py, &r)
+    }
+
+    /// Tells the receivers that no sync follows.
+    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
+        let inner = &mut self.inner;
+        py.detach(|| inner.close()).py()
+    }
+
+    #[getter]
+    fn version(&self) -> u64 {
+        self.inner.version()
+    }
+
+    #[getter]
+    fn digests(&self) -> Vec<u64> {
+        self.inner.digests().to_vec()
+    }
+}
+
+/// The receiving side of the GPU sync (use `deltacast.cuda.GpuReceiver`).
+#[pyclass(module = "deltacast._native")]
+pub struct NativeGpuReceiver {
+    inner: GpuReceiver,
+}
+
+#[pymethods]
+impl NativeGpuReceiver {
+    #[new]
+    #[pyo3(signature = (comm, tensors, root=0, timeout_s=300.0))]
+    fn new(
+        comm: &mut NcclComm,
+        tensors: Vec<(String, u64, String, Vec<u64>)>,
+        root: usize,
+        timeout_s: f64,
+    ) -> PyResult<Self> {
+        let tensors = self::tensors(tensors)?;
+        let timeout = timeout(timeout_s)?;
+        let (gpu, nccl) = comm.take()?;
+        // SAFETY: as for the sender; the tensors are written in place.
+        let inner = unsafe { GpuReceiver::new(gpu, nccl, tensors, root, timeout) }.py()?;
+        Ok(NativeGpuReceiver { inner })
+    }
+
+    /// Receives and applies the next sync (after `stream`'s work); `None` when the sender
+    /// closed.
+    fn receive<'py>(
+        &mut self,
+        py: Python<'py>,
+        stream: u64,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let inner = &mut self.inner;
+        // SAFETY: `stream` is torch's current stream of this device (the wrapper's promise).
+        let r = py.detach(|| unsafe { inner.receive(stream) }).py()?;
+        r.map(|r| report_dict(py, &r)).transpose()
+    }
+
+    /// Recomputes the digests of the weights held; raises `DigestMismatchError` when they were
+    /// changed behind the receiver's back (it then needs a seed).
+    fn verify(&mut self, py: Python<'_>) -> PyResult<()> {
+        let inner = &mut self.inner;
+        py.detach(|| inner.verify()).py()
+    }
+
+    #[getter]
+    fn version(&self) -> u64 {
+        self.inner.version()
+    }
+
+    #[getter]
+    fn digests(&self) -> Vec<u64> {
+        self.inner.digests().to_vec()
+    }
+}
