@@ -333,6 +333,12 @@ impl NativeGpuReceiver {
         r.map(|r| report_dict(py, &r)).transpose()
     }
 
+    /// Device bytes held besides the tensors (receive buffers of the largest delta so far).
+    #[getter]
+    fn staging_bytes(&self) -> u64 {
+        self.inner.staging_bytes()
+    }
+
     /// Recomputes the digests of the weights held; raises `DigestMismatchError` when they were
     /// changed behind the receiver's back (it then needs a seed).
     fn verify(&mut self, py: Python<'_>) -> PyResult<()> {

@@ -117,6 +117,10 @@ impl Growable {
         Growable { buf: None }
     }
 
+    fn len(&self) -> u64 {
+        self.buf.as_ref().map_or(0, |b| b.len() as u64)
+    }
+
     fn at_least(&mut self, gpu: &Gpu, len: u64) -> Result<DevicePtr> {
         let len = (len.max(256) as usize).next_multiple_of(256);
         if self.buf.as_ref().is_none_or(|b| b.len() < len) {
@@ -725,6 +729,12 @@ impl GpuReceiver {
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// Device bytes this receiver holds besides the tensors it was given (its receive
+    /// buffers, sized by the largest delta seen; seeds and dense syncs land in the tensors).
+    pub fn staging_bytes(&self) -> u64 {
+        (HEADER_BYTES + 8) as u64 + self.manifest.len() + self.positions.len() + self.values.len()
     }
 
     /// Receives and applies the next sync; `None` when the sender closed. A refused sync

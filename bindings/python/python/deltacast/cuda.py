@@ -177,3 +177,9 @@ class GpuReceiver:
     @property
     def digests(self) -> list:
         return self._native.digests
+
+    @property
+    def staging_bytes(self) -> int:
+        """Device bytes held besides the tensors: the receive buffers of the largest delta so
+        far (seeds and dense syncs land in the tensors directly)."""
+        return self._native.staging_bytes

@@ -1,0 +1,153 @@
+"""deltacast.cuda: the GPU sync from Python.
+
+Here (no GPU): the module loads, says why it cannot run, and raises the right classes. On a
+machine with two GPUs and torch: a transformers Qwen2 model trained with AdamW on cuda:0 is
+synced through the Python API into a second copy on cuda:1, which must end bit-identical, with
+no full-model copy made on the receiver's GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import deltacast as dc
+import deltacast.cuda as dcc
+
+
+def test_errors_without_a_gpu_are_clear():
+    ok, why = dcc.available()
+    assert isinstance(ok, bool) and isinstance(why, str) and why
+    if ok:
+        pytest.skip("a GPU is present: the no-GPU errors cannot be observed")
+    with pytest.raises(dc.DeltacastError) as e:
+        dcc.NcclComm(b"\0" * 128, 2, 0, 0)
+    assert isinstance(e.value, (dc.CudaError, dc.NcclError)), e.value
+    with pytest.raises(dc.InvalidArgumentError, match="128"):
+        dcc.NcclComm(b"\0" * 12, 2, 0, 0)
+
+
+def test_error_classes_form_one_tree():
+    assert issubclass(dc.NcclError, dc.CudaError)
+    assert issubclass(dc.CudaError, dc.DeltacastError)
+    assert issubclass(dc.SyncTimeoutError, TimeoutError)
+    assert issubclass(dc.ReceiverRefusedError, dc.DeltacastError)
+
+
+def _two_gpus():
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    pytest.importorskip("transformers", reason="transformers not installed")
+    ok, why = dcc.available()
+    if not ok:
+        pytest.skip(why)
+    if torch.cuda.device_count() < 2:
+        pytest.skip("two CUDA devices needed")
+    return torch
+
+
+def _config():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+
+
+def _trainer(uid, queue, steps):
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    torch.cuda.set_device(0)
+    torch.manual_seed(0)
+    with torch.device("cuda:0"):
+        model = Qwen2ForCausalLM(_config()).to(torch.bfloat16)
+        master = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
+    opt = torch.optim.AdamW(master, lr=1e-5)
+    comm = dcc.NcclComm(uid, 2, 0, 0)
+    sender = dcc.GpuSender(comm, model.named_parameters(), chunk_elems=4096, capacity=0.5)
+    reports = [sender.seed()]
+    gen = torch.Generator(device="cuda:0").manual_seed(1)
+    for _ in range(steps):
+        tokens = torch.randint(0, 1024, (2, 32), device="cuda:0", generator=gen)
+        loss = model(tokens, labels=tokens).loss
+        loss.backward()
+        for m, p in zip(master, model.parameters()):
+            m.grad = p.grad.float()
+            p.grad = None
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            for m, p in zip(master, model.parameters()):
+                p.copy_(m)
+        reports.append(sender.sync())
+    sender.close()
+    torch.cuda.synchronize()
+    state = {n: p.detach().view(torch.int16).cpu() for n, p in model.named_parameters()}
+    queue.put(("trainer", reports, state))
+
+
+def _receiver(uid, queue):
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    torch.cuda.set_device(1)
+    torch.manual_seed(123)  # other weights than the trainer's: the seed must replace them
+    with torch.device("cuda:1"):
+        model = Qwen2ForCausalLM(_config()).to(torch.bfloat16)
+    comm = dcc.NcclComm(uid, 2, 1, 1)
+    receiver = dcc.GpuReceiver(comm, model.named_parameters())
+    reports = []
+    while True:
+        r = receiver.receive()
+        if r is None:
+            break
+        reports.append(r)
+    receiver.verify()
+    peak_extra = receiver.staging_bytes
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    state = {n: p.detach().view(torch.int16).cpu() for n, p in model.named_parameters()}
+    queue.put(("receiver", reports, state, peak_extra, model_bytes))
+
+
+def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical():
+    torch = _two_gpus()
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    uid = dcc.nccl_unique_id()
+    steps = 4
+    procs = [
+        ctx.Process(target=_trainer, args=(uid, queue, steps)),
+        ctx.Process(target=_receiver, args=(uid, queue)),
+    ]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        item = queue.get(timeout=300)
+        got[item[0]] = item
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    _, sent, truth = got["trainer"]
+    _, received, state, peak_extra, model_bytes = got["receiver"]
+    kinds = [r["kind"] for r in sent]
+    assert kinds[0] == "seed" and "delta" in kinds, kinds
+    assert set(kinds[1:]) <= {"delta", "dense"}, kinds
+    assert [r["version"] for r in received] == list(range(1, steps + 2))
+    assert truth.keys() == state.keys()
+    for name in truth:
+        assert torch.equal(truth[name], state[name]), name
+    # No full-model copy on the receiver: its extra GPU memory stays well under the model.
+    assert peak_extra < model_bytes / 2, (peak_extra, model_bytes)
