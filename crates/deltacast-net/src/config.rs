@@ -33,6 +33,10 @@ pub struct NetConfig {
     /// Frame link: how long a receiver waits for the next frame (idle between syncs).
     /// `None` waits forever; a dead server is still noticed by disconnect or TCP keepalive.
     pub idle_timeout: Option<Duration>,
+    /// Frame link: the kernel send buffer per receiver (`SO_SNDBUF`), `None` for the system's
+    /// default. With it, a receiver that stops reading holds at most this much in the kernel
+    /// before the server's write times out on it.
+    pub send_buffer: Option<usize>,
     /// Largest all-gather row accepted.
     pub max_row: u64,
     /// Largest single rank → leader transfer accepted.
@@ -51,6 +55,7 @@ impl Default for NetConfig {
             io_timeout: Duration::from_secs(60),
             ack_timeout: Duration::from_secs(120),
             idle_timeout: None,
+            send_buffer: None,
             max_row: 16 << 20,
             max_transfer: 4 << 30,
             max_frame: DEFAULT_BUCKET_SIZE + FRAME_SLACK,

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::net::SocketAddr;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -126,6 +127,20 @@ pub struct ReceiverInfo {
     pub version: Option<u64>,
     /// Its state digest.
     pub state_digest: u64,
+}
+
+/// What [`FrameServer::next_event`] saw.
+#[derive(Debug)]
+pub enum ServerEvent {
+    /// A receiver connected, authenticated and announced its state; it is now admitted.
+    Joined(ReceiverInfo),
+    /// A receiver acked, or its link failed (then it was dropped).
+    Ack(ReceiverId, Result<Ack, NetError>),
+}
+
+enum Polled {
+    Joined(Option<Conn>),
+    Ack(ReceiverId, Option<Result<Ack, NetError>>),
 }
 
 /// Outcome of a broadcast: receivers that failed were dropped (they reconnect and announce).
@@ -322,24 +337,45 @@ impl FrameServer {
     /// within `io_timeout` are dropped and listed in `failed`; `Err` only for a frame above
     /// `max_frame`.
     pub fn broadcast(&mut self, frame: &[u8]) -> Result<BroadcastReport, NetError> {
+        let all: Vec<ReceiverId> = self.conns.keys().copied().collect();
+        self.send_many(&all, frame)
+    }
+
+    /// Sends `frame` to the receivers `ids` at once (those not connected are listed in
+    /// `failed`), as [`broadcast`](Self::broadcast) does for all of them: the resync session
+    /// sends a delta to some receivers and a seed to others within one sync.
+    pub fn send_many(
+        &mut self,
+        ids: &[ReceiverId],
+        frame: &[u8],
+    ) -> Result<BroadcastReport, NetError> {
         self.check_frame(frame)?;
         let mut report = BroadcastReport::default();
-        let dead: Vec<(ReceiverId, NetError)> = self
-            .conns
-            .iter_mut()
-            .filter_map(|(id, c)| c.drain().map(|e| (*id, e)))
-            .collect();
-        for (id, e) in dead {
-            self.conns.remove(&id);
-            report.failed.push((id, e));
+        let mut live = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let Some(c) = self.conns.get_mut(&id) else {
+                report.failed.push((id, unknown(id)));
+                continue;
+            };
+            match c.drain() {
+                Some(e) => {
+                    self.conns.remove(&id);
+                    report.failed.push((id, e));
+                }
+                None => live.push(id),
+            }
         }
         let io = Some(self.cfg.io_timeout);
-        let results = self
-            .rt
-            .block_on(join_all(self.conns.iter_mut().map(|(id, c)| async move {
-                let r = write_msg(&mut c.writer, ty::FRAME, frame, &c.name, "a frame", io).await;
-                (*id, r)
-            })));
+        let results = self.rt.block_on(join_all(
+            self.conns
+                .iter_mut()
+                .filter(|(id, _)| live.contains(id))
+                .map(|(id, c)| async move {
+                    let r =
+                        write_msg(&mut c.writer, ty::FRAME, frame, &c.name, "a frame", io).await;
+                    (*id, r)
+                }),
+        ));
         for (id, r) in results {
             match r {
                 Ok(()) => report.delivered.push(id),
@@ -350,6 +386,65 @@ impl FrameServer {
             }
         }
         Ok(report)
+    }
+
+    /// Waits up to `limit` for the next thing a receiver does: connect (it is admitted, as
+    /// [`accept_new`](Self::accept_new) does) or ack. A receiver whose link failed is dropped and
+    /// reported as an `Ack` event carrying the error. `None` when `limit` passed quietly.
+    pub fn next_event(&mut self, limit: Duration) -> Option<ServerEvent> {
+        // Acks pulled off early by `drain` come first, in receiver order.
+        let early = self
+            .conns
+            .iter_mut()
+            .find_map(|(id, c)| c.early.pop_front().map(|a| (*id, a)));
+        if let Some((id, a)) = early {
+            return Some(ServerEvent::Ack(id, Ok(a)));
+        }
+        let incoming = &mut self.incoming;
+        let conns = &mut self.conns;
+        let got = self.rt.block_on(async {
+            tokio::time::timeout(
+                limit,
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(c) = incoming.poll_recv(cx) {
+                        return Poll::Ready(Polled::Joined(c));
+                    }
+                    for (id, c) in conns.iter_mut() {
+                        if let Poll::Ready(r) = c.acks.poll_recv(cx) {
+                            return Poll::Ready(Polled::Ack(*id, r));
+                        }
+                    }
+                    Poll::Pending
+                }),
+            )
+            .await
+        });
+        match got.ok()? {
+            Polled::Joined(Some(c)) => Some(ServerEvent::Joined(self.admit(c))),
+            // The accept loop is gone (it only stops when the server drops): nothing will come.
+            Polled::Joined(None) => None,
+            Polled::Ack(id, r) => {
+                let r = match r {
+                    Some(r) => r,
+                    None => Err(NetError::Disconnected {
+                        peer: self
+                            .conns
+                            .get(&id)
+                            .map_or_else(|| id.to_string(), |c| c.name.clone()),
+                        detail: "(its reader stopped)".into(),
+                    }),
+                };
+                if r.is_err() {
+                    self.conns.remove(&id);
+                }
+                Some(ServerEvent::Ack(id, r))
+            }
+        }
+    }
+
+    /// How a receiver is named in errors: `receiver #3 (127.0.0.1:50123)`.
+    pub fn peer_name(info: &ReceiverInfo) -> String {
+        format!("{} ({})", info.id, info.addr)
     }
 
     /// Sends `frame` to one receiver (a seed for a newcomer); on failure it is dropped.
@@ -425,6 +520,10 @@ async fn accept_loop(listener: TcpListener, cfg: NetConfig, tx: mpsc::Sender<Con
             acc = listener.accept(), if pending.len() < MAX_PENDING_HANDSHAKES => match acc {
                 Ok((stream, addr)) => {
                     tune(&stream);
+                    if let Some(n) = cfg.send_buffer {
+                        // Bounds what the kernel queues for a receiver that stops reading.
+                        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(n);
+                    }
                     let secret = cfg.secret.clone();
                     let limit = cfg.handshake_timeout;
                     pending.spawn(async move {
@@ -480,7 +579,7 @@ async fn handshake_and_announce(
 }
 
 fn start_conn(stream: TcpStream, info: ReceiverInfo, io: Duration) -> Conn {
-    let name = format!("{} ({})", info.id, info.addr);
+    let name = FrameServer::peer_name(&info);
     let (r, writer) = stream.into_split();
     let (tx, acks) = mpsc::channel(ACK_QUEUE);
     let reader = tokio::spawn(read_acks(r, name.clone(), tx, io));

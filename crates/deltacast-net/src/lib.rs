@@ -15,14 +15,19 @@ pub mod auth;
 pub mod collective;
 pub mod config;
 pub mod error;
+pub mod fault;
 pub mod frames;
 pub mod secret;
+pub mod session;
 pub mod tcp;
 pub mod wire;
 
 pub use collective::{Collective, InProcessCollective};
 pub use config::NetConfig;
 pub use error::NetError;
-pub use frames::{Ack, BroadcastReport, FrameClient, FrameServer, ReceiverId, ReceiverInfo};
+pub use frames::{
+    Ack, BroadcastReport, FrameClient, FrameServer, ReceiverId, ReceiverInfo, ServerEvent,
+};
 pub use secret::{Secret, SECRET_ENV};
+pub use session::{ClientEvent, SessionConfig, SessionError, SyncClient, SyncReport, SyncServer};
 pub use tcp::{LeaderRendezvous, TcpCollective};
