@@ -10,8 +10,10 @@ rank 0 is the trainer on cuda:0, rank 1 the receiver on cuda:1. With fewer than 
 says so and exits 0 (SKIPPED): NCCL does not put two ranks of one communicator on one GPU.
 
 The trainer holds a Qwen2 model built from a config at Qwen2.5-0.5B or Qwen2.5-7B shape (random
-init, nothing downloaded), in BF16: its parameters are the weights that get synced. Training
-keeps fp32 master copies and runs the optimizer inside backward (a post-accumulate-grad hook per
+init in fp32, nothing downloaded); the fp32 tensors become the masters and the model is converted
+to BF16: its parameters are the weights that get synced (--master-init bf16: init in BF16,
+masters copied from it, so they start on the BF16 grid and fewer elements change in the first
+steps). Training runs the optimizer inside backward (a post-accumulate-grad hook per
 parameter: fp32 grad, one AdamW(lr=1e-6) step on the master, both grads freed), then copies the
 masters into the BF16 parameters. The loss is policy-gradient style: random tokens (2x64),
 random actions, random advantages of +-1, loss = -mean(adv * logprob(action)).
@@ -189,30 +191,39 @@ def make_config(name: str):
     return cfg
 
 
-def build_model(cfg, device, seed: int):
-    """The HF Qwen2 model, random init, built in BF16 directly on `device`."""
+def build_model(cfg, device, seed: int, fp32_masters: bool = False):
+    """The HF Qwen2 model, random init, built directly on `device`; returns (model, masters).
+
+    fp32_masters: built in fp32, those fp32 tensors kept as the masters, and the model then
+    converted to BF16 (the usual mixed-precision state: masters off the BF16 grid). Else built
+    in BF16, masters None (the trainer makes them from the BF16 values)."""
     import torch
     from transformers import Qwen2ForCausalLM
     torch.manual_seed(seed)
     old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(torch.float32 if fp32_masters else torch.bfloat16)
     try:
         with torch.device(device):
             model = Qwen2ForCausalLM(cfg)
     finally:
         torch.set_default_dtype(old)
+    masters = None
+    if fp32_masters:
+        # The fp32 storages live on as the masters; the parameters get new BF16 storage.
+        masters = [p.detach() for p in model.parameters()]
+        model.to(torch.bfloat16)
     model.eval()  # no dropout anywhere; eval keeps generation and training identical in mode
     for n, p in model.named_parameters():
         if p.dtype != torch.bfloat16 or not p.is_contiguous():
             raise SystemExit(f"gpu_sync: parameter {n} is {p.dtype}, "
                              f"contiguous={p.is_contiguous()}")
-    return model
+    return model, masters
 
 
 class Trainer:
     """fp32 masters + per-parameter AdamW run inside backward; the BF16 params are synced."""
 
-    def __init__(self, model, lr, device, cpu, batch, seq, seed):
+    def __init__(self, model, masters, lr, device, cpu, batch, seq, seed):
         import torch
         self.torch = torch
         self.model = model
@@ -220,8 +231,13 @@ class Trainer:
         self.batch, self.seq = batch, seq
         self.vocab = model.config.vocab_size
         self.params = [p for _, p in model.named_parameters()]
-        # .float() of a BF16 tensor is already a new tensor: no extra clone (memory at 7B).
-        self.masters = [p.detach().float() for p in self.params]
+        if masters is None:
+            # .float() of a BF16 tensor is already a new tensor: no extra clone (memory at 7B).
+            masters = [p.detach().float() for p in self.params]
+        assert len(masters) == len(self.params)
+        assert all(m.dtype == torch.float32 and m.shape == p.shape
+                   for m, p in zip(masters, self.params))
+        self.masters = masters
         kw = dict(lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
         if not cpu:
             kw["fused"] = True
@@ -489,7 +505,8 @@ def run_rank(rank: int, args, port: int):
     cfg = make_config(args.model)
     t0 = time.perf_counter()
     # Different init seeds on purpose: the receiver's initial weights must not matter.
-    model = build_model(cfg, device, args.seed if rank == 0 else args.seed + 1)
+    model, masters = build_model(cfg, device, args.seed if rank == 0 else args.seed + 1,
+                                 fp32_masters=rank == 0 and args.master_init == "fp32")
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     tensors = [t for _, t in named]
     numel = sum(t.numel() for t in tensors)
@@ -500,9 +517,10 @@ def run_rank(rank: int, args, port: int):
         raise SystemExit("gpu_sync: trainer and receiver enumerate different parameters")
     trainer = None
     if rank == 0:
-        trainer = Trainer(model, args.lr, device, cpu, args.batch, args.seq, args.seed)
+        trainer = Trainer(model, masters, args.lr, device, cpu, args.batch, args.seq, args.seed)
         snaps = [t.clone() for t in tensors]  # shared by (b) and (c); (c) seeds it
         B = C = None
+        del masters
     else:
         B = [torch.empty_like(t) for t in tensors]
         C = [torch.empty_like(t) for t in tensors]
@@ -890,6 +908,10 @@ def main(argv=None):
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny model, gloo, two CPU processes; (c) skipped")
     ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--master-init", choices=["fp32", "bf16"], default="fp32",
+                    help="fp32: random init in fp32 kept as the masters, BF16 weights rounded "
+                         "from it (default); bf16: init in BF16, masters start on the BF16 grid "
+                         "(fewer elements change in the first steps)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
