@@ -88,10 +88,10 @@ fn le<const W: usize>(bytes: &[u8; W]) -> u32 {
 /// exit and no branch in the loop, so the compiler vectorizes it where 64-bit lane multiplies
 /// exist.
 #[inline(always)]
-fn change_sum<const W: usize>(
+fn change_sum<const W: usize, P: Copy + Into<u64>>(
     salt: u64,
     start: u64,
-    positions: Option<&[u32]>,
+    positions: Option<&[P]>,
     old: &[u8],
     new: &[u8],
 ) -> (u64, bool) {
@@ -103,7 +103,7 @@ fn change_sum<const W: usize>(
             for ((&p, a), b) in rel.iter().zip(old).zip(new) {
                 let (a, b) = (le(a), le(b));
                 same |= a == b;
-                sum = sum.wrapping_add(change(salt, start + p as u64, a, b));
+                sum = sum.wrapping_add(change(salt, start + p.into(), a, b));
             }
         }
         None => {
@@ -119,21 +119,21 @@ fn change_sum<const W: usize>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl")]
-fn change_sum_avx512<const W: usize>(
+fn change_sum_avx512<const W: usize, P: Copy + Into<u64>>(
     salt: u64,
     start: u64,
-    positions: Option<&[u32]>,
+    positions: Option<&[P]>,
     old: &[u8],
     new: &[u8],
 ) -> (u64, bool) {
-    change_sum::<W>(salt, start, positions, old, new)
+    change_sum::<W, P>(salt, start, positions, old, new)
 }
 
 #[inline(always)]
-fn change_sum_dispatch<const W: usize>(
+fn change_sum_dispatch<const W: usize, P: Copy + Into<u64>>(
     salt: u64,
     start: u64,
-    positions: Option<&[u32]>,
+    positions: Option<&[P]>,
     old: &[u8],
     new: &[u8],
 ) -> (u64, bool) {
@@ -143,9 +143,9 @@ fn change_sum_dispatch<const W: usize>(
     {
         // SAFETY: the function's only requirement is its target features, detected just above
         // on this CPU (avx512dq and avx512vl imply avx512f).
-        return unsafe { change_sum_avx512::<W>(salt, start, positions, old, new) };
+        return unsafe { change_sum_avx512::<W, P>(salt, start, positions, old, new) };
     }
-    change_sum::<W>(salt, start, positions, old, new)
+    change_sum::<W, P>(salt, start, positions, old, new)
 }
 
 /// How the digest of slot `slot_id` moves when the elements of a chunk go from `old` to `new`
@@ -166,9 +166,9 @@ pub fn chunk_change(
         (old.len().min(new.len()) / width.max(1)).min(positions.map_or(usize::MAX, <[u32]>::len));
     let (old, new) = (&old[..n * width], &new[..n * width]);
     let (sum, same) = match width {
-        1 => change_sum_dispatch::<1>(salt, start, positions, old, new),
-        2 => change_sum_dispatch::<2>(salt, start, positions, old, new),
-        _ => change_sum_dispatch::<4>(salt, start, positions, old, new),
+        1 => change_sum_dispatch::<1, u32>(salt, start, positions, old, new),
+        2 => change_sum_dispatch::<2, u32>(salt, start, positions, old, new),
+        _ => change_sum_dispatch::<4, u32>(salt, start, positions, old, new),
     };
     let first_same = same.then(|| {
         old.chunks_exact(width)
@@ -177,6 +177,19 @@ pub fn chunk_change(
             .unwrap_or(0)
     });
     (sum, first_same)
+}
+
+/// Σ [`change`] over elements at slot indices `positions` going from `old` to `new` (`width`
+/// bytes each, one per position): what a sender adds to its digest for a slot's changes.
+pub fn changes_at(slot_id: u32, width: usize, positions: &[u64], old: &[u8], new: &[u8]) -> u64 {
+    let salt = slot_salt(slot_id);
+    let n = (old.len().min(new.len()) / width.max(1)).min(positions.len());
+    let (old, new, positions) = (&old[..n * width], &new[..n * width], Some(&positions[..n]));
+    match width {
+        1 => change_sum_dispatch::<1, u64>(salt, 0, positions, old, new).0,
+        2 => change_sum_dispatch::<2, u64>(salt, 0, positions, old, new).0,
+        _ => change_sum_dispatch::<4, u64>(salt, 0, positions, old, new).0,
+    }
 }
 
 /// The digest terms of a chunk's elements holding `bits` (`width` bytes each), at slot indices
@@ -242,5 +255,94 @@ mod tests {
         let ba = [2u8, 1];
         assert_ne!(digest_slot(0, 1, &ab), digest_slot(0, 1, &ba));
         assert_eq!(digest_slot(0, 2, &[]), 0);
+    }
+
+    /// Bit patterns that matter: ±0, subnormals, infinities, NaN payloads, plus noise.
+    fn patterns(width: usize, n: usize, seed: u64) -> Vec<u8> {
+        let special: [u32; 8] = [
+            0,
+            0x8000_0000,
+            1,
+            0x8000_0001,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0001,
+            0xffff_ffff,
+        ];
+        let mut state = seed;
+        let mut out = Vec::with_capacity(n * width);
+        for i in 0..n {
+            state = mix64(state.wrapping_add(0x9e37_79b9_7f4a_7c15));
+            let bits = if i % 3 == 0 {
+                special[(state % 8) as usize] >> (32 - 8 * width as u32)
+            } else {
+                state as u32
+            };
+            out.extend_from_slice(&bits.to_le_bytes()[..width]);
+        }
+        out
+    }
+
+    #[test]
+    fn fused_chunk_change_equals_the_oracle() {
+        for width in [1usize, 2, 4] {
+            for n in [0usize, 1, 7, 64, 1000, 4099] {
+                let old = patterns(width, n, 1 + n as u64);
+                let mut new = patterns(width, n, 1000 + n as u64);
+                // No element equal, except where a test puts one.
+                for k in 0..n {
+                    let b = load_bits(&new, width, k);
+                    if load_bits(&old, width, k) == b {
+                        store_bits(&mut new, width, k, b ^ 1);
+                    }
+                }
+                let rel: Vec<u32> = (0..n as u32).map(|k| k * 3 + (k % 2)).collect();
+                let start = 12_345u64;
+                let salt = slot_salt(5);
+                let oracle = |positions: Option<&[u32]>| {
+                    (0..n).fold(0u64, |sum, k| {
+                        let index = start + positions.map_or(k as u64, |r| r[k] as u64);
+                        sum.wrapping_add(change(
+                            salt,
+                            index,
+                            load_bits(&old, width, k),
+                            load_bits(&new, width, k),
+                        ))
+                    })
+                };
+                for positions in [Some(rel.as_slice()), None] {
+                    assert_eq!(
+                        chunk_change(5, width, start, positions, &old, &new),
+                        (oracle(positions), None),
+                        "width {width}, n {n}"
+                    );
+                }
+                let abs: Vec<u64> = rel.iter().map(|&p| start + p as u64).collect();
+                assert_eq!(changes_at(5, width, &abs, &old, &new), oracle(Some(&rel)));
+                // Seed terms against element_hash.
+                let terms = (0..n).fold(0u64, |sum, k| {
+                    sum.wrapping_add(element_hash(
+                        salt,
+                        start + rel[k] as u64,
+                        load_bits(&new, width, k),
+                    ))
+                });
+                assert_eq!(chunk_terms(5, width, start, Some(&rel), &new), terms);
+                assert_eq!(
+                    chunk_terms(5, width, start, None, &new),
+                    digest_range(5, width, &new, start)
+                );
+                // An unchanged element is found, the first one reported.
+                if n > 5 {
+                    let mut same = new.clone();
+                    store_bits(&mut same, width, n - 2, load_bits(&old, width, n - 2));
+                    store_bits(&mut same, width, 4, load_bits(&old, width, 4));
+                    assert_eq!(
+                        chunk_change(5, width, start, Some(&rel), &old, &same).1,
+                        Some(4)
+                    );
+                }
+            }
+        }
     }
 }

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 use crate::codec::{PosCodec, ValCodec};
 use crate::convert::{ParamPlan, SlotMap};
 use crate::diff::{diff_and_refresh, Changes};
-use crate::digest::{change, element_hash, slot_salt};
+use crate::digest::{changes_at, element_hash, slot_salt};
 use crate::dtype::load_bits;
 use crate::error::{Error, Result};
 use crate::flush::{encode_changes, FlushConfig, ReadyChunk, SyncEncoder, SyncStats};
@@ -290,20 +290,15 @@ impl RankSender {
                             })
                             .reduce(|| 0, u64::wrapping_add)
                     } else {
+                        // In pieces of 2^16 changes (the hash loop is vectorized per piece).
+                        const PIECE: usize = 1 << 16;
                         base.wrapping_add(
                             changes
                                 .positions
-                                .par_iter()
-                                .enumerate()
-                                .with_min_len(1 << 14)
-                                .map(|(j, &i)| {
-                                    change(
-                                        salt,
-                                        i,
-                                        load_bits(&changes.old_values, width, j),
-                                        load_bits(&changes.new_values, width, j),
-                                    )
-                                })
+                                .par_chunks(PIECE)
+                                .zip(changes.old_values.par_chunks(PIECE * width))
+                                .zip(changes.new_values.par_chunks(PIECE * width))
+                                .map(|((pos, old), new)| changes_at(slot, width, pos, old, new))
                                 .reduce(|| 0, u64::wrapping_add),
                         )
                     };

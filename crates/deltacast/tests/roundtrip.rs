@@ -221,3 +221,58 @@ fn dense_deltas_never_cost_more_than_the_dense_values() {
         }
     }
 }
+
+/// A store that only lends one slot at a time (like borrowed tensors): the receiver applies
+/// slot by slot, chunks of a slot in parallel, and must end with the same bits.
+struct OneAtATime(Vec<Vec<u8>>);
+
+impl deltacast::SlotStore for OneAtATime {
+    fn slot(&self, id: u32) -> &[u8] {
+        &self.0[id as usize]
+    }
+
+    fn slot_mut(&mut self, id: u32) -> &mut [u8] {
+        &mut self.0[id as usize]
+    }
+}
+
+#[test]
+fn a_store_without_slots_mut_applies_the_same() {
+    let mut rng = Rng(77);
+    let table = random_table(&mut rng, 5, 40_000);
+    let mut current = random_buffers(&mut rng, &table);
+    let mut sender = Sender::new(table.clone(), config(1 << 16, 1000, CodecChoice::Auto)).unwrap();
+    let zeros = table
+        .slots()
+        .iter()
+        .map(|s| vec![0u8; s.nbytes() as usize])
+        .collect();
+    let mut plain = Receiver::with_state(table.clone(), OneAtATime(zeros), None).unwrap();
+    let mut owned = Receiver::new(table.clone());
+    for step in 0..4 {
+        if step > 0 {
+            for (slot, buf) in table.slots().iter().zip(current.iter_mut()) {
+                mutate(
+                    &mut rng,
+                    buf,
+                    slot.dtype.width(),
+                    [0.3, 0.02, 0.001][step - 1],
+                );
+            }
+        }
+        let mut frames = Vec::new();
+        let report = sender
+            .sync(&slices(&current), |f| {
+                frames.push(f);
+                Ok(())
+            })
+            .unwrap();
+        for f in &frames {
+            plain.receive(f).unwrap();
+            owned.receive(f).unwrap();
+        }
+        assert_eq!(plain.state_digest(), report.state_digest);
+        assert_eq!(plain.store().0, current, "step {step}");
+        assert_eq!(owned.store(), &current, "step {step}");
+    }
+}
