@@ -211,7 +211,13 @@ def build_model(cfg, device, seed: int, fp32_masters: bool = False):
     if fp32_masters:
         # The fp32 storages live on as the masters; the parameters get new BF16 storage.
         masters = [p.detach() for p in model.parameters()]
+        # Buffers (rotary inv_freq) are not synced and must stay as a BF16-built model has
+        # them (fp32): `.to()` would round them to BF16, and generation would differ from the
+        # receiver's for that reason alone.
+        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         model.to(torch.bfloat16)
+        for n, b in model.named_buffers():
+            b.data = buffers[n]
     model.eval()  # no dropout anywhere; eval keeps generation and training identical in mode
     for n, p in model.named_parameters():
         if p.dtype != torch.bfloat16 or not p.is_contiguous():
