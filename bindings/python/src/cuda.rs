@@ -294,6 +294,12 @@ impl NativeGpuSender {
     fn digests(&self) -> Vec<u64> {
         self.inner.digests().to_vec()
     }
+
+    /// Device bytes held besides the tensors (snapshot when owned, delta buffers).
+    #[getter]
+    fn staging_bytes(&self) -> u64 {
+        self.inner.staging_bytes()
+    }
 }
 
 /// The receiving side of the GPU sync (use `deltacast.cuda.GpuReceiver`).
@@ -322,14 +328,17 @@ impl NativeGpuReceiver {
 
     /// Receives and applies the next sync (after `stream`'s work); `None` when the sender
     /// closed.
+    #[pyo3(signature = (stream, idle_timeout_s=None))]
     fn receive<'py>(
         &mut self,
         py: Python<'py>,
         stream: u64,
+        idle_timeout_s: Option<f64>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let idle = idle_timeout_s.map(timeout).transpose()?;
         let inner = &mut self.inner;
         // SAFETY: `stream` is torch's current stream of this device (the wrapper's promise).
-        let r = py.detach(|| unsafe { inner.receive(stream) }).py()?;
+        let r = py.detach(|| unsafe { inner.receive(stream, idle) }).py()?;
         r.map(|r| report_dict(py, &r)).transpose()
     }
 

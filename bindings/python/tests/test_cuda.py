@@ -90,7 +90,9 @@ def _trainer(uid, queue, steps):
         reports.append(sender.sync())
     sender.close()
     torch.cuda.synchronize()
-    state = {n: p.detach().view(torch.int16).cpu() for n, p in model.named_parameters()}
+    # numpy arrays travel by value (torch tensors through a queue are shared by file
+    # descriptor, which dies with this process).
+    state = {n: p.detach().view(torch.int16).cpu().numpy() for n, p in model.named_parameters()}
     queue.put(("trainer", reports, state))
 
 
@@ -113,7 +115,7 @@ def _receiver(uid, queue):
     receiver.verify()
     peak_extra = receiver.staging_bytes
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    state = {n: p.detach().view(torch.int16).cpu() for n, p in model.named_parameters()}
+    state = {n: p.detach().view(torch.int16).cpu().numpy() for n, p in model.named_parameters()}
     queue.put(("receiver", reports, state, peak_extra, model_bytes))
 
 
@@ -148,6 +150,6 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical():
     assert [r["version"] for r in received] == list(range(1, steps + 2))
     assert truth.keys() == state.keys()
     for name in truth:
-        assert torch.equal(truth[name], state[name]), name
+        assert (truth[name] == state[name]).all(), name
     # No full-model copy on the receiver: its extra GPU memory stays well under the model.
     assert peak_extra < model_bytes / 2, (peak_extra, model_bytes)

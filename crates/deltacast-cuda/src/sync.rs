@@ -343,17 +343,38 @@ impl GpuSender {
         &self.gpu
     }
 
+    /// Device bytes this sender holds besides the tensors: the snapshot when allocated here,
+    /// the delta buffers (sized by `capacity`), the bitmap scratch and the packed positions.
+    pub fn staging_bytes(&self) -> u64 {
+        let owned: u64 = self
+            .snapshots
+            .iter()
+            .map(|s| match s {
+                Snapshot::Owned(b) => b.len() as u64,
+                Snapshot::Borrowed(_) => 0,
+            })
+            .sum();
+        owned
+            + [&self.positions, &self.values, &self.abs32, &self.bitmap]
+                .iter()
+                .map(|b| b.len() as u64)
+                .sum::<u64>()
+            + self.packed.len()
+            + self.manifest.len()
+    }
+
     /// Sends a seed (every tensor whole) and takes a fresh snapshot.
     ///
     /// # Safety
     /// `wait_stream` must be a live stream of the GPU's context, or 0.
     pub unsafe fn seed(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
         let started = Instant::now();
+        self.needs_seed = true;
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
         self.refresh_whole()?;
-        let report = self.send_whole(SyncKind::Seed, started, 0.0)?;
-        Ok(report)
+        let all = self.table.total_elements();
+        self.send_whole(SyncKind::Seed, all, started, 0.0)
     }
 
     /// Sends what changed since the last version (a seed first, when one is due).
@@ -366,6 +387,9 @@ impl GpuSender {
             return unsafe { self.seed(wait_stream) };
         }
         let started = Instant::now();
+        // Until this sync is acked, the receivers' state is unknown: a failure anywhere below
+        // leaves a seed due.
+        self.needs_seed = true;
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
         let inputs: Vec<DiffInput> = self
@@ -396,7 +420,7 @@ impl GpuSender {
             // More changed than the buffers hold: the snapshot is partly refreshed, so make
             // it whole and send everything.
             self.refresh_whole()?;
-            return self.send_whole(SyncKind::Dense, started, diff_ms);
+            return self.send_whole(SyncKind::Dense, diff.found, started, diff_ms);
         }
         let before = self.digests.clone();
         // SAFETY: our digest words.
@@ -472,7 +496,7 @@ impl GpuSender {
         if delta_bytes >= self.table.total_bytes() {
             // Dense wins: the snapshot and digests are already current (the diff was whole).
             self.digests = after;
-            return self.send_whole(SyncKind::Dense, started, diff_ms);
+            return self.send_whole(SyncKind::Dense, diff.found, started, diff_ms);
         }
         let packed = self.packed.at_least(&self.gpu, pos_bytes)?;
         let copies: Vec<_> = copies
@@ -593,6 +617,7 @@ impl GpuSender {
     fn send_whole(
         &mut self,
         kind: SyncKind,
+        changed: u64,
         started: Instant,
         diff_ms: f64,
     ) -> Result<GpuSyncReport> {
@@ -623,7 +648,7 @@ impl GpuSender {
         Ok(GpuSyncReport {
             kind,
             version: self.version,
-            changed: self.table.total_elements(),
+            changed,
             numel: self.table.total_elements(),
             payload_bytes: HEADER_BYTES as u64 + manifest.len() as u64 + self.table.total_bytes(),
             chunks: 0,
@@ -737,13 +762,19 @@ impl GpuReceiver {
         (HEADER_BYTES + 8) as u64 + self.manifest.len() + self.positions.len() + self.values.len()
     }
 
-    /// Receives and applies the next sync; `None` when the sender closed. A refused sync
+    /// Receives and applies the next sync; `None` when the sender closed. `idle_timeout`
+    /// bounds the wait for the sync to start (default: forever, as a training step may be
+    /// long); after it the communicator is aborted. A refused sync
     /// (digest, base version, checks) is acked as refused, applies nothing, and returns the
     /// error; protocol errors abort the communicator (peers fail too, never hang).
     ///
     /// # Safety
     /// `wait_stream` must be a live stream of the GPU's context, or 0.
-    pub unsafe fn receive(&mut self, wait_stream: u64) -> Result<Option<GpuSyncReport>> {
+    pub unsafe fn receive(
+        &mut self,
+        wait_stream: u64,
+        idle_timeout: Option<Duration>,
+    ) -> Result<Option<GpuSyncReport>> {
         let started = Instant::now();
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
@@ -759,9 +790,9 @@ impl GpuReceiver {
             )?
         };
         let done = self.gpu.record_done()?;
-        // Waiting for the next sync can take a whole training step: no timeout here.
-        self.comm
-            .wait(done, Duration::from_secs(u64::MAX / 4), "the next sync")?;
+        // Waiting for the next sync can take a whole training step: no timeout unless asked.
+        let idle = idle_timeout.unwrap_or(Duration::from_secs(u64::MAX / 4));
+        self.comm.wait(done, idle, "waiting for the next sync")?;
         // SAFETY: our header buffer, complete.
         let head = unsafe { self.gpu.download(self.header.ptr(), HEADER_BYTES)? };
         let header = match Header::decode(&head, &self.limits) {

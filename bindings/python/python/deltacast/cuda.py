@@ -82,6 +82,10 @@ class GpuSender:
     works; parameters are read through ``.data``). ``snapshots``: optional tensors of the
     same shapes and dtypes to hold the previous version (else allocated inside).
     ``capacity``: the fraction of all elements a delta may carry before the sync goes dense.
+
+    After every ``seed()`` / ``sync()``, refused ones included, the snapshot holds exactly the
+    tensors' bits at the time of the call (so code that lends ``snapshots`` can read the
+    previous version from them before the next sync).
     """
 
     def __init__(
@@ -134,6 +138,12 @@ class GpuSender:
         self._native.close()
 
     @property
+    def staging_bytes(self) -> int:
+        """Device bytes held besides the tensors: the snapshot when allocated here, the delta
+        buffers (``capacity``), the bitmap scratch, the packed positions."""
+        return self._native.staging_bytes
+
+    @property
     def version(self) -> int:
         return self._native.version
 
@@ -160,10 +170,12 @@ class GpuReceiver:
         specs, self._tensors = _specs(named, self.device)
         self._native = _native.NativeGpuReceiver(comm, specs, root, timeout_s)
 
-    def receive(self) -> Optional[dict]:
+    def receive(self, idle_timeout_s: Optional[float] = None) -> Optional[dict]:
         """Blocks for the next sync and applies it; ``None`` when the sender closed. Raises a
-        ``DeltacastError`` subclass when the sync was refused (nothing applied)."""
-        return self._native.receive(_stream(self.device))
+        ``DeltacastError`` subclass when the sync was refused (nothing applied), and
+        ``SyncTimeoutError`` when no sync started within ``idle_timeout_s`` (default: wait
+        for ever, a training step can be long)."""
+        return self._native.receive(_stream(self.device), idle_timeout_s)
 
     def verify(self) -> None:
         """Recomputes the digests of the weights held; raises ``DigestMismatchError`` when
