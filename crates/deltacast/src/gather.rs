@@ -127,6 +127,10 @@ pub struct RankSender {
     version: u64,
     needs_seed: bool,
     config: ShardedConfig,
+    /// Buffers kept from one delta to the next (their pages stay mapped): this rank's changes
+    /// of one parameter, and the same per slot.
+    scratch: Changes,
+    scratch_slots: Vec<Changes>,
 }
 
 impl RankSender {
@@ -154,6 +158,8 @@ impl RankSender {
             version: 0,
             needs_seed: true,
             config,
+            scratch: Changes::default(),
+            scratch_slots: Vec::new(),
         })
     }
 
@@ -271,7 +277,8 @@ impl RankSender {
                 vec![Vec::new(); (end_slot - first_slot) as usize];
             let mut row = vec![0u8; pieces.len() * MATRIX_CELL];
             for p in params.clone() {
-                let per_slot = self.changes_of(p, local[p], seed)?;
+                self.changes_of(p, local[p], seed)?;
+                let per_slot = std::mem::take(&mut self.scratch_slots);
                 let plan = &self.plans[p];
                 for (k, changes) in per_slot.iter().enumerate() {
                     let slot = plan.slot_ids().start + k as u32;
@@ -331,6 +338,7 @@ impl RankSender {
                     cell[16..24].copy_from_slice(&(if seed { 0 } else { base }).to_le_bytes());
                     cell[24..32].copy_from_slice(&new.to_le_bytes());
                 }
+                self.scratch_slots = per_slot;
             }
             let matrix = link.all_gather(&row)?;
             check_rows(&matrix, world, row.len(), "gather matrix")?;
@@ -449,6 +457,11 @@ impl RankSender {
         self.contrib = new_contrib;
         self.version = version;
         self.needs_seed = false;
+        if seed {
+            // A seed's buffers hold whole parameters: give them back.
+            self.scratch = Changes::default();
+            self.scratch_slots = Vec::new();
+        }
         let state_digest = if link.rank() == 0 {
             self.digests = records.iter().map(|r| r.new).collect();
             self.digests.iter().fold(0u64, |a, &d| a.wrapping_add(d))
@@ -490,23 +503,22 @@ impl RankSender {
 
     /// The changes of parameter `p` per slot, refreshing the snapshot. A seed carries every
     /// element of the local piece.
-    fn changes_of(&mut self, p: usize, current: &[u8], seed: bool) -> Result<Vec<Changes>> {
+    fn changes_of(&mut self, p: usize, current: &[u8], seed: bool) -> Result<()> {
         let plan = &self.plans[p];
         let width = width_of(&self.map, plan);
-        let mut local = Changes::default();
+        let local = &mut self.scratch;
+        local.clear();
         if seed {
             self.snapshots[p].copy_from_slice(current);
             if !plan.is_replica() {
-                local.positions = (0..plan.block().numel()).collect();
-                local.old_values = current.to_vec();
-                local.new_values = current.to_vec();
+                local.positions.extend(0..plan.block().numel());
+                local.old_values.extend_from_slice(current);
+                local.new_values.extend_from_slice(current);
             }
         } else {
-            diff_and_refresh(&mut self.snapshots[p], current, width, 0, &mut local);
+            diff_and_refresh(&mut self.snapshots[p], current, width, 0, local);
         }
-        let mut per_slot = Vec::new();
-        plan.convert(&local, &mut per_slot)?;
-        Ok(per_slot)
+        plan.convert(local, &mut self.scratch_slots)
     }
 }
 
