@@ -5,6 +5,7 @@ mod demo;
 mod files;
 mod output;
 mod processes;
+mod soak;
 mod stats;
 mod synthetic;
 
@@ -79,6 +80,8 @@ enum Command {
         #[command(subcommand)]
         role: processes::WorkerRole,
     },
+    /// One trainer and N receivers over loopback for many syncs with random faults (drops, corruption, restarts, tampering, slow readers); reports recovery and memory.
+    Soak(soak::SoakArgs),
     /// Show a .dcast file: frame headers, manifest summary, codecs, sizes.
     Inspect {
         file: PathBuf,
@@ -168,6 +171,7 @@ fn main() {
         Command::Inspect { file, chunks, json } => files::inspect(&file, chunks, json),
         Command::Worker { role } => processes::worker(role),
         Command::Bench(args) => bench::run(args),
+        Command::Soak(args) => soak::run(args),
         Command::BenchWorker { role } => bench::worker::run(role),
         Command::Stats {
             old,
