@@ -212,7 +212,7 @@ fn receiver_thread(
     let mut checkpoint: Option<(Vec<Vec<u8>>, u64)> = None;
     loop {
         let ev = client
-            .next()
+            .next_event()
             .with_context(|| format!("receiver {i}: cannot reach the trainer"))?;
         match ev {
             ClientEvent::Closed { .. } => return Ok(client.into_receiver()),

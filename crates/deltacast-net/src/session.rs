@@ -631,7 +631,7 @@ fn stream(
     Ok(())
 }
 
-/// What [`SyncClient::next`] saw.
+/// What [`SyncClient::next_event`] saw.
 #[derive(Debug)]
 pub enum ClientEvent {
     /// Connected (or reconnected) and said hello with this state. `diverged`: memory no
@@ -676,7 +676,7 @@ pub struct SyncClient<S: SlotStore = Vec<Vec<u8>>> {
 }
 
 impl<S: SlotStore> SyncClient<S> {
-    /// A client of the server at `server`; it connects on the first [`next`](Self::next).
+    /// A client of the server at `server`; it connects on the first [`next_event`](Self::next_event).
     pub fn new(
         server: SocketAddr,
         net: NetConfig,
@@ -776,7 +776,7 @@ impl<S: SlotStore> SyncClient<S> {
 
     /// Runs until something happens: connects if needed (retrying up to `connect_timeout`),
     /// then takes frames until a sync is applied or rejected, or the link fails.
-    pub fn next(&mut self) -> Result<ClientEvent, SessionError> {
+    pub fn next_event(&mut self) -> Result<ClientEvent, SessionError> {
         loop {
             let Some(link) = self.link.as_mut() else {
                 return self.connect();
@@ -824,7 +824,8 @@ impl<S: SlotStore> SyncClient<S> {
     /// Acks an applied sync, with the digest of memory when this one is checked.
     fn applied(&mut self, outcome: SyncOutcome) -> ClientEvent {
         self.applied += 1;
-        let check = self.verify_every > 0 && self.applied % u64::from(self.verify_every) == 0;
+        let check =
+            self.verify_every > 0 && self.applied.is_multiple_of(u64::from(self.verify_every));
         let (digest, diverged) = if check {
             self.memory_digest()
         } else {

@@ -113,7 +113,7 @@ type Hook = Box<dyn FnMut(&mut SyncClient, &ClientEvent) -> Option<SyncClient> +
 fn run_client(mut c: SyncClient, mut hook: Hook) -> (Vec<Seen>, Receiver) {
     let mut log = Vec::new();
     loop {
-        let ev = c.next().expect("client");
+        let ev = c.next_event().expect("client");
         let r = c.receiver();
         let (what, kind) = match &ev {
             ClientEvent::Connected { diverged, .. } => {
@@ -259,7 +259,7 @@ fn corrupted_flush_rejects_the_whole_sync_and_it_is_sent_again() {
         "{r2:?}"
     );
 
-    // A corrupted seed (a restart of the whole model) is rejected and sent again too.
+    // A corrupted first flush: rejected at once, the rest of the sync skipped, sent again.
     step(&mut w, &mut rng);
     proxy.inject(Fault::Corrupt {
         after: 0,
