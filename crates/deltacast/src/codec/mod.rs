@@ -298,16 +298,10 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     // Dense chunks: code the few unchanged elements instead, when strictly smaller.
     let holes_count = range as usize - rel.len();
     if holes_count < rel.len() && gaps::min_len(holes_count) < best {
-        // `complement(rel, range)`, a run at a time.
-        let mut holes = Vec::with_capacity(holes_count);
-        let mut next = 0;
-        for &p in rel {
-            holes.extend(next..p);
-            next = p + 1;
-        }
-        holes.extend(next..range);
-        let (dir, len) = gaps::directory(&holes, range);
+        // Sized from the runs between positions; the holes are listed only if they win.
+        let (dir, len) = gaps::holes_directory(rel, range);
         if len < best {
+            let holes = complement(rel, range);
             out.clear();
             gaps::encode_with(&holes, range, &dir, &mut out);
             return (PosCodec::Holes, out);
