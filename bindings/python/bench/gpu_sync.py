@@ -612,7 +612,8 @@ def run_rank(rank: int, args, port: int):
                         "changed": info.get("changed"), "numel": info.get("numel", numel),
                         "wire_bytes": info.get("payload_bytes"),
                         "chunks": info.get("chunks"), "diff_ms": info.get("diff_ms"),
-                        "deltacast_time_ms": info.get("time_ms")})
+                        "deltacast_time_ms": info.get("time_ms"),
+                        "phases_ms": info.get("phases_ms")})
             if info.get("changed") is not None:
                 row["changed_ratio"] = info["changed"] / numel
         return row

@@ -218,6 +218,11 @@ fn report_dict<'py>(py: Python<'py>, r: &GpuSyncReport) -> PyResult<Bound<'py, P
     d.set_item("chunks", r.chunks)?;
     d.set_item("time_ms", r.time_ms)?;
     d.set_item("diff_ms", r.diff_ms)?;
+    let phases = PyDict::new(py);
+    for (name, ms) in &r.phases {
+        phases.set_item(*name, *ms)?;
+    }
+    d.set_item("phases_ms", phases)?;
     Ok(d)
 }
 

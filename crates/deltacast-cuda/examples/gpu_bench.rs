@@ -120,10 +120,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
         // SAFETY: `cur_d` is `bytes` long.
         unsafe { gpu.copy_to_device(cur_d.ptr(), &host_cur)? };
-        let mut configs: Vec<(&Gpu, String, bool, usize)> = vec![
-            (&gpu, "1 tensor, new bits".into(), false, 1),
-            (&gpu, "1 tensor, new+old bits, digest".into(), true, 1),
-            (&gpu, "339 tensors, new+old, digest".into(), true, 339),
+        // (gpu, label, old bits + digest, pieces, two-pass diff with digest); the last one
+        // writes old bits, for the check below.
+        let mut configs: Vec<(&Gpu, String, bool, usize, bool)> = vec![
+            (
+                &gpu,
+                "two-pass, 1 tensor, new bits, digest".into(),
+                false,
+                1,
+                true,
+            ),
+            (
+                &gpu,
+                "two-pass, 339 tensors, new, digest".into(),
+                false,
+                339,
+                true,
+            ),
+            (&gpu, "1 tensor, new bits".into(), false, 1, false),
+            (
+                &gpu,
+                "1 tensor, new+old bits, digest".into(),
+                true,
+                1,
+                false,
+            ),
+            (
+                &gpu,
+                "339 tensors, new+old, digest".into(),
+                true,
+                339,
+                false,
+            ),
         ];
         for v in &variants {
             let t = v.tuning();
@@ -131,10 +159,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "{},{},{},{}",
                 t.items, t.min_blocks, t.reload as u32, t.wide_lookback as u32
             );
-            configs.push((v, format!("[{name}] 1 tensor, new bits"), false, 1));
-            configs.push((v, format!("[{name}] 1 tensor, new+old, digest"), true, 1));
+            configs.push((v, format!("[{name}] 1 tensor, new bits"), false, 1, false));
+            configs.push((
+                v,
+                format!("[{name}] 1 tensor, new+old, digest"),
+                true,
+                1,
+                false,
+            ));
         }
-        for (g, label, with_old, pieces) in configs {
+        for (g, label, with_old, pieces, two_pass) in configs {
             let label = label.as_str();
             let mut times = Vec::new();
             let mut found = 0;
@@ -153,7 +187,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             numel: n as u64,
                             width: 2,
                             first_index: first as u64,
-                            digest: with_old.then_some((dig_d.ptr(), 0)),
+                            digest: (with_old || two_pass).then_some((dig_d.ptr(), 0)),
                         }
                     })
                     .collect();
@@ -164,7 +198,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     capacity: cap as u64,
                 };
                 // SAFETY: all inside the buffers above.
-                let res = unsafe { g.diff_batch(&inputs, &out)? };
+                let res = if two_pass {
+                    unsafe { g.diff_batch_refreshing(&inputs, &out)? }
+                } else {
+                    unsafe { g.diff_batch(&inputs, &out)? }
+                };
                 assert!(res.is_complete());
                 found = res.found;
                 if r >= 2 {

@@ -79,3 +79,32 @@ __device__ __forceinline__ u32 dc_block_exclusive_scan(u32 v, u32* scratch, u32*
     *total = all;
     return before + incl - v;
 }
+
+// 16-byte vectors of elements (the diff kernels).
+// Bit e set when element e of the 16 bytes differs.
+__device__ __forceinline__ u32 dc_change_mask(uint4 a, uint4 b, u32 w) {
+    const u32 x[4] = {a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w};
+    u32 m = 0;
+    if (w == 4) {
+        for (u32 k = 0; k < 4; ++k) m |= (x[k] != 0) << k;
+    } else if (w == 2) {
+        for (u32 k = 0; k < 4; ++k) m |= (((x[k] & 0xffffu) != 0) | (((x[k] >> 16) != 0) << 1)) << (2 * k);
+    } else {
+        for (u32 k = 0; k < 4; ++k)
+            for (u32 b = 0; b < 4; ++b) m |= (((x[k] >> (8 * b)) & 0xffu) != 0) << (4 * k + b);
+    }
+    return m;
+}
+
+__device__ __forceinline__ u32 dc_word(uint4 v, u32 k) {
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+// Bits of element e (width w) inside a 16-byte vector.
+__device__ __forceinline__ u32 dc_extract(uint4 v, u32 e, u32 w) {
+    const u32 byte = e * w;
+    const u32 word = dc_word(v, byte >> 2);
+    if (w == 4) return word;
+    const u32 sh = 8 * (byte & 3);
+    return w == 2 ? (word >> sh) & 0xffffu : (word >> sh) & 0xffu;
+}

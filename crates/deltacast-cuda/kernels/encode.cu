@@ -70,3 +70,38 @@ extern "C" __global__ void dc_encode_cells(const EncodeCell* __restrict__ cells,
         __syncthreads();  // shared values are rewritten for the next cell
     }
 }
+
+// Writes each chunk's chosen position section straight into the packed positions of a GPU
+// sync (after a counting run of dc_encode_cells with no outputs gave lo, count, start, range):
+// abs32 (codec 1) as u32 relative positions, bitmap (codec 3) as ceil(range / 32) u32 words,
+// zeroed first by the same block. One block per chunk, grid-stride.
+struct PlaceCell {
+    u64 lo;     // index of the chunk's first change in pos[]
+    u64 count;
+    u64 start;
+    u64 range;
+    u64 dst;    // 4-byte aligned, room for the section rounded up to whole u32 words
+    u32 codec;  // 1 abs32, 3 bitmap
+    u32 pad;
+};
+
+extern "C" __global__ void dc_encode_place(const PlaceCell* __restrict__ cells, u64 num_cells,
+                                           const u64* __restrict__ pos) {
+    for (u64 c = blockIdx.x; c < num_cells; c += gridDim.x) {
+        const PlaceCell p = cells[c];
+        u32* out = (u32*)p.dst;
+        if (p.codec == 3) {
+            const u64 words = (p.range + 31) >> 5;
+            for (u64 k = threadIdx.x; k < words; k += blockDim.x) out[k] = 0;
+            __syncthreads();
+            for (u64 k = threadIdx.x; k < p.count; k += blockDim.x) {
+                const u32 rel = (u32)(pos[p.lo + k] - p.start);
+                atomicOr(&out[rel >> 5], 1u << (rel & 31));
+            }
+        } else {
+            for (u64 k = threadIdx.x; k < p.count; k += blockDim.x)
+                out[k] = (u32)(pos[p.lo + k] - p.start);
+        }
+        __syncthreads();  // the next chunk's zeroing must not race this one's bits
+    }
+}

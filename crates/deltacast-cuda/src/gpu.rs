@@ -20,6 +20,10 @@ use crate::{
 };
 
 const DIFF_THREADS: u32 = 256;
+/// Tile of the two-pass diff (kernels/diffmask.cu: 256 threads × 4 vectors of 16 bytes).
+const MASK_TILE_BYTES: u64 = 256 * 4 * 16;
+/// Tiles per group of its first scan level.
+const MASK_GROUP: u64 = 2048;
 /// Elements per digest block (kernels/digest.cu).
 const DIGEST_BLOCK_ELEMS: u64 = 256 * 32;
 const THREADS: u32 = 256;
@@ -103,10 +107,14 @@ struct KUpdateSeg {
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-struct KPackCopy {
-    src: u64,
+struct KPlaceCell {
+    lo: u64,
+    count: u64,
+    start: u64,
+    range: u64,
     dst: u64,
-    words: u64,
+    codec: u32,
+    pad: u32,
 }
 
 /// Runs `f`, turning a panic inside cudarc (missing library or symbol) into an error.
@@ -360,6 +368,8 @@ pub struct Gpu {
     tuning: DiffTuning,
     sm_count: u32,
     scratch: Mutex<Scratch>,
+    /// Change masks of the two-pass diff (1/8 of the bytes diffed).
+    masks: Mutex<Scratch>,
 }
 
 // SAFETY: handles of the driver API, which is thread-safe; the mutable scratch is behind a
@@ -369,9 +379,18 @@ unsafe impl Sync for Gpu {}
 
 /// The kernels of each file.
 const KERNEL_NAMES: &[(&str, &[&str])] = &[
-    ("pack", &["dc_pack_words"]),
+    (
+        "diffmask",
+        &[
+            "dc_mask",
+            "dc_mask_scan_tiles",
+            "dc_mask_scan_groups",
+            "dc_mask_emit",
+            "dc_mask_finish",
+        ],
+    ),
     ("diff", &["dc_diff", "dc_diff_finish"]),
-    ("encode", &["dc_encode_cells"]),
+    ("encode", &["dc_encode_cells", "dc_encode_place"]),
     ("apply", &["dc_apply_check", "dc_apply_scatter"]),
     ("digest", &["dc_digest", "dc_digest_update"]),
 ];
@@ -424,6 +443,7 @@ impl Gpu {
                 tuning,
                 sm_count,
                 scratch: Mutex::new(Scratch { buf: None }),
+                masks: Mutex::new(Scratch { buf: None }),
             };
             gpu.bind()?;
             gpu.stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
@@ -543,41 +563,6 @@ impl Gpu {
             unsafe { cu::event::record(self.done_event, self.stream) }
                 .map_err(drv("cuEventRecord"))?;
             Ok(self.done_event as u64)
-        })
-    }
-
-    /// Copies many runs of 4-byte words in one launch: `(src, dst, words)` each (enqueued).
-    ///
-    /// # Safety
-    /// Every `src` and `dst` must be 4-byte aligned device memory valid for `words * 4`
-    /// bytes; destinations must not overlap sources or each other.
-    pub unsafe fn pack_words(&self, copies: &[(DevicePtr, DevicePtr, u64)]) -> Result<()> {
-        guarded(|| {
-            self.bind()?;
-            let table: Vec<KPackCopy> = copies
-                .iter()
-                .filter(|c| c.2 > 0)
-                .map(|&(src, dst, words)| KPackCopy { src, dst, words })
-                .collect();
-            if table.is_empty() {
-                return Ok(());
-            }
-            if table.iter().any(|c| (c.src | c.dst) % 4 != 0) {
-                return Err(CudaError::InvalidArgument(
-                    "pack_words: unaligned copy".into(),
-                ));
-            }
-            let len = table.len() * std::mem::size_of::<KPackCopy>();
-            let (_guard, base) = self.scratch(len)?;
-            self.upload_typed(base, &table)?;
-            self.launch(
-                "dc_pack_words",
-                (table.len() as u64).min(MAX_GRID),
-                THREADS,
-                Args::new().push(base).push(table.len() as u64),
-            )?;
-            // The scratch table must outlive the kernel: hold the guard until it has run.
-            self.sync()
         })
     }
 
@@ -806,60 +791,7 @@ impl Gpu {
             if n == 0 {
                 return Ok(DiffResult::default());
             }
-            if n >= u32::MAX as usize {
-                return Err(CudaError::InvalidArgument("too many tensors".into()));
-            }
-            for (i, t) in inputs.iter().enumerate() {
-                if !matches!(t.width, 1 | 2 | 4) {
-                    return Err(CudaError::InvalidArgument(format!(
-                        "tensor {i}: width {} (1, 2 or 4)",
-                        t.width
-                    )));
-                }
-                let w = t.width as u64;
-                if t.numel.checked_mul(w).is_none() || t.first_index.checked_add(t.numel).is_none()
-                {
-                    return Err(CudaError::InvalidArgument(format!(
-                        "tensor {i}: size overflows"
-                    )));
-                }
-                if t.numel > 0 && (t.snapshot % w != 0 || t.current % w != 0) {
-                    return Err(CudaError::InvalidArgument(format!(
-                        "tensor {i}: pointers not aligned to the element width {w}"
-                    )));
-                }
-            }
-            // Non-decreasing width, so value ranges at g * width never overlap.
-            let mut order: Vec<usize> = (0..n).collect();
-            order.sort_by_key(|&i| inputs[i].width);
-            let mut table = Vec::with_capacity(n);
-            let mut tiles = 0u64;
-            for &i in &order {
-                let t = &inputs[i];
-                let nbytes = t.numel * t.width as u64;
-                let (digest_out, salt) = match t.digest {
-                    Some((ptr, slot)) => (ptr, slot_salt(slot)),
-                    None => (0, 0),
-                };
-                table.push(KDiffTensor {
-                    snap: t.snapshot,
-                    cur: t.current,
-                    nbytes,
-                    first_index: t.first_index,
-                    tile_begin: tiles,
-                    digest_out,
-                    salt,
-                    width: t.width as u32,
-                    aligned16: (t.snapshot | t.current).is_multiple_of(16) as u32,
-                });
-                tiles += nbytes.div_ceil(self.tuning.tile_bytes());
-            }
-            if tiles >= (1 << 31) {
-                return Err(CudaError::InvalidArgument(format!(
-                    "batch of {tiles} tiles; split it (at most 2^31 tiles of {} B)",
-                    self.tuning.tile_bytes()
-                )));
-            }
+            let (order, table, tiles) = diff_table(inputs, self.tuning.tile_bytes())?;
             // Scratch: [counter 8][status tiles*8][table n*64][result (3n+2)*8].
             let status_off = 8u64;
             let table_off = status_off + tiles * 8;
@@ -906,23 +838,129 @@ impl Gpu {
             // SAFETY: both events were recorded and the stream synchronised.
             let kernel_ms = unsafe { cu::event::elapsed(start, self.events.1) }
                 .map_err(drv("cuEventElapsedTime"))?;
-            let mut tensors = vec![DiffTensorResult::default(); n];
-            for (k, &i) in order.iter().enumerate() {
-                let offset = raw[3 * k];
-                tensors[i] = DiffTensorResult {
-                    offset,
-                    written: raw[3 * k + 1],
-                    found: raw[3 * k + 2],
-                    value_offset: offset * inputs[i].width as u64,
-                };
-            }
-            Ok(DiffResult {
-                tensors,
-                found: raw[3 * n],
-                written: raw[3 * n + 1],
-                kernel_ms,
-            })
+            Ok(diff_results(inputs, &order, &raw, kernel_ms))
         })
+    }
+
+    /// The two-pass diff (kernels/diffmask.cu): the same outputs as [`Gpu::diff_batch`]
+    /// without old bits, but every pass streams with no block waiting on another. Differs in
+    /// one point: the snapshot and the digest words are refreshed for every change found, also
+    /// when the output is too small (then only a prefix of whole tiles is written, and the
+    /// caller must send the tensors whole: the diff cannot be resumed).
+    ///
+    /// # Safety
+    /// As [`Gpu::diff_batch`].
+    pub unsafe fn diff_batch_refreshing(
+        &self,
+        inputs: &[DiffInput],
+        out: &DiffOutput,
+    ) -> Result<DiffResult> {
+        guarded(|| {
+            self.bind()?;
+            let n = inputs.len();
+            if n == 0 {
+                return Ok(DiffResult::default());
+            }
+            if out.old_values.is_some() {
+                return Err(CudaError::InvalidArgument(
+                    "the two-pass diff writes no old bits (use diff_batch)".into(),
+                ));
+            }
+            let (order, table, tiles) = diff_table(inputs, MASK_TILE_BYTES)?;
+            let groups = tiles.div_ceil(MASK_GROUP);
+            // Scratch: [table n*64][tile counts tiles*4][tile offsets tiles*4]
+            //          [group sums (groups+1)*8][result (3n+2)*8], each 8-aligned.
+            let table_len = (n * std::mem::size_of::<KDiffTensor>()) as u64;
+            let counts_off = table_len;
+            let offsets_off = counts_off + (tiles * 4).next_multiple_of(8);
+            let groups_off = offsets_off + (tiles * 4).next_multiple_of(8);
+            let result_off = groups_off + (groups + 1) * 8;
+            let len = result_off + (3 * n as u64 + 2) * 8;
+            let (_guard, base) = self.scratch(len as usize)?;
+            let masks = self.masks(tiles * MASK_TILE_BYTES / 16 * 2)?;
+            self.upload_typed(base, &table)?;
+            let start = self.events.0;
+            // SAFETY: our event and stream.
+            unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
+            self.launch(
+                "dc_mask",
+                tiles,
+                DIFF_THREADS,
+                Args::new()
+                    .push(base)
+                    .push(n as u64)
+                    .push(tiles)
+                    .push(masks.1)
+                    .push(base + counts_off),
+            )?;
+            self.launch(
+                "dc_mask_scan_tiles",
+                groups,
+                DIFF_THREADS,
+                Args::new()
+                    .push(base + counts_off)
+                    .push(tiles)
+                    .push(base + offsets_off)
+                    .push(base + groups_off),
+            )?;
+            self.launch(
+                "dc_mask_scan_groups",
+                1,
+                1024,
+                Args::new().push(base + groups_off).push(groups),
+            )?;
+            self.launch(
+                "dc_mask_emit",
+                tiles,
+                DIFF_THREADS,
+                Args::new()
+                    .push(base)
+                    .push(n as u64)
+                    .push(tiles)
+                    .push(masks.1)
+                    .push(base + counts_off)
+                    .push(base + offsets_off)
+                    .push(base + groups_off)
+                    .push(out.capacity)
+                    .push(out.positions)
+                    .push(out.new_values),
+            )?;
+            self.launch(
+                "dc_mask_finish",
+                (n as u64).div_ceil(THREADS as u64).min(MAX_GRID),
+                THREADS,
+                Args::new()
+                    .push(base)
+                    .push(n as u64)
+                    .push(base + offsets_off)
+                    .push(base + groups_off)
+                    .push(tiles)
+                    .push(out.capacity)
+                    .push(base + result_off),
+            )?;
+            // SAFETY: our event and stream.
+            unsafe { cu::event::record(self.events.1, self.stream) }
+                .map_err(drv("cuEventRecord"))?;
+            let raw: Vec<u64> = self.download_typed(base + result_off, 3 * n + 2)?;
+            drop(masks);
+            // SAFETY: both events were recorded and the stream synchronised.
+            let kernel_ms = unsafe { cu::event::elapsed(start, self.events.1) }
+                .map_err(drv("cuEventElapsedTime"))?;
+            Ok(diff_results(inputs, &order, &raw, kernel_ms))
+        })
+    }
+
+    /// The change-mask buffer of the two-pass diff, at least `len` bytes, valid until the
+    /// guard drops (sized to what is asked, not a power of two: it is large).
+    fn masks(&self, len: u64) -> Result<(std::sync::MutexGuard<'_, Scratch>, DevicePtr)> {
+        let mut m = self.masks.lock().unwrap_or_else(PoisonError::into_inner);
+        let len = (len.max(256) as usize).next_multiple_of(1 << 20);
+        if m.buf.as_ref().is_none_or(|b| b.len() < len) {
+            m.buf = None;
+            m.buf = Some(self.alloc(len)?);
+        }
+        let ptr = m.buf.as_ref().map(|b| b.ptr()).unwrap_or(0);
+        Ok((m, ptr))
     }
 
     /// Bytes the bitmap buffer of [`Gpu::encode_positions`] needs for these inputs.
@@ -1012,6 +1050,66 @@ impl Gpu {
                 }
             }
             Ok(chunks)
+        })
+    }
+
+    /// Writes each chunk's position section, in the codec chosen for it, at `dst` (abs32:
+    /// `count` u32; bitmap: `ceil(range / 32)` u32 words, zeroed here first), from the sorted
+    /// positions at `positions` (u64). The chunks are what [`Gpu::encode_positions`] returned
+    /// (run with no outputs, it only counts). Synchronises once.
+    ///
+    /// # Safety
+    /// `positions` must hold every chunk's changes; each `dst` must be 4-byte aligned device
+    /// memory with room for its section rounded up to whole words, disjoint from the others.
+    pub unsafe fn encode_place(
+        &self,
+        positions: DevicePtr,
+        chunks: &[(GridChunk, ApplyPositions, DevicePtr)],
+    ) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            let mut table = Vec::with_capacity(chunks.len());
+            for (c, codec, dst) in chunks {
+                if dst % 4 != 0 || c.count == 0 || c.range == 0 || c.range > u32::MAX as u64 {
+                    return Err(CudaError::InvalidArgument(
+                        "encode_place: unaligned output or empty chunk".into(),
+                    ));
+                }
+                let codec = match codec {
+                    ApplyPositions::Abs32 => 1,
+                    ApplyPositions::Bitmap => 3,
+                    ApplyPositions::All => {
+                        return Err(CudaError::InvalidArgument(
+                            "encode_place: `all` has no position section".into(),
+                        ))
+                    }
+                };
+                table.push(KPlaceCell {
+                    lo: c.lo,
+                    count: c.count,
+                    start: c.start,
+                    range: c.range,
+                    dst: *dst,
+                    codec,
+                    pad: 0,
+                });
+            }
+            if table.is_empty() {
+                return Ok(());
+            }
+            let len = table.len() * std::mem::size_of::<KPlaceCell>();
+            let (_guard, base) = self.scratch(len)?;
+            self.upload_typed(base, &table)?;
+            self.launch(
+                "dc_encode_place",
+                (table.len() as u64).min(MAX_GRID),
+                THREADS,
+                Args::new()
+                    .push(base)
+                    .push(table.len() as u64)
+                    .push(positions),
+            )?;
+            self.sync()
         })
     }
 
@@ -1267,6 +1365,10 @@ impl Drop for Gpu {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .buf = None;
+                self.masks
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .buf = None;
                 for &m in &self.modules {
                     let _ = cu::module::unload(m);
                 }
@@ -1285,6 +1387,89 @@ impl Drop for Gpu {
             }
             Ok(())
         });
+    }
+}
+
+/// Checks a diff batch and builds the kernel table: tensors ordered by non-decreasing width
+/// (so value ranges at `g * width` never overlap), tiles numbered globally. Returns (order,
+/// table, number of tiles).
+fn diff_table(
+    inputs: &[DiffInput],
+    tile_bytes: u64,
+) -> Result<(Vec<usize>, Vec<KDiffTensor>, u64)> {
+    let n = inputs.len();
+    if n >= u32::MAX as usize {
+        return Err(CudaError::InvalidArgument("too many tensors".into()));
+    }
+    for (i, t) in inputs.iter().enumerate() {
+        if !matches!(t.width, 1 | 2 | 4) {
+            return Err(CudaError::InvalidArgument(format!(
+                "tensor {i}: width {} (1, 2 or 4)",
+                t.width
+            )));
+        }
+        let w = t.width as u64;
+        if t.numel.checked_mul(w).is_none() || t.first_index.checked_add(t.numel).is_none() {
+            return Err(CudaError::InvalidArgument(format!(
+                "tensor {i}: size overflows"
+            )));
+        }
+        if t.numel > 0 && (t.snapshot % w != 0 || t.current % w != 0) {
+            return Err(CudaError::InvalidArgument(format!(
+                "tensor {i}: pointers not aligned to the element width {w}"
+            )));
+        }
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| inputs[i].width);
+    let mut table = Vec::with_capacity(n);
+    let mut tiles = 0u64;
+    for &i in &order {
+        let t = &inputs[i];
+        let nbytes = t.numel * t.width as u64;
+        let (digest_out, salt) = match t.digest {
+            Some((ptr, slot)) => (ptr, slot_salt(slot)),
+            None => (0, 0),
+        };
+        table.push(KDiffTensor {
+            snap: t.snapshot,
+            cur: t.current,
+            nbytes,
+            first_index: t.first_index,
+            tile_begin: tiles,
+            digest_out,
+            salt,
+            width: t.width as u32,
+            aligned16: (t.snapshot | t.current).is_multiple_of(16) as u32,
+        });
+        tiles += nbytes.div_ceil(tile_bytes);
+    }
+    if tiles >= (1 << 31) {
+        return Err(CudaError::InvalidArgument(format!(
+            "batch of {tiles} tiles; split it (at most 2^31 tiles of {tile_bytes} B)"
+        )));
+    }
+    Ok((order, table, tiles))
+}
+
+/// The per-tensor results of a diff, from the finishing kernel's words, in input order.
+fn diff_results(inputs: &[DiffInput], order: &[usize], raw: &[u64], kernel_ms: f32) -> DiffResult {
+    let n = inputs.len();
+    let mut tensors = vec![DiffTensorResult::default(); n];
+    for (k, &i) in order.iter().enumerate() {
+        let offset = raw[3 * k];
+        tensors[i] = DiffTensorResult {
+            offset,
+            written: raw[3 * k + 1],
+            found: raw[3 * k + 2],
+            value_offset: offset * inputs[i].width as u64,
+        };
+    }
+    DiffResult {
+        tensors,
+        found: raw[3 * n],
+        written: raw[3 * n + 1],
+        kernel_ms,
     }
 }
 

@@ -68,10 +68,10 @@ pub const PRELUDE: &str = include_str!("../kernels/common.cuh");
 /// Every kernel source file: (name, CUDA C source without the prelude).
 pub const KERNELS: &[(&str, &str)] = &[
     ("diff", include_str!("../kernels/diff.cu")),
+    ("diffmask", include_str!("../kernels/diffmask.cu")),
     ("encode", include_str!("../kernels/encode.cu")),
     ("apply", include_str!("../kernels/apply.cu")),
     ("digest", include_str!("../kernels/digest.cu")),
-    ("pack", include_str!("../kernels/pack.cu")),
 ];
 
 /// The full program NVRTC compiles for kernel file `name` (prelude + source).
@@ -371,7 +371,7 @@ mod tests {
             "struct ApplyChunk",
             "struct DigestTensor",
             "struct UpdateSeg",
-            "struct PackCopy",
+            "struct PlaceCell",
         ] {
             assert!(src.contains(name), "{name}");
         }

@@ -508,7 +508,8 @@ mod tests {
     fn manifests_out_of_bounds_are_refused() {
         let (h, m) = delta();
         let t = limits();
-        let cases: Vec<(&str, Box<dyn Fn(&mut Manifest)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut Manifest)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             ("slot", Box::new(|m| m.chunks[2].slot = 2)),
             ("beyond slot", Box::new(|m| m.chunks[2].range = 78)),
             ("count > range", Box::new(|m| m.chunks[0].count = 501)),

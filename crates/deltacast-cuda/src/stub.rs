@@ -138,6 +138,14 @@ impl Gpu {
         match self.never {}
     }
 
+    pub unsafe fn diff_batch_refreshing(
+        &self,
+        inputs: &[DiffInput],
+        out: &DiffOutput,
+    ) -> Result<DiffResult> {
+        match self.never {}
+    }
+
     pub fn bitmap_bytes(inputs: &[EncodeInput], chunk_elems: u64) -> u64 {
         0
     }
@@ -150,6 +158,14 @@ impl Gpu {
         abs32_out: Option<DevicePtr>,
         bitmap_out: Option<DevicePtr>,
     ) -> Result<Vec<GridChunk>> {
+        match self.never {}
+    }
+
+    pub unsafe fn encode_place(
+        &self,
+        positions: DevicePtr,
+        chunks: &[(GridChunk, crate::ApplyPositions, DevicePtr)],
+    ) -> Result<()> {
         match self.never {}
     }
 

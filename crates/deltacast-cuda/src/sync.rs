@@ -89,6 +89,21 @@ pub struct GpuSyncReport {
     pub time_ms: f64,
     /// Device time of the diff kernels (senders; 0 for receivers and seeds).
     pub diff_ms: f64,
+    /// Wall time of each phase, in order (sender: diff, encode, send+ack; receiver: wait,
+    /// manifest, payload, apply, ack), in milliseconds.
+    pub phases: Vec<(&'static str, f64)>,
+}
+
+/// Phase end times (since the start) into phase durations.
+fn cumulative_to_spans(ends: Vec<(&'static str, f64)>) -> Vec<(&'static str, f64)> {
+    let mut last = 0.0;
+    ends.into_iter()
+        .map(|(name, end)| {
+            let span = end - last;
+            last = end;
+            (name, span)
+        })
+        .collect()
 }
 
 /// Where a snapshot lives: allocated here, or memory the caller lends (e.g. a torch tensor,
@@ -229,8 +244,6 @@ pub struct GpuSender {
     capacity: u64,
     positions: DeviceBuffer,
     values: DeviceBuffer,
-    abs32: DeviceBuffer,
-    bitmap: DeviceBuffer,
     packed: Growable,
     header: DeviceBuffer,
     manifest: Growable,
@@ -291,22 +304,10 @@ impl GpuSender {
         let total = table.total_elements();
         let capacity = ((total as f64 * config.capacity).ceil() as u64).clamp(1, total.max(1));
         let max_width = tensors.iter().map(|t| t.dtype.width()).max().unwrap_or(1) as u64;
-        let encode_inputs: Vec<EncodeInput> = tensors
-            .iter()
-            .map(|t| EncodeInput {
-                change_offset: 0,
-                change_count: 1,
-                first_index: 0,
-                numel: t.numel(),
-            })
-            .collect();
-        let bitmap_len = Gpu::bitmap_bytes(&encode_inputs, config.chunk_elems);
         let n = tensors.len();
         Ok(GpuSender {
             positions: gpu.alloc((capacity * 8) as usize)?,
             values: gpu.alloc((capacity * max_width).next_multiple_of(8) as usize)?,
-            abs32: gpu.alloc((capacity * 4) as usize)?,
-            bitmap: gpu.alloc(bitmap_len.max(8) as usize)?,
             packed: Growable::new(),
             header: gpu.alloc(HEADER_BYTES)?,
             manifest: Growable::new(),
@@ -344,7 +345,8 @@ impl GpuSender {
     }
 
     /// Device bytes this sender holds besides the tensors: the snapshot when allocated here,
-    /// the delta buffers (sized by `capacity`), the bitmap scratch and the packed positions.
+    /// the delta buffers (sized by `capacity`) and the packed positions. (The GPU's scratch
+    /// for the diff's change masks, 1/8 of the bytes diffed, is not counted.)
     pub fn staging_bytes(&self) -> u64 {
         let owned: u64 = self
             .snapshots
@@ -355,7 +357,7 @@ impl GpuSender {
             })
             .sum();
         owned
-            + [&self.positions, &self.values, &self.abs32, &self.bitmap]
+            + [&self.positions, &self.values]
                 .iter()
                 .map(|b| b.len() as u64)
                 .sum::<u64>()
@@ -414,20 +416,22 @@ impl GpuSender {
         };
         // SAFETY: tensors and snapshots are valid (constructor contract), the outputs are
         // ours and sized for `capacity`.
-        let diff = unsafe { self.gpu.diff_batch(&inputs, &out)? };
+        let diff = unsafe { self.gpu.diff_batch_refreshing(&inputs, &out)? };
         let diff_ms = diff.kernel_ms as f64;
-        if !diff.is_complete() {
-            // More changed than the buffers hold: the snapshot is partly refreshed, so make
-            // it whole and send everything.
-            self.refresh_whole()?;
-            return self.send_whole(SyncKind::Dense, diff.found, started, diff_ms);
-        }
+        let mut phases = vec![("diff", ms(started))];
         let before = self.digests.clone();
+        // The two-pass diff refreshed the snapshot and the digest words for every change,
+        // also when the output was too small.
         // SAFETY: our digest words.
         let after = u64s(&unsafe {
             self.gpu
                 .download(self.digests_dev.ptr(), self.tensors.len() * 8)?
         });
+        if !diff.is_complete() {
+            // More changed than the buffers hold: send everything.
+            self.digests = after;
+            return self.send_whole(SyncKind::Dense, diff.found, started, diff_ms);
+        }
         let encode: Vec<EncodeInput> = self
             .tensors
             .iter()
@@ -439,19 +443,19 @@ impl GpuSender {
                 numel: t.numel(),
             })
             .collect();
-        // SAFETY: positions hold every change written by the diff; abs32 one u32 per change;
-        // bitmap sized by `bitmap_bytes` for these tensors at construction.
+        // Counting run: the chunks (grid cells tightened to their changes), no sections yet.
+        // SAFETY: positions hold every change written by the diff.
         let grid = unsafe {
             self.gpu.encode_positions(
                 self.positions.ptr(),
                 &encode,
                 self.config.chunk_elems,
-                Some(self.abs32.ptr()),
-                Some(self.bitmap.ptr()),
+                None,
+                None,
             )?
         };
         let mut chunks = Vec::with_capacity(grid.len());
-        let mut copies = Vec::with_capacity(grid.len());
+        let mut placed = Vec::with_capacity(grid.len());
         let mut pos_bytes = 0u64;
         let mut value_bytes = 0u64;
         for g in &grid {
@@ -460,20 +464,23 @@ impl GpuSender {
             let w = t.dtype.width() as u64;
             let abs32_len = g.count * 4;
             let bitmap_len = g.range.div_ceil(8);
-            let (positions, src, len) = if abs32_len <= bitmap_len {
+            // The smaller section; bitmaps are written as whole u32 words.
+            let (positions, codec, len, room) = if abs32_len <= bitmap_len {
                 (
                     ChunkPositions::Abs32,
-                    self.abs32.ptr() + g.lo * 4,
+                    ApplyPositions::Abs32,
+                    abs32_len,
                     abs32_len,
                 )
             } else {
                 (
                     ChunkPositions::Bitmap,
-                    self.bitmap.ptr() + g.bitmap_offset,
+                    ApplyPositions::Bitmap,
                     bitmap_len,
+                    g.range.div_ceil(32) * 4,
                 )
             };
-            copies.push((src, pos_bytes, len.div_ceil(4)));
+            placed.push((*g, codec, pos_bytes));
             let value_offset = r.value_offset + (g.lo - r.offset) * w;
             value_bytes = value_bytes.max(value_offset + g.count * w);
             chunks.push(ChunkRecord {
@@ -485,7 +492,8 @@ impl GpuSender {
                 position_offset: pos_bytes,
                 value_offset,
             });
-            pos_bytes += len.next_multiple_of(4);
+            debug_assert!(room >= len);
+            pos_bytes += room;
         }
         let manifest = Manifest {
             digests: before.iter().copied().zip(after.iter().copied()).collect(),
@@ -494,19 +502,19 @@ impl GpuSender {
         .encode();
         let delta_bytes = HEADER_BYTES as u64 + manifest.len() as u64 + pos_bytes + value_bytes;
         if delta_bytes >= self.table.total_bytes() {
-            // Dense wins: the snapshot and digests are already current (the diff was whole).
+            // Dense wins: the snapshot and digests are already current.
             self.digests = after;
             return self.send_whole(SyncKind::Dense, diff.found, started, diff_ms);
         }
         let packed = self.packed.at_least(&self.gpu, pos_bytes)?;
-        let copies: Vec<_> = copies
+        let placed: Vec<_> = placed
             .into_iter()
-            .map(|(src, off, words)| (src, packed + off, words))
+            .map(|(g, codec, off)| (g, codec, packed + off))
             .collect();
-        // SAFETY: sources are sections inside abs32 / bitmap (padded to whole words: abs32
-        // lengths are multiples of 4, bitmap cells are padded to 8 bytes); destinations are
-        // disjoint, 4-aligned runs of `packed`, sized above.
-        unsafe { self.gpu.pack_words(&copies)? };
+        // SAFETY: positions hold every chunk's changes; each destination is a disjoint,
+        // 4-aligned run of `packed` with room for its section in whole words.
+        unsafe { self.gpu.encode_place(self.positions.ptr(), &placed)? };
+        phases.push(("encode", ms(started)));
         let header = Header {
             kind: SyncKind::Delta,
             version: self.version + 1,
@@ -533,6 +541,7 @@ impl GpuSender {
             )?;
         }
         self.finish(header.version, after)?;
+        phases.push(("send+ack", ms(started)));
         Ok(GpuSyncReport {
             kind: SyncKind::Delta,
             version: self.version,
@@ -542,6 +551,7 @@ impl GpuSender {
             chunks: grid.len() as u64,
             time_ms: ms(started),
             diff_ms,
+            phases: cumulative_to_spans(phases),
         })
     }
 
@@ -654,6 +664,7 @@ impl GpuSender {
             chunks: 0,
             time_ms: ms(started),
             diff_ms,
+            phases: Vec::new(),
         })
     }
 
@@ -793,6 +804,7 @@ impl GpuReceiver {
         // Waiting for the next sync can take a whole training step: no timeout unless asked.
         let idle = idle_timeout.unwrap_or(Duration::from_secs(u64::MAX / 4));
         self.comm.wait(done, idle, "waiting for the next sync")?;
+        let mut phases = vec![("wait", ms(started))];
         // SAFETY: our header buffer, complete.
         let head = unsafe { self.gpu.download(self.header.ptr(), HEADER_BYTES)? };
         let header = match Header::decode(&head, &self.limits) {
@@ -828,8 +840,9 @@ impl GpuReceiver {
                 return Err(e);
             }
         };
+        phases.push(("manifest", ms(started)));
         let outcome = match header.kind {
-            SyncKind::Delta => self.apply_delta(&header, &manifest),
+            SyncKind::Delta => self.apply_delta(&header, &manifest, started, &mut phases),
             _ => self.apply_whole(&header, &manifest),
         };
         // The ack: 1 when this receiver refused.
@@ -842,6 +855,7 @@ impl GpuReceiver {
         }
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "the ack")?;
+        phases.push(("ack", ms(started)));
         let changed = outcome?;
         Ok(Some(GpuSyncReport {
             kind: header.kind,
@@ -855,10 +869,17 @@ impl GpuReceiver {
             chunks: header.num_chunks,
             time_ms: ms(started),
             diff_ms: 0.0,
+            phases: cumulative_to_spans(phases),
         }))
     }
 
-    fn apply_delta(&mut self, header: &Header, manifest: &Manifest) -> Result<u64> {
+    fn apply_delta(
+        &mut self,
+        header: &Header,
+        manifest: &Manifest,
+        started: Instant,
+        phases: &mut Vec<(&'static str, f64)>,
+    ) -> Result<u64> {
         let stream = self.gpu.stream_handle();
         let pptr = self.positions.at_least(&self.gpu, header.position_bytes)?;
         let vptr = self.values.at_least(&self.gpu, header.value_bytes)?;
@@ -876,6 +897,7 @@ impl GpuReceiver {
         }
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "the delta")?;
+        phases.push(("payload", ms(started)));
         if self.version == 0 || header.version != self.version + 1 {
             return Err(CudaError::BaseMismatch {
                 held: self.version,
@@ -928,6 +950,7 @@ impl GpuReceiver {
         };
         self.digests = new;
         self.version = header.version;
+        phases.push(("apply", ms(started)));
         Ok(manifest.chunks.iter().map(|c| c.count).sum())
     }
 

@@ -172,7 +172,15 @@ struct DiffCase {
 
 /// Places every case at its own offset in one snapshot and one current buffer, runs one batched
 /// diff, and compares each tensor with `deltacast::diff::diff_and_refresh`.
-fn run_diff_batch(gpu: &Gpu, rng: &mut Rng, cases: &[DiffCase], capacity_frac: f64) {
+/// Runs one batch through the single-pass diff, or the two-pass one (`two_pass`: no old bits,
+/// and the snapshot and digests refreshed whole even when the output is too small).
+fn run_diff_batch(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    cases: &[DiffCase],
+    capacity_frac: f64,
+    two_pass: bool,
+) {
     let mut olds = Vec::new();
     let mut news = Vec::new();
     let mut offsets = Vec::new();
@@ -239,7 +247,15 @@ fn run_diff_batch(gpu: &Gpu, rng: &mut Rng, cases: &[DiffCase], capacity_frac: f
         capacity: capacity as u64,
     };
     // SAFETY: every pointer is inside the buffers above.
-    let res = unsafe { gpu.diff_batch(&inputs, &out) }.unwrap();
+    let res = if two_pass {
+        let out = DiffOutput {
+            old_values: None,
+            ..out
+        };
+        unsafe { gpu.diff_batch_refreshing(&inputs, &out) }.unwrap()
+    } else {
+        unsafe { gpu.diff_batch(&inputs, &out) }.unwrap()
+    };
     assert_eq!(res.found as usize, found_total);
     let g_pos = u64s(&dl(gpu, pos.ptr(), 8 * capacity));
     let g_new = dl(gpu, newv.ptr(), 4 * capacity);
@@ -267,11 +283,13 @@ fn run_diff_batch(gpu: &Gpu, rng: &mut Rng, cases: &[DiffCase], capacity_frac: f
                 &ch.new_values[..],
                 "{what}: new bits"
             );
-            assert_eq!(
-                &g_old[vo..vo + n * c.width],
-                &ch.old_values[..],
-                "{what}: old bits"
-            );
+            if !two_pass {
+                assert_eq!(
+                    &g_old[vo..vo + n * c.width],
+                    &ch.old_values[..],
+                    "{what}: old bits"
+                );
+            }
             assert_eq!(g_dig[i], *d, "{what}: fused digest update");
             let at = offsets[i];
             assert_eq!(
@@ -279,6 +297,9 @@ fn run_diff_batch(gpu: &Gpu, rng: &mut Rng, cases: &[DiffCase], capacity_frac: f
                 &news[i][..],
                 "{what}: snapshot"
             );
+        }
+        if two_pass {
+            return;
         }
         // The separate O(changed) update kernel gives the same digests.
         let ups: Vec<UpdateInput> = cases
@@ -305,6 +326,18 @@ fn run_diff_batch(gpu: &Gpu, rng: &mut Rng, cases: &[DiffCase], capacity_frac: f
             &g_pos[..res.written as usize],
             &all_pos[..res.written as usize]
         );
+        if two_pass {
+            // The two-pass diff refreshed the whole snapshot and digest all the same.
+            for (i, c) in cases.iter().enumerate() {
+                let at = offsets[i];
+                assert_eq!(
+                    &g_snap[at..at + c.numel * c.width],
+                    &news[i][..],
+                    "snapshot {i}"
+                );
+                assert_eq!(g_dig[i], expect[i].1, "digest {i}");
+            }
+        }
     }
 }
 
@@ -339,7 +372,7 @@ fn diff_batch_matches_cpu() {
         first_index: 7,
         slot: 3,
     });
-    run_diff_batch(&gpu, &mut rng, &cases, 1.0);
+    run_diff_batch(&gpu, &mut rng, &cases, 1.0, false);
     // Many small tensors in one batch.
     let many: Vec<DiffCase> = (0..2000)
         .map(|i| DiffCase {
@@ -351,9 +384,53 @@ fn diff_batch_matches_cpu() {
             slot: i as u32,
         })
         .collect();
-    run_diff_batch(&gpu, &mut rng, &many, 1.0);
+    run_diff_batch(&gpu, &mut rng, &many, 1.0, false);
     // Repeat the first batch with new data: the same kernels, fresh scratch state.
-    run_diff_batch(&gpu, &mut rng, &cases[..10], 1.0);
+    run_diff_batch(&gpu, &mut rng, &cases[..10], 1.0, false);
+}
+
+#[test]
+fn two_pass_diff_matches_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(11);
+    let sizes = [
+        0usize, 1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 1000, 4095, 4096, 4097, 8191, 8192, 8193, 16383,
+        16384, 16385, 65537, 300_001,
+    ];
+    let densities = [0.0, 0.0005, 0.01, 0.1, 0.5, 1.0];
+    let mut cases = Vec::new();
+    for (k, &numel) in sizes.iter().enumerate() {
+        for width in [1usize, 2, 4] {
+            cases.push(DiffCase {
+                numel,
+                width,
+                density: densities[(k + 2 * width) % densities.len()],
+                misalign: (k + width) % 4 == 0,
+                first_index: rng.below(1 << 40),
+                slot: rng.below(1000) as u32,
+            });
+        }
+    }
+    cases.push(DiffCase {
+        numel: (1 << 23) + 5,
+        width: 2,
+        density: 0.015,
+        misalign: false,
+        first_index: 0,
+        slot: 5,
+    });
+    run_diff_batch(&gpu, &mut rng, &cases, 1.0, true);
+    let many: Vec<DiffCase> = (0..3000)
+        .map(|i| DiffCase {
+            numel: rng.below(5000) as usize,
+            width: [1, 2, 4][i % 3],
+            density: [0.0, 0.01, 0.3][i % 7 % 3],
+            misalign: i % 13 == 0,
+            first_index: rng.below(1 << 33),
+            slot: i as u32,
+        })
+        .collect();
+    run_diff_batch(&gpu, &mut rng, &many, 1.0, true);
 }
 
 #[test]
@@ -370,7 +447,8 @@ fn diff_batch_with_small_output_writes_a_prefix() {
             slot: 0,
         })
         .collect();
-    run_diff_batch(&gpu, &mut rng, &cases, 0.4);
+    run_diff_batch(&gpu, &mut rng, &cases, 0.4, false);
+    run_diff_batch(&gpu, &mut rng, &cases, 0.4, true);
 }
 
 #[test]

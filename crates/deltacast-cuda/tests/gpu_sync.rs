@@ -90,9 +90,9 @@ fn mutate(rng: &mut Rng, bytes: &mut [u8], width: usize, density: f64) {
         if rng.chance(density) {
             let old = load(bytes, width, i);
             let r = rng.next();
-            let mut new = if r % 10 == 0 {
+            let mut new = if r.is_multiple_of(10) {
                 special(width, r >> 8)
-            } else if r % 2 == 0 {
+            } else if r.is_multiple_of(2) {
                 old.wrapping_add(1) & mask
             } else {
                 old.wrapping_sub(1) & mask
