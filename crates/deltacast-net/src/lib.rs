@@ -5,6 +5,9 @@
 //!   process) and [`TcpCollective`] (a star through rank 0).
 //! - [`FrameServer`] / [`FrameClient`]: fan-out of flush frames from the leader to receivers,
 //!   with acks carrying (version, state digest).
+//! - [`SyncServer`] / [`SyncClient`] ([`session`]): the resync protocol on top of the frame link,
+//!   which repairs dropped links, corrupted flushes, restarts on either side, slow readers and
+//!   tampered weights (docs/reliability.md). [`fault::FaultProxy`] injects those faults in tests.
 //!
 //! Every TCP link frames messages as `[u8 type][u64 LE length][payload]` ([`wire`]), checks
 //! each length against a configured limit before allocating, and starts with a mutual HMAC
