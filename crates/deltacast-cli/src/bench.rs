@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// Override the number of transformer layers (scales the model size).
     #[arg(long)]
     layers: Option<u64>,
+    /// Scale the preset's parameter count by this factor (e.g. 0.5, 3), through its number of
+    /// layers (the embedding stays): the nearest layer count, at least one.
+    #[arg(long, conflicts_with = "layers")]
+    scale: Option<f64>,
     /// Links to sweep, comma-separated: wan (1 Gbit/s, 10 ms), 10g (10 Gbit/s, 1 ms),
     /// 25g (25 Gbit/s, 0.5 ms), or RATE/DELAY such as 2gbit/5ms (delays are one way).
     #[arg(long, default_value = "wan")]
@@ -516,7 +520,7 @@ fn markdown(summaries: &[Summary]) -> String {
 // ---------------------------------------------------------------------------------------------
 // The run.
 
-pub fn run(args: BenchArgs) -> Result<()> {
+pub fn run(mut args: BenchArgs) -> Result<()> {
     let mut links: Vec<LinkSpec> = Vec::new();
     for l in args
         .links
@@ -539,6 +543,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.trainers == 0 || args.receivers == 0 {
         bail!("--trainers and --receivers must be at least 1");
+    }
+    if let Some(scale) = args.scale {
+        args.layers = Some(layers_for_scale(&args.preset, scale)?);
     }
     let model = BenchModel {
         preset: args.preset.clone(),
@@ -923,4 +930,44 @@ fn report(
         }
     }
     Ok(())
+}
+
+/// The layer count that brings `preset` nearest to `scale` times its parameters.
+fn layers_for_scale(preset: &str, scale: f64) -> Result<u64> {
+    if !(scale.is_finite() && scale > 0.0) {
+        bail!("--scale must be a positive number, got {scale}");
+    }
+    let Some(shape) = crate::synthetic::preset(preset) else {
+        bail!("unknown preset `{preset}`");
+    };
+    let params = |layers: u64| {
+        crate::synthetic::ModelShape { layers, ..shape }
+            .slot_table()
+            .total_elements() as f64
+    };
+    let (fixed, per_layer) = (params(0), params(1) - params(0));
+    let target = scale * params(shape.layers);
+    let layers = ((target - fixed) / per_layer).round().max(1.0);
+    if layers > 100_000.0 {
+        bail!("--scale {scale} asks for {layers} layers");
+    }
+    Ok(layers as u64)
+}
+
+#[cfg(test)]
+mod scale_tests {
+    use super::layers_for_scale;
+
+    #[test]
+    fn scale_picks_the_nearest_layer_count() {
+        assert_eq!(layers_for_scale("qwen2.5-0.5b", 1.0).unwrap(), 24);
+        let half = layers_for_scale("qwen2.5-0.5b", 0.5).unwrap();
+        // 0.5B: ~136 M embedding + 24 × ~14.9 M per layer; half the parameters is ~7 layers.
+        assert!((6..=8).contains(&half), "{half}");
+        assert_eq!(layers_for_scale("tiny", 0.001).unwrap(), 1);
+        assert!(layers_for_scale("qwen2.5-0.5b", 3.0).unwrap() > 72);
+        assert!(layers_for_scale("qwen2.5-0.5b", 0.0).is_err());
+        assert!(layers_for_scale("qwen2.5-0.5b", f64::NAN).is_err());
+        assert!(layers_for_scale("nope", 1.0).is_err());
+    }
 }
