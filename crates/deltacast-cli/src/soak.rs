@@ -352,8 +352,9 @@ pub fn run(args: SoakArgs) -> Result<()> {
         if k > 1 {
             model.step(args.lr, |_| {});
         }
-        // Faults for this sync (none on the first: it seeds everyone).
-        if k > 1 && rng.unit() < args.fault_rate {
+        // Faults for this sync: none on the first (it seeds everyone) nor the last (a receiver
+        // command runs after its sync, so it needs one more to recover).
+        if k > 1 && k < args.syncs && rng.unit() < args.fault_rate {
             let kind = Kind::ALL[rng.below(Kind::ALL.len() as u64) as usize];
             let i = rng.below(args.receivers as u64) as usize;
             let stall = Duration::from_millis(args.ack_timeout_ms.max(args.io_timeout_ms) + 500);
