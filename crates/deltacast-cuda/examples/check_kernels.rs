@@ -47,6 +47,7 @@ fn main() {
                     min_blocks,
                     reload,
                     wide_lookback,
+                    ..Default::default()
                 };
                 if let Err(e) = deltacast_cuda::compile_kernel_tuned("diff", arch, tuning) {
                     failed = true;
@@ -55,6 +56,20 @@ fn main() {
             }
         }
         println!("ok   diff.cu tuning variants for {arch}");
+        for mask_items in [1u32, 2, 4, 8] {
+            for mask_min_blocks in [1u32, 4, 8] {
+                let tuning = deltacast_cuda::DiffTuning {
+                    mask_items,
+                    mask_min_blocks,
+                    ..Default::default()
+                };
+                if let Err(e) = deltacast_cuda::compile_kernel_tuned("diffmask", arch, tuning) {
+                    failed = true;
+                    println!("FAIL diffmask.cu for {arch} with {tuning:?}:\n{e}");
+                }
+            }
+        }
+        println!("ok   diffmask.cu tuning variants for {arch}");
     }
     if failed {
         std::process::exit(1);

@@ -49,14 +49,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         gpu.tuning()
     );
     // Variants share the primary context (and so the buffers) with `gpu`, kept alive throughout.
+    // TUNING `items,min_blocks,reload[,wide]` (single pass) or `m:items,min_blocks` (two-pass).
     let mut variants = Vec::new();
+    let mut mask_variants = Vec::new();
     for t in args.iter().skip(3) {
+        if let Some(m) = t.strip_prefix("m:") {
+            let p: Vec<u32> = m.split(',').map(|x| x.parse()).collect::<Result<_, _>>()?;
+            let tuning = DiffTuning {
+                mask_items: p[0],
+                mask_min_blocks: p[1],
+                ..DiffTuning::default()
+            };
+            mask_variants.push(Gpu::with_tuning(0, tuning)?);
+            continue;
+        }
         let p: Vec<u32> = t.split(',').map(|x| x.parse()).collect::<Result<_, _>>()?;
         let tuning = DiffTuning {
             items: p[0],
             min_blocks: p[1],
             reload: p[2] == 1,
             wide_lookback: p.get(3) == Some(&1),
+            ..DiffTuning::default()
         };
         variants.push(Gpu::with_tuning(0, tuning)?);
     }
@@ -153,6 +166,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 false,
             ),
         ];
+        for v in &mask_variants {
+            let t = v.tuning();
+            let name = format!("m:{},{}", t.mask_items, t.mask_min_blocks);
+            configs.insert(
+                0,
+                (
+                    v,
+                    format!("[{name}] two-pass 339 tensors"),
+                    false,
+                    339,
+                    true,
+                ),
+            );
+            configs.insert(
+                0,
+                (v, format!("[{name}] two-pass 1 tensor"), false, 1, true),
+            );
+        }
         for v in &variants {
             let t = v.tuning();
             let name = format!(

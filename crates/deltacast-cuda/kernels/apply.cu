@@ -35,6 +35,8 @@ struct ApplyChunk {
     u32 pos_codec;  // 0 all, 1 abs32, 3 bitmap
     u32 slot;       // index into digest_delta
     u32 seed;       // 1: seed chunk (digest Σ h(new)); 0: delta chunk
+    u64 k_begin;    // the changes this entry covers: [k_begin, k_end) of the chunk's; the host
+    u64 k_end;      // splits all/abs32 chunks into several entries (bitmap: always whole)
 };
 
 __device__ __forceinline__ void dc_flag(u32* err, u32 code) { atomicCAS(err, 0u, code); }
@@ -45,10 +47,10 @@ __device__ __forceinline__ void dc_flag(u32* err, u32 code) { atomicCAS(err, 0u,
 template <class F>
 __device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scratch, u32* err, F f) {
     if (c.pos_codec == 0) {
-        for (u64 k = threadIdx.x; k < c.count; k += blockDim.x) f(k, k);
+        for (u64 k = c.k_begin + threadIdx.x; k < c.k_end; k += blockDim.x) f(k, k);
     } else if (c.pos_codec == 1) {
         const u32* p = (const u32*)c.pos;
-        for (u64 k = threadIdx.x; k < c.count; k += blockDim.x) {
+        for (u64 k = c.k_begin + threadIdx.x; k < c.k_end; k += blockDim.x) {
             const u32 r = p[k];
             if (r >= c.range) { dc_flag(err, ERR_OUT_OF_RANGE); continue; }
             if (k > 0 && p[k - 1] >= r) { dc_flag(err, ERR_NOT_SORTED); continue; }

@@ -17,11 +17,19 @@
 //
 // Output layout: as diff.cu (change g: position at pos_out[g], bits at new_out + g * width).
 
-#define MASK_THREADS 256
+// Tuning (the host passes -D to NVRTC, see DiffTuning): 16-byte vectors per thread and array,
+// and the blocks per multiprocessor asked of the register allocator.
+#ifndef MASK_ITEMS
 #define MASK_ITEMS 4
+#endif
+#ifndef MASK_MINBLOCKS
+#define MASK_MINBLOCKS 4
+#endif
+#define MASK_THREADS 256
 #define MASK_TILE_BYTES (MASK_THREADS * MASK_ITEMS * 16)
 #define MASK_VECS_PER_TILE (MASK_THREADS * MASK_ITEMS)
 #define MASK_GROUP 2048  // tiles per group of the first scan level (MASK_THREADS * 8)
+// The tile-to-tensor table and the scans do not depend on the tuning.
 
 struct DiffTensor {
     u64 snap;
@@ -53,16 +61,23 @@ __device__ __forceinline__ u32 dc_mask_tensor_of(const DiffTensor* tensors, u32 
     return lo;
 }
 
-extern "C" __global__ void __launch_bounds__(MASK_THREADS)
-dc_mask(const DiffTensor* __restrict__ tensors, u32 num_tensors, u64 num_tiles,
+// tile_tensor[t] = the tensor holding tile t, so that the passes below start loading at once
+// (one broadcast load instead of a chain of dependent ones per block).
+extern "C" __global__ void dc_mask_tile_tensor(const DiffTensor* __restrict__ tensors,
+                                               u32 num_tensors, u64 num_tiles,
+                                               u32* __restrict__ tile_tensor) {
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < num_tiles;
+         t += (u64)gridDim.x * blockDim.x)
+        tile_tensor[t] = dc_mask_tensor_of(tensors, num_tensors, t);
+}
+
+extern "C" __global__ void __launch_bounds__(MASK_THREADS, MASK_MINBLOCKS)
+dc_mask(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor, u64 num_tiles,
         u16* __restrict__ masks, u32* __restrict__ tile_counts) {
-    __shared__ u32 s_tensor;
     __shared__ u32 s_scan[32];
     __shared__ u64 s_sum[MASK_THREADS / 32];
     for (u64 tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        if (threadIdx.x == 0) s_tensor = dc_mask_tensor_of(tensors, num_tensors, tile);
-        __syncthreads();
-        const DiffTensor T = tensors[s_tensor];
+        const DiffTensor T = tensors[tile_tensor[tile]];
         const u32 w = T.width;
         const bool vec = T.aligned16 != 0;
         const u64 byte0 = (tile - T.tile_begin) * MASK_TILE_BYTES;
@@ -105,7 +120,6 @@ dc_mask(const DiffTensor* __restrict__ tensors, u32 num_tensors, u64 num_tiles,
             const u64 d = dc_block_sum(dsum, s_sum);
             if (threadIdx.x == 0) atomicAdd((u64*)T.digest_out, d);
         }
-        __syncthreads();  // s_tensor is rewritten for the next tile
     }
 }
 
@@ -175,11 +189,10 @@ __device__ __forceinline__ u64 dc_mask_prefix(const u32* tile_offsets, const u64
 }
 
 extern "C" __global__ void __launch_bounds__(MASK_THREADS)
-dc_mask_emit(const DiffTensor* __restrict__ tensors, u32 num_tensors, u64 num_tiles,
+dc_mask_emit(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor, u64 num_tiles,
              const u16* __restrict__ masks, const u32* __restrict__ tile_counts,
              const u32* __restrict__ tile_offsets, const u64* __restrict__ group_sums, u64 capacity,
              u64* __restrict__ pos_out, u8* __restrict__ new_out) {
-    __shared__ u32 s_tensor;
     __shared__ u32 s_rows[MASK_ITEMS][MASK_THREADS / 32];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (u64 tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
@@ -187,7 +200,6 @@ dc_mask_emit(const DiffTensor* __restrict__ tensors, u32 num_tensors, u64 num_ti
         if (cnt == 0) continue;  // uniform across the block
         const u64 g0 = dc_mask_prefix(tile_offsets, group_sums, num_tiles, tile);
         if (g0 + cnt > capacity) continue;
-        if (threadIdx.x == 0) s_tensor = dc_mask_tensor_of(tensors, num_tensors, tile);
         u32 m[MASK_ITEMS], incl[MASK_ITEMS];
 #pragma unroll
         for (u32 i = 0; i < MASK_ITEMS; ++i) {
@@ -200,7 +212,7 @@ dc_mask_emit(const DiffTensor* __restrict__ tensors, u32 num_tensors, u64 num_ti
             if (lane == 31) s_rows[i][warp] = incl[i];
         }
         __syncthreads();
-        const DiffTensor T = tensors[s_tensor];
+        const DiffTensor T = tensors[tile_tensor[tile]];
         const u32 w = T.width;
         const bool vec = T.aligned16 != 0;
         const u64 byte0 = (tile - T.tile_begin) * MASK_TILE_BYTES;
@@ -228,7 +240,7 @@ dc_mask_emit(const DiffTensor* __restrict__ tensors, u32 num_tensors, u64 num_ti
                 ++g;
             }
         }
-        __syncthreads();  // s_rows and s_tensor are rewritten for the next tile
+        __syncthreads();  // s_rows is rewritten for the next tile
     }
 }
 

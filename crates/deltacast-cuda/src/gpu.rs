@@ -20,8 +20,6 @@ use crate::{
 };
 
 const DIFF_THREADS: u32 = 256;
-/// Tile of the two-pass diff (kernels/diffmask.cu: 256 threads × 4 vectors of 16 bytes).
-const MASK_TILE_BYTES: u64 = 256 * 4 * 16;
 /// Tiles per group of its first scan level.
 const MASK_GROUP: u64 = 2048;
 /// Elements per digest block (kernels/digest.cu).
@@ -78,6 +76,8 @@ struct KApplyChunk {
     pos_codec: u32,
     slot: u32,
     seed: u32,
+    k_begin: u64,
+    k_end: u64,
 }
 
 #[repr(C)]
@@ -206,7 +206,16 @@ pub fn compile_kernel(name: &str, arch: &str) -> Result<String> {
 
 /// [`compile_kernel`] with the diff kernel's knobs set to `tuning`.
 pub fn compile_kernel_tuned(name: &str, arch: &str, tuning: DiffTuning) -> Result<String> {
-    compile_kernel_with(name, arch, &tuning.defines())
+    compile_kernel_with(name, arch, &tuning_defines(name, tuning))
+}
+
+/// The NVRTC options a kernel file takes from the tuning.
+fn tuning_defines(name: &str, tuning: DiffTuning) -> Vec<String> {
+    match name {
+        "diff" => tuning.defines(),
+        "diffmask" => tuning.mask_defines(),
+        _ => Vec::new(),
+    }
 }
 
 /// [`compile_kernel`] with extra NVRTC options (e.g. `-DDIFF_ITEMS=8`).
@@ -258,12 +267,10 @@ fn ptx_for(arch: &str, tuning: DiffTuning) -> Result<Arc<Vec<(&'static str, Stri
     }
     let mut all = Vec::new();
     for (name, _) in KERNELS {
-        let extra = if *name == "diff" {
-            tuning.defines()
-        } else {
-            Vec::new()
-        };
-        all.push((*name, compile_kernel_with(name, arch, &extra)?));
+        all.push((
+            *name,
+            compile_kernel_with(name, arch, &tuning_defines(name, tuning))?,
+        ));
     }
     let all = Arc::new(all);
     cache
@@ -382,6 +389,7 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
     (
         "diffmask",
         &[
+            "dc_mask_tile_tensor",
             "dc_mask",
             "dc_mask_scan_tiles",
             "dc_mask_scan_groups",
@@ -866,29 +874,42 @@ impl Gpu {
                     "the two-pass diff writes no old bits (use diff_batch)".into(),
                 ));
             }
-            let (order, table, tiles) = diff_table(inputs, MASK_TILE_BYTES)?;
+            let tile_bytes = self.tuning.mask_tile_bytes();
+            let (order, table, tiles) = diff_table(inputs, tile_bytes)?;
             let groups = tiles.div_ceil(MASK_GROUP);
-            // Scratch: [table n*64][tile counts tiles*4][tile offsets tiles*4]
-            //          [group sums (groups+1)*8][result (3n+2)*8], each 8-aligned.
+            // Scratch: [table n*64][tile tensors tiles*4][tile counts tiles*4]
+            //          [tile offsets tiles*4][group sums (groups+1)*8][result (3n+2)*8],
+            //          each 8-aligned.
             let table_len = (n * std::mem::size_of::<KDiffTensor>()) as u64;
-            let counts_off = table_len;
+            let tensor_of_off = table_len;
+            let counts_off = tensor_of_off + (tiles * 4).next_multiple_of(8);
             let offsets_off = counts_off + (tiles * 4).next_multiple_of(8);
             let groups_off = offsets_off + (tiles * 4).next_multiple_of(8);
             let result_off = groups_off + (groups + 1) * 8;
             let len = result_off + (3 * n as u64 + 2) * 8;
             let (_guard, base) = self.scratch(len as usize)?;
-            let masks = self.masks(tiles * MASK_TILE_BYTES / 16 * 2)?;
+            let masks = self.masks(tiles * tile_bytes / 16 * 2)?;
             self.upload_typed(base, &table)?;
             let start = self.events.0;
             // SAFETY: our event and stream.
             unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
+            self.launch(
+                "dc_mask_tile_tensor",
+                tiles.div_ceil(THREADS as u64).min(MAX_GRID),
+                THREADS,
+                Args::new()
+                    .push(base)
+                    .push(n as u64)
+                    .push(tiles)
+                    .push(base + tensor_of_off),
+            )?;
             self.launch(
                 "dc_mask",
                 tiles,
                 DIFF_THREADS,
                 Args::new()
                     .push(base)
-                    .push(n as u64)
+                    .push(base + tensor_of_off)
                     .push(tiles)
                     .push(masks.1)
                     .push(base + counts_off),
@@ -915,7 +936,7 @@ impl Gpu {
                 DIFF_THREADS,
                 Args::new()
                     .push(base)
-                    .push(n as u64)
+                    .push(base + tensor_of_off)
                     .push(tiles)
                     .push(masks.1)
                     .push(base + counts_off)
@@ -1128,7 +1149,7 @@ impl Gpu {
     ) -> Result<ApplyCheck> {
         guarded(|| {
             self.bind()?;
-            let table = apply_table(chunks, seed, num_slots)?;
+            let (table, owner) = apply_table(chunks, seed, num_slots)?;
             let n = table.len();
             let t_len = (n * std::mem::size_of::<KApplyChunk>()) as u64;
             let e_off = t_len.next_multiple_of(8);
@@ -1151,15 +1172,17 @@ impl Gpu {
             )?;
             let codes: Vec<u32> = self.download_typed(base + e_off, n)?;
             let digest_change: Vec<u64> = self.download_typed(base + d_off, num_slots)?;
-            let errors = codes
+            let mut errors: Vec<ChunkError> = codes
                 .iter()
-                .enumerate()
-                .filter(|(_, &c)| c != 0)
-                .map(|(chunk, &c)| ChunkError {
+                .zip(&owner)
+                .filter(|(&c, _)| c != 0)
+                .map(|(&c, &chunk)| ChunkError {
                     chunk,
                     reason: apply_error_reason(c),
                 })
                 .collect();
+            // One error per chunk (a chunk's entries may each have found one).
+            errors.dedup_by_key(|e| e.chunk);
             Ok(ApplyCheck {
                 digest_change,
                 errors,
@@ -1176,7 +1199,7 @@ impl Gpu {
     pub unsafe fn apply_scatter(&self, chunks: &[ApplyInput]) -> Result<()> {
         guarded(|| {
             self.bind()?;
-            let table = apply_table(chunks, false, usize::MAX)?;
+            let (table, _) = apply_table(chunks, false, usize::MAX)?;
             let n = table.len();
             let t_len = (n * std::mem::size_of::<KApplyChunk>()) as u64;
             let e_off = t_len.next_multiple_of(8);
@@ -1504,11 +1527,19 @@ fn cells(inputs: &[EncodeInput], grid: u64) -> impl Iterator<Item = (usize, KEnc
         })
 }
 
+/// Changes per apply table entry of an all/abs32 chunk.
+const APPLY_SEGMENT: u64 = 2048;
+
 /// Host-side checks of apply chunks (what `parse_frame` and the receiver check on the
-/// manifest), then the kernel table.
-fn apply_table(chunks: &[ApplyInput], seed: bool, num_slots: usize) -> Result<Vec<KApplyChunk>> {
+/// manifest), then the kernel table: (entries, the chunk of each entry).
+fn apply_table(
+    chunks: &[ApplyInput],
+    seed: bool,
+    num_slots: usize,
+) -> Result<(Vec<KApplyChunk>, Vec<usize>)> {
     let bad = |chunk: usize, reason: &'static str| CudaError::BadChunk { chunk, reason };
     let mut table = Vec::with_capacity(chunks.len());
+    let mut owner = Vec::with_capacity(chunks.len());
     for (i, c) in chunks.iter().enumerate() {
         if !matches!(c.width, 1 | 2 | 4) {
             return Err(bad(i, "element width is not 1, 2 or 4"));
@@ -1549,7 +1580,7 @@ fn apply_table(chunks: &[ApplyInput], seed: bool, num_slots: usize) -> Result<Ve
         if c.positions != ApplyPositions::All && c.pos_section % 4 != 0 {
             return Err(bad(i, "position section not 4-byte aligned"));
         }
-        table.push(KApplyChunk {
+        let entry = KApplyChunk {
             dst: c.dst,
             pos: c.pos_section,
             val: c.val_section,
@@ -1561,7 +1592,27 @@ fn apply_table(chunks: &[ApplyInput], seed: bool, num_slots: usize) -> Result<Ve
             pos_codec: c.positions as u32,
             slot: c.slot,
             seed: seed as u32,
-        });
+            k_begin: 0,
+            k_end: c.count,
+        };
+        // A bitmap is decoded by one block scanning it; the changes of all/abs32 chunks are
+        // independent, so big chunks are shared out between blocks.
+        let step = if c.positions == ApplyPositions::Bitmap {
+            c.count
+        } else {
+            APPLY_SEGMENT
+        };
+        let mut k = 0;
+        while k < c.count {
+            let end = (k + step).min(c.count);
+            table.push(KApplyChunk {
+                k_begin: k,
+                k_end: end,
+                ..entry
+            });
+            owner.push(i);
+            k = end;
+        }
     }
-    Ok(table)
+    Ok((table, owner))
 }

@@ -95,6 +95,10 @@ pub struct DiffTuning {
     pub reload: bool,
     /// Look back 256 tiles per round trip instead of 32. Compile-checked, not yet run on a GPU.
     pub wide_lookback: bool,
+    /// The two-pass diff (kernels/diffmask.cu): 16-byte vectors per thread and array (1..=8).
+    pub mask_items: u32,
+    /// The two-pass diff: blocks per multiprocessor asked of the register allocator.
+    pub mask_min_blocks: u32,
 }
 
 impl Default for DiffTuning {
@@ -104,6 +108,8 @@ impl Default for DiffTuning {
             min_blocks: 4,
             reload: true,
             wide_lookback: false,
+            mask_items: 4,
+            mask_min_blocks: 4,
         }
     }
 }
@@ -120,12 +126,51 @@ impl DiffTuning {
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn mask_defines(&self) -> Vec<String> {
+        vec![
+            format!("-DMASK_ITEMS={}", self.mask_items),
+            format!("-DMASK_MINBLOCKS={}", self.mask_min_blocks),
+        ]
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn mask_tile_bytes(&self) -> u64 {
+        256 * 16 * self.mask_items as u64
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn tile_bytes(&self) -> u64 {
         256 * 16 * self.items as u64
     }
 
-    /// The tuning from `DELTACAST_DIFF_TUNING`, else the default.
+    /// The tuning from `DELTACAST_DIFF_TUNING` (single pass) and `DELTACAST_MASK_TUNING`
+    /// (`items,min_blocks` of the two-pass diff), else the default.
     pub fn from_env() -> Result<Self> {
+        let mut tuning = Self::single_pass_from_env()?;
+        if let Ok(text) = std::env::var("DELTACAST_MASK_TUNING") {
+            let bad = || {
+                CudaError::InvalidArgument(format!(
+                    "DELTACAST_MASK_TUNING={text}: expected items,min_blocks (e.g. 4,4)"
+                ))
+            };
+            let parts: Vec<u32> = text
+                .split(',')
+                .map(|p| p.trim().parse().map_err(|_| bad()))
+                .collect::<Result<_>>()?;
+            match parts[..] {
+                [items, min_blocks]
+                    if (1..=8).contains(&items) && (1..=8).contains(&min_blocks) =>
+                {
+                    tuning.mask_items = items;
+                    tuning.mask_min_blocks = min_blocks;
+                }
+                _ => return Err(bad()),
+            }
+        }
+        Ok(tuning)
+    }
+
+    fn single_pass_from_env() -> Result<Self> {
         let Ok(text) = std::env::var("DELTACAST_DIFF_TUNING") else {
             return Ok(DiffTuning::default());
         };
@@ -158,6 +203,7 @@ impl DiffTuning {
             min_blocks,
             reload,
             wide_lookback,
+            ..DiffTuning::default()
         })
     }
 }
