@@ -17,6 +17,7 @@
 // outside what those bounds allow.
 
 #define APPLY_THREADS 256
+#define APPLY_BATCH 4
 
 #define ERR_OUT_OF_RANGE 1u
 #define ERR_NOT_SORTED 2u
@@ -103,7 +104,43 @@ dc_apply_check(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __res
         const u8* dst = (const u8*)c.dst;
         const u8* val = (const u8*)c.val;
         u64 sum = 0;
-        dc_for_each(c, s_scan, err, [&](u64 k, u64 rel) {
+        if (c.pos_codec == 1) {
+            // abs32, batched: every load of APPLY_BATCH changes is issued before any is used
+            // (the old bits are scattered reads; one at a time would leave the bus idle).
+            const u32* p = (const u32*)c.pos;
+            const u64 stride = blockDim.x;
+            for (u64 k0 = c.k_begin + threadIdx.x; k0 < c.k_end; k0 += APPLY_BATCH * stride) {
+                u32 r[APPLY_BATCH], prev[APPLY_BATCH], nb[APPLY_BATCH], ob[APPLY_BATCH];
+#pragma unroll
+                for (u32 j = 0; j < APPLY_BATCH; ++j) {
+                    const u64 k = k0 + j * stride;
+                    const bool in = k < c.k_end;
+                    r[j] = in ? p[k] : 0;
+                    prev[j] = in && k > 0 ? p[k - 1] : 0;
+                    nb[j] = in ? dc_load_bits(val, k, c.width) : 0;
+                }
+#pragma unroll
+                for (u32 j = 0; j < APPLY_BATCH; ++j) {
+                    const u64 k = k0 + j * stride;
+                    ob[j] = (!c.seed && k < c.k_end && r[j] < c.range)
+                                ? dc_load_bits(dst, c.start + r[j], c.width) : 0;
+                }
+#pragma unroll
+                for (u32 j = 0; j < APPLY_BATCH; ++j) {
+                    const u64 k = k0 + j * stride;
+                    if (k >= c.k_end) continue;
+                    if (r[j] >= c.range) { dc_flag(err, ERR_OUT_OF_RANGE); continue; }
+                    if (k > 0 && prev[j] >= r[j]) { dc_flag(err, ERR_NOT_SORTED); continue; }
+                    const u64 index = c.start + r[j];
+                    if (c.seed) {
+                        sum += dc_element_hash(c.salt, index, nb[j]);
+                    } else {
+                        if (ob[j] == nb[j]) dc_flag(err, ERR_UNCHANGED);
+                        sum += dc_element_hash(c.salt, index, nb[j]) - dc_element_hash(c.salt, index, ob[j]);
+                    }
+                }
+            }
+        } else dc_for_each(c, s_scan, err, [&](u64 k, u64 rel) {
             const u64 index = c.start + rel;
             const u32 nb = dc_load_bits(val, k, c.width);
             if (c.seed) {
@@ -127,7 +164,25 @@ dc_apply_scatter(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __r
         const ApplyChunk c = chunks[ci];
         u8* dst = (u8*)c.dst;
         const u8* val = (const u8*)c.val;
-        dc_for_each(c, s_scan, &errors[ci], [&](u64 k, u64 rel) {
+        if (c.pos_codec == 1) {
+            // abs32, batched as in the check (which has already validated every position).
+            const u32* p = (const u32*)c.pos;
+            const u64 stride = blockDim.x;
+            for (u64 k0 = c.k_begin + threadIdx.x; k0 < c.k_end; k0 += APPLY_BATCH * stride) {
+                u32 r[APPLY_BATCH], nb[APPLY_BATCH];
+#pragma unroll
+                for (u32 j = 0; j < APPLY_BATCH; ++j) {
+                    const u64 k = k0 + j * stride;
+                    r[j] = k < c.k_end ? p[k] : 0;
+                    nb[j] = k < c.k_end ? dc_load_bits(val, k, c.width) : 0;
+                }
+#pragma unroll
+                for (u32 j = 0; j < APPLY_BATCH; ++j) {
+                    const u64 k = k0 + j * stride;
+                    if (k < c.k_end && r[j] < c.range) dc_store_bits(dst, c.start + r[j], c.width, nb[j]);
+                }
+            }
+        } else dc_for_each(c, s_scan, &errors[ci], [&](u64 k, u64 rel) {
             dc_store_bits(dst, c.start + rel, c.width, dc_load_bits(val, k, c.width));
         });
         __syncthreads();
