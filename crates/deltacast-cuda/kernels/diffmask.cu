@@ -2,8 +2,8 @@
 // pass streams at memory speed, unlike the single-pass chained scan of diff.cu whose blocks
 // stall in the look-back.
 //
-//   1. dc_mask: persistent blocks walking tiles of MASK_TILE_BYTES (tiles numbered globally in
-//      tensor order, as in diff.cu), loading the next tile while processing the current one. Reads snapshot and current once, writes a 16-bit change mask per 16-byte
+//   1. dc_mask: one block per tile of MASK_TILE_BYTES (tiles numbered globally in tensor order,
+//      as in diff.cu). Reads snapshot and current once, writes a 16-bit change mask per 16-byte
 //      vector, the tile's change count, refreshes the snapshot (a changed vector is written
 //      back whole: its unchanged elements equal the snapshot's already) and adds the tile's
 //      digest change Σ h(new) − h(old) to the tensor's digest word.
@@ -23,7 +23,7 @@
 #define MASK_ITEMS 4
 #endif
 #ifndef MASK_MINBLOCKS
-#define MASK_MINBLOCKS 2
+#define MASK_MINBLOCKS 4
 #endif
 #define MASK_THREADS 256
 #define MASK_TILE_BYTES (MASK_THREADS * MASK_ITEMS * 16)
@@ -71,42 +71,23 @@ extern "C" __global__ void dc_mask_tile_tensor(const DiffTensor* __restrict__ te
         tile_tensor[t] = dc_mask_tensor_of(tensors, num_tensors, t);
 }
 
-// Issues the loads of one tile (both arrays).
-__device__ __forceinline__ void dc_mask_fetch(const DiffTensor& T, u64 tile, uint4* cv, uint4* sv) {
-    const bool vec = T.aligned16 != 0;
-    const u64 byte0 = (tile - T.tile_begin) * MASK_TILE_BYTES;
-#pragma unroll
-    for (u32 i = 0; i < MASK_ITEMS; ++i) {
-        const u64 off = byte0 + ((u64)i * MASK_THREADS + threadIdx.x) * 16;
-        cv[i] = dc_mask_load((const u8*)T.cur, off, T.nbytes, vec);
-        sv[i] = dc_mask_load((const u8*)T.snap, off, T.nbytes, vec);
-    }
-}
-
-// Persistent blocks (the host launches about MASK_MINBLOCKS per multiprocessor), each walking
-// tiles blockIdx.x, + gridDim.x, ...: the next tile's loads are issued before the current tile
-// is processed, so a block's scans and stores overlap its next reads.
 extern "C" __global__ void __launch_bounds__(MASK_THREADS, MASK_MINBLOCKS)
 dc_mask(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor, u64 num_tiles,
         u16* __restrict__ masks, u32* __restrict__ tile_counts) {
     __shared__ u32 s_scan[32];
     __shared__ u64 s_sum[MASK_THREADS / 32];
-    u64 tile = blockIdx.x;
-    if (tile >= num_tiles) return;
-    DiffTensor T = tensors[tile_tensor[tile]];
-    uint4 cv[MASK_ITEMS], sv[MASK_ITEMS];
-    dc_mask_fetch(T, tile, cv, sv);
-    while (true) {
-        const u64 next = tile + gridDim.x;
-        DiffTensor Tn = T;
-        uint4 cn[MASK_ITEMS], sn[MASK_ITEMS];
-        if (next < num_tiles) {
-            Tn = tensors[tile_tensor[next]];
-            dc_mask_fetch(Tn, next, cn, sn);
-        }
+    for (u64 tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        const DiffTensor T = tensors[tile_tensor[tile]];
         const u32 w = T.width;
         const bool vec = T.aligned16 != 0;
         const u64 byte0 = (tile - T.tile_begin) * MASK_TILE_BYTES;
+        uint4 cv[MASK_ITEMS], sv[MASK_ITEMS];
+#pragma unroll
+        for (u32 i = 0; i < MASK_ITEMS; ++i) {
+            const u64 off = byte0 + ((u64)i * MASK_THREADS + threadIdx.x) * 16;
+            cv[i] = dc_mask_load((const u8*)T.cur, off, T.nbytes, vec);
+            sv[i] = dc_mask_load((const u8*)T.snap, off, T.nbytes, vec);
+        }
         u32 count = 0;
         u64 dsum = 0;
 #pragma unroll
@@ -118,14 +99,14 @@ dc_mask(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_ten
             if (m == 0) continue;
             u8* snap_w = (u8*)T.snap;
             const u64 elem0 = off / w;
-            const bool whole = vec && off + 16 <= T.nbytes;
-            // A changed vector goes back whole: its unchanged elements equal the snapshot's.
-            if (whole) *(uint4*)(snap_w + off) = cv[i];
+            if (vec && off + 16 <= T.nbytes) {
+                *(uint4*)(snap_w + off) = cv[i];
+            }
             while (m) {
                 const u32 e = __ffs(m) - 1;
                 m &= m - 1;
                 const u32 nb = dc_extract(cv[i], e, w), ob = dc_extract(sv[i], e, w);
-                if (!whole) dc_store_bits(snap_w, elem0 + e, w, nb);
+                if (!(vec && off + 16 <= T.nbytes)) dc_store_bits(snap_w, elem0 + e, w, nb);
                 if (T.digest_out) {
                     const u64 index = T.first_index + elem0 + e;
                     dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
@@ -138,14 +119,6 @@ dc_mask(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_ten
         if (T.digest_out && total != 0) {
             const u64 d = dc_block_sum(dsum, s_sum);
             if (threadIdx.x == 0) atomicAdd((u64*)T.digest_out, d);
-        }
-        if (next >= num_tiles) break;
-        tile = next;
-        T = Tn;
-#pragma unroll
-        for (u32 i = 0; i < MASK_ITEMS; ++i) {
-            cv[i] = cn[i];
-            sv[i] = sn[i];
         }
     }
 }

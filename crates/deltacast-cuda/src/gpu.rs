@@ -903,11 +903,9 @@ impl Gpu {
                     .push(tiles)
                     .push(base + tensor_of_off),
             )?;
-            // Persistent blocks: as many as the multiprocessors hold at once.
-            let resident = self.sm_count as u64 * self.tuning.mask_min_blocks as u64;
             self.launch(
                 "dc_mask",
-                tiles.min(resident.max(1)),
+                tiles,
                 DIFF_THREADS,
                 Args::new()
                     .push(base)

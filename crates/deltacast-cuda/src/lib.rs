@@ -97,8 +97,7 @@ pub struct DiffTuning {
     pub wide_lookback: bool,
     /// The two-pass diff (kernels/diffmask.cu): 16-byte vectors per thread and array (1..=8).
     pub mask_items: u32,
-    /// The two-pass diff: blocks per multiprocessor asked of the register allocator, and
-    /// launched (its mask pass runs persistent blocks).
+    /// The two-pass diff: blocks per multiprocessor asked of the register allocator.
     pub mask_min_blocks: u32,
 }
 
@@ -110,7 +109,7 @@ impl Default for DiffTuning {
             reload: true,
             wide_lookback: false,
             mask_items: 4,
-            mask_min_blocks: 2,
+            mask_min_blocks: 4,
         }
     }
 }
