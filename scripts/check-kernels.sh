@@ -5,7 +5,8 @@
 # points deltacast-cuda at its libnvrtc.so through DELTACAST_NVRTC_PATH, and runs the crate's
 # `check_kernels` example, which compiles each kernel file exactly as the GPU path does at run
 # time (same prelude, same options) to PTX for the given virtual architectures. Exits 0 when every
-# kernel compiles; otherwise prints NVRTC's log and exits non-zero.
+# kernel compiles; otherwise prints NVRTC's log and exits non-zero. Then runs the crate's tests
+# with the GPU path built (protocol, NCCL loader; the GPU tests skip without a GPU).
 #
 # Env: NVRTC_VERSION (default 13.0.88, the CUDA of the project's H200 machines),
 #      KERNEL_ARCHS (default "compute_90"), CARGO_TARGET_DIR (as cargo).
@@ -37,3 +38,6 @@ export LD_LIBRARY_PATH=$PWD/$(dirname "$LIB")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PAT
 echo "== compiling kernels for $KERNEL_ARCHS"
 # shellcheck disable=SC2086
 cargo run --quiet --release -p deltacast-cuda --features cuda --example check_kernels -- $KERNEL_ARCHS
+
+echo "== deltacast-cuda tests with the GPU path built (GPU tests skip without a GPU and say why)"
+cargo test --quiet --release -p deltacast-cuda --features cuda

@@ -178,12 +178,12 @@ impl NcclComm {
     /// joined. The CUDA context of the GPU this rank uses must be current (the `Gpu`'s
     /// [`crate::Gpu::make_current`] does it).
     pub fn new(id: &[u8; UNIQUE_ID_BYTES], nranks: usize, rank: usize) -> Result<NcclComm> {
-        let api = api()?;
         if nranks == 0 || rank >= nranks || nranks > c_int::MAX as usize {
             return Err(CudaError::InvalidArgument(format!(
                 "rank {rank} of {nranks}"
             )));
         }
+        let api = api()?;
         let uid = UniqueId {
             internal: id.map(|b| b as c_char),
         };
@@ -342,6 +342,45 @@ impl Drop for NcclComm {
                 // SAFETY: our handle, destroyed once.
                 unsafe { (api.comm_destroy)(self.comm) };
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_nccl_is_an_error_that_says_what_to_do() {
+        // Where NCCL is installed (the GPU machines) this makes a real id; elsewhere it must be
+        // an error naming the variable to set, never a panic.
+        match unique_id() {
+            Ok(id) => assert_eq!(id.len(), UNIQUE_ID_BYTES),
+            Err(CudaError::NcclNotFound(msg)) => {
+                assert!(msg.contains("libnccl.so.2"), "{msg}");
+                assert!(msg.contains("DELTACAST_NCCL_PATH"), "{msg}");
+                let id = [0u8; UNIQUE_ID_BYTES];
+                assert!(matches!(
+                    NcclComm::new(&id, 2, 0),
+                    Err(CudaError::NcclNotFound(_))
+                ));
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+
+    #[test]
+    fn ranks_are_checked_before_nccl_is_called() {
+        let id = [0u8; UNIQUE_ID_BYTES];
+        for (nranks, rank) in [(0, 0), (2, 2), (1, 5)] {
+            let err = NcclComm::new(&id, nranks, rank).err().expect("refused");
+            assert!(
+                matches!(
+                    err,
+                    CudaError::InvalidArgument(_) | CudaError::NcclNotFound(_)
+                ),
+                "{err}"
+            );
         }
     }
 }
