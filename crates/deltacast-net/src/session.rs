@@ -17,7 +17,7 @@
 //! | receiver says | server sends |
 //! | --- | --- |
 //! | hello / ack `(v1, D1)` | nothing: it is current |
-//! | hello `(v0, D0)`, or a nack `(v0, D0)` of a delta | the delta (again) |
+//! | hello `(v0, D0)`, or a nack `(v0, D0)` of a delta | the delta (again; the last attempt is a seed) |
 //! | anything else: empty, older, other digest, a nack of a seed, an ack with a wrong digest | a seed of `v1` |
 //!
 //! Each receiver gets at most [`SessionConfig::max_attempts`] sends per sync; then, or when its
@@ -500,8 +500,14 @@ impl SyncServer {
                         );
                         self.frames.disconnect(id, &why);
                         self.forget(id, why, rep);
-                    } else if !a.ok && sent == Sent::Delta && round.delta && said == round.v0 {
-                        // It still holds the base: the delta again.
+                    } else if !a.ok
+                        && sent == Sent::Delta
+                        && round.delta
+                        && said == round.v0
+                        && attempts + 1 < self.opts.max_attempts
+                    {
+                        // It still holds the base: the delta again (the last attempt is a seed,
+                        // in case the delta itself is what fails there).
                         self.send_delta(&[id], rep);
                         self.expect(&mut pending, id, Sent::Delta, attempts + 1);
                     } else {

@@ -295,6 +295,62 @@ fn corrupted_flush_rejects_the_whole_sync_and_it_is_sent_again() {
 }
 
 #[test]
+fn repeated_rejections_fall_back_to_a_seed_then_drop_the_receiver_by_name() {
+    let t = table(1 << 17);
+    let mut rng = Rng(8);
+    let mut w = weights(&t, &mut rng);
+    // Deltas of one flush here, so each corruption hits a different attempt.
+    let flush = FlushConfig {
+        bucket_size: 64 << 10,
+        ..FlushConfig::default()
+    };
+    let lo: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let mut s = SyncServer::bind(lo, net(), t.clone(), flush, session(1)).expect("bind");
+    let proxy = FaultProxy::start(s.local_addr(), 8 << 20).expect("proxy");
+    let a = spawn(client(&t, proxy.addr(), 0), no_hook());
+    sync_ok(&mut s, &w);
+
+    // Two corrupted sends of the delta: the third attempt (of 3) is a seed, and it arrives.
+    step(&mut w, &mut rng);
+    for _ in 0..2 {
+        proxy.inject(Fault::Corrupt {
+            after: 0,
+            offset: rng.next(),
+        });
+    }
+    let r2 = sync_ok(&mut s, &w);
+    assert_eq!(
+        (r2.nacks, r2.delta_sends, r2.seed_sends),
+        (2, 2, 1),
+        "{r2:?}"
+    );
+    assert!(r2.dropped.is_empty(), "{r2:?}");
+
+    // Three: all attempts spent, the receiver is dropped with a reason naming it; it reconnects
+    // within the sync (hello at the base: the delta again, which gets through).
+    step(&mut w, &mut rng);
+    for _ in 0..3 {
+        proxy.inject(Fault::Corrupt {
+            after: 0,
+            offset: rng.next(),
+        });
+    }
+    let r3 = sync_ok(&mut s, &w);
+    assert_eq!(r3.nacks, 3, "{r3:?}");
+    assert_eq!(r3.dropped.len(), 1, "{r3:?}");
+    let (who, why) = &r3.dropped[0];
+    assert!(who.starts_with("receiver #"), "{who}");
+    assert!(why.contains("gave up on it after 3 sends"), "{why}");
+    assert_eq!((r3.delta_sends, r3.seed_sends), (3, 1), "{r3:?}");
+    assert_eq!(proxy.pending(), 0);
+
+    let (v, d) = (s.version(), s.state_digest());
+    s.close("test over");
+    let (_, r) = a.join().expect("a");
+    assert_same(&r, &w, v, d, "a");
+}
+
+#[test]
 fn receivers_restarting_empty_or_at_an_old_version_get_a_seed() {
     let t = table(1 << 17);
     let mut rng = Rng(3);
