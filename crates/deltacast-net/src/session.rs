@@ -185,6 +185,12 @@ impl SyncServer {
                 "max_attempts must be at least 1".into(),
             ));
         }
+        if opts.resume_after >= u64::MAX / 2 {
+            return Err(SessionError::InvalidArgument(format!(
+                "resume_after {} leaves no room for versions",
+                opts.resume_after
+            )));
+        }
         let ack_timeout = net.ack_timeout;
         let frames = FrameServer::bind(addr, net.with_bucket_size(flush.bucket_size as u64))?;
         Ok(SyncServer {
@@ -854,5 +860,38 @@ impl<S: SlotStore> SyncClient<S> {
             Some(l) => l.send_ack(ack),
             None => Err(NetError::Poisoned("the connection is closed".into())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltacast::{DType, SlotInfo};
+
+    #[test]
+    fn bind_refuses_options_that_cannot_work() {
+        let table = SlotTable::new(vec![SlotInfo::new("w", DType::BF16, vec![8])]).expect("table");
+        let lo: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let bind = |opts: SessionConfig| {
+            SyncServer::bind(
+                lo,
+                NetConfig::default(),
+                table.clone(),
+                FlushConfig::default(),
+                opts,
+            )
+        };
+        let e = bind(SessionConfig {
+            max_attempts: 0,
+            ..SessionConfig::default()
+        });
+        assert!(matches!(e, Err(SessionError::InvalidArgument(_))));
+        let e = bind(SessionConfig {
+            resume_after: u64::MAX,
+            ..SessionConfig::default()
+        });
+        assert!(matches!(e, Err(SessionError::InvalidArgument(_))));
+        let s = bind(SessionConfig::default()).expect("defaults bind");
+        assert_eq!((s.version(), s.retained_bytes()), (0, 0));
     }
 }
