@@ -4,8 +4,7 @@
 use rayon::prelude::*;
 
 use crate::diff::{diff_and_refresh, Changes};
-use crate::digest::{change, digest_slot, slot_salt};
-use crate::dtype::load_bits;
+use crate::digest::{changes_at, digest_slot};
 use crate::error::{Error, Result};
 use crate::flush::{FlushConfig, SyncEncoder, SyncStats};
 use crate::slot::SlotTable;
@@ -223,20 +222,14 @@ impl Sender {
             let changes = &mut self.changes;
             changes.clear();
             diff_and_refresh(&mut self.snapshot[id], current[id], width, 0, changes);
-            let salt = slot_salt(id as u32);
+            // In pieces of 2^16 changes (the hash loop is vectorized per piece).
+            const PIECE: usize = 1 << 16;
             let moved = changes
                 .positions
-                .par_iter()
-                .enumerate()
-                .with_min_len(1 << 14)
-                .map(|(k, &p)| {
-                    change(
-                        salt,
-                        p,
-                        load_bits(&changes.old_values, width, k),
-                        load_bits(&changes.new_values, width, k),
-                    )
-                })
+                .par_chunks(PIECE)
+                .zip(changes.old_values.par_chunks(PIECE * width))
+                .zip(changes.new_values.par_chunks(PIECE * width))
+                .map(|((pos, old), new)| changes_at(id as u32, width, pos, old, new))
                 .reduce(|| 0u64, u64::wrapping_add);
             let base = self.digests[id];
             let new = base.wrapping_add(moved);
