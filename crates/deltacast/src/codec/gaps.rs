@@ -299,7 +299,7 @@ pub(crate) fn holes_directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
     for &p in rel {
         changed[p as usize / 64] |= 1 << (p % 64);
     }
-    if range % 64 != 0 {
+    if !range.is_multiple_of(64) {
         // Past the range: not holes.
         changed[words - 1] |= !0u64 << (range % 64);
     }
