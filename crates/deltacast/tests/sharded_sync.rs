@@ -132,6 +132,19 @@ fn expected_slots(p: &Param) -> Vec<Vec<u8>> {
     }
 }
 
+/// A store that only lends one slot at a time (like borrowed tensors).
+struct OneAtATime(Vec<Vec<u8>>);
+
+impl deltacast::SlotStore for OneAtATime {
+    fn slot(&self, id: u32) -> &[u8] {
+        &self.0[id as usize]
+    }
+
+    fn slot_mut(&mut self, id: u32) -> &mut [u8] {
+        &mut self.0[id as usize]
+    }
+}
+
 fn run_case(
     seed: u64,
     mesh: Vec<u64>,
@@ -210,6 +223,13 @@ fn run_case(
         .map(|plans| Some(RankSender::new(map.clone(), plans.clone(), config).unwrap()))
         .collect();
     let mut receiver = Receiver::new(table.clone());
+    // The same sync into a store that lends one slot at a time (applied slot by slot).
+    let zeros = table
+        .slots()
+        .iter()
+        .map(|s| vec![0u8; s.nbytes() as usize])
+        .collect();
+    let mut plain = Receiver::with_state(table.clone(), OneAtATime(zeros), None).unwrap();
 
     for step in 0..4 {
         if step > 0 {
@@ -283,6 +303,9 @@ fn run_case(
             outcome = receiver
                 .receive(f)
                 .unwrap_or_else(|e| panic!("step {step}: {e}"));
+            plain
+                .receive(f)
+                .unwrap_or_else(|e| panic!("step {step}, one slot at a time: {e}"));
         }
         let outcome = outcome.unwrap();
         assert_eq!(outcome.state_digest, report.state_digest);
@@ -292,6 +315,7 @@ fn run_case(
             &expected,
             "step {step}: receiver differs from the full model"
         );
+        assert_eq!(plain.store().0, expected, "step {step}: one slot at a time");
         // The gather moves the encoded changes and a 48-byte header per chunk, nothing else.
         let g = &report.gather;
         assert!(g.gathered_bytes >= g.gathered_payload);
