@@ -30,12 +30,8 @@ use rayon::prelude::*;
 const WIDTH: usize = 2;
 const DENSITIES: [(f64, &str); 3] = [(0.001, "0.1%"), (0.01, "1%"), (0.1, "10%")];
 /// The serial kernels also at 50%, the densest point of the codec benchmarks.
-const SERIAL_DENSITIES: [(f64, &str); 4] = [
-    (0.001, "0.1%"),
-    (0.01, "1%"),
-    (0.1, "10%"),
-    (0.5, "50%"),
-];
+const SERIAL_DENSITIES: [(f64, &str); 4] =
+    [(0.001, "0.1%"), (0.01, "1%"), (0.1, "10%"), (0.5, "50%")];
 
 /// Bytes of the big shard: 1 GiB unless `DELTACAST_BENCH_BYTES` says otherwise (rounded down to
 /// whole elements). An unparsable value is ignored rather than trusted.
