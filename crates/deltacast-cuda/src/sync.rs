@@ -567,22 +567,8 @@ impl GpuSender {
             position_bytes: 0,
             value_bytes: 0,
         };
-        // SAFETY: our header buffer.
-        unsafe {
-            self.gpu
-                .copy_to_device(self.header.ptr(), &header.encode())?
-        };
-        let stream = self.gpu.stream_handle();
-        // SAFETY: as above.
-        unsafe {
-            self.comm.broadcast(
-                self.header.ptr(),
-                self.header.ptr(),
-                HEADER_BYTES,
-                self.config.root,
-                stream,
-            )?
-        };
+        // No manifest follows a close (receivers stop at the header).
+        self.broadcast_head(&header, &[])?;
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.config.timeout, "the close")
     }

@@ -3,6 +3,8 @@
 //! Without a GPU (or without the `cuda` feature) each test prints why it is skipped and passes;
 //! with `DELTACAST_REQUIRE_GPU=1` a missing GPU fails instead (what the GPU runs use).
 
+mod common;
+
 use deltacast::codec::{encode_positions, PosCodec, ValCodec};
 use deltacast::diff::{diff_and_refresh, Changes};
 use deltacast::digest::{change, digest_range, slot_salt};
@@ -28,30 +30,7 @@ fn gpu() -> Option<Gpu> {
     }
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-}
+use common::Rng;
 
 fn mask(width: usize) -> u32 {
     if width == 4 {
@@ -341,10 +320,9 @@ fn run_diff_batch(
     }
 }
 
-#[test]
-fn diff_batch_matches_cpu() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = Rng(1);
+/// Every width at sizes around vector, tile and word boundaries; the density cycles with the
+/// size (`density_step` per width) and one case in `misalign_every` is not 16-byte aligned.
+fn edge_cases(rng: &mut Rng, density_step: usize, misalign_every: usize) -> Vec<DiffCase> {
     let sizes = [
         0usize, 1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 1000, 4095, 4096, 4097, 8191, 8192, 8193, 16383,
         16384, 16385, 65537, 300_001,
@@ -356,13 +334,21 @@ fn diff_batch_matches_cpu() {
             cases.push(DiffCase {
                 numel,
                 width,
-                density: densities[(k + width) % densities.len()],
-                misalign: (k + width) % 5 == 0,
+                density: densities[(k + density_step * width) % densities.len()],
+                misalign: (k + width) % misalign_every == 0,
                 first_index: rng.below(1 << 40),
                 slot: rng.below(1000) as u32,
             });
         }
     }
+    cases
+}
+
+#[test]
+fn diff_batch_matches_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(1);
+    let mut cases = edge_cases(&mut rng, 1, 5);
     // Interleave widths and add a larger one: the batch sorts internally, output per input.
     cases.push(DiffCase {
         numel: (1 << 21) + 5,
@@ -393,24 +379,7 @@ fn diff_batch_matches_cpu() {
 fn two_pass_diff_matches_cpu() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng(11);
-    let sizes = [
-        0usize, 1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 1000, 4095, 4096, 4097, 8191, 8192, 8193, 16383,
-        16384, 16385, 65537, 300_001,
-    ];
-    let densities = [0.0, 0.0005, 0.01, 0.1, 0.5, 1.0];
-    let mut cases = Vec::new();
-    for (k, &numel) in sizes.iter().enumerate() {
-        for width in [1usize, 2, 4] {
-            cases.push(DiffCase {
-                numel,
-                width,
-                density: densities[(k + 2 * width) % densities.len()],
-                misalign: (k + width) % 4 == 0,
-                first_index: rng.below(1 << 40),
-                slot: rng.below(1000) as u32,
-            });
-        }
-    }
+    let mut cases = edge_cases(&mut rng, 2, 4);
     cases.push(DiffCase {
         numel: (1 << 23) + 5,
         width: 2,

@@ -7,6 +7,8 @@
 //! (`DELTACAST_REQUIRE_GPU=1` turns that into a failure).
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -32,21 +34,7 @@ fn two_gpus() -> bool {
     false
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-}
+use common::Rng;
 
 /// Bit patterns that break float compares: ±0, NaNs, infinities, subnormals, ±1 ULP moves.
 fn special(width: usize, k: u64) -> u32 {
@@ -105,6 +93,20 @@ fn mutate(rng: &mut Rng, bytes: &mut [u8], width: usize, density: f64) {
     }
 }
 
+/// The test's tensors over device buffers laid out as SHAPES.
+fn as_tensors(bufs: &[DeviceBuffer]) -> Vec<GpuTensor> {
+    SHAPES
+        .iter()
+        .zip(bufs)
+        .map(|((n, d, s), b)| GpuTensor {
+            name: n.to_string(),
+            dtype: *d,
+            shape: s.to_vec(),
+            ptr: b.ptr(),
+        })
+        .collect()
+}
+
 const SHAPES: &[(&str, DType, &[u64])] = &[
     ("empty", DType::BF16, &[0]),
     ("one", DType::BF16, &[1]),
@@ -161,16 +163,7 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
             .iter()
             .map(|h| gpu.upload(h).expect("upload"))
             .collect();
-        let tensors: Vec<GpuTensor> = SHAPES
-            .iter()
-            .zip(&bufs)
-            .map(|((n, d, s), b)| GpuTensor {
-                name: n.to_string(),
-                dtype: *d,
-                shape: s.to_vec(),
-                ptr: b.ptr(),
-            })
-            .collect();
+        let tensors = as_tensors(&bufs);
         let config = GpuSenderConfig {
             chunk_elems: 4096,
             capacity: 0.25,
@@ -213,16 +206,7 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
                     .expect("alloc")
             })
             .collect();
-        let tensors: Vec<GpuTensor> = SHAPES
-            .iter()
-            .zip(&bufs)
-            .map(|((n, d, s), b)| GpuTensor {
-                name: n.to_string(),
-                dtype: *d,
-                shape: s.to_vec(),
-                ptr: b.ptr(),
-            })
-            .collect();
+        let tensors = as_tensors(&bufs);
         let mut r = unsafe { GpuReceiver::new(gpu, comm, tensors, 0, Duration::from_secs(60)) }
             .expect("receiver");
         let read = |r: &GpuReceiver| -> Vec<Vec<u8>> {
