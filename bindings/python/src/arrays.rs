@@ -370,4 +370,21 @@ impl SlotStore for NumpyStore {
         // slots overlap (`new`), and `&mut self` makes this the only live reference into it.
         unsafe { std::slice::from_raw_parts_mut(v.ptr, v.len) }
     }
+
+    /// Every slot at once, so the core applies a sync to all slots in parallel.
+    fn slots_mut(&mut self) -> Option<Vec<&mut [u8]>> {
+        Some(
+            self.views
+                .iter()
+                .map(|v| {
+                    if v.len == 0 {
+                        return &mut [][..];
+                    }
+                    // SAFETY: as in `slot_mut`; the slices are live together, which is sound
+                    // because no two slots' arrays overlap (checked in `new`).
+                    unsafe { std::slice::from_raw_parts_mut(v.ptr, v.len) }
+                })
+                .collect(),
+        )
+    }
 }
