@@ -200,10 +200,15 @@ pub(crate) fn exit_when_parent_goes() {
 
 /// Peak resident set size of this process (VmHWM), where /proc says it.
 pub(crate) fn peak_rss_bytes() -> Option<u64> {
+    proc_status_bytes("VmHWM:")
+}
+
+/// A size field (`VmRSS:`, `VmHWM:`, …) of /proc/self/status, in bytes.
+pub(crate) fn proc_status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line
-        .trim_start_matches("VmHWM:")
+        .trim_start_matches(field)
         .trim()
         .trim_end_matches("kB")
         .trim()

@@ -27,7 +27,7 @@ use deltacast_net::fault::{Fault, FaultProxy};
 use deltacast_net::{ClientEvent, NetConfig, Secret, SessionConfig, SyncClient, SyncServer};
 
 use crate::output::{bytes, json_line, progress};
-use crate::processes::{peak_rss_bytes, random_secret};
+use crate::processes::{peak_rss_bytes, proc_status_bytes, random_secret};
 use crate::synthetic::{preset, SyntheticModel};
 
 #[derive(Args, Debug)]
@@ -268,16 +268,7 @@ fn receiver_thread(
 }
 
 fn vm_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line
-        .trim_start_matches("VmRSS:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    proc_status_bytes("VmRSS:")
 }
 
 pub fn run(args: SoakArgs) -> Result<()> {

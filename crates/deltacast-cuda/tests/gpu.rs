@@ -3,6 +3,7 @@
 //! Without a GPU (or without the `cuda` feature) each test prints why it is skipped and passes;
 //! with `DELTACAST_REQUIRE_GPU=1` a missing GPU fails instead (what the GPU runs use).
 
+#[path = "../../deltacast/tests/common/mod.rs"]
 mod common;
 
 use deltacast::codec::{encode_positions, PosCodec, ValCodec};
@@ -62,7 +63,7 @@ fn special(rng: &mut Rng, width: usize) -> u32 {
     if rng.chance(0.3) {
         pats[rng.below(pats.len() as u64) as usize]
     } else {
-        rng.next() as u32 & mask(width)
+        rng.next_u64() as u32 & mask(width)
     }
 }
 

@@ -7,6 +7,7 @@
 //! (`DELTACAST_REQUIRE_GPU=1` turns that into a failure).
 #![cfg(feature = "cuda")]
 
+#[path = "../../deltacast/tests/common/mod.rs"]
 mod common;
 
 use std::sync::mpsc;
@@ -34,64 +35,7 @@ fn two_gpus() -> bool {
     false
 }
 
-use common::Rng;
-
-/// Bit patterns that break float compares: ±0, NaNs, infinities, subnormals, ±1 ULP moves.
-fn special(width: usize, k: u64) -> u32 {
-    let w = match width {
-        2 => [
-            0x0000u32, 0x8000, 0x7fc0, 0xffc1, 0x7f80, 0xff80, 0x0001, 0x807f,
-        ],
-        4 => [
-            0u32,
-            0x8000_0000,
-            0x7fc0_0000,
-            0xffc0_0001,
-            0x7f80_0000,
-            0xff80_0000,
-            1,
-            0x8000_0001,
-        ],
-        _ => [0u32, 0x80, 0x7f, 0xff, 0x01, 0x81, 0x78, 0xf8],
-    };
-    w[(k % 8) as usize]
-}
-
-fn store(bytes: &mut [u8], width: usize, i: usize, bits: u32) {
-    bytes[i * width..(i + 1) * width].copy_from_slice(&bits.to_le_bytes()[..width]);
-}
-
-fn load(bytes: &[u8], width: usize, i: usize) -> u32 {
-    let mut b = [0u8; 4];
-    b[..width].copy_from_slice(&bytes[i * width..(i + 1) * width]);
-    u32::from_le_bytes(b)
-}
-
-/// Changes about `density` of the elements: ±1 ULP mostly, sometimes a special pattern.
-fn mutate(rng: &mut Rng, bytes: &mut [u8], width: usize, density: f64) {
-    let mask = if width == 4 {
-        u32::MAX
-    } else {
-        (1u32 << (8 * width)) - 1
-    };
-    for i in 0..bytes.len() / width {
-        if rng.chance(density) {
-            let old = load(bytes, width, i);
-            let r = rng.next();
-            let mut new = if r.is_multiple_of(10) {
-                special(width, r >> 8)
-            } else if r.is_multiple_of(2) {
-                old.wrapping_add(1) & mask
-            } else {
-                old.wrapping_sub(1) & mask
-            };
-            if new == old {
-                new = old ^ 1;
-            }
-            store(bytes, width, i, new);
-        }
-    }
-}
+use common::{mutate, Rng};
 
 /// The test's tensors over device buffers laid out as SHAPES.
 fn as_tensors(bufs: &[DeviceBuffer]) -> Vec<GpuTensor> {
@@ -156,7 +100,7 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
             .iter()
             .map(|(_, d, s)| {
                 let n = s.iter().product::<u64>() as usize * d.width();
-                (0..n).map(|_| rng.next() as u8).collect()
+                (0..n).map(|_| rng.next_u64() as u8).collect()
             })
             .collect();
         let bufs: Vec<DeviceBuffer> = host

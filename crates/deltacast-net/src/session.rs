@@ -36,9 +36,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use deltacast::flush::SyncEncoder;
-use deltacast::wire::{parse_frame, peek_header, SlotDigest};
-use deltacast::{FlushConfig, FrameKind, Receiver, Sender, SlotStore, SlotTable, SyncOutcome};
+use deltacast::wire::{parse_frame, peek_header};
+use deltacast::{FlushConfig, Receiver, Sender, SlotStore, SlotTable, SyncOutcome};
 
 use crate::frames::ServerEvent;
 use crate::{Ack, FrameClient, FrameServer, NetConfig, NetError, ReceiverId, ReceiverInfo};
@@ -593,27 +592,9 @@ impl SyncServer {
         let mut failed = Vec::new();
         {
             let frames = &mut self.frames;
-            let mut enc = SyncEncoder::new(
-                FrameKind::Seed,
-                sender.version(),
-                self.table.hash(),
-                self.flush,
-                |f: Vec<u8>| stream(frames, &mut live, &mut failed, &f),
-            )?;
-            for (id, slot) in self.table.slots().iter().enumerate() {
-                enc.push_seed(id as u32, slot.dtype.width(), current[id])?;
-            }
-            let records: Vec<SlotDigest> = sender
-                .digests()
-                .iter()
-                .enumerate()
-                .map(|(id, &d)| SlotDigest {
-                    slot: id as u32,
-                    base: 0,
-                    new: d,
-                })
-                .collect();
-            enc.finish(&records)?;
+            sender.resend_seed(current, |f: Vec<u8>| {
+                stream(frames, &mut live, &mut failed, &f)
+            })?;
         }
         rep.seed_sends += ids.len() as u32;
         for (id, e) in failed {

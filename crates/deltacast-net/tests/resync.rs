@@ -15,22 +15,11 @@ use deltacast_net::{
     ClientEvent, NetConfig, Secret, SessionConfig, SyncClient, SyncReport, SyncServer,
 };
 
+#[path = "../../deltacast/tests/common/mod.rs"]
+mod common;
+use common::Rng;
+
 const KEY: &str = "resync-test-secret-0123456789";
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn table(elems: u64) -> SlotTable {
     SlotTable::new(vec![
@@ -45,7 +34,7 @@ fn table(elems: u64) -> SlotTable {
 fn weights(t: &SlotTable, rng: &mut Rng) -> Vec<Vec<u8>> {
     t.slots()
         .iter()
-        .map(|s| (0..s.nbytes()).map(|_| rng.next() as u8).collect())
+        .map(|s| (0..s.nbytes()).map(|_| rng.next_u64() as u8).collect())
         .collect()
 }
 
@@ -249,7 +238,7 @@ fn corrupted_flush_rejects_the_whole_sync_and_it_is_sent_again() {
     step(&mut w, &mut rng);
     // The second flush is corrupted: the first one verified and was staged, yet nothing may be
     // applied.
-    let offset = rng.next();
+    let offset = rng.next_u64();
     proxy.inject(Fault::Corrupt { after: 1, offset });
     let r2 = sync_ok(&mut s, &w);
     assert_eq!(proxy.done().len(), 1);
@@ -263,7 +252,7 @@ fn corrupted_flush_rejects_the_whole_sync_and_it_is_sent_again() {
     step(&mut w, &mut rng);
     proxy.inject(Fault::Corrupt {
         after: 0,
-        offset: rng.next(),
+        offset: rng.next_u64(),
     });
     let r3 = sync_ok(&mut s, &w);
     assert_eq!(r3.nacks, 1, "{r3:?}");
@@ -315,7 +304,7 @@ fn repeated_rejections_fall_back_to_a_seed_then_drop_the_receiver_by_name() {
     for _ in 0..2 {
         proxy.inject(Fault::Corrupt {
             after: 0,
-            offset: rng.next(),
+            offset: rng.next_u64(),
         });
     }
     let r2 = sync_ok(&mut s, &w);
@@ -332,7 +321,7 @@ fn repeated_rejections_fall_back_to_a_seed_then_drop_the_receiver_by_name() {
     for _ in 0..3 {
         proxy.inject(Fault::Corrupt {
             after: 0,
-            offset: rng.next(),
+            offset: rng.next_u64(),
         });
     }
     let r3 = sync_ok(&mut s, &w);

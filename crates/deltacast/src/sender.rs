@@ -161,6 +161,38 @@ impl Sender {
             snap.copy_from_slice(cur);
         }
         let digests = self.compute_digests(&self.snapshot);
+        let stats = self.encode_seed(version, &digests, current, sink)?;
+        self.digests = digests;
+        self.version = version;
+        self.needs_seed = false;
+        Ok(SendReport {
+            kind: FrameKind::Seed,
+            stats,
+            base_digest: 0,
+            state_digest: self.state_digest(),
+            elements: self.table.total_elements(),
+        })
+    }
+
+    /// Encodes again a seed of the version last sent, from `current` (which must hold that
+    /// version's bits), changing nothing: for a receiver repaired between two syncs.
+    pub fn resend_seed<F: FnMut(Vec<u8>) -> Result<()>>(
+        &self,
+        current: &[&[u8]],
+        sink: F,
+    ) -> Result<SyncStats> {
+        self.check_buffers(current)?;
+        self.encode_seed(self.version, &self.digests, current, sink)
+    }
+
+    /// The frames of a seed of `version` whose slots have `digests`.
+    fn encode_seed<F: FnMut(Vec<u8>) -> Result<()>>(
+        &self,
+        version: u64,
+        digests: &[u64],
+        current: &[&[u8]],
+        sink: F,
+    ) -> Result<SyncStats> {
         let mut enc = SyncEncoder::new(
             FrameKind::Seed,
             version,
@@ -180,17 +212,7 @@ impl Sender {
                 new: d,
             })
             .collect();
-        let stats = enc.finish(&records)?;
-        self.digests = digests;
-        self.version = version;
-        self.needs_seed = false;
-        Ok(SendReport {
-            kind: FrameKind::Seed,
-            stats,
-            base_digest: 0,
-            state_digest: self.state_digest(),
-            elements: self.table.total_elements(),
-        })
+        enc.finish(&records)
     }
 
     /// Sends the elements whose bits changed since the last sync.

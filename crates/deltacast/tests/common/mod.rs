@@ -102,7 +102,7 @@ pub fn random_table(rng: &mut Rng, n: usize, max_numel: u64) -> SlotTable {
             SlotInfo::new(format!("layer.{i}.weight"), dtype, shape)
         })
         .collect();
-    SlotTable::new(slots).unwrap()
+    SlotTable::new(slots).expect("a random table is valid")
 }
 
 pub fn random_buffers(rng: &mut Rng, table: &SlotTable) -> Vec<Vec<u8>> {
