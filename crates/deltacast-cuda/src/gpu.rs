@@ -19,6 +19,9 @@ use crate::{
     KERNELS,
 };
 
+mod entropy;
+pub use entropy::{CodeScratch, DECODE_SLACK};
+
 const DIFF_THREADS: u32 = 256;
 /// Tiles per group of its first scan level.
 const MASK_GROUP: u64 = 2048;
@@ -401,6 +404,18 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
     ("encode", &["dc_encode_cells", "dc_encode_place"]),
     ("apply", &["dc_apply_check", "dc_apply_scatter"]),
     ("digest", &["dc_digest", "dc_digest_update"]),
+    (
+        "entropy",
+        &[
+            "dc_code_block_chunk",
+            "dc_code_size",
+            "dc_code_totals",
+            "dc_code_write",
+            "dc_code_dirs",
+            "dc_gaps_decode",
+            "dc_ulp_decode",
+        ],
+    ),
 ];
 
 impl Gpu {

@@ -47,12 +47,18 @@ pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod sync;
 #[cfg(feature = "cuda")]
-pub use gpu::{compile_kernel, compile_kernel_tuned, nvrtc_present, DeviceBuffer, Gpu};
+pub use gpu::{
+    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu,
+    DECODE_SLACK,
+};
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{compile_kernel, compile_kernel_tuned, nvrtc_present, DeviceBuffer, Gpu};
+pub use stub::{
+    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu,
+    DECODE_SLACK,
+};
 
 /// A device address (`CUdeviceptr`).
 pub type DevicePtr = u64;
@@ -72,6 +78,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("encode", include_str!("../kernels/encode.cu")),
     ("apply", include_str!("../kernels/apply.cu")),
     ("digest", include_str!("../kernels/digest.cu")),
+    ("entropy", include_str!("../kernels/entropy.cu")),
 ];
 
 /// The full program NVRTC compiles for kernel file `name` (prelude + source).
@@ -368,8 +375,76 @@ pub(crate) fn apply_error_reason(code: u32) -> &'static str {
         2 => "positions are not strictly increasing",
         3 => "the bitmap's set bits differ from the chunk's count",
         4 => "a delta element sets the value the receiver already holds",
+        5 => "a malformed gaps or ulp section (directory, code words or padding)",
         _ => "unknown error",
     }
+}
+
+/// One chunk of a sender's changes to size and write in the entropy codecs
+/// ([`Gpu::entropy_size`], [`Gpu::entropy_write`]): `gaps` positions and `ulp` values, the
+/// core's formats byte for byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeChunk {
+    /// `count` sorted slot indices (u64, 8-byte aligned).
+    pub positions: DevicePtr,
+    /// `count` new and old bit patterns of `width` bytes.
+    pub new_bits: DevicePtr,
+    pub old_bits: DevicePtr,
+    pub count: u64,
+    /// Positions are coded relative to `start` (the first), within `range`.
+    pub start: u64,
+    pub range: u64,
+    pub width: usize,
+}
+
+/// Exact section bytes of a chunk in each entropy codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CodeSizes {
+    pub gaps: u64,
+    pub ulp: u64,
+}
+
+/// How a chunk's values are written by [`Gpu::entropy_write`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeValues {
+    Ulp,
+    /// The new bits copied as they are.
+    Raw,
+}
+
+/// Where [`Gpu::entropy_write`] puts a chunk's sections (`None`: not written there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CodePlace {
+    pub gaps: Option<DevicePtr>,
+    pub values: Option<(CodeValues, DevicePtr)>,
+}
+
+/// The position section of a chunk to decode ([`Gpu::entropy_decode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodePositions {
+    /// A gaps section of `len` bytes, decoded into `count` u32 relative positions at `out`.
+    Gaps {
+        section: DevicePtr,
+        len: u64,
+        out: DevicePtr,
+    },
+    /// An abs32 section (read by the ulp decoder for the old bits; checked by the apply).
+    Abs32 { section: DevicePtr, len: u64 },
+}
+
+/// One received chunk with an entropy-coded section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeInput {
+    /// The slot's bytes (the old bits of the ulp steps).
+    pub held: DevicePtr,
+    pub slot_numel: u64,
+    pub width: usize,
+    pub start: u64,
+    pub range: u64,
+    pub count: u64,
+    pub positions: DecodePositions,
+    /// An ulp section `(section, len, out)`: decoded into `count` new bit patterns at `out`.
+    pub values: Option<(DevicePtr, u64, DevicePtr)>,
 }
 
 /// One tensor (or piece of a slot) to digest ([`Gpu::digest`]).
@@ -418,6 +493,8 @@ mod tests {
             "struct DigestTensor",
             "struct UpdateSeg",
             "struct PlaceCell",
+            "struct CodeChunk",
+            "struct DecodeChunk",
         ] {
             assert!(src.contains(name), "{name}");
         }

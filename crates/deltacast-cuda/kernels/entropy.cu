@@ -1,0 +1,522 @@
+// The core's entropy codecs on the GPU, byte for byte (docs/codecs.md): `gaps` positions
+// (Golomb–Rice gaps with the exact best k per block of 1024, escape to plain binary) and `ulp`
+// values (ordered-integer steps, gamma code above k, escape to the raw bits, exact best (k, c)
+// per block). A chunk's items are cut into coding blocks of CODE_BLOCK; blocks are numbered
+// globally (`block0` of each chunk) and every kernel below works on blocks, so a delta of
+// 10^8 changes is 10^5 independent units whatever the chunking.
+//
+// Sender:
+//   dc_code_block_chunk  block -> chunk table
+//   dc_code_size         one warp per block: gaps bits for every k (lane = k) and the ulp
+//                        length histogram, then the exact best parameters and bit counts
+//   dc_code_totals       one CUDA block per chunk: bit offset of each block in its chunk's
+//                        stream, and the chunk's total bits (the host sizes the sections)
+//   dc_code_write        one thread per block: its directory entry and its code words, at the
+//                        place the host chose; words wholly inside the block's bit range are
+//                        stored, the shared ones at its two ends are OR-ed (the destination is
+//                        zeroed first). Raw values are copied instead when the host chose raw.
+// Receiver:
+//   dc_code_dirs         one thread per block: the block's bits and parameters from the section
+//                        directories, checked; then dc_code_totals (the host checks each
+//                        stream's byte length against its total)
+//   dc_gaps_decode       one thread per block: relative positions (u32), every check of the
+//                        CPU decoder
+//   dc_ulp_decode        one thread per block: new bits from the bits held and the steps
+
+#define CODE_BLOCK 1024u
+#define GAPS_ESC 16u
+#define GAPS_DIR 7u
+#define ULP_DIR 4u
+#define ULP_UNCHANGED 33u  // histogram slot of unchanged elements (always raw)
+#define ULP_HIST 34u
+#define CODE_WARPS 4u      // warps per CUDA block of dc_code_size
+
+// Error codes (apply.cu uses 1..4).
+#define ERR_CODE 5u        // a malformed code stream or directory
+
+// Sender: one chunk whose changes are to be sized and, once placed, written.
+struct CodeChunk {
+    u64 pos;       // u64 slot indices of its changes, sorted (count of them)
+    u64 new_bits;  // count * width bytes
+    u64 old_bits;  // count * width bytes
+    u64 count;
+    u64 start;     // positions are coded relative to it
+    u64 range;
+    u64 block0;    // global index of its first coding block
+    u64 gaps_dst;  // where its gaps section goes (4-aligned, zeroed), 0: not gaps
+    u64 vals_dst;  // where its value section goes (4-aligned, zeroed), 0: none
+    u32 width;
+    u32 vals_codec;  // 0 none, 1 ulp, 2 raw copy
+};
+
+// Receiver: one chunk with an entropy-coded section to decode.
+struct DecodeChunk {
+    u64 pos_sec;   // gaps section, or the abs32 section its ulp values follow (4-aligned)
+    u64 pos_len;
+    u64 val_sec;   // ulp section (4-aligned), 0: values are not ulp
+    u64 val_len;
+    u64 held;      // the slot's bytes (old bits of the ulp steps)
+    u64 start;
+    u64 range;
+    u64 count;
+    u64 block0;
+    u64 pos_out;   // u32 relative positions decoded from gaps, 0: positions are abs32
+    u64 val_out;   // new bits decoded from ulp (count * width bytes)
+    u32 width;
+    u32 gaps;      // 1: pos_sec is a gaps section
+};
+
+__device__ __forceinline__ u32 dc_bit_len(u64 v) { return v ? 64u - __clzll(v) : 0u; }
+__device__ __forceinline__ u64 dc_mask64(u32 n) { return n >= 64 ? ~0ull : ((1ull << n) - 1ull); }
+__device__ __forceinline__ u64 dc_blocks_of(u64 count) { return (count + CODE_BLOCK - 1) / CODE_BLOCK; }
+
+// W of docs/codecs.md: enough bits for any gap of the range.
+__device__ __forceinline__ u32 dc_escape_width(u64 range) {
+    const u32 w = dc_bit_len(range > 0 ? range - 1 : 0);
+    return w > 1 ? w : 1;
+}
+
+// Ordered-integer view of an nb-bit pattern (deltacast::dtype::to_ordered) and back.
+__device__ __forceinline__ u32 dc_ord(u32 x, u32 nb) {
+    const u32 all = (u32)dc_mask64(nb), sign = 1u << (nb - 1);
+    return (x & sign) ? (~x & all) : (x | sign);
+}
+__device__ __forceinline__ u32 dc_unord(u32 o, u32 nb) {
+    const u32 all = (u32)dc_mask64(nb), sign = 1u << (nb - 1);
+    return (o & sign) ? (o ^ sign) : (~o & all);
+}
+
+// Code number u of the step old -> new and its bit length; length ULP_UNCHANGED when equal.
+__device__ __forceinline__ u32 dc_ulp_code(u32 old_bits, u32 new_bits, u32 nb, u32* len) {
+    const u32 all = (u32)dc_mask64(nb);
+    const u32 d = (dc_ord(new_bits, nb) - dc_ord(old_bits, nb)) & all;
+    if (d == 0) { *len = ULP_UNCHANGED; return 0; }
+    const u32 negative = d >> (nb - 1);
+    const u32 magnitude = negative ? ((0u - d) & all) : d;
+    const u32 u = ((magnitude - 1u) << 1) | negative;
+    *len = dc_bit_len(u);
+    return u;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bit output: code words of one block into a zeroed u32-word stream, LSB first.
+struct BitOut {
+    u32* base;
+    u64 word;  // index of the word being filled
+    u64 acc;
+    u32 nacc;  // bits held in acc (< 32 between calls)
+    u64 s, e;  // the block's bit range [s, e)
+};
+
+__device__ __forceinline__ void dc_out_init(BitOut* o, u32* base, u64 s, u64 e) {
+    o->base = base; o->word = s >> 5; o->acc = 0; o->nacc = (u32)(s & 31); o->s = s; o->e = e;
+}
+__device__ __forceinline__ void dc_out_emit(BitOut* o, u32 v) {
+    const u64 b0 = o->word * 32;
+    if (b0 >= o->s && b0 + 32 <= o->e) o->base[o->word] = v;  // wholly ours
+    else if (v) atomicOr(&o->base[o->word], v);                // shared with a neighbour
+}
+// Appends the low n bits of v (n <= 32, v < 2^n).
+__device__ __forceinline__ void dc_out_put(BitOut* o, u64 v, u32 n) {
+    o->acc |= v << o->nacc;
+    o->nacc += n;
+    if (o->nacc >= 32) {
+        dc_out_emit(o, (u32)o->acc);
+        o->acc >>= 32;
+        o->nacc -= 32;
+        ++o->word;
+    }
+}
+__device__ __forceinline__ void dc_out_zeros(BitOut* o, u32 n) {
+    while (n > 32) { dc_out_put(o, 0, 32); n -= 32; }
+    dc_out_put(o, 0, n);
+}
+__device__ __forceinline__ void dc_out_finish(BitOut* o) {
+    if (o->nacc > 0) dc_out_emit(o, (u32)o->acc);
+}
+// ORs the low nbytes bytes of v at byte offset off of a 4-aligned zeroed buffer.
+__device__ __forceinline__ void dc_or_bytes(u32* base, u64 off, u64 v, u32 nbytes) {
+    for (u32 i = 0; i < nbytes; ++i) {
+        const u32 byte = (u32)(v >> (8 * i)) & 0xffu;
+        const u64 o = off + i;
+        if (byte) atomicOr(&base[o >> 2], byte << (8 * (o & 3)));
+    }
+}
+
+// Bit input over a 4-aligned word stream (the buffer holds 16 bytes of slack past any section).
+struct BitIn {
+    const u32* base;
+    u64 word;  // next word to load
+    u64 buf;
+    u32 avail;  // valid bits in buf (>= 33 after a refill)
+    u64 pos;   // absolute bit position of buf's bit 0
+};
+
+__device__ __forceinline__ void dc_in_refill(BitIn* r) {
+    while (r->avail <= 32) {
+        r->buf |= (u64)r->base[r->word] << r->avail;
+        r->avail += 32;
+        ++r->word;
+    }
+}
+__device__ __forceinline__ void dc_in_init(BitIn* r, const u32* base, u64 s) {
+    r->base = base;
+    r->word = (s >> 5) + 1;
+    r->buf = (u64)(base[s >> 5] >> (s & 31));
+    r->avail = 32 - (u32)(s & 31);
+    r->pos = s;
+    dc_in_refill(r);
+}
+__device__ __forceinline__ void dc_in_skip(BitIn* r, u32 n) {  // n <= 33
+    r->buf = n >= 64 ? 0 : r->buf >> n;
+    r->avail -= n;
+    r->pos += n;
+    dc_in_refill(r);
+}
+__device__ __forceinline__ u32 dc_in_read(BitIn* r, u32 n) {  // n <= 32
+    const u32 v = (u32)(r->buf & dc_mask64(n));
+    dc_in_skip(r, n);
+    return v;
+}
+// Zero bits before the first one bit, counting no further than `cap` (<= 33).
+__device__ __forceinline__ u32 dc_in_zeros(const BitIn* r, u32 cap) {
+    const u32 z = r->buf ? (u32)__ffsll((long long)r->buf) - 1 : 64u;
+    return z < cap ? z : cap;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block -> chunk. One thread per chunk.
+extern "C" __global__ void dc_code_block_chunk(const u64* __restrict__ block0, const u64* __restrict__ counts,
+                                               u64 num_chunks, u32* __restrict__ block_chunk) {
+    for (u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x; c < num_chunks; c += (u64)gridDim.x * blockDim.x) {
+        const u64 n = dc_blocks_of(counts[c]);
+        for (u64 i = 0; i < n; ++i) block_chunk[block0[c] + i] = (u32)c;
+    }
+}
+
+// Sizes every coding block: gaps (bits, k) and ulp (bits, k | c << 8), both the exact best of
+// the CPU encoder, with its tie rules. One warp per block.
+extern "C" __global__ void __launch_bounds__(CODE_WARPS * 32)
+dc_code_size(const CodeChunk* __restrict__ chunks, const u32* __restrict__ block_chunk, u64 num_blocks,
+             u32* __restrict__ gbits, u32* __restrict__ gk, u32* __restrict__ ubits, u32* __restrict__ ukc) {
+    __shared__ u32 s_hist[CODE_WARPS][ULP_HIST];
+    const u32 lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    u32* hist = s_hist[wib];
+    for (u64 b = (u64)blockIdx.x * CODE_WARPS + wib; b < num_blocks; b += (u64)gridDim.x * CODE_WARPS) {
+        const CodeChunk c = chunks[block_chunk[b]];
+        const u64 i0 = (b - c.block0) * CODE_BLOCK;
+        const u32 m = (u32)min((u64)CODE_BLOCK, c.count - i0);
+
+        // gaps: lane k sums the cost of every gap with parameter k.
+        const u64* p = (const u64*)c.pos + i0;
+        const u32 W = dc_escape_width(c.range);
+        u32 cost = 0;
+        u64 carry = 0;
+        for (u32 base = 0; base < m; base += 32) {
+            const u32 j = base + lane;
+            const u64 pj = j < m ? p[j] : 0;
+            u64 prev = __shfl_up_sync(DC_FULL_MASK, pj, 1);
+            if (lane == 0) prev = carry;
+            const u32 g = (j >= 1 && j < m) ? (u32)(pj - prev - 1) : 0;
+            carry = __shfl_sync(DC_FULL_MASK, pj, 31);
+            const u32 t_end = min(32u, m - base);
+            for (u32 t = (base == 0 ? 1u : 0u); t < t_end; ++t) {
+                const u32 gt = __shfl_sync(DC_FULL_MASK, g, t);
+                const u32 q = gt >> lane;
+                cost += q < GAPS_ESC ? q + 1 + lane : GAPS_ESC + W;
+            }
+            // (the shuffles above are warp-uniform: t_end is the same on every lane)
+        }
+        u64 key = ((u64)cost << 5) | lane;
+        for (int o = 16; o > 0; o >>= 1) {
+            const u64 other = __shfl_xor_sync(DC_FULL_MASK, key, o);
+            key = other < key ? other : key;
+        }
+        if (lane == 0) { gbits[b] = (u32)(key >> 5); gk[b] = (u32)(key & 31); }
+
+        // ulp: the bit length histogram of the block's code numbers.
+        const u32 w = c.width, nb = 8 * w;
+        hist[lane] = 0;
+        if (lane < ULP_HIST - 32) hist[32 + lane] = 0;
+        __syncwarp();
+        for (u32 j = lane; j < m; j += 32) {
+            const u32 ob = dc_load_bits((const u8*)c.old_bits, i0 + j, w);
+            const u32 nbits = dc_load_bits((const u8*)c.new_bits, i0 + j, w);
+            u32 len;
+            dc_ulp_code(ob, nbits, nb, &len);
+            atomicAdd(&hist[len], 1u);
+        }
+        __syncwarp();
+        // Candidates in the CPU's order: all-raw, then (k, c) by k then c; the first of the
+        // smallest wins. key = bits << 16 | rank, rank 0 for all-raw, 1 + 64 k + c otherwise.
+        u64 best = lane == 0 ? ((u64)(m * nb) << 16) : ~0ull;
+        if (lane < nb) {
+            const u32 k = lane;
+            u32 shortn = 0;
+            for (u32 l = 0; l <= k; ++l) shortn += hist[l];
+            const u32 basebits = shortn * (k + 1);
+            u32 coded = 0, raw = m - shortn;
+            for (u32 cc = 1; cc <= nb - k + 1; ++cc) {
+                const u32 bits = basebits + coded + raw * (cc + nb);
+                const u64 kk = ((u64)bits << 16) | (1u + 64u * k + cc);
+                best = kk < best ? kk : best;
+                const u32 l = k + cc;
+                if (l <= nb) {
+                    coded += hist[l] * (2 * l - k);
+                    raw -= hist[l];
+                }
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const u64 other = __shfl_xor_sync(DC_FULL_MASK, best, o);
+            best = other < best ? other : best;
+        }
+        if (lane == 0) {
+            const u32 rank = (u32)(best & 0xffffu);
+            const u32 k = rank ? (rank - 1) / 64 : 0, cc = rank ? (rank - 1) % 64 : 0;
+            ubits[b] = (u32)(best >> 16);
+            ukc[b] = k | (cc << 8);
+        }
+        __syncwarp();  // hist is cleared for the next block
+    }
+}
+
+// Bit offset of every block in its chunk's stream (exclusive prefix) and each chunk's total
+// bits: totals[2c] gaps, totals[2c + 1] ulp. One CUDA block per chunk.
+extern "C" __global__ void __launch_bounds__(256)
+dc_code_totals(const u64* __restrict__ block0, const u64* __restrict__ counts, u64 num_chunks,
+               const u32* __restrict__ gbits, const u32* __restrict__ ubits,
+               u32* __restrict__ goff, u32* __restrict__ uoff, u64* __restrict__ totals) {
+    __shared__ u32 s_scan[32];
+    for (u64 c = blockIdx.x; c < num_chunks; c += gridDim.x) {
+        const u64 b0 = block0[c], n = dc_blocks_of(counts[c]);
+        u64 gbase = 0, ubase = 0;
+        for (u64 r = 0; r < n; r += blockDim.x) {
+            const u64 b = b0 + r + threadIdx.x;
+            const bool in = r + threadIdx.x < n;
+            const u32 gv = in ? gbits[b] : 0, uv = in ? ubits[b] : 0;
+            u32 gt, ut;
+            const u32 gx = dc_block_exclusive_scan(gv, s_scan, &gt);
+            const u32 ux = dc_block_exclusive_scan(uv, s_scan, &ut);
+            if (in) { goff[b] = (u32)(gbase + gx); uoff[b] = (u32)(ubase + ux); }
+            gbase += gt;
+            ubase += ut;
+        }
+        if (threadIdx.x == 0) { totals[2 * c] = gbase; totals[2 * c + 1] = ubase; }
+        __syncthreads();
+    }
+}
+
+// Writes every block's directory entries and code words (or copies its raw values). One thread
+// per block.
+extern "C" __global__ void __launch_bounds__(128)
+dc_code_write(const CodeChunk* __restrict__ chunks, const u32* __restrict__ block_chunk, u64 num_blocks,
+              const u32* __restrict__ gbits, const u32* __restrict__ gk, const u32* __restrict__ ubits,
+              const u32* __restrict__ ukc, const u32* __restrict__ goff, const u32* __restrict__ uoff) {
+    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < num_blocks; b += (u64)gridDim.x * blockDim.x) {
+        const CodeChunk c = chunks[block_chunk[b]];
+        const u64 bi = b - c.block0, nblk = dc_blocks_of(c.count);
+        const u64 i0 = bi * CODE_BLOCK;
+        const u32 m = (u32)min((u64)CODE_BLOCK, c.count - i0);
+        if (c.gaps_dst) {
+            const u64* p = (const u64*)c.pos + i0;
+            u32* out = (u32*)c.gaps_dst;
+            const u32 bits = gbits[b], k = gk[b], W = dc_escape_width(c.range);
+            const u64 entry = (u64)(u32)(p[0] - c.start) | ((u64)bits << 32) | ((u64)k << 48);
+            dc_or_bytes(out, GAPS_DIR * bi, entry, GAPS_DIR);
+            const u64 s = GAPS_DIR * nblk * 8 + goff[b];
+            BitOut o;
+            dc_out_init(&o, out, s, s + bits);
+            u64 prev = p[0];
+            for (u32 j = 1; j < m; ++j) {
+                const u64 pj = p[j];
+                const u32 g = (u32)(pj - prev - 1);
+                prev = pj;
+                const u32 q = g >> k;
+                if (q < GAPS_ESC) {
+                    dc_out_zeros(&o, q);
+                    dc_out_put(&o, 1ull | (((u64)g & dc_mask64(k)) << 1), k + 1);
+                } else {
+                    dc_out_zeros(&o, GAPS_ESC);
+                    dc_out_put(&o, g, W);
+                }
+            }
+            dc_out_finish(&o);
+        }
+        const u32 w = c.width, nb = 8 * w;
+        if (c.vals_codec == 1) {
+            u32* out = (u32*)c.vals_dst;
+            const u32 bits = ubits[b], k = ukc[b] & 0xffu, cc = ukc[b] >> 8;
+            out[bi] = bits | (k << 16) | (cc << 24);  // 4-aligned entry, this block's alone
+            const u64 s = ULP_DIR * nblk * 8 + uoff[b];
+            BitOut o;
+            dc_out_init(&o, out, s, s + bits);
+            for (u32 j = 0; j < m; ++j) {
+                const u32 ob = dc_load_bits((const u8*)c.old_bits, i0 + j, w);
+                const u32 nbits = dc_load_bits((const u8*)c.new_bits, i0 + j, w);
+                u32 len;
+                const u32 u = dc_ulp_code(ob, nbits, nb, &len);
+                const u32 z = len == ULP_UNCHANGED ? 0 : (len > k ? len - k : 0);
+                if (len == ULP_UNCHANGED || z >= cc) {
+                    dc_out_zeros(&o, cc);
+                    dc_out_put(&o, nbits, nb);
+                } else if (z == 0) {
+                    dc_out_put(&o, ((u64)u << 1) | 1ull, k + 1);
+                } else {
+                    dc_out_zeros(&o, z);
+                    dc_out_put(&o, ((u64)(u ^ (1u << (len - 1))) << 1) | 1ull, len);
+                }
+            }
+            dc_out_finish(&o);
+        } else if (c.vals_codec == 2) {
+            for (u32 j = 0; j < m; ++j)
+                dc_store_bits((u8*)c.vals_dst, i0 + j, w, dc_load_bits((const u8*)c.new_bits, i0 + j, w));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receiver.
+
+__device__ __forceinline__ void dc_code_flag(u32* err, u32 code) { atomicCAS(err, 0u, code); }
+
+__device__ __forceinline__ u32 dc_byte_at(const u8* p, u64 off, u32 n) {
+    u32 v = 0;
+    for (u32 i = 0; i < n; ++i) v |= (u32)p[off + i] << (8 * i);
+    return v;
+}
+
+// Each block's bits and parameters from the directories (0 bits where a chunk has no such
+// section), checked against the codecs' limits. One thread per block.
+extern "C" __global__ void dc_code_dirs(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ block_chunk,
+                                        u64 num_blocks, u32* __restrict__ gbits, u32* __restrict__ gk,
+                                        u32* __restrict__ ubits, u32* __restrict__ ukc, u32* __restrict__ errors) {
+    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < num_blocks; b += (u64)gridDim.x * blockDim.x) {
+        const u32 ci = block_chunk[b];
+        const DecodeChunk c = chunks[ci];
+        const u64 bi = b - c.block0;
+        u32 g = 0, k = 0, ub = 0, kc = 0;
+        if (c.gaps) {
+            const u8* d = (const u8*)c.pos_sec + GAPS_DIR * bi;
+            g = dc_byte_at(d, 4, 2);
+            k = d[6];
+            if (k > 31) dc_code_flag(&errors[ci], ERR_CODE);
+        }
+        if (c.val_sec) {
+            const u32 e = ((const u32*)c.val_sec)[bi];
+            const u32 nb = 8 * c.width, uk = (e >> 16) & 0xffu, uc = e >> 24;
+            ub = e & 0xffffu;
+            kc = uk | (uc << 8);
+            if (uk >= nb || uc > nb + 1) dc_code_flag(&errors[ci], ERR_CODE);
+        }
+        gbits[b] = g;
+        gk[b] = k;
+        ubits[b] = ub;
+        ukc[b] = kc;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+dc_gaps_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ block_chunk, u64 num_blocks,
+               const u32* __restrict__ gbits, const u32* __restrict__ gk, const u32* __restrict__ goff,
+               u32* __restrict__ errors) {
+    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < num_blocks; b += (u64)gridDim.x * blockDim.x) {
+        const u32 ci = block_chunk[b];
+        const DecodeChunk c = chunks[ci];
+        if (!c.gaps) continue;
+        u32* err = &errors[ci];
+        if (*err) continue;  // a directory already failed its check
+        const u64 bi = b - c.block0, nblk = dc_blocks_of(c.count);
+        const u64 i0 = bi * CODE_BLOCK;
+        const u32 m = (u32)min((u64)CODE_BLOCK, c.count - i0);
+        const u8* dir = (const u8*)c.pos_sec;
+        const u32 k = gk[b], W = dc_escape_width(c.range);
+        u32* out = (u32*)c.pos_out + i0;
+        u64 p = dc_byte_at(dir, GAPS_DIR * bi, 4);
+        if (p >= c.range) { dc_code_flag(err, ERR_CODE); continue; }
+        out[0] = (u32)p;
+        const u64 s = GAPS_DIR * nblk * 8 + goff[b], e = s + gbits[b];
+        BitIn r;
+        dc_in_init(&r, (const u32*)c.pos_sec, s);
+        bool bad = false;
+        for (u32 j = 1; j < m; ++j) {
+            const u32 z = dc_in_zeros(&r, GAPS_ESC);
+            u64 g;
+            if (z < GAPS_ESC) {
+                dc_in_skip(&r, z + 1);
+                g = ((u64)z << k) | dc_in_read(&r, k);
+            } else {
+                dc_in_skip(&r, GAPS_ESC);
+                g = dc_in_read(&r, W);
+            }
+            p += g + 1;
+            if (r.pos > e || p >= c.range) { bad = true; break; }
+            out[j] = (u32)p;
+        }
+        if (bad || r.pos != e) { dc_code_flag(err, ERR_CODE); continue; }
+        if (bi + 1 < nblk) {
+            // The next block must start past this one's last position.
+            if (dc_byte_at(dir, GAPS_DIR * (bi + 1), 4) <= p) dc_code_flag(err, ERR_CODE);
+        } else if (e & 7) {
+            // The last byte's padding bits must be zero.
+            const u32 pad = 8 - (u32)(e & 7);
+            if (dc_in_read(&r, pad) != 0) dc_code_flag(err, ERR_CODE);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ block_chunk, u64 num_blocks,
+              const u32* __restrict__ ubits, const u32* __restrict__ ukc, const u32* __restrict__ uoff,
+              u32* __restrict__ errors) {
+    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < num_blocks; b += (u64)gridDim.x * blockDim.x) {
+        const u32 ci = block_chunk[b];
+        const DecodeChunk c = chunks[ci];
+        if (!c.val_sec) continue;
+        u32* err = &errors[ci];
+        if (*err) continue;  // the directories or the positions already failed
+        const u64 bi = b - c.block0, nblk = dc_blocks_of(c.count);
+        const u64 i0 = bi * CODE_BLOCK;
+        const u32 m = (u32)min((u64)CODE_BLOCK, c.count - i0);
+        const u32 w = c.width, nb = 8 * w, all = (u32)dc_mask64(nb);
+        const u32 k = ukc[b] & 0xffu, cc = ukc[b] >> 8;
+        const u32* rel = (const u32*)(c.gaps ? c.pos_out : c.pos_sec) + i0;
+        const u64 s = ULP_DIR * nblk * 8 + uoff[b], e = s + ubits[b];
+        BitIn r;
+        dc_in_init(&r, (const u32*)c.val_sec, s);
+        bool bad = false;
+        for (u32 j = 0; j < m; ++j) {
+            const u32 q = rel[j];
+            if (q >= c.range) { bad = true; break; }
+            const u32 z = dc_in_zeros(&r, cc);
+            u32 nbits;
+            if (z >= cc) {
+                dc_in_skip(&r, cc);
+                nbits = dc_in_read(&r, nb);
+            } else {
+                u32 u;
+                if (z == 0) {
+                    dc_in_skip(&r, 1);
+                    u = dc_in_read(&r, k);
+                } else {
+                    const u32 len = z + k;
+                    if (len > nb) { bad = true; break; }
+                    dc_in_skip(&r, z + 1);
+                    u = (1u << (len - 1)) | dc_in_read(&r, len - 1);
+                }
+                if (u == all - 1u) { bad = true; break; }  // 2^nb - 2 names no step
+                const u32 negative = u & 1u, magnitude = (u >> 1) + 1u;
+                const u32 d = negative ? (0u - magnitude) : magnitude;
+                const u32 ob = dc_load_bits((const u8*)c.held, c.start + q, w);
+                nbits = dc_unord((dc_ord(ob, nb) + d) & all, nb);
+            }
+            if (r.pos > e) { bad = true; break; }
+            dc_store_bits((u8*)c.val_out, i0 + j, w, nbits);
+        }
+        if (bad || r.pos != e) { dc_code_flag(err, ERR_CODE); continue; }
+        if (bi + 1 == nblk && (e & 7)) {
+            const u32 pad = 8 - (u32)(e & 7);
+            if (dc_in_read(&r, pad) != 0) dc_code_flag(err, ERR_CODE);
+        }
+    }
+}
