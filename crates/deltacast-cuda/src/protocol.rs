@@ -6,7 +6,7 @@
 //!
 //! 1. the [`Header`], 64 bytes, fixed size;
 //! 2. the manifest: per slot the digest before and after (16 bytes each), then per chunk a
-//!    [`ChunkRecord`] (48 bytes) — `header.manifest_bytes` long;
+//!    [`ChunkRecord`] (64 bytes) — `header.manifest_bytes` long;
 //! 3. the position sections, packed (`header.position_bytes`);
 //! 4. the value sections, packed (`header.value_bytes`).
 //!
@@ -22,12 +22,13 @@ use crate::error::{CudaError, Result};
 
 /// "DCGP": deltacast GPU protocol.
 pub const MAGIC: [u8; 4] = *b"DCGP";
-/// Version of this layout.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version of this layout (2: chunk records carry their value codec and section lengths, for
+/// the entropy codecs).
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Bytes of a [`Header`].
 pub const HEADER_BYTES: usize = 64;
 /// Bytes of one [`ChunkRecord`].
-pub const CHUNK_RECORD_BYTES: usize = 48;
+pub const CHUNK_RECORD_BYTES: usize = 64;
 /// Bytes of one slot's digest pair in the manifest.
 pub const SLOT_RECORD_BYTES: usize = 16;
 /// The finest chunk grid a sender may use: it bounds the manifest a receiver accepts.
@@ -167,7 +168,7 @@ impl Header {
                         h.position_bytes
                     )));
                 }
-                if h.value_bytes > table.total_bytes {
+                if h.value_bytes > table.max_value_bytes(h.num_chunks) {
                     return Err(bad(format!(
                         "{} value bytes for a model of {} bytes",
                         h.value_bytes, table.total_bytes
@@ -211,51 +212,97 @@ impl TableLimits {
     }
 
     /// Positions of a delta never exceed one bitmap of every element or one u32 per element,
-    /// whichever is larger, plus 4 bytes of padding per chunk.
+    /// whichever is larger, plus 4 bytes of padding per chunk (a sender takes gaps only where
+    /// they are smaller than abs32).
     pub fn max_position_bytes(&self, chunks: u64) -> u64 {
         let elems = self.total_elements;
         (elems.saturating_mul(4)).saturating_add(chunks.saturating_mul(4))
     }
+
+    /// Values of a delta never exceed the model's bytes (ulp only where smaller than raw) plus
+    /// 4 bytes of padding per chunk.
+    pub fn max_value_bytes(&self, chunks: u64) -> u64 {
+        self.total_bytes.saturating_add(chunks.saturating_mul(4))
+    }
 }
+
+/// Items per block of the entropy codecs (docs/codecs.md).
+const CODE_BLOCK: u64 = 1024;
 
 /// Position codec of a chunk (the core's wire codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkPositions {
     Abs32 = 1,
+    Gaps = 2,
     Bitmap = 3,
 }
 
+/// Value codec of a chunk (the core's wire codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkValues {
+    Raw = 0,
+    Ulp = 1,
+}
+
 /// One chunk of a delta: a slot's changes between `start` and `start + range`.
+///
+/// Record layout (64 bytes, little-endian): slot u32, position codec u16, value codec u16,
+/// start, range, count, position offset, position length, value offset, value length (u64).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkRecord {
     pub slot: u32,
     pub positions: ChunkPositions,
+    pub values: ChunkValues,
     pub start: u64,
     pub range: u64,
     pub count: u64,
     /// Byte offset of its position section in the packed positions (4-byte aligned).
     pub position_offset: u64,
-    /// Byte offset of its values in the packed values (aligned to the slot's width).
+    pub position_len: u64,
+    /// Byte offset of its value section in the packed values (aligned to the slot's width;
+    /// to 4 bytes for ulp).
     pub value_offset: u64,
+    pub value_len: u64,
+}
+
+/// The lengths a section may have: (least, most) bytes.
+fn section_bounds(positions: ChunkPositions, count: u64, range: u64) -> (u64, u64) {
+    let blocks = count.div_ceil(CODE_BLOCK);
+    match positions {
+        ChunkPositions::Abs32 => (count * 4, count * 4),
+        ChunkPositions::Bitmap => (range.div_ceil(8), range.div_ceil(8)),
+        // A directory entry per block, then 1 to 48 bits per gap.
+        ChunkPositions::Gaps => (
+            7 * blocks + (count - blocks).div_ceil(8),
+            7 * blocks + (count - blocks) * 6,
+        ),
+    }
+}
+
+fn value_bounds(values: ChunkValues, count: u64, width: u64) -> (u64, u64) {
+    let blocks = count.div_ceil(CODE_BLOCK);
+    match values {
+        ChunkValues::Raw => (count * width, count * width),
+        // A directory entry per block, then 1 to (2·nb + 1) bits per value.
+        ChunkValues::Ulp => (
+            4 * blocks + count.div_ceil(8),
+            4 * blocks + (count * (16 * width + 1)).div_ceil(8),
+        ),
+    }
 }
 
 impl ChunkRecord {
-    /// Bytes of its position section.
-    pub fn position_len(&self) -> u64 {
-        match self.positions {
-            ChunkPositions::Abs32 => self.count * 4,
-            ChunkPositions::Bitmap => self.range.div_ceil(8),
-        }
-    }
-
     fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.slot.to_le_bytes());
-        out.extend_from_slice(&(self.positions as u32).to_le_bytes());
+        out.extend_from_slice(&(self.positions as u16).to_le_bytes());
+        out.extend_from_slice(&(self.values as u16).to_le_bytes());
         out.extend_from_slice(&self.start.to_le_bytes());
         out.extend_from_slice(&self.range.to_le_bytes());
         out.extend_from_slice(&self.count.to_le_bytes());
         out.extend_from_slice(&self.position_offset.to_le_bytes());
+        out.extend_from_slice(&self.position_len.to_le_bytes());
         out.extend_from_slice(&self.value_offset.to_le_bytes());
+        out.extend_from_slice(&self.value_len.to_le_bytes());
     }
 }
 
@@ -309,8 +356,10 @@ impl Manifest {
         for k in 0..header.num_chunks as usize {
             let o = base + k * CHUNK_RECORD_BYTES;
             let fail = |why: &str| bad(format!("chunk {k}: {why}"));
-            let positions = match u32_at(o + 4) {
+            let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+            let positions = match u16_at(o + 4) {
                 1 => ChunkPositions::Abs32,
+                2 => ChunkPositions::Gaps,
                 3 => ChunkPositions::Bitmap,
                 c => {
                     return Err(fail(&format!(
@@ -318,20 +367,31 @@ impl Manifest {
                     )))
                 }
             };
+            let values = match u16_at(o + 6) {
+                0 => ChunkValues::Raw,
+                1 => ChunkValues::Ulp,
+                c => return Err(fail(&format!("value codec {c} is not decoded on the GPU"))),
+            };
             let c = ChunkRecord {
                 slot: u32_at(o),
                 positions,
+                values,
                 start: u64_at(o + 8),
                 range: u64_at(o + 16),
                 count: u64_at(o + 24),
                 position_offset: u64_at(o + 32),
-                value_offset: u64_at(o + 40),
+                position_len: u64_at(o + 40),
+                value_offset: u64_at(o + 48),
+                value_len: u64_at(o + 56),
             };
             let Some(&(numel, width)) = table.slots.get(c.slot as usize) else {
                 return Err(fail("slot id beyond the table"));
             };
             if c.range == 0 || c.range > u32::MAX as u64 || c.count == 0 || c.count > c.range {
                 return Err(fail("needs 1 <= count <= range <= 2^32 - 1"));
+            }
+            if c.values == ChunkValues::Ulp && c.positions == ChunkPositions::Bitmap {
+                return Err(fail("ulp values need listed positions (abs32 or gaps)"));
             }
             let end = c.start.checked_add(c.range).filter(|&e| e <= numel);
             let Some(end) = end else {
@@ -343,20 +403,76 @@ impl Manifest {
             last_end[c.slot as usize] = end;
             let in_section =
                 |off: u64, len: u64, total: u64| off.checked_add(len).is_some_and(|e| e <= total);
+            let w = width as u64;
+            let (pmin, pmax) = section_bounds(c.positions, c.count, c.range);
+            if c.position_len < pmin || c.position_len > pmax {
+                return Err(fail("position section length impossible for its codec"));
+            }
             if !c.position_offset.is_multiple_of(4)
-                || !in_section(c.position_offset, c.position_len(), header.position_bytes)
+                || !in_section(c.position_offset, c.position_len, header.position_bytes)
             {
                 return Err(fail("position section outside the packed positions"));
             }
-            let w = width as u64;
-            if !c.value_offset.is_multiple_of(w)
-                || !in_section(c.value_offset, c.count * w, header.value_bytes)
+            let (vmin, vmax) = value_bounds(c.values, c.count, w);
+            if c.value_len < vmin || c.value_len > vmax {
+                return Err(fail("value section length impossible for its codec"));
+            }
+            let align = if c.values == ChunkValues::Ulp { 4 } else { w };
+            if !c.value_offset.is_multiple_of(align)
+                || !in_section(c.value_offset, c.value_len, header.value_bytes)
             {
                 return Err(fail("value section outside the packed values"));
             }
             chunks.push(c);
         }
         Ok(Manifest { digests, chunks })
+    }
+}
+
+/// The sections chosen for one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkChoice {
+    pub positions: ChunkPositions,
+    pub values: ChunkValues,
+    pub position_len: u64,
+    pub value_len: u64,
+}
+
+/// The smallest sections for a chunk of `count` changes over `range` elements of `width`
+/// bytes: positions abs32, bitmap or (when sized, `entropy = Some((gaps, ulp))`) gaps; values
+/// raw or ulp, ulp only with listed positions. Ties keep the simpler codec. Never larger than
+/// abs32 + raw or bitmap + raw.
+pub fn choose_sections(
+    count: u64,
+    range: u64,
+    width: u64,
+    entropy: Option<(u64, u64)>,
+) -> ChunkChoice {
+    let abs32 = count * 4;
+    let bitmap = range.div_ceil(8);
+    let raw = count * width;
+    let (list, list_len) = match entropy {
+        Some((gaps, _)) if gaps < abs32 => (ChunkPositions::Gaps, gaps),
+        _ => (ChunkPositions::Abs32, abs32),
+    };
+    let (values, value_len) = match entropy {
+        Some((_, ulp)) if ulp < raw => (ChunkValues::Ulp, ulp),
+        _ => (ChunkValues::Raw, raw),
+    };
+    if bitmap + raw <= list_len + value_len {
+        ChunkChoice {
+            positions: ChunkPositions::Bitmap,
+            values: ChunkValues::Raw,
+            position_len: bitmap,
+            value_len: raw,
+        }
+    } else {
+        ChunkChoice {
+            positions: list,
+            values,
+            position_len: list_len,
+            value_len,
+        }
     }
 }
 
@@ -379,29 +495,50 @@ mod tests {
             ChunkRecord {
                 slot: 0,
                 positions: ChunkPositions::Abs32,
+                values: ChunkValues::Raw,
                 start: 10,
                 range: 500,
                 count: 3,
                 position_offset: 0,
+                position_len: 12,
                 value_offset: 0,
+                value_len: 6,
             },
             ChunkRecord {
                 slot: 0,
                 positions: ChunkPositions::Bitmap,
+                values: ChunkValues::Raw,
                 start: 600,
                 range: 400,
                 count: 300,
                 position_offset: 12,
+                position_len: 50,
                 value_offset: 6,
+                value_len: 600,
+            },
+            ChunkRecord {
+                slot: 0,
+                positions: ChunkPositions::Gaps,
+                values: ChunkValues::Ulp,
+                start: 1000,
+                range: 3000,
+                count: 2000,
+                position_offset: 64,
+                position_len: 400,
+                value_offset: 608,
+                value_len: 700,
             },
             ChunkRecord {
                 slot: 1,
                 positions: ChunkPositions::Abs32,
+                values: ChunkValues::Ulp,
                 start: 0,
                 range: 77,
                 count: 1,
-                position_offset: 64,
-                value_offset: 608,
+                position_offset: 464,
+                position_len: 4,
+                value_offset: 1308,
+                value_len: 5,
             },
         ];
         let m = Manifest {
@@ -413,10 +550,10 @@ mod tests {
             version: 7,
             table_hash: 0xabc,
             num_slots: 2,
-            num_chunks: 3,
-            manifest_bytes: (2 * SLOT_RECORD_BYTES + 3 * CHUNK_RECORD_BYTES) as u64,
-            position_bytes: 68,
-            value_bytes: 612,
+            num_chunks: 4,
+            manifest_bytes: (2 * SLOT_RECORD_BYTES + 4 * CHUNK_RECORD_BYTES) as u64,
+            position_bytes: 468,
+            value_bytes: 1313,
         };
         (h, m)
     }
@@ -496,8 +633,16 @@ mod tests {
                         let (numel, w) = t.slots[c.slot as usize];
                         assert!(c.start + c.range <= numel);
                         assert!(c.count >= 1 && c.count <= c.range);
-                        assert!(c.position_offset + c.position_len() <= h.position_bytes);
-                        assert!(c.value_offset + c.count * w as u64 <= h.value_bytes);
+                        let (pmin, pmax) = section_bounds(c.positions, c.count, c.range);
+                        assert!(c.position_len >= pmin && c.position_len <= pmax);
+                        assert!(c.position_offset + c.position_len <= h.position_bytes);
+                        let (vmin, vmax) = value_bounds(c.values, c.count, w as u64);
+                        assert!(c.value_len >= vmin && c.value_len <= vmax);
+                        assert!(c.value_offset + c.value_len <= h.value_bytes);
+                        assert!(
+                            !(c.values == ChunkValues::Ulp
+                                && c.positions == ChunkPositions::Bitmap)
+                        );
                     }
                 }
             }
@@ -510,18 +655,28 @@ mod tests {
         let t = limits();
         type Mutation = Box<dyn Fn(&mut Manifest)>;
         let cases: Vec<(&str, Mutation)> = vec![
-            ("slot", Box::new(|m| m.chunks[2].slot = 2)),
-            ("beyond slot", Box::new(|m| m.chunks[2].range = 78)),
+            ("slot", Box::new(|m| m.chunks[3].slot = 2)),
+            ("beyond slot", Box::new(|m| m.chunks[3].range = 78)),
             ("count > range", Box::new(|m| m.chunks[0].count = 501)),
             ("zero count", Box::new(|m| m.chunks[0].count = 0)),
             ("overlap", Box::new(|m| m.chunks[1].start = 500)),
             (
                 "pos section",
-                Box::new(|m| m.chunks[2].position_offset = 68),
+                Box::new(|m| m.chunks[3].position_offset = 468),
             ),
-            ("pos align", Box::new(|m| m.chunks[2].position_offset = 2)),
-            ("val section", Box::new(|m| m.chunks[2].value_offset = 612)),
-            ("val align", Box::new(|m| m.chunks[2].value_offset = 606)),
+            ("pos align", Box::new(|m| m.chunks[3].position_offset = 2)),
+            ("val section", Box::new(|m| m.chunks[3].value_offset = 1312)),
+            ("val align", Box::new(|m| m.chunks[3].value_offset = 1306)),
+            ("raw align", Box::new(|m| m.chunks[1].value_offset = 7)),
+            ("abs32 length", Box::new(|m| m.chunks[0].position_len = 13)),
+            ("bitmap length", Box::new(|m| m.chunks[1].position_len = 49)),
+            ("raw length", Box::new(|m| m.chunks[1].value_len = 601)),
+            ("gaps too short", Box::new(|m| m.chunks[2].position_len = 7)),
+            ("ulp too short", Box::new(|m| m.chunks[2].value_len = 3)),
+            (
+                "ulp on a bitmap",
+                Box::new(|m| m.chunks[1].values = ChunkValues::Ulp),
+            ),
         ];
         for (what, mutate) in cases {
             let mut bad = m.clone();
@@ -533,5 +688,48 @@ mod tests {
         }
         let good = m.encode();
         assert!(Manifest::decode(&good[..good.len() - 1], &h, &t).is_err());
+    }
+
+    #[test]
+    fn the_chooser_takes_the_smallest_allowed_pair() {
+        let mut state = 7u64;
+        let mut next = |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n.max(1)
+        };
+        for _ in 0..20_000 {
+            let range = 1 + next(1 << 20);
+            let count = 1 + next(range);
+            let width = [1, 2, 4][next(3) as usize];
+            let entropy = (next(4) != 0).then(|| (1 + next(count * 7), 1 + next(count * 5)));
+            let c = choose_sections(count, range, width, entropy);
+            let total = c.position_len + c.value_len;
+            let (abs32, bitmap, raw) = (count * 4, range.div_ceil(8), count * width);
+            assert!(total <= abs32 + raw && total <= bitmap + raw);
+            assert!(!(c.positions == ChunkPositions::Bitmap && c.values == ChunkValues::Ulp));
+            // Every allowed pair is at least as large.
+            let mut pairs = vec![(abs32, raw), (bitmap, raw)];
+            if let Some((g, u)) = entropy {
+                pairs.extend([(g, raw), (abs32, u), (g, u)]);
+            }
+            assert!(
+                pairs.iter().all(|(p, v)| p + v >= total),
+                "{c:?} {entropy:?}"
+            );
+            let (pmin, pmax) = section_bounds(c.positions, count, range);
+            if entropy.is_none() || c.positions != ChunkPositions::Gaps {
+                assert!(c.position_len >= pmin && c.position_len <= pmax);
+            }
+        }
+        // Ties keep abs32 + raw over gaps + ulp, and bitmap over a list.
+        let c = choose_sections(10, 1000, 2, Some((40, 20)));
+        assert_eq!(
+            (c.positions, c.values),
+            (ChunkPositions::Abs32, ChunkValues::Raw)
+        );
+        let c = choose_sections(100, 800, 2, None);
+        assert_eq!(c.positions, ChunkPositions::Bitmap);
     }
 }
