@@ -16,7 +16,7 @@ use std::time::Duration;
 use deltacast::DType;
 use deltacast_cuda::nccl::{unique_id, NcclComm};
 use deltacast_cuda::protocol::SyncKind;
-use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor};
+use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor, SnapshotPlace};
 use deltacast_cuda::{CudaError, DeviceBuffer, Gpu};
 
 fn two_gpus() -> bool {
@@ -87,6 +87,50 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
     if !two_gpus() {
         return;
     }
+    check_kinds(&run_script(SnapshotPlace::Device));
+}
+
+#[test]
+fn sender_with_pinned_host_snapshot_stays_bit_identical() {
+    // The same script with the sender's snapshot in pinned host memory: seeds copy the
+    // tensors into it device-to-host, every diff reads it over PCIe and refreshes it in place.
+    if !two_gpus() {
+        return;
+    }
+    check_kinds(&run_script(SnapshotPlace::PinnedHost));
+}
+
+#[test]
+fn pinned_host_snapshot_refuses_lent_snapshots() {
+    if !two_gpus() {
+        return;
+    }
+    let gpu = Gpu::new(0).expect("gpu 0");
+    gpu.make_current().expect("current");
+    let comm = NcclComm::new(&unique_id().expect("unique id"), 1, 0).expect("comm of one");
+    let buf = gpu.alloc(16).expect("alloc");
+    let tensors = vec![GpuTensor {
+        name: "t".into(),
+        dtype: DType::BF16,
+        shape: vec![8],
+        ptr: buf.ptr(),
+    }];
+    let config = GpuSenderConfig {
+        snapshot: SnapshotPlace::PinnedHost,
+        ..GpuSenderConfig::default()
+    };
+    let lent = Some(vec![buf.ptr()]);
+    // SAFETY: `buf` outlives the call; the constructor refuses before using any pointer.
+    let e = unsafe { GpuSender::new(gpu, comm, tensors, lent, config) }
+        .err()
+        .expect("lent snapshots with PinnedHost must be refused");
+    assert!(matches!(e, CudaError::InvalidArgument(_)), "{e:?}");
+    drop(buf);
+}
+
+/// Runs the scripted steps with the sender's snapshot at `place`; asserts the receiver's bytes
+/// after every step; returns (sender outcome, receiver outcome) per step.
+fn run_script(place: SnapshotPlace) -> Vec<(String, String)> {
     let uid = unique_id().expect("unique id");
     let (truth_tx, truth_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
     let (got_tx, got_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
@@ -112,10 +156,22 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
             chunk_elems: 4096,
             capacity: 0.25,
             timeout: Duration::from_secs(60),
+            snapshot: place,
             ..GpuSenderConfig::default()
         };
+        let total: u64 = host.iter().map(|h| h.len() as u64).sum();
         // SAFETY: the buffers outlive the sender (dropped after it, at the end of scope).
         let mut s = unsafe { GpuSender::new(gpu, comm, tensors, None, config) }.expect("sender");
+        match place {
+            SnapshotPlace::Device => {
+                assert_eq!(s.host_bytes(), 0);
+                assert!(s.staging_bytes() >= total);
+            }
+            SnapshotPlace::PinnedHost => {
+                // (staging_bytes, the device's, then counts only the delta buffers.)
+                assert_eq!(s.host_bytes(), total, "the snapshot, in pinned host memory");
+            }
+        }
         let report = unsafe { s.seed(0) }.expect("seed");
         truth_tx
             .send((0, host.clone(), report.kind.name().into()))
@@ -203,7 +259,11 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
     }
     sender.join().expect("sender thread");
     receiver.join().expect("receiver thread");
-    eprintln!("kinds per step: {kinds:?}");
+    eprintln!("kinds per step ({place:?} snapshot): {kinds:?}");
+    kinds
+}
+
+fn check_kinds(kinds: &[(String, String)]) {
     let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
     assert_eq!(names[0], SyncKind::Seed.name());
     assert_eq!(names[1], "delta");
