@@ -10,7 +10,7 @@
 #[path = "../../deltacast/tests/common/mod.rs"]
 mod common;
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use deltacast::DType;
@@ -18,6 +18,13 @@ use deltacast_cuda::nccl::{unique_id, NcclComm};
 use deltacast_cuda::protocol::SyncKind;
 use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor, SnapshotPlace};
 use deltacast_cuda::{CudaError, DeviceBuffer, Gpu};
+
+/// One test at a time: NCCL collectives of concurrent communicators on the same GPUs may
+/// deadlock each other.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn two_gpus() -> bool {
     let why = match Gpu::device_count() {
@@ -84,6 +91,7 @@ const STEPS: &[(f64, Before)] = &[
 
 #[test]
 fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
+    let _serial = serial();
     if !two_gpus() {
         return;
     }
@@ -94,6 +102,7 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
 fn sender_with_pinned_host_snapshot_stays_bit_identical() {
     // The same script with the sender's snapshot in pinned host memory: seeds copy the
     // tensors into it device-to-host, every diff reads it over PCIe and refreshes it in place.
+    let _serial = serial();
     if !two_gpus() {
         return;
     }
@@ -102,6 +111,7 @@ fn sender_with_pinned_host_snapshot_stays_bit_identical() {
 
 #[test]
 fn pinned_host_snapshot_refuses_lent_snapshots() {
+    let _serial = serial();
     if !two_gpus() {
         return;
     }
