@@ -3,7 +3,7 @@
 # trainer on GPU 0 and receiver on GPU 1, at Qwen2.5-0.5B and -7B shape, over NVLink and over
 # NCCL sockets on loopback. Runs bindings/python/bench/gpu_sync.py once per (model, transport).
 #
-#   scripts/gpu-bench.sh [--steps N] [--runs "0.5b:nvlink 7b:socket ..."] [--out DIR]
+#   scripts/gpu-bench.sh [--steps N] [--runs "0.5b:nvlink 7b:socket:off ..."] [--out DIR]
 #                        [-- extra gpu_sync.py arguments]
 #
 # Meant for the 2-GPU machine, with the built wheel carried: installs the newest
@@ -13,7 +13,8 @@
 # either, the baselines still run and the deltacast column says why it was skipped.
 #
 # Env (each also a flag above): GPU_BENCH_STEPS (default 8 timed steps, after 1 warm-up step),
-# GPU_BENCH_RUNS (default "0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket"),
+# GPU_BENCH_RUNS (default "0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket"; a third field "off"
+# runs deltacast without its entropy codecs),
 # GPU_BENCH_RUN_TIMEOUT (seconds per run, default 420), PYTHON (default python3).
 # Results: $OUT if set (the device tool's folder), else ./bench-out: one JSON per run
 # (gpu_sync_<model>_<transport>.json) and the whole log (gpu-bench.log).
@@ -95,13 +96,14 @@ fi
 status=0
 results=()
 for spec in $RUNS; do
-    model=${spec%%:*}
-    transport=${spec#*:}
+    IFS=: read -r model transport entropy <<<"$spec"
+    entropy=${entropy:-on}
     say ""
-    say "== run: model $model, transport $transport, $STEPS steps ($(date -u +%H:%M:%S))"
+    say "== run: model $model, transport $transport, entropy $entropy, $STEPS steps ($(date -u +%H:%M:%S))"
     start=$(date +%s)
     timeout -k 15 "$RUN_TIMEOUT" "$PY" bindings/python/bench/gpu_sync.py --model "$model" \
-        --transport "$transport" --steps "$STEPS" --out "$OUT_DIR" "${EXTRA[@]}" 2>&1 | tee -a "$LOG"
+        --transport "$transport" --entropy "$entropy" --steps "$STEPS" --out "$OUT_DIR" \
+        "${EXTRA[@]}" 2>&1 | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
     took=$(( $(date +%s) - start ))
     case $rc in
@@ -111,7 +113,7 @@ for spec in $RUNS; do
         124|137) what="TIMED OUT after ${RUN_TIMEOUT}s" ;;
         *) what="FAILED (exit $rc)" ;;
     esac
-    results+=("$model $transport: $what (exit $rc, ${took}s)")
+    results+=("$model $transport (entropy $entropy): $what (exit $rc, ${took}s)")
     [ "$rc" -ne 0 ] && status=1
 done
 
@@ -124,13 +126,14 @@ import glob, json, os, sys
 def f(x, unit=""):
     return "-" if x is None else f"{x:.2f}{unit}"
 
-print(f"{'model':<6} {'transport':<9} {'full ms':>9} {'plain ms':>9} {'deltacast ms':>13} "
+print(f"{'model':<6} {'transport':<9} {'entropy':<7} {'full ms':>9} {'plain ms':>9} {'deltacast ms':>13} "
       f"{'full/dc':>8} {'plain/dc':>9} {'changed':>8}  checks")
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "gpu_sync_*.json"))):
     r = json.load(open(path))
     s, c = r["summary"], r["correctness"]
     ch = s.get("changed_ratio_median")
-    print(f"{r['model']:<6} {r['transport']:<9} {f(s['full']['median_ms']):>9} "
+    print(f"{r['model']:<6} {r['transport']:<9} {r['args'].get('entropy', 'on'):<7} "
+          f"{f(s['full']['median_ms']):>9} "
           f"{f(s['plain']['median_ms']):>9} {f(s['deltacast']['median_ms']):>13} "
           f"{f(s['full_over_deltacast'], 'x'):>8} {f(s['plain_over_deltacast'], 'x'):>9} "
           f"{'-' if ch is None else f'{100 * ch:.2f}%':>8}  "

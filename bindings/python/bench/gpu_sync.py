@@ -564,7 +564,8 @@ def run_rank(rank: int, args, port: int):
         comm = dcc.NcclComm(bytes(uid), 2, rank, ordinal)
         if rank == 0:
             sender = dcc.GpuSender(comm, named, device=ordinal, root=0, snapshots=snaps,
-                                   chunk_elems=args.chunk_elems, capacity=args.capacity)
+                                   chunk_elems=args.chunk_elems, capacity=args.capacity,
+                                   entropy=args.entropy == "on")
         else:
             receiver = dcc.GpuReceiver(comm, named, device=ordinal, root=0)
         dc_errors = (dc_error,)
@@ -896,7 +897,8 @@ def print_table(res):
 def out_name(args):
     if args.cpu_smoke:
         return f"gpu_sync_{args.model}_cpu.json"
-    return f"gpu_sync_{args.model}_{args.transport}.json"
+    suffix = "" if args.entropy == "on" else "_noentropy"
+    return f"gpu_sync_{args.model}_{args.transport}{suffix}.json"
 
 
 # ----------------------------------------------------------------------------- main
@@ -925,6 +927,8 @@ def main(argv=None):
     ap.add_argument("--bucket-mib", type=float, default=512, help="bucket size of (a) and (b)")
     ap.add_argument("--chunk-elems", type=int, default=1 << 20, help="deltacast chunk_elems")
     ap.add_argument("--capacity", type=float, default=0.05, help="deltacast capacity")
+    ap.add_argument("--entropy", choices=["on", "off"], default="on",
+                    help="deltacast's entropy codecs (gaps + ulp); off: abs32/bitmap + raw only")
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--inject-corruption", type=int, default=-1, metavar="STEP",

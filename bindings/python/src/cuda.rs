@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use deltacast_cuda::nccl;
-use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuSyncReport, GpuTensor};
+use deltacast_cuda::sync::{
+    GpuReceiver, GpuSender, GpuSenderConfig, GpuSyncReport, GpuTensor, SnapshotPlace,
+};
 use deltacast_cuda::{CudaError, Gpu};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -243,7 +245,7 @@ pub struct NativeGpuSender {
 #[pymethods]
 impl NativeGpuSender {
     #[new]
-    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0))]
+    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0, snapshot="device", entropy=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         comm: &mut NcclComm,
@@ -253,13 +255,26 @@ impl NativeGpuSender {
         chunk_elems: u64,
         capacity: f64,
         timeout_s: f64,
+        snapshot: &str,
+        entropy: bool,
     ) -> PyResult<Self> {
         let tensors = self::tensors(tensors)?;
+        let snapshot = match snapshot {
+            "device" => SnapshotPlace::Device,
+            "pinned" => SnapshotPlace::PinnedHost,
+            other => {
+                return Err(invalid(format!(
+                    "snapshot={other:?}: \"device\" or \"pinned\" (pinned host memory)"
+                )))
+            }
+        };
         let config = GpuSenderConfig {
             root,
             chunk_elems,
             capacity,
             timeout: timeout(timeout_s)?,
+            snapshot,
+            entropy,
         };
         let (gpu, nccl) = comm.take()?;
         // SAFETY: the Python wrapper passes live CUDA tensors of this device (checked there:
@@ -300,10 +315,17 @@ impl NativeGpuSender {
         self.inner.digests().to_vec()
     }
 
-    /// Device bytes held besides the tensors (snapshot when owned, delta buffers).
+    /// Device bytes held besides the tensors (snapshot when owned on the device, delta
+    /// buffers).
     #[getter]
     fn staging_bytes(&self) -> u64 {
         self.inner.staging_bytes()
+    }
+
+    /// Pinned host bytes held (the snapshot with `snapshot="pinned"`, else 0).
+    #[getter]
+    fn host_bytes(&self) -> u64 {
+        self.inner.host_bytes()
     }
 }
 

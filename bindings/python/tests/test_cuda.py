@@ -35,6 +35,13 @@ def test_error_classes_form_one_tree():
     assert issubclass(dc.ReceiverRefusedError, dc.DeltacastError)
 
 
+def test_snapshot_place_is_checked_before_anything_runs():
+    with pytest.raises(dc.InvalidArgumentError, match="pinned"):
+        dcc.GpuSender(None, [], snapshot="host")
+    with pytest.raises(dc.InvalidArgumentError, match="lend no snapshots"):
+        dcc.GpuSender(None, [], snapshots=[], snapshot="pinned")
+
+
 def _two_gpus():
     torch = pytest.importorskip("torch", reason="torch not installed")
     pytest.importorskip("transformers", reason="transformers not installed")
@@ -61,7 +68,7 @@ def _config():
     )
 
 
-def _trainer(uid, queue, steps):
+def _trainer(uid, queue, steps, snapshot):
     import torch
     from transformers import Qwen2ForCausalLM
 
@@ -72,7 +79,9 @@ def _trainer(uid, queue, steps):
         master = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
     opt = torch.optim.AdamW(master, lr=1e-5)
     comm = dcc.NcclComm(uid, 2, 0, 0)
-    sender = dcc.GpuSender(comm, model.named_parameters(), chunk_elems=4096, capacity=0.5)
+    sender = dcc.GpuSender(
+        comm, model.named_parameters(), chunk_elems=4096, capacity=0.5, snapshot=snapshot
+    )
     reports = [sender.seed()]
     gen = torch.Generator(device="cuda:0").manual_seed(1)
     for _ in range(steps):
@@ -93,7 +102,8 @@ def _trainer(uid, queue, steps):
     # numpy arrays travel by value (torch tensors through a queue are shared by file
     # descriptor, which dies with this process).
     state = {n: p.detach().view(torch.int16).cpu().numpy() for n, p in model.named_parameters()}
-    queue.put(("trainer", reports, state))
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    queue.put(("trainer", reports, state, sender.host_bytes, model_bytes))
 
 
 def _receiver(uid, queue):
@@ -119,7 +129,8 @@ def _receiver(uid, queue):
     queue.put(("receiver", reports, state, peak_extra, model_bytes))
 
 
-def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical():
+@pytest.mark.parametrize("snapshot", ["device", "pinned"])
+def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot):
     torch = _two_gpus()
     import torch.multiprocessing as mp
 
@@ -130,7 +141,7 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical():
     uid = dcc.nccl_unique_id()
     steps = 4
     procs = [
-        ctx.Process(target=_trainer, args=(uid, queue, steps)),
+        ctx.Process(target=_trainer, args=(uid, queue, steps, snapshot)),
         ctx.Process(target=_receiver, args=(uid, queue)),
     ]
     for p in procs:
@@ -142,7 +153,9 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical():
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    _, sent, truth = got["trainer"]
+    _, sent, truth, host_bytes, trainer_model_bytes = got["trainer"]
+    # The snapshot is in pinned host memory exactly when asked for.
+    assert host_bytes == (trainer_model_bytes if snapshot == "pinned" else 0)
     _, received, state, peak_extra, model_bytes = got["receiver"]
     kinds = [r["kind"] for r in sent]
     assert kinds[0] == "seed" and "delta" in kinds, kinds

@@ -5,6 +5,12 @@
 //! device-event times; each TUNING `items,min_blocks,reload[,wide]` also times the diff built
 //! that way).
 //! The diff at 1 % is checked bit for bit against `deltacast::diff::diff_and_refresh`.
+//!
+//! `gpu_bench pinned [GIB] [REPS]`: the snapshot in pinned host memory (what
+//! `SnapshotPlace::PinnedHost` does): the two-pass diff (`diff_batch_refreshing`, as the GPU
+//! sync runs it) reading the snapshot over PCIe, next to `cuMemcpyHtoDAsync` and
+//! `cuMemcpyDtoHAsync` of the same bytes between pinned host memory and the device, in the
+//! same run; prints diff time / HtoD copy time.
 
 use std::time::Instant;
 
@@ -36,8 +42,214 @@ fn median(mut v: Vec<f32>) -> f32 {
     v[v.len() / 2]
 }
 
+/// `out` = `old` (BF16) with about `density` of the elements moved by ±1 ULP.
+fn fill_changed(out: &mut [u8], old: &[u8], density: f64) {
+    let thresh = (density * (1u64 << 32) as f64) as u64;
+    par_fill(out, |seed, at, c| {
+        let mut s = seed ^ 0xabcdef;
+        let src = &old[at..at + c.len()];
+        for (k, e) in c.chunks_mut(2).enumerate() {
+            let o = u16::from_le_bytes([src[2 * k], src[2 * k + 1]]);
+            let r = splitmix(&mut s);
+            let n = if (r & 0xffff_ffff) < thresh {
+                if r >> 63 == 1 {
+                    o.wrapping_add(1)
+                } else {
+                    o.wrapping_sub(1)
+                }
+            } else {
+                o
+            };
+            e.copy_from_slice(&n.to_le_bytes());
+        }
+    });
+}
+
+fn random_bytes(bytes: usize) -> Vec<u8> {
+    let mut old = vec![0u8; bytes];
+    par_fill(&mut old, |seed, _, c| {
+        let mut s = seed;
+        for w in c.chunks_mut(8) {
+            let r = splitmix(&mut s).to_le_bytes();
+            w.copy_from_slice(&r[..w.len()]);
+        }
+    });
+    old
+}
+
+/// `gpu_bench pinned [GIB] [REPS]`: the diff with its snapshot in pinned host memory against
+/// the PCIe copies of the same bytes.
+fn pinned_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    let gib: f64 = args.first().map_or(Ok(4.0), |s| s.parse())?;
+    let reps: usize = args.get(1).map_or(Ok(10), |s| s.parse())?;
+    let gpu = Gpu::new(0)?;
+    println!(
+        "device: {} ({}, {} SMs), diff tuning {:?}; snapshot in pinned host memory",
+        gpu.name(),
+        gpu.arch(),
+        gpu.sm_count(),
+        gpu.tuning()
+    );
+    let bytes = ((gib * (1u64 << 30) as f64) as usize) / 64 * 64;
+    let numel = bytes / 2;
+    let t = Instant::now();
+    let old = random_bytes(bytes);
+    println!("host data: {:.1} s", t.elapsed().as_secs_f64());
+    let old_d = gpu.upload(&old)?;
+    let cur_d = gpu.alloc(bytes)?;
+    // HtoD target, and the device snapshot of the reference rows.
+    let dev_d = gpu.alloc(bytes)?;
+    let t = Instant::now();
+    let snap_h = gpu.alloc_pinned(bytes)?;
+    println!(
+        "cuMemHostAlloc of {:.2} GB (pinned, mapped, zeroed): {:.2} s",
+        bytes as f64 / 1e9,
+        t.elapsed().as_secs_f64()
+    );
+    let cap = numel / 8; // room for 12.5 % changes
+    let pos_d = gpu.alloc(cap * 8)?;
+    let new_d = gpu.alloc(cap * 2)?;
+    let dig_d = gpu.alloc_zeroed(8)?;
+    let gbs = |ms: f32| bytes as f64 / (ms as f64 * 1e-3) / 1e9;
+
+    // The PCIe copies of the shard: pinned → device, device → pinned (the latter also
+    // restores the snapshot to `old`).
+    let mut h2d = Vec::new();
+    let mut d2h = Vec::new();
+    for _ in 0..reps + 2 {
+        // SAFETY: all three are `bytes` long; the host does not touch `snap_h` meanwhile.
+        d2h.push(gpu.time_ms(|| unsafe { gpu.copy_to_pinned(&snap_h, 0, old_d.ptr(), bytes) })?);
+        h2d.push(gpu.time_ms(|| unsafe { gpu.copy_from_pinned(dev_d.ptr(), &snap_h, 0, bytes) })?);
+    }
+    let h2d_ms = median(h2d[2..].to_vec());
+    let d2h_ms = median(d2h[2..].to_vec());
+    println!(
+        "copy HtoD (cuMemcpyHtoDAsync, pinned -> device) of {:.2} GB: {h2d_ms:.3} ms = {:.1} GB/s",
+        bytes as f64 / 1e9,
+        gbs(h2d_ms)
+    );
+    println!(
+        "copy DtoH (cuMemcpyDtoHAsync, device -> pinned) of {:.2} GB: {d2h_ms:.3} ms = {:.1} GB/s",
+        bytes as f64 / 1e9,
+        gbs(d2h_ms)
+    );
+
+    let mut rows = Vec::new();
+    let mut host_cur = vec![0u8; bytes];
+    for density in [0.001f64, 0.01, 0.1] {
+        fill_changed(&mut host_cur, &old, density);
+        // SAFETY: `cur_d` is `bytes` long.
+        unsafe { gpu.copy_to_device(cur_d.ptr(), &host_cur)? };
+        // (label, snapshot in pinned host memory, pieces); the last pinned one is checked.
+        let configs: [(&str, bool, usize); 3] = [
+            ("device snapshot, 1 tensor (reference)", false, 1),
+            ("pinned snapshot, 339 tensors", true, 339),
+            ("pinned snapshot, 1 tensor", true, 1),
+        ];
+        for (label, pinned, pieces) in configs {
+            let snap = if pinned { snap_h.ptr() } else { dev_d.ptr() };
+            let mut times = Vec::new();
+            let mut found = 0;
+            for r in 0..reps + 2 {
+                // Restore the snapshot (not timed).
+                // SAFETY: all `bytes` long; the host does not touch `snap_h` meanwhile.
+                unsafe {
+                    if pinned {
+                        gpu.copy_to_pinned(&snap_h, 0, old_d.ptr(), bytes)?
+                    } else {
+                        gpu.copy_device(dev_d.ptr(), old_d.ptr(), bytes)?
+                    }
+                };
+                let per = (numel / pieces / 8 * 8).max(8); // 16-byte aligned pieces
+                let inputs: Vec<DiffInput> = (0..pieces)
+                    .map(|p| {
+                        let first = p * per;
+                        let n = if p + 1 == pieces { numel - first } else { per };
+                        DiffInput {
+                            snapshot: snap + 2 * first as u64,
+                            current: cur_d.ptr() + 2 * first as u64,
+                            numel: n as u64,
+                            width: 2,
+                            first_index: first as u64,
+                            digest: Some((dig_d.ptr(), 0)),
+                        }
+                    })
+                    .collect();
+                let out = DiffOutput {
+                    positions: pos_d.ptr(),
+                    new_values: new_d.ptr(),
+                    old_values: None,
+                    capacity: cap as u64,
+                };
+                // SAFETY: all inside the buffers above (the pinned one through its mapping).
+                let res = unsafe { gpu.diff_batch_refreshing(&inputs, &out)? };
+                assert!(res.is_complete());
+                found = res.found;
+                if r >= 2 {
+                    times.push(res.kernel_ms);
+                }
+            }
+            let ms = median(times);
+            println!(
+                "diff {:5.1}% {label:40}: {ms:8.3} ms = {:6.1} GB/s of tensor = {:.2}x HtoD copy ({} changes)",
+                density * 100.0,
+                gbs(ms),
+                ms / h2d_ms,
+                found
+            );
+            rows.push((density, label, ms, found));
+        }
+        if density == 0.01 {
+            // Bit-exact check of the last (pinned) run against the CPU diff; the host
+            // snapshot is read in place.
+            let t = Instant::now();
+            let mut snap = old.clone();
+            let mut ch = Changes::default();
+            diff_and_refresh(&mut snap, &host_cur, 2, 0, &mut ch);
+            let n = ch.len();
+            // SAFETY: the output buffers hold `found` changes.
+            let g_pos = unsafe { gpu.download(pos_d.ptr(), 8 * n)? };
+            let g_new = unsafe { gpu.download(new_d.ptr(), 2 * n)? };
+            let cpu_pos: Vec<u8> = ch.positions.iter().flat_map(|p| p.to_le_bytes()).collect();
+            let ok = g_pos == cpu_pos && g_new == ch.new_values;
+            let refreshed = snap_h.as_slice() == &host_cur[..];
+            println!(
+                "check vs CPU diff_and_refresh at 1%: {} ({} changes, pinned snapshot {}; {:.1} s)",
+                if ok { "identical" } else { "MISMATCH" },
+                n,
+                if refreshed { "refreshed" } else { "WRONG" },
+                t.elapsed().as_secs_f64()
+            );
+            if !ok || !refreshed {
+                return Err("GPU diff with a pinned snapshot differs from the CPU".into());
+            }
+        }
+    }
+    println!(
+        "\nsummary (median of {reps}, device events), {:.2} GB of BF16:",
+        bytes as f64 / 1e9
+    );
+    println!(
+        "HtoD {h2d_ms:.3} ms ({:.1} GB/s), DtoH {d2h_ms:.3} ms ({:.1} GB/s)",
+        gbs(h2d_ms),
+        gbs(d2h_ms)
+    );
+    for (density, label, ms, found) in rows {
+        println!(
+            "{:>6.1}%  {label:40} {ms:8.3} ms {:6.1} GB/s {:5.2}x HtoD  {found} changes",
+            density * 100.0,
+            gbs(ms),
+            ms / h2d_ms
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("pinned") {
+        return pinned_bench(&args[2..]);
+    }
     let gib: f64 = args.get(1).map_or(Ok(4.0), |s| s.parse())?;
     let reps: usize = args.get(2).map_or(Ok(10), |s| s.parse())?;
     let gpu = Gpu::new(0)?;
@@ -76,14 +288,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bytes = ((gib * (1u64 << 30) as f64) as usize) / 64 * 64;
     let numel = bytes / 2;
     let t = Instant::now();
-    let mut old = vec![0u8; bytes];
-    par_fill(&mut old, |seed, _, c| {
-        let mut s = seed;
-        for w in c.chunks_mut(8) {
-            let r = splitmix(&mut s).to_le_bytes();
-            w.copy_from_slice(&r[..w.len()]);
-        }
-    });
+    let old = random_bytes(bytes);
     println!("host data: {:.1} s", t.elapsed().as_secs_f64());
     let old_d = gpu.upload(&old)?;
     let cur_d = gpu.alloc(bytes)?;
@@ -112,25 +317,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rows = Vec::new();
     let mut host_cur = vec![0u8; bytes];
     for density in [0.001f64, 0.01, 0.1] {
-        let thresh = (density * (1u64 << 32) as f64) as u64;
-        par_fill(&mut host_cur, |seed, at, c| {
-            let mut s = seed ^ 0xabcdef;
-            let src = &old[at..at + c.len()];
-            for (k, e) in c.chunks_mut(2).enumerate() {
-                let o = u16::from_le_bytes([src[2 * k], src[2 * k + 1]]);
-                let r = splitmix(&mut s);
-                let n = if (r & 0xffff_ffff) < thresh {
-                    if r >> 63 == 1 {
-                        o.wrapping_add(1)
-                    } else {
-                        o.wrapping_sub(1)
-                    }
-                } else {
-                    o
-                };
-                e.copy_from_slice(&n.to_le_bytes());
-            }
-        });
+        fill_changed(&mut host_cur, &old, density);
         // SAFETY: `cur_d` is `bytes` long.
         unsafe { gpu.copy_to_device(cur_d.ptr(), &host_cur)? };
         // (gpu, label, old bits + digest, pieces, two-pass diff with digest); the last one

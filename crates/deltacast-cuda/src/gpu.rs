@@ -356,6 +356,82 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// Page-locked host memory mapped into the device's address space (`cuMemHostAlloc` with
+/// `CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE`), zeroed, freed on drop
+/// (`cuMemFreeHost`). Kernels read and write it in place over PCIe through [`HostBuffer::ptr`]
+/// (zero-copy); the host reads it through [`HostBuffer::as_slice`] once the GPU's work on it
+/// is complete (every method of [`Gpu`] that returns host data synchronises its stream).
+pub struct HostBuffer {
+    /// Host address (null when `len == 0`).
+    host: *mut u8,
+    /// The same memory's device address (`cuMemHostGetDevicePointer`).
+    dev: sys::CUdeviceptr,
+    len: usize,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: page-locked memory owned by this value, a device address and a context handle; the
+// driver API is thread-safe, and host access goes through `&self` / `&mut self`.
+unsafe impl Send for HostBuffer {}
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    /// Its device address (what the kernels are given; under UVA it equals the host address).
+    pub fn ptr(&self) -> DevicePtr {
+        self.dev
+    }
+
+    /// Its host address (null when empty).
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, as the host sees them. Work the GPU has enqueued on this buffer must be
+    /// complete (the `unsafe` calls that hand its address to the GPU say so).
+    pub fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `host` is a live allocation of `len` bytes, zeroed at allocation, owned by
+        // `self`.
+        unsafe { std::slice::from_raw_parts(self.host, self.len) }
+    }
+
+    /// The bytes, writable from the host (same condition as [`HostBuffer::as_slice`]).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `as_slice`; `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.host, self.len) }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        if !self.host.is_null() {
+            let (host, ctx) = (self.host, self.ctx);
+            // Errors on free (a context torn down) cannot be reported from drop.
+            let _ = guarded(|| {
+                // SAFETY: `host` came from `cuMemHostAlloc` in `ctx` and is freed once.
+                unsafe {
+                    let _ = cu::ctx::set_current(ctx);
+                    let _ = cu::free_host(host as *mut c_void);
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
 struct Scratch {
     buf: Option<DeviceBuffer>,
 }
@@ -653,6 +729,39 @@ impl Gpu {
         })
     }
 
+    /// `len` bytes of page-locked host memory mapped into this device (zeroed): see
+    /// [`HostBuffer`]. Pinning is slow (about a second per few GB) and takes host RAM that
+    /// cannot be swapped; allocate once.
+    pub fn alloc_pinned(&self, len: usize) -> Result<HostBuffer> {
+        guarded(|| {
+            self.bind()?;
+            let mut buf = HostBuffer {
+                host: std::ptr::null_mut(),
+                dev: 0,
+                len,
+                ctx: self.ctx,
+            };
+            if len == 0 {
+                return Ok(buf);
+            }
+            let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+            // SAFETY: plain allocation in the bound context; `buf` frees it (drop) from here on.
+            buf.host =
+                unsafe { cu::malloc_host(len, flags) }.map_err(drv("cuMemHostAlloc"))? as *mut u8;
+            let mut dev: sys::CUdeviceptr = 0;
+            // SAFETY: `buf.host` was just allocated with DEVICEMAP in the bound context; the
+            // flags argument must be 0.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, buf.host as *mut c_void, 0) }
+                .result()
+                .map_err(drv("cuMemHostGetDevicePointer"))?;
+            buf.dev = dev;
+            // The contents of a new allocation are undefined: zero them, so that the host
+            // never reads uninitialised bytes.
+            buf.as_mut_slice().fill(0);
+            Ok(buf)
+        })
+    }
+
     /// A new zeroed allocation.
     pub fn alloc_zeroed(&self, len: usize) -> Result<DeviceBuffer> {
         let buf = self.alloc(len)?;
@@ -764,6 +873,83 @@ impl Gpu {
             // SAFETY: per this function's contract.
             unsafe { cu::memcpy_dtod_async(dst, src, len, self.stream) }
                 .map_err(drv("cuMemcpyDtoD"))
+        })
+    }
+
+    /// Enqueues a copy of `len` bytes of device memory at `src` into `dst` at `offset`
+    /// (`cuMemcpyDtoHAsync`, at PCIe speed: `dst` is page-locked).
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` bytes; `dst` must not be read or written by the host
+    /// until this GPU's stream is synchronised.
+    pub unsafe fn copy_to_pinned(
+        &self,
+        dst: &HostBuffer,
+        offset: usize,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            if offset.checked_add(len).is_none_or(|end| end > dst.len()) {
+                return Err(CudaError::InvalidArgument(format!(
+                    "copy of {len} bytes at {offset} into a pinned buffer of {}",
+                    dst.len()
+                )));
+            }
+            if len == 0 {
+                return Ok(());
+            }
+            // SAFETY: inside `dst` (checked above); `src` per this function's contract; the
+            // host keeps off `dst` until the stream is synchronised (contract).
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    dst.host_ptr().add(offset) as *mut c_void,
+                    src,
+                    len,
+                    self.stream,
+                )
+            }
+            .result()
+            .map_err(drv("cuMemcpyDtoH"))
+        })
+    }
+
+    /// Enqueues a copy of `len` bytes of `src` at `offset` to device memory at `dst`
+    /// (`cuMemcpyHtoDAsync`, at PCIe speed: `src` is page-locked).
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes; the host must not write `src` until this GPU's
+    /// stream is synchronised.
+    pub unsafe fn copy_from_pinned(
+        &self,
+        dst: DevicePtr,
+        src: &HostBuffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            if offset.checked_add(len).is_none_or(|end| end > src.len()) {
+                return Err(CudaError::InvalidArgument(format!(
+                    "copy of {len} bytes at {offset} out of a pinned buffer of {}",
+                    src.len()
+                )));
+            }
+            if len == 0 {
+                return Ok(());
+            }
+            // SAFETY: inside `src` (checked above); `dst` per this function's contract.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst,
+                    src.host_ptr().add(offset) as *const c_void,
+                    len,
+                    self.stream,
+                )
+            }
+            .result()
+            .map_err(drv("cuMemcpyHtoD"))
         })
     }
 

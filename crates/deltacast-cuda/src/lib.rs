@@ -29,7 +29,9 @@
 //!
 //! Entry points take raw device pointers ([`DevicePtr`]): torch tensors are borrowed by pointer
 //! and never freed here. They are `unsafe` because the caller vouches that the pointers are
-//! valid for the sizes given. [`DeviceBuffer`] is an owned allocation for everything else.
+//! valid for the sizes given. [`DeviceBuffer`] is an owned allocation for everything else;
+//! [`HostBuffer`] is page-locked host memory mapped into the device, which kernels read and
+//! write in place over PCIe (the sender's snapshot can live there).
 //! All work runs in order on the [`Gpu`]'s own stream; a method that returns host data
 //! synchronises that stream once (never once per tensor).
 //!
@@ -49,7 +51,7 @@ pub mod sync;
 #[cfg(feature = "cuda")]
 pub use gpu::{
     compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu,
-    DECODE_SLACK,
+    HostBuffer, DECODE_SLACK,
 };
 
 #[cfg(not(feature = "cuda"))]
@@ -57,7 +59,7 @@ mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
     compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu,
-    DECODE_SLACK,
+    HostBuffer, DECODE_SLACK,
 };
 
 /// A device address (`CUdeviceptr`).

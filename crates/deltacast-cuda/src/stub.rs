@@ -1,6 +1,6 @@
 //! The build without the `cuda` feature: the same types and methods as the GPU path, each
 //! returning [`CudaError::NotBuilt`]. A [`Gpu`] or [`DeviceBuffer`] can never exist here, so
-//! their methods are unreachable.
+//! their methods are unreachable (so is a [`HostBuffer`]).
 
 use std::convert::Infallible;
 
@@ -71,6 +71,37 @@ impl DeviceBuffer {
     }
 }
 
+/// Never constructed without the `cuda` feature.
+pub struct HostBuffer {
+    never: Infallible,
+}
+
+impl HostBuffer {
+    pub fn ptr(&self) -> DevicePtr {
+        match self.never {}
+    }
+
+    pub fn host_ptr(&self) -> *mut u8 {
+        match self.never {}
+    }
+
+    pub fn len(&self) -> usize {
+        match self.never {}
+    }
+
+    pub fn is_empty(&self) -> bool {
+        match self.never {}
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        match self.never {}
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self.never {}
+    }
+}
+
 /// Never constructed without the `cuda` feature: [`Gpu::new`] returns
 /// [`CudaError::NotBuilt`].
 pub struct Gpu {
@@ -136,6 +167,30 @@ impl Gpu {
     }
 
     pub fn alloc_zeroed(&self, len: usize) -> Result<DeviceBuffer> {
+        match self.never {}
+    }
+
+    pub fn alloc_pinned(&self, len: usize) -> Result<HostBuffer> {
+        match self.never {}
+    }
+
+    pub unsafe fn copy_to_pinned(
+        &self,
+        dst: &HostBuffer,
+        offset: usize,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()> {
+        match self.never {}
+    }
+
+    pub unsafe fn copy_from_pinned(
+        &self,
+        dst: DevicePtr,
+        src: &HostBuffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
         match self.never {}
     }
 

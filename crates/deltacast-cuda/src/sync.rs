@@ -28,7 +28,7 @@ use crate::protocol::{
 use crate::{
     ApplyInput, ApplyPositions, CodeChunk, CodePlace, CodeScratch, CodeValues, DecodeInput,
     DecodePositions, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput, EncodeInput, Gpu,
-    DECODE_SLACK,
+    HostBuffer, DECODE_SLACK,
 };
 
 /// One tensor of a sync: a slot, by device pointer.
@@ -67,6 +67,22 @@ pub struct GpuSenderConfig {
     /// more GPU time (the diff then keeps the old bits too). Worth it wherever the link, not
     /// the GPU, is the bottleneck.
     pub entropy: bool,
+    /// Where the snapshot allocated by the sender lives.
+    pub snapshot: SnapshotPlace,
+}
+
+/// Where a [`GpuSender`] keeps the snapshot it allocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SnapshotPlace {
+    /// Device memory: as much again as the tensors, diffed at device bandwidth.
+    #[default]
+    Device,
+    /// Page-locked host memory mapped into the device: no device memory for the snapshot;
+    /// the diff reads it in place over PCIe and writes back only the changed vectors, so a
+    /// sync's diff is bound by PCIe (at best the time of one host-to-device copy of the
+    /// tensors). Takes as much pinned host RAM as the tensors. Not with snapshots lent by the
+    /// caller.
+    PinnedHost,
 }
 
 impl Default for GpuSenderConfig {
@@ -77,6 +93,7 @@ impl Default for GpuSenderConfig {
             capacity: 0.05,
             timeout: Duration::from_secs(300),
             entropy: true,
+            snapshot: SnapshotPlace::Device,
         }
     }
 }
@@ -113,18 +130,22 @@ fn cumulative_to_spans(ends: Vec<(&'static str, f64)>) -> Vec<(&'static str, f64
         .collect()
 }
 
-/// Where a snapshot lives: allocated here, or memory the caller lends (e.g. a torch tensor,
-/// so that other code can read the previous version too).
+/// Where a snapshot lives: allocated here (on the device, or in pinned host memory the
+/// kernels reach over PCIe), or memory the caller lends (e.g. a torch tensor, so that other
+/// code can read the previous version too).
 enum Snapshot {
     Owned(DeviceBuffer),
     Borrowed(DevicePtr),
+    Pinned(HostBuffer),
 }
 
 impl Snapshot {
+    /// The device address the kernels use.
     fn ptr(&self) -> DevicePtr {
         match self {
             Snapshot::Owned(b) => b.ptr(),
             Snapshot::Borrowed(p) => *p,
+            Snapshot::Pinned(h) => h.ptr(),
         }
     }
 }
@@ -264,8 +285,9 @@ pub struct GpuSender {
 
 impl GpuSender {
     /// A sender over `tensors` (borrowed: they must stay valid, and unmoved, for the life of
-    /// the sender). `snapshots`, when given, are the caller's memory for the snapshot (one per
-    /// tensor, same size); else they are allocated here.
+    /// the sender). `snapshots`, when given, are the caller's device memory for the snapshot
+    /// (one per tensor, same size); else they are allocated here, where `config.snapshot`
+    /// says (lending snapshots with [`SnapshotPlace::PinnedHost`] is an `InvalidArgument`).
     ///
     /// # Safety
     /// Every pointer must be device memory of `gpu`'s device valid for its tensor's bytes.
@@ -306,11 +328,23 @@ impl GpuSender {
                         tensors.len()
                     )));
                 }
+                if config.snapshot != SnapshotPlace::Device {
+                    return Err(CudaError::InvalidArgument(
+                        "snapshots lent by the caller are device memory: they cannot be put in \
+                         pinned host memory (lend none, or keep SnapshotPlace::Device)"
+                            .into(),
+                    ));
+                }
                 ptrs.into_iter().map(Snapshot::Borrowed).collect()
             }
             None => tensors
                 .iter()
-                .map(|t| gpu.alloc(t.nbytes() as usize).map(Snapshot::Owned))
+                .map(|t| match config.snapshot {
+                    SnapshotPlace::Device => gpu.alloc(t.nbytes() as usize).map(Snapshot::Owned),
+                    SnapshotPlace::PinnedHost => {
+                        gpu.alloc_pinned(t.nbytes() as usize).map(Snapshot::Pinned)
+                    }
+                })
                 .collect::<Result<Vec<_>>>()?,
         };
         let total = table.total_elements();
@@ -363,16 +397,16 @@ impl GpuSender {
         &self.gpu
     }
 
-    /// Device bytes this sender holds besides the tensors: the snapshot when allocated here,
-    /// the delta buffers (sized by `capacity`) and the packed positions. (The GPU's scratch
-    /// for the diff's change masks, 1/8 of the bytes diffed, is not counted.)
+    /// Device bytes this sender holds besides the tensors: the snapshot when allocated here
+    /// on the device, the delta buffers (sized by `capacity`) and the packed positions. (The
+    /// GPU's scratch for the diff's change masks, 1/8 of the bytes diffed, is not counted.)
     pub fn staging_bytes(&self) -> u64 {
         let owned: u64 = self
             .snapshots
             .iter()
             .map(|s| match s {
                 Snapshot::Owned(b) => b.len() as u64,
-                Snapshot::Borrowed(_) => 0,
+                Snapshot::Borrowed(_) | Snapshot::Pinned(_) => 0,
             })
             .sum();
         owned
@@ -385,6 +419,18 @@ impl GpuSender {
             + self.packed_values.len()
             + self.code_scratch.len()
             + self.manifest.len()
+    }
+
+    /// Pinned host bytes this sender holds: the snapshot with [`SnapshotPlace::PinnedHost`],
+    /// else 0.
+    pub fn host_bytes(&self) -> u64 {
+        self.snapshots
+            .iter()
+            .map(|s| match s {
+                Snapshot::Pinned(h) => h.len() as u64,
+                Snapshot::Owned(_) | Snapshot::Borrowed(_) => 0,
+            })
+            .sum()
     }
 
     /// Sends a seed (every tensor whole) and takes a fresh snapshot.
@@ -675,10 +721,18 @@ impl GpuSender {
     /// Copies every tensor into its snapshot and recomputes the digests.
     fn refresh_whole(&mut self) -> Result<()> {
         for (t, s) in self.tensors.iter().zip(&self.snapshots) {
-            // SAFETY: both valid for nbytes (constructor contract).
-            unsafe { self.gpu.copy_device(s.ptr(), t.ptr, t.nbytes() as usize)? };
+            let len = t.nbytes() as usize;
+            // SAFETY: both valid for nbytes (constructor contract); a pinned snapshot is
+            // only touched by the host through `&mut self`, and `digest` below synchronises
+            // the stream before this returns.
+            unsafe {
+                match s {
+                    Snapshot::Pinned(h) => self.gpu.copy_to_pinned(h, 0, t.ptr, len)?,
+                    _ => self.gpu.copy_device(s.ptr(), t.ptr, len)?,
+                }
+            }
         }
-        // SAFETY: the tensors (constructor contract).
+        // SAFETY: the tensors (constructor contract). Synchronises the stream.
         self.digests = unsafe { self.gpu.digest(&digest_inputs(&self.tensors))? };
         let bytes: Vec<u8> = self.digests.iter().flat_map(|d| d.to_le_bytes()).collect();
         // SAFETY: our digest words, one per slot.

@@ -14,7 +14,7 @@ use deltacast::wire::parse_frame;
 use deltacast::{CodecChoice, DType, FlushConfig, Receiver, Sender, SlotInfo, SlotTable};
 use deltacast_cuda::{
     ApplyInput, ApplyPositions, CudaError, DeviceBuffer, DiffInput, DiffOutput, DigestInput,
-    EncodeInput, Gpu, UpdateInput,
+    EncodeInput, Gpu, HostBuffer, UpdateInput,
 };
 
 /// The GPU, or `None` with the reason printed.
@@ -161,6 +161,53 @@ fn run_diff_batch(
     capacity_frac: f64,
     two_pass: bool,
 ) {
+    run_diff_batch_at(gpu, rng, cases, capacity_frac, two_pass, false);
+}
+
+/// Where a test's snapshot lives.
+enum Snap {
+    Device(DeviceBuffer),
+    /// Page-locked host memory the kernels read and write over PCIe.
+    Pinned(HostBuffer),
+}
+
+impl Snap {
+    fn new(gpu: &Gpu, bytes: &[u8], pinned: bool) -> Snap {
+        if pinned {
+            let mut h = gpu.alloc_pinned(bytes.len()).unwrap();
+            assert_eq!(h.len(), bytes.len());
+            h.as_mut_slice().copy_from_slice(bytes);
+            Snap::Pinned(h)
+        } else {
+            Snap::Device(gpu.upload(bytes).unwrap())
+        }
+    }
+
+    fn ptr(&self) -> u64 {
+        match self {
+            Snap::Device(b) => b.ptr(),
+            Snap::Pinned(h) => h.ptr(),
+        }
+    }
+
+    /// The bytes: downloaded, or read straight from host memory (the diff synchronised).
+    fn read(&self, gpu: &Gpu, len: usize) -> Vec<u8> {
+        match self {
+            Snap::Device(b) => dl(gpu, b.ptr(), len),
+            Snap::Pinned(h) => h.as_slice()[..len].to_vec(),
+        }
+    }
+}
+
+/// [`run_diff_batch`] with the snapshot in device memory or (`pinned`) in pinned host memory.
+fn run_diff_batch_at(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    cases: &[DiffCase],
+    capacity_frac: f64,
+    two_pass: bool,
+    pinned: bool,
+) {
     let mut olds = Vec::new();
     let mut news = Vec::new();
     let mut offsets = Vec::new();
@@ -181,7 +228,7 @@ fn run_diff_batch(
         snap_host[at..at + o.len()].copy_from_slice(o);
         cur_host[at..at + n.len()].copy_from_slice(n);
     }
-    let snap = gpu.upload(&snap_host).unwrap();
+    let snap = Snap::new(gpu, &snap_host, pinned);
     let cur = gpu.upload(&cur_host).unwrap();
     let digests = gpu.alloc_zeroed(8 * cases.len()).unwrap();
 
@@ -241,7 +288,7 @@ fn run_diff_batch(
     let g_new = dl(gpu, newv.ptr(), 4 * capacity);
     let g_old = dl(gpu, oldv.ptr(), 4 * capacity);
     let g_dig = u64s(&dl(gpu, digests.ptr(), 8 * cases.len()));
-    let g_snap = dl(gpu, snap.ptr(), total);
+    let g_snap = snap.read(gpu, total);
 
     if res.is_complete() {
         // Every change in order; snapshot equals current; digests updated.
@@ -401,6 +448,87 @@ fn two_pass_diff_matches_cpu() {
         })
         .collect();
     run_diff_batch(&gpu, &mut rng, &many, 1.0, true);
+}
+
+#[test]
+fn pinned_buffer_round_trips() {
+    let Some(gpu) = gpu() else { return };
+    let empty = gpu.alloc_pinned(0).unwrap();
+    assert!(empty.is_empty() && empty.as_slice().is_empty());
+    let mut rng = Rng(21);
+    let data = rng.bytes(1_000_003);
+    let mut h = gpu.alloc_pinned(data.len()).unwrap();
+    assert!(
+        h.as_slice().iter().all(|&b| b == 0),
+        "a new pinned buffer is zeroed"
+    );
+    assert_ne!(h.ptr(), 0);
+    let d = gpu.upload(&data).unwrap();
+    // Device → pinned at an offset, then back to a fresh device buffer.
+    // SAFETY: inside both buffers; the host reads `h` only after synchronising.
+    unsafe { gpu.copy_to_pinned(&h, 5, d.ptr(), data.len() - 5) }.unwrap();
+    gpu.synchronize().unwrap();
+    assert_eq!(&h.as_slice()[5..], &data[..data.len() - 5]);
+    assert!(h.as_slice()[..5].iter().all(|&b| b == 0));
+    h.as_mut_slice().copy_from_slice(&data);
+    let back = gpu.alloc(data.len()).unwrap();
+    // SAFETY: as above.
+    unsafe { gpu.copy_from_pinned(back.ptr(), &h, 0, data.len()) }.unwrap();
+    assert_eq!(dl(&gpu, back.ptr(), data.len()), data);
+    // The kernels reach it through its device address: a device copy into the mapping.
+    // SAFETY: `h` is mapped into the device for its whole length.
+    unsafe { gpu.copy_device(h.ptr(), d.ptr() + 1, 64) }.unwrap();
+    gpu.synchronize().unwrap();
+    assert_eq!(&h.as_slice()[..64], &data[1..65]);
+    // Out of bounds is refused, not copied.
+    // SAFETY: refused before any copy.
+    let e = unsafe { gpu.copy_to_pinned(&h, data.len() - 3, d.ptr(), 4) }.unwrap_err();
+    assert!(matches!(e, CudaError::InvalidArgument(_)), "{e:?}");
+    let e = unsafe { gpu.copy_from_pinned(back.ptr(), &h, usize::MAX, 2) }.unwrap_err();
+    assert!(matches!(e, CudaError::InvalidArgument(_)), "{e:?}");
+}
+
+#[test]
+fn diff_with_pinned_snapshot_matches_cpu() {
+    // The snapshot in page-locked host memory: the kernels read it over PCIe and refresh it
+    // in place; outputs, digests and the host bytes must be the CPU's, bit for bit.
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(31);
+    let mut cases = edge_cases(&mut rng, 3, 4);
+    cases.push(DiffCase {
+        numel: (1 << 22) + 3,
+        width: 2,
+        density: 0.01,
+        misalign: false,
+        first_index: 0,
+        slot: 2,
+    });
+    run_diff_batch_at(&gpu, &mut rng, &cases, 1.0, true, true);
+    run_diff_batch_at(&gpu, &mut rng, &cases, 1.0, false, true);
+    let many: Vec<DiffCase> = (0..1500)
+        .map(|i| DiffCase {
+            numel: rng.below(5000) as usize,
+            width: [1, 2, 4][i % 3],
+            density: [0.0, 0.01, 0.3][i % 7 % 3],
+            misalign: i % 13 == 0,
+            first_index: rng.below(1 << 33),
+            slot: i as u32,
+        })
+        .collect();
+    run_diff_batch_at(&gpu, &mut rng, &many, 1.0, true, true);
+    // Output too small: the two-pass diff still refreshes the whole host snapshot.
+    let small: Vec<DiffCase> = (0..5)
+        .map(|i| DiffCase {
+            numel: 200_000 + i,
+            width: 2,
+            density: 0.05,
+            misalign: i == 3,
+            first_index: 0,
+            slot: 0,
+        })
+        .collect();
+    run_diff_batch_at(&gpu, &mut rng, &small, 0.4, true, true);
+    run_diff_batch_at(&gpu, &mut rng, &small, 0.4, false, true);
 }
 
 #[test]

@@ -10,14 +10,21 @@
 #[path = "../../deltacast/tests/common/mod.rs"]
 mod common;
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use deltacast::DType;
 use deltacast_cuda::nccl::{unique_id, NcclComm};
 use deltacast_cuda::protocol::SyncKind;
-use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor};
+use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor, SnapshotPlace};
 use deltacast_cuda::{CudaError, DeviceBuffer, Gpu};
+
+/// One test at a time: NCCL collectives of concurrent communicators on the same GPUs may
+/// deadlock each other.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn two_gpus() -> bool {
     let why = match Gpu::device_count() {
@@ -84,9 +91,70 @@ const STEPS: &[(f64, Before)] = &[
 
 #[test]
 fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
+    let _serial = serial();
     if !two_gpus() {
         return;
     }
+    let (kinds, entropy) = run_script(SnapshotPlace::Device, true);
+    check_kinds(&kinds);
+    // The same steps (same seed) without the entropy codecs: same outcomes, and the entropy
+    // sync's deltas were smaller (its gaps and ulp sections were sent and decoded).
+    let (plain_kinds, plain) = run_script(SnapshotPlace::Device, false);
+    assert_eq!(kinds, plain_kinds);
+    for step in [1, 2, 8, 9] {
+        assert!(
+            entropy[step] < plain[step],
+            "step {step}: entropy {} bytes, abs32/bitmap + raw {}",
+            entropy[step],
+            plain[step]
+        );
+    }
+}
+
+#[test]
+fn sender_with_pinned_host_snapshot_stays_bit_identical() {
+    // The same script with the sender's snapshot in pinned host memory: seeds copy the
+    // tensors into it device-to-host, every diff reads it over PCIe and refreshes it in place.
+    let _serial = serial();
+    if !two_gpus() {
+        return;
+    }
+    check_kinds(&run_script(SnapshotPlace::PinnedHost, true).0);
+}
+
+#[test]
+fn pinned_host_snapshot_refuses_lent_snapshots() {
+    let _serial = serial();
+    if !two_gpus() {
+        return;
+    }
+    let gpu = Gpu::new(0).expect("gpu 0");
+    gpu.make_current().expect("current");
+    let comm = NcclComm::new(&unique_id().expect("unique id"), 1, 0).expect("comm of one");
+    let buf = gpu.alloc(16).expect("alloc");
+    let tensors = vec![GpuTensor {
+        name: "t".into(),
+        dtype: DType::BF16,
+        shape: vec![8],
+        ptr: buf.ptr(),
+    }];
+    let config = GpuSenderConfig {
+        snapshot: SnapshotPlace::PinnedHost,
+        ..GpuSenderConfig::default()
+    };
+    let lent = Some(vec![buf.ptr()]);
+    // SAFETY: `buf` outlives the call; the constructor refuses before using any pointer.
+    let e = unsafe { GpuSender::new(gpu, comm, tensors, lent, config) }
+        .err()
+        .expect("lent snapshots with PinnedHost must be refused");
+    assert!(matches!(e, CudaError::InvalidArgument(_)), "{e:?}");
+    drop(buf);
+}
+
+/// Runs the scripted steps with the sender's snapshot at `place` (and the entropy codecs or
+/// not); asserts the receiver's bytes after every step; returns (sender outcome, receiver
+/// outcome) and the payload bytes per step.
+fn run_script(place: SnapshotPlace, entropy: bool) -> (Vec<(String, String)>, Vec<u64>) {
     let uid = unique_id().expect("unique id");
     let (truth_tx, truth_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
     let (got_tx, got_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
@@ -112,11 +180,25 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
             chunk_elems: 4096,
             capacity: 0.25,
             timeout: Duration::from_secs(60),
+            snapshot: place,
+            entropy,
             ..GpuSenderConfig::default()
         };
+        let total: u64 = host.iter().map(|h| h.len() as u64).sum();
         // SAFETY: the buffers outlive the sender (dropped after it, at the end of scope).
         let mut s = unsafe { GpuSender::new(gpu, comm, tensors, None, config) }.expect("sender");
+        match place {
+            SnapshotPlace::Device => {
+                assert_eq!(s.host_bytes(), 0);
+                assert!(s.staging_bytes() >= total);
+            }
+            SnapshotPlace::PinnedHost => {
+                // (staging_bytes, the device's, then counts only the delta buffers.)
+                assert_eq!(s.host_bytes(), total, "the snapshot, in pinned host memory");
+            }
+        }
         let report = unsafe { s.seed(0) }.expect("seed");
+        let mut payloads = vec![report.payload_bytes];
         truth_tx
             .send((0, host.clone(), report.kind.name().into()))
             .unwrap();
@@ -128,8 +210,14 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
             }
             // SAFETY: stream 0 is the legacy default stream.
             let outcome = match unsafe { s.sync(0) } {
-                Ok(r) => r.kind.name().to_string(),
-                Err(CudaError::ReceiverRefused(n)) => format!("refused by {n}"),
+                Ok(r) => {
+                    payloads.push(r.payload_bytes);
+                    r.kind.name().to_string()
+                }
+                Err(CudaError::ReceiverRefused(n)) => {
+                    payloads.push(0);
+                    format!("refused by {n}")
+                }
                 Err(e) => panic!("step {}: {e}", step + 1),
             };
             truth_tx.send((step + 1, host.clone(), outcome)).unwrap();
@@ -137,6 +225,7 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
         s.close().expect("close");
         drop(s);
         drop(bufs);
+        payloads
     });
 
     let receiver = std::thread::spawn(move || {
@@ -201,9 +290,13 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
             );
         }
     }
-    sender.join().expect("sender thread");
+    let payloads = sender.join().expect("sender thread");
     receiver.join().expect("receiver thread");
-    eprintln!("kinds per step: {kinds:?}");
+    eprintln!("kinds per step ({place:?} snapshot, entropy {entropy}): {kinds:?}, payload bytes {payloads:?}");
+    (kinds, payloads)
+}
+
+fn check_kinds(kinds: &[(String, String)]) {
     let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
     assert_eq!(names[0], SyncKind::Seed.name());
     assert_eq!(names[1], "delta");

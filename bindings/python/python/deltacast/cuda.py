@@ -2,7 +2,8 @@
 
 The trainer's rank makes a ``GpuSender`` over its (contiguous, CUDA) tensors; each rollout
 process makes a ``GpuReceiver`` over the tensors it serves from, e.g. an HF model's
-parameters. Every ``sender.sync()`` diffs the tensors against a snapshot on the GPU, sends the
+parameters. Every ``sender.sync()`` diffs the tensors against a snapshot on the GPU (or, with
+``snapshot="pinned"``, in pinned host memory the GPU reads over PCIe), sends the
 changed elements (or everything, when that is smaller) with NCCL broadcasts, and returns once
 every receiver has applied the sync, checked its digest and acked. A receiver applies nothing
 unless the digests it computes equal the trainer's.
@@ -82,6 +83,13 @@ class GpuSender:
     works; parameters are read through ``.data``). ``snapshots``: optional tensors of the
     same shapes and dtypes to hold the previous version (else allocated inside).
     ``capacity``: the fraction of all elements a delta may carry before the sync goes dense.
+    ``snapshot``: where the snapshot allocated inside lives: ``"device"`` (GPU memory, as
+    much again as the tensors) or ``"pinned"`` (page-locked host memory that the diff reads
+    over PCIe and refreshes in place: no GPU memory for it, a diff about as long as copying
+    the tensors host-to-device once); not with ``snapshots``.
+    ``entropy``: also size every chunk in the entropy codecs (gaps positions, ulp values: about
+    1.2 bytes per change on AdamW steps instead of about 6) and send them where smaller; costs
+    a little GPU time on both sides, so ``False`` can win on NVLink.
 
     After every ``seed()`` / ``sync()``, refused ones included, the snapshot holds exactly the
     tensors' bits at the time of the call (so code that lends ``snapshots`` can read the
@@ -98,7 +106,17 @@ class GpuSender:
         chunk_elems: int = _native.DEFAULT_CHUNK_ELEMS,
         capacity: float = 0.05,
         timeout_s: float = 300.0,
+        snapshot: str = "device",
+        entropy: bool = True,
     ):
+        if snapshot not in ("device", "pinned"):
+            raise _errors().InvalidArgumentError(
+                f'snapshot={snapshot!r}: "device" or "pinned" (pinned host memory)'
+            )
+        if snapshot == "pinned" and snapshots is not None:
+            raise _errors().InvalidArgumentError(
+                'snapshot="pinned" allocates the snapshot in host memory: lend no snapshots'
+            )
         self.device = comm.device if device is None else int(device)
         named = [(n, getattr(t, "data", t)) for n, t in named_tensors]
         specs, self._tensors = _specs(named, self.device)
@@ -120,7 +138,8 @@ class GpuSender:
                     )
             snap_ptrs = [p for _, p, _, _ in snap_specs]
         self._native = _native.NativeGpuSender(
-            comm, specs, snap_ptrs, root, chunk_elems, capacity, timeout_s
+            comm, specs, snap_ptrs, root, chunk_elems, capacity, timeout_s, snapshot,
+            bool(entropy),
         )
 
     def seed(self) -> dict:
@@ -139,9 +158,14 @@ class GpuSender:
 
     @property
     def staging_bytes(self) -> int:
-        """Device bytes held besides the tensors: the snapshot when allocated here, the delta
-        buffers (``capacity``), the bitmap scratch, the packed positions."""
+        """Device bytes held besides the tensors: the snapshot when allocated here on the
+        device, the delta buffers (``capacity``), the bitmap scratch, the packed positions."""
         return self._native.staging_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Pinned host bytes held: the snapshot with ``snapshot="pinned"``, else 0."""
+        return self._native.host_bytes
 
     @property
     def version(self) -> int:
