@@ -30,6 +30,8 @@
 #define ULP_UNCHANGED 33u  // histogram slot of unchanged elements (always raw)
 #define ULP_HIST 34u
 #define CODE_WARPS 4u      // warps per CUDA block of dc_code_size
+#define ULP_BATCH 8u       // values per batch of the ulp decoder's gathers
+#define WRITE_BATCH 8u     // items per batch of loads in dc_code_write
 
 // Error codes (apply.cu uses 1..4).
 #define ERR_CODE 5u        // a malformed code stream or directory
@@ -144,9 +146,12 @@ __device__ __forceinline__ void dc_or_bytes(u32* base, u64 off, u64 v, u32 nbyte
 }
 
 // Bit input over a 4-aligned word stream (the buffer holds 16 bytes of slack past any section).
+// The word after the ones in `buf` is loaded one refill ahead, so a refill never waits on
+// memory (each thread reads its own stream: the loads are latency-bound, not bandwidth-bound).
 struct BitIn {
     const u32* base;
-    u64 word;  // next word to load
+    u64 word;  // index of `next`
+    u32 next;  // base[word], already loaded
     u64 buf;
     u32 avail;  // valid bits in buf (>= 33 after a refill)
     u64 pos;   // absolute bit position of buf's bit 0
@@ -154,14 +159,15 @@ struct BitIn {
 
 __device__ __forceinline__ void dc_in_refill(BitIn* r) {
     while (r->avail <= 32) {
-        r->buf |= (u64)r->base[r->word] << r->avail;
+        r->buf |= (u64)r->next << r->avail;
         r->avail += 32;
-        ++r->word;
+        r->next = r->base[++r->word];
     }
 }
 __device__ __forceinline__ void dc_in_init(BitIn* r, const u32* base, u64 s) {
     r->base = base;
     r->word = (s >> 5) + 1;
+    r->next = base[r->word];
     r->buf = (u64)(base[s >> 5] >> (s & 31));
     r->avail = 32 - (u32)(s & 31);
     r->pos = s;
@@ -328,17 +334,23 @@ dc_code_write(const CodeChunk* __restrict__ chunks, const u32* __restrict__ bloc
             BitOut o;
             dc_out_init(&o, out, s, s + bits);
             u64 prev = p[0];
-            for (u32 j = 1; j < m; ++j) {
-                const u64 pj = p[j];
-                const u32 g = (u32)(pj - prev - 1);
-                prev = pj;
-                const u32 q = g >> k;
-                if (q < GAPS_ESC) {
-                    dc_out_zeros(&o, q);
-                    dc_out_put(&o, 1ull | (((u64)g & dc_mask64(k)) << 1), k + 1);
-                } else {
-                    dc_out_zeros(&o, GAPS_ESC);
-                    dc_out_put(&o, g, W);
+            for (u32 j0 = 1; j0 < m; j0 += WRITE_BATCH) {
+                u64 pj[WRITE_BATCH];
+#pragma unroll
+                for (u32 t = 0; t < WRITE_BATCH; ++t) pj[t] = j0 + t < m ? p[j0 + t] : 0;
+#pragma unroll
+                for (u32 t = 0; t < WRITE_BATCH; ++t) {
+                    if (j0 + t >= m) continue;
+                    const u32 g = (u32)(pj[t] - prev - 1);
+                    prev = pj[t];
+                    const u32 q = g >> k;
+                    if (q < GAPS_ESC) {
+                        dc_out_zeros(&o, q);
+                        dc_out_put(&o, 1ull | (((u64)g & dc_mask64(k)) << 1), k + 1);
+                    } else {
+                        dc_out_zeros(&o, GAPS_ESC);
+                        dc_out_put(&o, g, W);
+                    }
                 }
             }
             dc_out_finish(&o);
@@ -351,20 +363,30 @@ dc_code_write(const CodeChunk* __restrict__ chunks, const u32* __restrict__ bloc
             const u64 s = ULP_DIR * nblk * 8 + uoff[b];
             BitOut o;
             dc_out_init(&o, out, s, s + bits);
-            for (u32 j = 0; j < m; ++j) {
-                const u32 ob = dc_load_bits((const u8*)c.old_bits, i0 + j, w);
-                const u32 nbits = dc_load_bits((const u8*)c.new_bits, i0 + j, w);
-                u32 len;
-                const u32 u = dc_ulp_code(ob, nbits, nb, &len);
-                const u32 z = len == ULP_UNCHANGED ? 0 : (len > k ? len - k : 0);
-                if (len == ULP_UNCHANGED || z >= cc) {
-                    dc_out_zeros(&o, cc);
-                    dc_out_put(&o, nbits, nb);
-                } else if (z == 0) {
-                    dc_out_put(&o, ((u64)u << 1) | 1ull, k + 1);
-                } else {
-                    dc_out_zeros(&o, z);
-                    dc_out_put(&o, ((u64)(u ^ (1u << (len - 1))) << 1) | 1ull, len);
+            for (u32 j0 = 0; j0 < m; j0 += WRITE_BATCH) {
+                u32 ob[WRITE_BATCH], nw[WRITE_BATCH];
+#pragma unroll
+                for (u32 t = 0; t < WRITE_BATCH; ++t) {
+                    const bool in = j0 + t < m;
+                    ob[t] = in ? dc_load_bits((const u8*)c.old_bits, i0 + j0 + t, w) : 0;
+                    nw[t] = in ? dc_load_bits((const u8*)c.new_bits, i0 + j0 + t, w) : 0;
+                }
+#pragma unroll
+                for (u32 t = 0; t < WRITE_BATCH; ++t) {
+                    if (j0 + t >= m) continue;
+                    const u32 nbits = nw[t];
+                    u32 len;
+                    const u32 u = dc_ulp_code(ob[t], nbits, nb, &len);
+                    const u32 z = len == ULP_UNCHANGED ? 0 : (len > k ? len - k : 0);
+                    if (len == ULP_UNCHANGED || z >= cc) {
+                        dc_out_zeros(&o, cc);
+                        dc_out_put(&o, nbits, nb);
+                    } else if (z == 0) {
+                        dc_out_put(&o, ((u64)u << 1) | 1ull, k + 1);
+                    } else {
+                        dc_out_zeros(&o, z);
+                        dc_out_put(&o, ((u64)(u ^ (1u << (len - 1))) << 1) | 1ull, len);
+                    }
                 }
             }
             dc_out_finish(&o);
@@ -485,33 +507,51 @@ dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ bl
         BitIn r;
         dc_in_init(&r, (const u32*)c.val_sec, s);
         bool bad = false;
-        for (u32 j = 0; j < m; ++j) {
-            const u32 q = rel[j];
-            if (q >= c.range) { bad = true; break; }
-            const u32 z = dc_in_zeros(&r, cc);
-            u32 nbits;
-            if (z >= cc) {
-                dc_in_skip(&r, cc);
-                nbits = dc_in_read(&r, nb);
-            } else {
-                u32 u;
-                if (z == 0) {
+        // Batches of ULP_BATCH values: parse their code words, then issue every gather of the
+        // old bits at once (one at a time, each would stall the thread for a memory latency).
+        for (u32 j0 = 0; j0 < m && !bad; j0 += ULP_BATCH) {
+            u32 q[ULP_BATCH], code[ULP_BATCH], ob[ULP_BATCH];
+            u32 raw = 0;  // bit t: code[t] holds the new bits themselves
+#pragma unroll
+            for (u32 t = 0; t < ULP_BATCH; ++t) q[t] = j0 + t < m ? rel[j0 + t] : 0;
+#pragma unroll
+            for (u32 t = 0; t < ULP_BATCH; ++t) {
+                code[t] = 0;
+                if (j0 + t >= m || bad) continue;
+                if (q[t] >= c.range) { bad = true; continue; }
+                const u32 z = dc_in_zeros(&r, cc);
+                if (z >= cc) {
+                    dc_in_skip(&r, cc);
+                    code[t] = dc_in_read(&r, nb);
+                    raw |= 1u << t;
+                } else if (z == 0) {
                     dc_in_skip(&r, 1);
-                    u = dc_in_read(&r, k);
+                    code[t] = dc_in_read(&r, k);
                 } else {
                     const u32 len = z + k;
-                    if (len > nb) { bad = true; break; }
+                    if (len > nb) { bad = true; continue; }
                     dc_in_skip(&r, z + 1);
-                    u = (1u << (len - 1)) | dc_in_read(&r, len - 1);
+                    code[t] = (1u << (len - 1)) | dc_in_read(&r, len - 1);
                 }
-                if (u == all - 1u) { bad = true; break; }  // 2^nb - 2 names no step
-                const u32 negative = u & 1u, magnitude = (u >> 1) + 1u;
-                const u32 d = negative ? (0u - magnitude) : magnitude;
-                const u32 ob = dc_load_bits((const u8*)c.held, c.start + q, w);
-                nbits = dc_unord((dc_ord(ob, nb) + d) & all, nb);
+                if (!((raw >> t) & 1u) && code[t] == all - 1u) bad = true;  // 2^nb - 2: no step
+                if (r.pos > e) bad = true;
             }
-            if (r.pos > e) { bad = true; break; }
-            dc_store_bits((u8*)c.val_out, i0 + j, w, nbits);
+            if (bad) break;
+#pragma unroll
+            for (u32 t = 0; t < ULP_BATCH; ++t)
+                ob[t] = (j0 + t < m && !((raw >> t) & 1u))
+                            ? dc_load_bits((const u8*)c.held, c.start + q[t], w) : 0;
+#pragma unroll
+            for (u32 t = 0; t < ULP_BATCH; ++t) {
+                if (j0 + t >= m) continue;
+                u32 nbits = code[t];
+                if (!((raw >> t) & 1u)) {
+                    const u32 u = code[t], negative = u & 1u, magnitude = (u >> 1) + 1u;
+                    const u32 d = negative ? (0u - magnitude) : magnitude;
+                    nbits = dc_unord((dc_ord(ob[t], nb) + d) & all, nb);
+                }
+                dc_store_bits((u8*)c.val_out, i0 + j0 + t, w, nbits);
+            }
         }
         if (bad || r.pos != e) { dc_code_flag(err, ERR_CODE); continue; }
         if (bi + 1 == nblk && (e & 7)) {

@@ -975,7 +975,7 @@ fn code_positions(rng: &mut Rng, count: u32, range: u32) -> Vec<u32> {
     let mut rel: Vec<u32> = if rng.chance(0.5) && range as u64 > 4 * count as u64 {
         // Runs of near neighbours separated by long jumps.
         let mut out = Vec::with_capacity(count as usize);
-        let mut p = rng.below(16);
+        let mut p = rng.below(16.min(range as u64));
         while out.len() < count as usize && p < range as u64 {
             out.push(p as u32);
             p += if rng.chance(0.01) {
@@ -993,6 +993,9 @@ fn code_positions(rng: &mut Rng, count: u32, range: u32) -> Vec<u32> {
         set.into_iter().collect()
     };
     rel.dedup();
+    if rel.is_empty() {
+        rel.push(0);
+    }
     rel
 }
 

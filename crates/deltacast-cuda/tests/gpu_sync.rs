@@ -101,7 +101,7 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
     // sync's deltas were smaller (its gaps and ulp sections were sent and decoded).
     let (plain_kinds, plain) = run_script(SnapshotPlace::Device, false);
     assert_eq!(kinds, plain_kinds);
-    for step in [1, 2, 8, 9] {
+    for step in [1, 2, 4, 9] {
         assert!(
             entropy[step] < plain[step],
             "step {step}: entropy {} bytes, abs32/bitmap + raw {}",
