@@ -11,6 +11,11 @@
 //! sync runs it) reading the snapshot over PCIe, next to `cuMemcpyHtoDAsync` and
 //! `cuMemcpyDtoHAsync` of the same bytes between pinned host memory and the device, in the
 //! same run; prints diff time / HtoD copy time.
+//!
+//! `gpu_bench entropy [MILLION_CHANGES] [DENSITY]`: the entropy codecs on AdamW-like steps
+//! (87 % ±1 ULP): sizing, writing and decoding (gaps + ulp, gaps alone, ulp after abs32),
+//! wall time per call (each synchronises), checked against the input. With
+//! `DELTACAST_ENTROPY_PROFILE=1` each kernel's device time is printed too.
 
 use std::time::Instant;
 
@@ -249,6 +254,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("pinned") {
         return pinned_bench(&args[2..]);
+    }
+    if args.get(1).map(String::as_str) == Some("entropy") {
+        return entropy_bench(&args[2..]);
     }
     let gib: f64 = args.get(1).map_or(Ok(4.0), |s| s.parse())?;
     let reps: usize = args.get(2).map_or(Ok(10), |s| s.parse())?;
@@ -538,6 +546,249 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             density * 100.0,
             gbs(ms),
             100.0 * copy_ms / ms
+        );
+    }
+    Ok(())
+}
+
+/// The entropy codecs on one synthetic step (see the module doc).
+fn entropy_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    use deltacast_cuda::{
+        CodeChunk, CodePlace, CodeScratch, CodeValues, DecodeInput, DecodePositions, DECODE_SLACK,
+    };
+    let millions: f64 = args.first().map_or(Ok(20.0), |s| s.parse())?;
+    let density: f64 = args.get(1).map_or(Ok(0.02), |s| s.parse())?;
+    let n = (millions * 1e6) as usize;
+    let numel = ((n as f64 / density) as u64).max(n as u64);
+    let grid = 1u64 << 20;
+    let gpu = Gpu::new(0)?;
+    println!(
+        "device: {}; {n} changes at {:.2}% of {numel} BF16 elements",
+        gpu.name(),
+        density * 100.0
+    );
+    // Positions: geometric gaps; old bits random, new ±1 ULP (87 %) or a few to 1000 ULP.
+    let mut seed = 7u64;
+    let mut pos = Vec::with_capacity(n);
+    let mut p = 0u64;
+    while pos.len() < n {
+        let r = (splitmix(&mut seed) >> 11) as f64 / (1u64 << 53) as f64;
+        let gap = ((1.0 - r).ln() / (1.0 - density).ln()).floor() as u64;
+        p += gap;
+        if p >= numel {
+            break;
+        }
+        pos.push(p);
+        p += 1;
+    }
+    let n = pos.len();
+    let mut held = vec![0u8; numel as usize * 2];
+    par_fill(&mut held, |seed, _, c| {
+        let mut s = seed;
+        for b in c.chunks_mut(8) {
+            let v = splitmix(&mut s).to_le_bytes();
+            b.copy_from_slice(&v[..b.len()]);
+        }
+    });
+    let mut old = vec![0u8; n * 2];
+    let mut new = vec![0u8; n * 2];
+    for (k, &q) in pos.iter().enumerate() {
+        let o = u16::from_le_bytes([held[2 * q as usize], held[2 * q as usize + 1]]);
+        let ord = deltacast::dtype::to_ordered(o as u32, 2);
+        let r = splitmix(&mut seed);
+        let step = if r % 100 < 87 {
+            1
+        } else {
+            2 + (r >> 8) as u32 % 999
+        };
+        let up = (r >> 40) & 1 == 1;
+        let no = if up {
+            ord.wrapping_add(step)
+        } else {
+            ord.wrapping_sub(step)
+        } & 0xffff;
+        let nw = deltacast::dtype::from_ordered(no, 2) as u16;
+        old[2 * k..2 * k + 2].copy_from_slice(&o.to_le_bytes());
+        new[2 * k..2 * k + 2].copy_from_slice(&nw.to_le_bytes());
+    }
+    // Chunks: grid cells tightened to their changes, as the sync forms them.
+    let mut chunks_idx = Vec::new();
+    let mut lo = 0usize;
+    while lo < n {
+        let cell = pos[lo] / grid;
+        let mut hi = lo;
+        while hi < n && pos[hi] / grid == cell {
+            hi += 1;
+        }
+        chunks_idx.push((lo, hi));
+        lo = hi;
+    }
+    // Inputs are read 16 bytes at a time: DECODE_SLACK bytes past their ends.
+    let slack = |mut v: Vec<u8>| {
+        v.resize(v.len() + DECODE_SLACK as usize, 0);
+        v
+    };
+    let pos_bytes: Vec<u8> = pos.iter().flat_map(|p| p.to_le_bytes()).collect();
+    let pos_d = gpu.upload(&slack(pos_bytes))?;
+    let old_d = gpu.upload(&slack(old.clone()))?;
+    let new_d = gpu.upload(&slack(new.clone()))?;
+    let held_d = gpu.upload(&held)?;
+    let chunks: Vec<CodeChunk> = chunks_idx
+        .iter()
+        .map(|&(lo, hi)| CodeChunk {
+            positions: pos_d.ptr() + lo as u64 * 8,
+            new_bits: new_d.ptr() + lo as u64 * 2,
+            old_bits: old_d.ptr() + lo as u64 * 2,
+            count: (hi - lo) as u64,
+            start: pos[lo],
+            range: pos[hi - 1] - pos[lo] + 1,
+            width: 2,
+        })
+        .collect();
+    println!(
+        "{} chunks, {} coding blocks",
+        chunks.len(),
+        n.div_ceil(1024)
+    );
+    let mut scratch = CodeScratch::new();
+    let time = |f: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error>>| -> Result<f64, Box<dyn std::error::Error>> {
+        let mut t = Vec::new();
+        for _ in 0..5 {
+            let s = Instant::now();
+            f()?;
+            t.push(s.elapsed().as_secs_f32() * 1e3);
+        }
+        Ok(median(t) as f64)
+    };
+    let mut sizes = Vec::new();
+    let size_ms = time(&mut || {
+        // SAFETY: the buffers hold every chunk's items.
+        sizes = unsafe { gpu.entropy_size(&mut scratch, &chunks)? };
+        Ok(())
+    })?;
+    let gaps_total: u64 = sizes.iter().map(|s| s.gaps.next_multiple_of(4)).sum();
+    let ulp_total: u64 = sizes.iter().map(|s| s.ulp.next_multiple_of(4)).sum();
+    let gbuf = gpu.alloc((gaps_total + DECODE_SLACK) as usize)?;
+    let vbuf = gpu.alloc((ulp_total + DECODE_SLACK) as usize)?;
+    let mut places = Vec::new();
+    let (mut go, mut vo) = (0u64, 0u64);
+    let mut offs = Vec::new();
+    for s in &sizes {
+        places.push(CodePlace {
+            gaps: Some(gbuf.ptr() + go),
+            values: Some((CodeValues::Ulp, vbuf.ptr() + vo)),
+        });
+        offs.push((go, vo));
+        go += s.gaps.next_multiple_of(4);
+        vo += s.ulp.next_multiple_of(4);
+    }
+    let write_ms = time(&mut || {
+        // SAFETY: sized above; zeroed first, as entropy_write wants.
+        unsafe {
+            gpu.memset(gbuf.ptr(), 0, gbuf.len())?;
+            gpu.memset(vbuf.ptr(), 0, vbuf.len())?;
+            gpu.entropy_size(&mut scratch, &chunks)?;
+            gpu.entropy_write(&mut scratch, &chunks, &places)?;
+        }
+        Ok(())
+    })? - size_ms;
+    println!(
+        "sections: gaps {:.1} MB + ulp {:.1} MB = {:.3} bytes per change",
+        gaps_total as f64 / 1e6,
+        ulp_total as f64 / 1e6,
+        (gaps_total + ulp_total) as f64 / n as f64
+    );
+    // Decoded outputs at 16-aligned offsets per chunk, as the sync stages them.
+    let mut stage = Vec::new();
+    let (mut ps, mut vs) = (0u64, 0u64);
+    for c in &chunks {
+        stage.push((ps, vs));
+        ps += (c.count * 4).next_multiple_of(16);
+        vs += (c.count * 2).next_multiple_of(16);
+    }
+    let pout = gpu.alloc((ps + DECODE_SLACK) as usize)?;
+    let vout = gpu.alloc(vs as usize + 16)?;
+    let abs32: Vec<u8> = chunks_idx
+        .iter()
+        .flat_map(|&(lo, hi)| {
+            let first = pos[lo];
+            pos[lo..hi].iter().map(move |&p| (p - first) as u32)
+        })
+        .flat_map(|r| r.to_le_bytes())
+        .collect();
+    let abs_d = gpu.upload(&slack(abs32))?;
+    let inputs = |gaps: bool, ulp: bool| -> Vec<DecodeInput> {
+        chunks_idx
+            .iter()
+            .zip(&chunks)
+            .zip(&sizes)
+            .zip(offs.iter().zip(&stage))
+            .map(|(((&(lo, _), c), s), (&(go, vo), &(ps, vs)))| DecodeInput {
+                held: held_d.ptr(),
+                slot_numel: numel,
+                width: 2,
+                start: c.start,
+                range: c.range,
+                count: c.count,
+                positions: if gaps {
+                    DecodePositions::Gaps {
+                        section: gbuf.ptr() + go,
+                        len: s.gaps,
+                        out: pout.ptr() + ps,
+                    }
+                } else {
+                    DecodePositions::Abs32 {
+                        section: abs_d.ptr() + lo as u64 * 4,
+                        len: c.count * 4,
+                    }
+                },
+                values: ulp.then_some((vbuf.ptr() + vo, s.ulp, vout.ptr() + vs)),
+            })
+            .collect()
+    };
+    let mut report = Vec::new();
+    for (label, g, u) in [
+        ("gaps + ulp", true, true),
+        ("gaps alone", true, false),
+        ("ulp after abs32", false, true),
+    ] {
+        let list = inputs(g, u);
+        let ms = time(&mut || {
+            // SAFETY: sections with slack, outputs sized for every change.
+            let bad = unsafe { gpu.entropy_decode(&mut scratch, &list)? };
+            if !bad.is_empty() {
+                return Err(format!("decode refused: {:?}", bad[0]).into());
+            }
+            Ok(())
+        })?;
+        report.push((label, ms));
+    }
+    // The decoded positions and values equal the input.
+    // SAFETY: our buffers.
+    let got_new = unsafe { gpu.download(vout.ptr(), vs as usize)? };
+    let got_pos = unsafe { gpu.download(pout.ptr(), ps as usize)? };
+    let mut pos_ok = true;
+    let mut val_ok = true;
+    for (&(lo, hi), &(ps, vs)) in chunks_idx.iter().zip(&stage) {
+        for k in lo..hi {
+            let at = ps as usize + 4 * (k - lo);
+            let rel = u32::from_le_bytes(got_pos[at..at + 4].try_into().unwrap()) as u64;
+            pos_ok &= rel == pos[k] - pos[lo];
+            let at = vs as usize + 2 * (k - lo);
+            val_ok &= got_new[at..at + 2] == new[2 * k..2 * k + 2];
+        }
+    }
+    println!("decoded = input: positions {pos_ok}, values {val_ok}");
+    let rate = |ms: f64| n as f64 / (ms * 1e-3) / 1e6;
+    println!("size  {size_ms:8.3} ms  {:8.0} M changes/s", rate(size_ms));
+    println!(
+        "write {write_ms:8.3} ms  {:8.0} M changes/s",
+        rate(write_ms)
+    );
+    for (label, ms) in report {
+        println!(
+            "decode {label:<16} {ms:8.3} ms  {:8.0} M changes/s",
+            rate(ms)
         );
     }
     Ok(())

@@ -31,7 +31,6 @@
 #define ULP_HIST 34u
 #define CODE_WARPS 4u      // warps per CUDA block of dc_code_size
 #define ULP_BATCH 8u       // values per batch of the ulp decoder's gathers
-#define WRITE_BATCH 8u     // items per batch of loads in dc_code_write
 
 // Error codes (apply.cu uses 1..4).
 #define ERR_CODE 5u        // a malformed code stream or directory
@@ -101,22 +100,55 @@ __device__ __forceinline__ u32 dc_ulp_code(u32 old_bits, u32 new_bits, u32 nb, u
 }
 
 // ---------------------------------------------------------------------------------------------
-// Bit output: code words of one block into a zeroed u32-word stream, LSB first.
+// Each thread reads and writes its own stream: a warp's 32 lanes touch 32 different lines, and
+// the L1 serves one line per cycle. So every stream is read and written 16 bytes at a time
+// (one access per four words), never a word or an element at a time.
+
+// Bit output: code words of one block into a zeroed u32-word stream, LSB first. Words are
+// gathered four at a time and stored as one vector when all four are this block's alone; the
+// words it shares with its neighbours (at the two ends of its bit range) are OR-ed.
 struct BitOut {
-    u32* base;
-    u64 word;  // index of the word being filled
+    u32* base;  // 16-aligned
+    u64 word;   // index of the word being filled
     u64 acc;
-    u32 nacc;  // bits held in acc (< 32 between calls)
-    u64 s, e;  // the block's bit range [s, e)
+    u32 nacc;   // bits held in acc (< 32 between calls)
+    u64 s, e;   // the block's bit range [s, e), from base
+    uint4 grp;  // the words of the current 16-byte group emitted so far
+    u32 held;   // which of them (bit i: word i of the group)
 };
 
 __device__ __forceinline__ void dc_out_init(BitOut* o, u32* base, u64 s, u64 e) {
-    o->base = base; o->word = s >> 5; o->acc = 0; o->nacc = (u32)(s & 31); o->s = s; o->e = e;
+    const u64 mis = (u64)base & 15;  // base is 4-aligned: realign to 16, shift the range
+    o->base = (u32*)((u64)base - mis);
+    s += mis * 8;
+    e += mis * 8;
+    o->word = s >> 5; o->acc = 0; o->nacc = (u32)(s & 31); o->s = s; o->e = e;
+    o->grp = make_uint4(0, 0, 0, 0); o->held = 0;
+}
+__device__ __forceinline__ bool dc_out_owned(const BitOut* o, u64 word, u64 words) {
+    const u64 b0 = word * 32;
+    return b0 >= o->s && b0 + 32 * words <= o->e;
+}
+__device__ __forceinline__ void dc_out_flush(BitOut* o) {
+    const u64 g0 = o->word & ~3ull;
+    if (o->held == 0xfu && dc_out_owned(o, g0, 4)) {
+        *(uint4*)(o->base + g0) = o->grp;
+    } else {
+        for (u32 i = 0; i < 4; ++i) {
+            if (!((o->held >> i) & 1u)) continue;
+            const u32 v = dc_word(o->grp, i);
+            if (dc_out_owned(o, g0 + i, 1)) o->base[g0 + i] = v;
+            else if (v) atomicOr(&o->base[g0 + i], v);
+        }
+    }
+    o->grp = make_uint4(0, 0, 0, 0);
+    o->held = 0;
 }
 __device__ __forceinline__ void dc_out_emit(BitOut* o, u32 v) {
-    const u64 b0 = o->word * 32;
-    if (b0 >= o->s && b0 + 32 <= o->e) o->base[o->word] = v;  // wholly ours
-    else if (v) atomicOr(&o->base[o->word], v);                // shared with a neighbour
+    const u32 i = (u32)(o->word & 3);
+    if (i == 0) o->grp.x = v; else if (i == 1) o->grp.y = v; else if (i == 2) o->grp.z = v; else o->grp.w = v;
+    o->held |= 1u << i;
+    if (i == 3) dc_out_flush(o);
 }
 // Appends the low n bits of v (n <= 32, v < 2^n).
 __device__ __forceinline__ void dc_out_put(BitOut* o, u64 v, u32 n) {
@@ -134,7 +166,13 @@ __device__ __forceinline__ void dc_out_zeros(BitOut* o, u32 n) {
     dc_out_put(o, 0, n);
 }
 __device__ __forceinline__ void dc_out_finish(BitOut* o) {
-    if (o->nacc > 0) dc_out_emit(o, (u32)o->acc);
+    if (o->nacc > 0) {
+        const u32 i = (u32)(o->word & 3);
+        if (i == 0) o->grp.x = (u32)o->acc; else if (i == 1) o->grp.y = (u32)o->acc;
+        else if (i == 2) o->grp.z = (u32)o->acc; else o->grp.w = (u32)o->acc;
+        o->held |= 1u << i;
+    }
+    if (o->held) dc_out_flush(o);
 }
 // ORs the low nbytes bytes of v at byte offset off of a 4-aligned zeroed buffer.
 __device__ __forceinline__ void dc_or_bytes(u32* base, u64 off, u64 v, u32 nbytes) {
@@ -145,32 +183,47 @@ __device__ __forceinline__ void dc_or_bytes(u32* base, u64 off, u64 v, u32 nbyte
     }
 }
 
-// Bit input over a 4-aligned word stream (the buffer holds 16 bytes of slack past any section).
-// The word after the ones in `buf` is loaded one refill ahead, so a refill never waits on
-// memory (each thread reads its own stream: the loads are latency-bound, not bandwidth-bound).
+// Bit input: a stream (or an array of elements, read as one) from any 4-aligned address,
+// loaded 16 bytes at a time from the 16-aligned address at or below it, with the next vector
+// always loaded ahead. May read up to DECODE_SLACK (64) bytes past the last bit consumed.
 struct BitIn {
-    const u32* base;
-    u64 word;  // index of `next`
-    u32 next;  // base[word], already loaded
+    const uint4* base;
+    u64 vec;    // index of `cur`
+    uint4 cur, nxt;
+    u32 wi;     // next word of `cur`
     u64 buf;
     u32 avail;  // valid bits in buf (>= 33 after a refill)
-    u64 pos;   // absolute bit position of buf's bit 0
+    u64 pos;    // bit position (from the caller's address) of buf's bit 0
 };
 
+__device__ __forceinline__ u32 dc_in_take(BitIn* r) {
+    const u32 v = dc_word(r->cur, r->wi);
+    if (++r->wi == 4) {
+        r->wi = 0;
+        r->cur = r->nxt;
+        ++r->vec;
+        r->nxt = r->base[r->vec + 1];
+    }
+    return v;
+}
 __device__ __forceinline__ void dc_in_refill(BitIn* r) {
     while (r->avail <= 32) {
-        r->buf |= (u64)r->next << r->avail;
+        r->buf |= (u64)dc_in_take(r) << r->avail;
         r->avail += 32;
-        r->next = r->base[++r->word];
     }
 }
-__device__ __forceinline__ void dc_in_init(BitIn* r, const u32* base, u64 s) {
-    r->base = base;
-    r->word = (s >> 5) + 1;
-    r->next = base[r->word];
-    r->buf = (u64)(base[s >> 5] >> (s & 31));
-    r->avail = 32 - (u32)(s & 31);
+__device__ __forceinline__ void dc_in_init(BitIn* r, const void* p, u64 s) {
+    const u64 mis = (u64)p & 15;
+    r->base = (const uint4*)((u64)p - mis);
     r->pos = s;
+    const u64 bit = s + mis * 8;
+    const u64 w = bit >> 5;
+    r->vec = w >> 2;
+    r->cur = r->base[r->vec];
+    r->nxt = r->base[r->vec + 1];
+    r->wi = (u32)(w & 3);
+    r->buf = (u64)(dc_in_take(r) >> (bit & 31));
+    r->avail = 32 - (u32)(bit & 31);
     dc_in_refill(r);
 }
 __device__ __forceinline__ void dc_in_skip(BitIn* r, u32 n) {  // n <= 33
@@ -325,32 +378,29 @@ dc_code_write(const CodeChunk* __restrict__ chunks, const u32* __restrict__ bloc
         const u64 i0 = bi * CODE_BLOCK;
         const u32 m = (u32)min((u64)CODE_BLOCK, c.count - i0);
         if (c.gaps_dst) {
-            const u64* p = (const u64*)c.pos + i0;
             u32* out = (u32*)c.gaps_dst;
             const u32 bits = gbits[b], k = gk[b], W = dc_escape_width(c.range);
-            const u64 entry = (u64)(u32)(p[0] - c.start) | ((u64)bits << 32) | ((u64)k << 48);
+            BitIn pr;  // the block's positions, u64 each
+            dc_in_init(&pr, (const u64*)c.pos + i0, 0);
+            u64 prev = dc_in_read(&pr, 32);
+            prev |= (u64)dc_in_read(&pr, 32) << 32;
+            const u64 entry = (u64)(u32)(prev - c.start) | ((u64)bits << 32) | ((u64)k << 48);
             dc_or_bytes(out, GAPS_DIR * bi, entry, GAPS_DIR);
             const u64 s = GAPS_DIR * nblk * 8 + goff[b];
             BitOut o;
             dc_out_init(&o, out, s, s + bits);
-            u64 prev = p[0];
-            for (u32 j0 = 1; j0 < m; j0 += WRITE_BATCH) {
-                u64 pj[WRITE_BATCH];
-#pragma unroll
-                for (u32 t = 0; t < WRITE_BATCH; ++t) pj[t] = j0 + t < m ? p[j0 + t] : 0;
-#pragma unroll
-                for (u32 t = 0; t < WRITE_BATCH; ++t) {
-                    if (j0 + t >= m) continue;
-                    const u32 g = (u32)(pj[t] - prev - 1);
-                    prev = pj[t];
-                    const u32 q = g >> k;
-                    if (q < GAPS_ESC) {
-                        dc_out_zeros(&o, q);
-                        dc_out_put(&o, 1ull | (((u64)g & dc_mask64(k)) << 1), k + 1);
-                    } else {
-                        dc_out_zeros(&o, GAPS_ESC);
-                        dc_out_put(&o, g, W);
-                    }
+            for (u32 j = 1; j < m; ++j) {
+                u64 pj = dc_in_read(&pr, 32);
+                pj |= (u64)dc_in_read(&pr, 32) << 32;
+                const u32 g = (u32)(pj - prev - 1);
+                prev = pj;
+                const u32 q = g >> k;
+                if (q < GAPS_ESC) {
+                    dc_out_zeros(&o, q);
+                    dc_out_put(&o, 1ull | (((u64)g & dc_mask64(k)) << 1), k + 1);
+                } else {
+                    dc_out_zeros(&o, GAPS_ESC);
+                    dc_out_put(&o, g, W);
                 }
             }
             dc_out_finish(&o);
@@ -363,30 +413,22 @@ dc_code_write(const CodeChunk* __restrict__ chunks, const u32* __restrict__ bloc
             const u64 s = ULP_DIR * nblk * 8 + uoff[b];
             BitOut o;
             dc_out_init(&o, out, s, s + bits);
-            for (u32 j0 = 0; j0 < m; j0 += WRITE_BATCH) {
-                u32 ob[WRITE_BATCH], nw[WRITE_BATCH];
-#pragma unroll
-                for (u32 t = 0; t < WRITE_BATCH; ++t) {
-                    const bool in = j0 + t < m;
-                    ob[t] = in ? dc_load_bits((const u8*)c.old_bits, i0 + j0 + t, w) : 0;
-                    nw[t] = in ? dc_load_bits((const u8*)c.new_bits, i0 + j0 + t, w) : 0;
-                }
-#pragma unroll
-                for (u32 t = 0; t < WRITE_BATCH; ++t) {
-                    if (j0 + t >= m) continue;
-                    const u32 nbits = nw[t];
-                    u32 len;
-                    const u32 u = dc_ulp_code(ob[t], nbits, nb, &len);
-                    const u32 z = len == ULP_UNCHANGED ? 0 : (len > k ? len - k : 0);
-                    if (len == ULP_UNCHANGED || z >= cc) {
-                        dc_out_zeros(&o, cc);
-                        dc_out_put(&o, nbits, nb);
-                    } else if (z == 0) {
-                        dc_out_put(&o, ((u64)u << 1) | 1ull, k + 1);
-                    } else {
-                        dc_out_zeros(&o, z);
-                        dc_out_put(&o, ((u64)(u ^ (1u << (len - 1))) << 1) | 1ull, len);
-                    }
+            BitIn orr, nrr;  // the block's old and new bits
+            dc_in_init(&orr, (const u8*)c.old_bits + i0 * w, 0);
+            dc_in_init(&nrr, (const u8*)c.new_bits + i0 * w, 0);
+            for (u32 j = 0; j < m; ++j) {
+                const u32 ob = dc_in_read(&orr, nb), nbits = dc_in_read(&nrr, nb);
+                u32 len;
+                const u32 u = dc_ulp_code(ob, nbits, nb, &len);
+                const u32 z = len == ULP_UNCHANGED ? 0 : (len > k ? len - k : 0);
+                if (len == ULP_UNCHANGED || z >= cc) {
+                    dc_out_zeros(&o, cc);
+                    dc_out_put(&o, nbits, nb);
+                } else if (z == 0) {
+                    dc_out_put(&o, ((u64)u << 1) | 1ull, k + 1);
+                } else {
+                    dc_out_zeros(&o, z);
+                    dc_out_put(&o, ((u64)(u ^ (1u << (len - 1))) << 1) | 1ull, len);
                 }
             }
             dc_out_finish(&o);
@@ -399,6 +441,25 @@ dc_code_write(const CodeChunk* __restrict__ chunks, const u32* __restrict__ bloc
 
 // ---------------------------------------------------------------------------------------------
 // Receiver.
+
+// Stores `n` (<= ULP_BATCH) values of width w at element `at` of `out`: a full batch with one or
+// two vector stores when aligned (a thread's values are contiguous: one wide store instead of
+// eight scattered ones), else element by element.
+__device__ __forceinline__ void dc_store_batch(u8* out, u64 at, u32 w, const u32* v, u32 n) {
+    u8* p = out + at * w;
+    if (n == ULP_BATCH && w == 2 && ((u64)p & 15) == 0) {
+        *(uint4*)p = make_uint4(v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16),
+                                v[6] | (v[7] << 16));
+    } else if (n == ULP_BATCH && w == 1 && ((u64)p & 7) == 0) {
+        *(uint2*)p = make_uint2(v[0] | (v[1] << 8) | (v[2] << 16) | (v[3] << 24),
+                                v[4] | (v[5] << 8) | (v[6] << 16) | (v[7] << 24));
+    } else if (n == ULP_BATCH && w == 4 && ((u64)p & 15) == 0) {
+        *(uint4*)p = make_uint4(v[0], v[1], v[2], v[3]);
+        *(uint4*)(p + 16) = make_uint4(v[4], v[5], v[6], v[7]);
+    } else {
+        for (u32 t = 0; t < n; ++t) dc_store_bits(out, at + t, w, v[t]);
+    }
+}
 
 __device__ __forceinline__ void dc_code_flag(u32* err, u32 code) { atomicCAS(err, 0u, code); }
 
@@ -456,24 +517,41 @@ dc_gaps_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ b
         u32* out = (u32*)c.pos_out + i0;
         u64 p = dc_byte_at(dir, GAPS_DIR * bi, 4);
         if (p >= c.range) { dc_code_flag(err, ERR_CODE); continue; }
-        out[0] = (u32)p;
+        // Positions go out four at a time (one 16-byte store instead of four scattered ones)
+        // when the output is 16-aligned.
+        const bool vec = ((u64)out & 15) == 0;
         const u64 s = GAPS_DIR * nblk * 8 + goff[b], e = s + gbits[b];
         BitIn r;
         dc_in_init(&r, (const u32*)c.pos_sec, s);
         bool bad = false;
-        for (u32 j = 1; j < m; ++j) {
-            const u32 z = dc_in_zeros(&r, GAPS_ESC);
-            u64 g;
-            if (z < GAPS_ESC) {
-                dc_in_skip(&r, z + 1);
-                g = ((u64)z << k) | dc_in_read(&r, k);
-            } else {
-                dc_in_skip(&r, GAPS_ESC);
-                g = dc_in_read(&r, W);
+        for (u32 g0 = 0; g0 < m && !bad; g0 += 4) {
+            u32 grp[4];
+#pragma unroll
+            for (u32 t = 0; t < 4; ++t) {
+                const u32 j = g0 + t;
+                grp[t] = (u32)p;  // j == 0: the block's first position
+                if (j == 0 || j >= m || bad) continue;
+                const u32 z = dc_in_zeros(&r, GAPS_ESC);
+                u64 g;
+                if (z < GAPS_ESC) {
+                    dc_in_skip(&r, z + 1);
+                    g = ((u64)z << k) | dc_in_read(&r, k);
+                } else {
+                    dc_in_skip(&r, GAPS_ESC);
+                    g = dc_in_read(&r, W);
+                }
+                p += g + 1;
+                if (r.pos > e || p >= c.range) bad = true;
+                grp[t] = (u32)p;
             }
-            p += g + 1;
-            if (r.pos > e || p >= c.range) { bad = true; break; }
-            out[j] = (u32)p;
+            if (bad) break;
+            if (g0 + 4 <= m && vec) {
+                *(uint4*)(out + g0) = make_uint4(grp[0], grp[1], grp[2], grp[3]);
+            } else {
+#pragma unroll
+                for (u32 t = 0; t < 4; ++t)
+                    if (g0 + t < m) out[g0 + t] = grp[t];
+            }
         }
         if (bad || r.pos != e) { dc_code_flag(err, ERR_CODE); continue; }
         if (bi + 1 < nblk) {
@@ -503,6 +581,8 @@ dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ bl
         const u32 w = c.width, nb = 8 * w, all = (u32)dc_mask64(nb);
         const u32 k = ukc[b] & 0xffu, cc = ukc[b] >> 8;
         const u32* rel = (const u32*)(c.gaps ? c.pos_out : c.pos_sec) + i0;
+        BitIn rr;  // the block's positions
+        dc_in_init(&rr, rel, 0);
         const u64 s = ULP_DIR * nblk * 8 + uoff[b], e = s + ubits[b];
         BitIn r;
         dc_in_init(&r, (const u32*)c.val_sec, s);
@@ -513,7 +593,7 @@ dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ bl
             u32 q[ULP_BATCH], code[ULP_BATCH], ob[ULP_BATCH];
             u32 raw = 0;  // bit t: code[t] holds the new bits themselves
 #pragma unroll
-            for (u32 t = 0; t < ULP_BATCH; ++t) q[t] = j0 + t < m ? rel[j0 + t] : 0;
+            for (u32 t = 0; t < ULP_BATCH; ++t) q[t] = j0 + t < m ? dc_in_read(&rr, 32) : 0;
 #pragma unroll
             for (u32 t = 0; t < ULP_BATCH; ++t) {
                 code[t] = 0;
@@ -541,17 +621,17 @@ dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ bl
             for (u32 t = 0; t < ULP_BATCH; ++t)
                 ob[t] = (j0 + t < m && !((raw >> t) & 1u))
                             ? dc_load_bits((const u8*)c.held, c.start + q[t], w) : 0;
+            u32 nv[ULP_BATCH];
 #pragma unroll
             for (u32 t = 0; t < ULP_BATCH; ++t) {
-                if (j0 + t >= m) continue;
-                u32 nbits = code[t];
+                nv[t] = code[t];
                 if (!((raw >> t) & 1u)) {
                     const u32 u = code[t], negative = u & 1u, magnitude = (u >> 1) + 1u;
                     const u32 d = negative ? (0u - magnitude) : magnitude;
-                    nbits = dc_unord((dc_ord(ob[t], nb) + d) & all, nb);
+                    nv[t] = dc_unord((dc_ord(ob[t], nb) + d) & all, nb);
                 }
-                dc_store_bits((u8*)c.val_out, i0 + j0 + t, w, nbits);
             }
+            dc_store_batch((u8*)c.val_out, i0 + j0, w, nv, m - j0 < ULP_BATCH ? m - j0 : ULP_BATCH);
         }
         if (bad || r.pos != e) { dc_code_flag(err, ERR_CODE); continue; }
         if (bi + 1 == nblk && (e & 7)) {

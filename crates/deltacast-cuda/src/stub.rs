@@ -11,7 +11,7 @@ use crate::{
 };
 
 /// Bytes a decoder may read past the end of a section (as the GPU build).
-pub const DECODE_SLACK: u64 = 32;
+pub const DECODE_SLACK: u64 = 64;
 
 /// The entropy coder's device memory; holds nothing without the `cuda` feature.
 #[derive(Default)]

@@ -168,7 +168,9 @@ impl Growable {
         let len = (len.max(256) as usize).next_multiple_of(256);
         if self.buf.as_ref().is_none_or(|b| b.len() < len) {
             self.buf = None;
-            self.buf = Some(gpu.alloc(len)?);
+            // An eighth more than asked: deltas grow a little from step to step, and each
+            // reallocation would cost a free (a device synchronisation) and an allocation.
+            self.buf = Some(gpu.alloc((len + len / 8).next_multiple_of(256))?);
         }
         Ok(self.buf.as_ref().map_or(0, |b| b.ptr()))
     }
@@ -352,10 +354,17 @@ impl GpuSender {
         let max_width = tensors.iter().map(|t| t.dtype.width()).max().unwrap_or(1) as u64;
         let n = tensors.len();
         Ok(GpuSender {
-            positions: gpu.alloc((capacity * 8) as usize)?,
-            values: gpu.alloc((capacity * max_width).next_multiple_of(8) as usize)?,
+            // (The entropy coder reads its inputs 16 bytes at a time: DECODE_SLACK past the
+            // end keeps those reads inside the buffers.)
+            positions: gpu.alloc((capacity * 8 + DECODE_SLACK) as usize)?,
+            values: gpu
+                .alloc(((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize)?,
             old_values: if config.entropy {
-                Some(gpu.alloc((capacity * max_width).next_multiple_of(8) as usize)?)
+                Some(
+                    gpu.alloc(
+                        ((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize,
+                    )?,
+                )
             } else {
                 None
             },
@@ -1082,14 +1091,17 @@ impl GpuReceiver {
         let mut stage_at = Vec::with_capacity(manifest.chunks.len());
         for c in &manifest.chunks {
             stage_at.push((pos_stage, val_stage));
+            // 16-aligned, so the decoders can write whole vectors.
             if c.positions == ChunkPositions::Gaps {
-                pos_stage += c.count * 4;
+                pos_stage += (c.count * 4).next_multiple_of(16);
             }
             if c.values == ChunkValues::Ulp {
-                val_stage += (c.count * width(c)).next_multiple_of(4);
+                val_stage += (c.count * width(c)).next_multiple_of(16);
             }
         }
-        let sp = self.decoded_positions.at_least(&self.gpu, pos_stage)?;
+        let sp = self
+            .decoded_positions
+            .at_least(&self.gpu, pos_stage + DECODE_SLACK)?;
         let sv = self.decoded_values.at_least(&self.gpu, val_stage)?;
         let mut decode = Vec::new();
         let mut decode_chunk = Vec::new();

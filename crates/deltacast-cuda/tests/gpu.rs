@@ -1107,6 +1107,11 @@ fn entropy_encoders_match_the_core() {
                 new_bytes.push(0);
             }
         }
+        // The coder reads DECODE_SLACK bytes past its inputs.
+        let slack = deltacast_cuda::DECODE_SLACK as usize;
+        for v in [&mut pos_bytes, &mut old_bytes, &mut new_bytes] {
+            v.resize(v.len() + slack, 0);
+        }
         let pos = gpu.upload(&pos_bytes).expect("upload");
         let old = gpu.upload(&old_bytes).expect("upload");
         let new = gpu.upload(&new_bytes).expect("upload");
@@ -1263,7 +1268,9 @@ fn gpu_decode(
             held[at..at + c.width].copy_from_slice(&c.old[k * c.width..(k + 1) * c.width]);
         }
         let slot = gpu.upload(&held).expect("upload");
-        let pout = gpu.alloc_zeroed(c.rel.len() * 4 + 8).expect("alloc");
+        let pout = gpu
+            .alloc_zeroed(c.rel.len() * 4 + DECODE_SLACK as usize)
+            .expect("alloc");
         let vout = gpu.alloc_zeroed(c.rel.len() * c.width + 8).expect("alloc");
         let positions = if abs32 {
             DecodePositions::Abs32 {

@@ -16,7 +16,7 @@ const ULP_DIR: u64 = 4;
 /// Warps per CUDA block of `dc_code_size`.
 const SIZE_WARPS: u64 = 4;
 /// Bytes a decoder may read past the end of a section (its look-ahead).
-pub const DECODE_SLACK: u64 = 32;
+pub const DECODE_SLACK: u64 = 64;
 
 // Host twins of the kernel structs (kernels/entropy.cu).
 #[repr(C)]
@@ -168,7 +168,23 @@ fn fingerprint(chunks: &[CodeChunk]) -> u64 {
     })
 }
 
+/// Whether `DELTACAST_ENTROPY_PROFILE=1` asks for each kernel's device time on stderr.
+fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DELTACAST_ENTROPY_PROFILE").is_ok_and(|v| v == "1"))
+}
+
 impl Gpu {
+    /// Runs one launch; when profiling, synchronises around it and prints its device time.
+    fn step(&self, name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        if !profiling() {
+            return f();
+        }
+        let ms = self.time_ms(f)?;
+        eprintln!("entropy profile: {name} {ms:.3} ms");
+        Ok(())
+    }
+
     fn code_scratch(&self, scratch: &mut CodeScratch, len: u64) -> Result<DevicePtr> {
         let len = (len.max(256) as usize).next_power_of_two();
         if scratch.buf.as_ref().is_none_or(|b| b.len() < len) {
@@ -183,7 +199,8 @@ impl Gpu {
     /// [`Gpu::entropy_write`]. Synchronises once.
     ///
     /// # Safety
-    /// Every chunk's `positions` (u64), `new_bits` and `old_bits` must hold `count` items.
+    /// Every chunk's `positions` (u64), `new_bits` and `old_bits` must hold `count` items and
+    /// be readable [`DECODE_SLACK`] bytes past them (the kernels read 16-byte vectors).
     pub unsafe fn entropy_size(
         &self,
         scratch: &mut CodeScratch,
@@ -219,19 +236,21 @@ impl Gpu {
             self.upload_typed(base + lay.block0, &block0)?;
             self.upload_typed(base + lay.counts, &counts)?;
             self.launch_block_chunk(base, &lay, nc)?;
-            self.launch(
-                "dc_code_size",
-                nb.div_ceil(SIZE_WARPS).min(MAX_GRID * 4),
-                (SIZE_WARPS * 32) as u32,
-                Args::new()
-                    .push(base + lay.table)
-                    .push(base + lay.block_chunk)
-                    .push(nb)
-                    .push(base + lay.gbits)
-                    .push(base + lay.gk)
-                    .push(base + lay.ubits)
-                    .push(base + lay.ukc),
-            )?;
+            self.step("dc_code_size", || {
+                self.launch(
+                    "dc_code_size",
+                    nb.div_ceil(SIZE_WARPS).min(MAX_GRID * 4),
+                    (SIZE_WARPS * 32) as u32,
+                    Args::new()
+                        .push(base + lay.table)
+                        .push(base + lay.block_chunk)
+                        .push(nb)
+                        .push(base + lay.gbits)
+                        .push(base + lay.gk)
+                        .push(base + lay.ubits)
+                        .push(base + lay.ukc),
+                )
+            })?;
             self.launch_totals(base, &lay, nc)?;
             let totals: Vec<u64> = self.download_typed(base + lay.totals, 2 * nc as usize)?;
             scratch.sized = Some((chunks.len(), nb, fingerprint(chunks)));
@@ -282,21 +301,23 @@ impl Gpu {
             let base = scratch.buf.as_ref().map_or(0, |b| b.ptr());
             let table = code_table(chunks, &block0, Some(places))?;
             self.upload_typed(base + lay.table, &table)?;
-            self.launch(
-                "dc_code_write",
-                nb.div_ceil(128).min(MAX_GRID * 4),
-                128,
-                Args::new()
-                    .push(base + lay.table)
-                    .push(base + lay.block_chunk)
-                    .push(nb)
-                    .push(base + lay.gbits)
-                    .push(base + lay.gk)
-                    .push(base + lay.ubits)
-                    .push(base + lay.ukc)
-                    .push(base + lay.goff)
-                    .push(base + lay.uoff),
-            )?;
+            self.step("dc_code_write", || {
+                self.launch(
+                    "dc_code_write",
+                    nb.div_ceil(128).min(MAX_GRID * 4),
+                    128,
+                    Args::new()
+                        .push(base + lay.table)
+                        .push(base + lay.block_chunk)
+                        .push(nb)
+                        .push(base + lay.gbits)
+                        .push(base + lay.gk)
+                        .push(base + lay.ubits)
+                        .push(base + lay.ukc)
+                        .push(base + lay.goff)
+                        .push(base + lay.uoff),
+                )
+            })?;
             self.sync()
         })
     }
@@ -308,8 +329,9 @@ impl Gpu {
     /// decoder reads them).
     ///
     /// # Safety
-    /// Every section must be valid for its length plus [`DECODE_SLACK`] bytes, every output
-    /// for `count` items, `held` for the slot's bytes.
+    /// Every section (abs32 ones too) must be readable for its length plus [`DECODE_SLACK`]
+    /// bytes, every output valid for `count` items (gaps outputs: plus [`DECODE_SLACK`], as
+    /// the ulp decoder reads them back), `held` for the slot's bytes.
     pub unsafe fn entropy_decode(
         &self,
         scratch: &mut CodeScratch,
@@ -412,7 +434,7 @@ impl Gpu {
                         .push(base + lay.errors),
                 )
             };
-            per_block("dc_code_dirs")?;
+            self.step("dc_code_dirs", || per_block("dc_code_dirs"))?;
             self.launch_totals(base, &lay, nc)?;
             let totals: Vec<u64> = self.download_typed(base + lay.totals, 2 * nc as usize)?;
             let codes: Vec<u32> = self.download_typed(base + lay.errors, nc as usize)?;
@@ -441,32 +463,36 @@ impl Gpu {
             if !bad.is_empty() {
                 return Ok(bad);
             }
-            self.launch(
-                "dc_gaps_decode",
-                nb.div_ceil(128).min(MAX_GRID * 4),
-                128,
-                Args::new()
-                    .push(base + lay.table)
-                    .push(base + lay.block_chunk)
-                    .push(nb)
-                    .push(base + lay.gbits)
-                    .push(base + lay.gk)
-                    .push(base + lay.goff)
-                    .push(base + lay.errors),
-            )?;
-            self.launch(
-                "dc_ulp_decode",
-                nb.div_ceil(128).min(MAX_GRID * 4),
-                128,
-                Args::new()
-                    .push(base + lay.table)
-                    .push(base + lay.block_chunk)
-                    .push(nb)
-                    .push(base + lay.ubits)
-                    .push(base + lay.ukc)
-                    .push(base + lay.uoff)
-                    .push(base + lay.errors),
-            )?;
+            self.step("dc_gaps_decode", || {
+                self.launch(
+                    "dc_gaps_decode",
+                    nb.div_ceil(128).min(MAX_GRID * 4),
+                    128,
+                    Args::new()
+                        .push(base + lay.table)
+                        .push(base + lay.block_chunk)
+                        .push(nb)
+                        .push(base + lay.gbits)
+                        .push(base + lay.gk)
+                        .push(base + lay.goff)
+                        .push(base + lay.errors),
+                )
+            })?;
+            self.step("dc_ulp_decode", || {
+                self.launch(
+                    "dc_ulp_decode",
+                    nb.div_ceil(128).min(MAX_GRID * 4),
+                    128,
+                    Args::new()
+                        .push(base + lay.table)
+                        .push(base + lay.block_chunk)
+                        .push(nb)
+                        .push(base + lay.ubits)
+                        .push(base + lay.ukc)
+                        .push(base + lay.uoff)
+                        .push(base + lay.errors),
+                )
+            })?;
             let codes: Vec<u32> = self.download_typed(base + lay.errors, nc as usize)?;
             Ok(codes
                 .iter()
@@ -481,33 +507,37 @@ impl Gpu {
     }
 
     fn launch_block_chunk(&self, base: DevicePtr, lay: &Layout, nc: u64) -> Result<()> {
-        self.launch(
-            "dc_code_block_chunk",
-            nc.div_ceil(256).min(MAX_GRID),
-            256,
-            Args::new()
-                .push(base + lay.block0)
-                .push(base + lay.counts)
-                .push(nc)
-                .push(base + lay.block_chunk),
-        )
+        self.step("dc_code_block_chunk", || {
+            self.launch(
+                "dc_code_block_chunk",
+                nc.div_ceil(256).min(MAX_GRID),
+                256,
+                Args::new()
+                    .push(base + lay.block0)
+                    .push(base + lay.counts)
+                    .push(nc)
+                    .push(base + lay.block_chunk),
+            )
+        })
     }
 
     fn launch_totals(&self, base: DevicePtr, lay: &Layout, nc: u64) -> Result<()> {
-        self.launch(
-            "dc_code_totals",
-            nc.min(MAX_GRID),
-            256,
-            Args::new()
-                .push(base + lay.block0)
-                .push(base + lay.counts)
-                .push(nc)
-                .push(base + lay.gbits)
-                .push(base + lay.ubits)
-                .push(base + lay.goff)
-                .push(base + lay.uoff)
-                .push(base + lay.totals),
-        )
+        self.step("dc_code_totals", || {
+            self.launch(
+                "dc_code_totals",
+                nc.min(MAX_GRID),
+                256,
+                Args::new()
+                    .push(base + lay.block0)
+                    .push(base + lay.counts)
+                    .push(nc)
+                    .push(base + lay.gbits)
+                    .push(base + lay.ubits)
+                    .push(base + lay.goff)
+                    .push(base + lay.uoff)
+                    .push(base + lay.totals),
+            )
+        })
     }
 }
 
