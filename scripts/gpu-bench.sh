@@ -13,8 +13,8 @@
 # either, the baselines still run and the deltacast column says why it was skipped.
 #
 # Env (each also a flag above): GPU_BENCH_STEPS (default 8 timed steps, after 1 warm-up step),
-# GPU_BENCH_RUNS (default "0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket"; a third field "off"
-# runs deltacast without its entropy codecs),
+# GPU_BENCH_RUNS (default "0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket"; a third field
+# on|off|auto sets deltacast's entropy codecs, default auto),
 # GPU_BENCH_RUN_TIMEOUT (seconds per run, default 420), PYTHON (default python3).
 # Results: $OUT if set (the device tool's folder), else ./bench-out: one JSON per run
 # (gpu_sync_<model>_<transport>.json) and the whole log (gpu-bench.log).
@@ -97,7 +97,7 @@ status=0
 results=()
 for spec in $RUNS; do
     IFS=: read -r model transport entropy <<<"$spec"
-    entropy=${entropy:-on}
+    entropy=${entropy:-auto}
     say ""
     say "== run: model $model, transport $transport, entropy $entropy, $STEPS steps ($(date -u +%H:%M:%S))"
     start=$(date +%s)
@@ -132,7 +132,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "gpu_sync_*.json"))):
     r = json.load(open(path))
     s, c = r["summary"], r["correctness"]
     ch = s.get("changed_ratio_median")
-    print(f"{r['model']:<6} {r['transport']:<9} {r['args'].get('entropy', 'on'):<7} "
+    print(f"{r['model']:<6} {r['transport']:<9} {r['args'].get('entropy', 'auto'):<7} "
           f"{f(s['full']['median_ms']):>9} "
           f"{f(s['plain']['median_ms']):>9} {f(s['deltacast']['median_ms']):>13} "
           f"{f(s['full_over_deltacast'], 'x'):>8} {f(s['plain_over_deltacast'], 'x'):>9} "

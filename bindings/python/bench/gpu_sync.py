@@ -565,7 +565,7 @@ def run_rank(rank: int, args, port: int):
         if rank == 0:
             sender = dcc.GpuSender(comm, named, device=ordinal, root=0, snapshots=snaps,
                                    chunk_elems=args.chunk_elems, capacity=args.capacity,
-                                   entropy=args.entropy == "on")
+                                   entropy=args.entropy)
         else:
             receiver = dcc.GpuReceiver(comm, named, device=ordinal, root=0)
         dc_errors = (dc_error,)
@@ -614,6 +614,7 @@ def run_rank(rank: int, args, port: int):
                         "wire_bytes": info.get("payload_bytes"),
                         "chunks": info.get("chunks"), "diff_ms": info.get("diff_ms"),
                         "deltacast_time_ms": info.get("time_ms"),
+                        "entropy": info.get("entropy"),
                         "phases_ms": info.get("phases_ms")})
             if info.get("changed") is not None:
                 row["changed_ratio"] = info["changed"] / numel
@@ -784,6 +785,7 @@ def report(args, rows, recv, totals, gen, use_dc, why, numel, nbytes, ntensors, 
     summary["deltacast"]["receiver_median_ms"] = median([r["time_ms"] for r in recv_dc])
     dc_rows = [r for r in timed if r["method"] == "deltacast" and r.get("kind")]
     summary["deltacast"]["kinds"] = sorted({r["kind"] for r in dc_rows})
+    summary["deltacast"]["entropy_steps"] = sum(1 for r in dc_rows if r.get("entropy"))
     summary["deltacast"]["median_diff_ms"] = median([r.get("diff_ms") for r in dc_rows])
     f, p, d = (summary[m]["median_ms"] for m in METHODS)
     summary["full_over_deltacast"] = f / d if f and d else None
@@ -897,7 +899,7 @@ def print_table(res):
 def out_name(args):
     if args.cpu_smoke:
         return f"gpu_sync_{args.model}_cpu.json"
-    suffix = "" if args.entropy == "on" else "_noentropy"
+    suffix = {"auto": "", "on": "_entropy", "off": "_noentropy"}[args.entropy]
     return f"gpu_sync_{args.model}_{args.transport}{suffix}.json"
 
 
@@ -927,8 +929,9 @@ def main(argv=None):
     ap.add_argument("--bucket-mib", type=float, default=512, help="bucket size of (a) and (b)")
     ap.add_argument("--chunk-elems", type=int, default=1 << 20, help="deltacast chunk_elems")
     ap.add_argument("--capacity", type=float, default=0.05, help="deltacast capacity")
-    ap.add_argument("--entropy", choices=["on", "off"], default="on",
-                    help="deltacast's entropy codecs (gaps + ulp); off: abs32/bitmap + raw only")
+    ap.add_argument("--entropy", choices=["auto", "on", "off"], default="auto",
+                    help="deltacast's entropy codecs (gaps + ulp): auto (default: measures "
+                         "both, keeps the faster), on, off (abs32/bitmap + raw only)")
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--inject-corruption", type=int, default=-1, metavar="STEP",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use deltacast_cuda::nccl;
 use deltacast_cuda::sync::{
-    GpuReceiver, GpuSender, GpuSenderConfig, GpuSyncReport, GpuTensor, SnapshotPlace,
+    EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuSyncReport, GpuTensor, SnapshotPlace,
 };
 use deltacast_cuda::{CudaError, Gpu};
 use pyo3::prelude::*;
@@ -220,6 +220,7 @@ fn report_dict<'py>(py: Python<'py>, r: &GpuSyncReport) -> PyResult<Bound<'py, P
     d.set_item("chunks", r.chunks)?;
     d.set_item("time_ms", r.time_ms)?;
     d.set_item("diff_ms", r.diff_ms)?;
+    d.set_item("entropy", r.entropy)?;
     let phases = PyDict::new(py);
     for (name, ms) in &r.phases {
         phases.set_item(*name, *ms)?;
@@ -245,7 +246,7 @@ pub struct NativeGpuSender {
 #[pymethods]
 impl NativeGpuSender {
     #[new]
-    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0, snapshot="device", entropy=true))]
+    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0, snapshot="device", entropy="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         comm: &mut NcclComm,
@@ -256,7 +257,7 @@ impl NativeGpuSender {
         capacity: f64,
         timeout_s: f64,
         snapshot: &str,
-        entropy: bool,
+        entropy: &str,
     ) -> PyResult<Self> {
         let tensors = self::tensors(tensors)?;
         let snapshot = match snapshot {
@@ -265,6 +266,16 @@ impl NativeGpuSender {
             other => {
                 return Err(invalid(format!(
                     "snapshot={other:?}: \"device\" or \"pinned\" (pinned host memory)"
+                )))
+            }
+        };
+        let entropy = match entropy {
+            "on" => EntropyMode::On,
+            "off" => EntropyMode::Off,
+            "auto" => EntropyMode::Auto,
+            other => {
+                return Err(invalid(format!(
+                    "entropy={other:?}: \"on\", \"off\" or \"auto\""
                 )))
             }
         };

@@ -31,6 +31,7 @@
 #define ULP_HIST 34u
 #define CODE_WARPS 4u      // warps per CUDA block of dc_code_size
 #define ULP_BATCH 8u       // values per batch of the ulp decoder's gathers
+#define WRITE_BATCH 8u     // items per batch of loads in dc_code_write
 
 // Error codes (apply.cu uses 1..4).
 #define ERR_CODE 5u        // a malformed code stream or directory
@@ -380,27 +381,31 @@ dc_code_write(const CodeChunk* __restrict__ chunks, const u32* __restrict__ bloc
         if (c.gaps_dst) {
             u32* out = (u32*)c.gaps_dst;
             const u32 bits = gbits[b], k = gk[b], W = dc_escape_width(c.range);
-            BitIn pr;  // the block's positions, u64 each
-            dc_in_init(&pr, (const u64*)c.pos + i0, 0);
-            u64 prev = dc_in_read(&pr, 32);
-            prev |= (u64)dc_in_read(&pr, 32) << 32;
-            const u64 entry = (u64)(u32)(prev - c.start) | ((u64)bits << 32) | ((u64)k << 48);
+            const u64* p = (const u64*)c.pos + i0;
+            const u64 entry = (u64)(u32)(p[0] - c.start) | ((u64)bits << 32) | ((u64)k << 48);
             dc_or_bytes(out, GAPS_DIR * bi, entry, GAPS_DIR);
             const u64 s = GAPS_DIR * nblk * 8 + goff[b];
             BitOut o;
             dc_out_init(&o, out, s, s + bits);
-            for (u32 j = 1; j < m; ++j) {
-                u64 pj = dc_in_read(&pr, 32);
-                pj |= (u64)dc_in_read(&pr, 32) << 32;
-                const u32 g = (u32)(pj - prev - 1);
-                prev = pj;
-                const u32 q = g >> k;
-                if (q < GAPS_ESC) {
-                    dc_out_zeros(&o, q);
-                    dc_out_put(&o, 1ull | (((u64)g & dc_mask64(k)) << 1), k + 1);
-                } else {
-                    dc_out_zeros(&o, GAPS_ESC);
-                    dc_out_put(&o, g, W);
+            u64 prev = p[0];
+            // Loads a batch at a time: each would otherwise stall the thread for a latency.
+            for (u32 j0 = 1; j0 < m; j0 += WRITE_BATCH) {
+                u64 pj[WRITE_BATCH];
+#pragma unroll
+                for (u32 t = 0; t < WRITE_BATCH; ++t) pj[t] = j0 + t < m ? p[j0 + t] : 0;
+#pragma unroll
+                for (u32 t = 0; t < WRITE_BATCH; ++t) {
+                    if (j0 + t >= m) continue;
+                    const u32 g = (u32)(pj[t] - prev - 1);
+                    prev = pj[t];
+                    const u32 q = g >> k;
+                    if (q < GAPS_ESC) {
+                        dc_out_zeros(&o, q);
+                        dc_out_put(&o, 1ull | (((u64)g & dc_mask64(k)) << 1), k + 1);
+                    } else {
+                        dc_out_zeros(&o, GAPS_ESC);
+                        dc_out_put(&o, g, W);
+                    }
                 }
             }
             dc_out_finish(&o);
@@ -413,22 +418,30 @@ dc_code_write(const CodeChunk* __restrict__ chunks, const u32* __restrict__ bloc
             const u64 s = ULP_DIR * nblk * 8 + uoff[b];
             BitOut o;
             dc_out_init(&o, out, s, s + bits);
-            BitIn orr, nrr;  // the block's old and new bits
-            dc_in_init(&orr, (const u8*)c.old_bits + i0 * w, 0);
-            dc_in_init(&nrr, (const u8*)c.new_bits + i0 * w, 0);
-            for (u32 j = 0; j < m; ++j) {
-                const u32 ob = dc_in_read(&orr, nb), nbits = dc_in_read(&nrr, nb);
-                u32 len;
-                const u32 u = dc_ulp_code(ob, nbits, nb, &len);
-                const u32 z = len == ULP_UNCHANGED ? 0 : (len > k ? len - k : 0);
-                if (len == ULP_UNCHANGED || z >= cc) {
-                    dc_out_zeros(&o, cc);
-                    dc_out_put(&o, nbits, nb);
-                } else if (z == 0) {
-                    dc_out_put(&o, ((u64)u << 1) | 1ull, k + 1);
-                } else {
-                    dc_out_zeros(&o, z);
-                    dc_out_put(&o, ((u64)(u ^ (1u << (len - 1))) << 1) | 1ull, len);
+            for (u32 j0 = 0; j0 < m; j0 += WRITE_BATCH) {
+                u32 ob[WRITE_BATCH], nw[WRITE_BATCH];
+#pragma unroll
+                for (u32 t = 0; t < WRITE_BATCH; ++t) {
+                    const bool in = j0 + t < m;
+                    ob[t] = in ? dc_load_bits((const u8*)c.old_bits, i0 + j0 + t, w) : 0;
+                    nw[t] = in ? dc_load_bits((const u8*)c.new_bits, i0 + j0 + t, w) : 0;
+                }
+#pragma unroll
+                for (u32 t = 0; t < WRITE_BATCH; ++t) {
+                    if (j0 + t >= m) continue;
+                    const u32 nbits = nw[t];
+                    u32 len;
+                    const u32 u = dc_ulp_code(ob[t], nbits, nb, &len);
+                    const u32 z = len == ULP_UNCHANGED ? 0 : (len > k ? len - k : 0);
+                    if (len == ULP_UNCHANGED || z >= cc) {
+                        dc_out_zeros(&o, cc);
+                        dc_out_put(&o, nbits, nb);
+                    } else if (z == 0) {
+                        dc_out_put(&o, ((u64)u << 1) | 1ull, k + 1);
+                    } else {
+                        dc_out_zeros(&o, z);
+                        dc_out_put(&o, ((u64)(u ^ (1u << (len - 1))) << 1) | 1ull, len);
+                    }
                 }
             }
             dc_out_finish(&o);
@@ -581,8 +594,7 @@ dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ bl
         const u32 w = c.width, nb = 8 * w, all = (u32)dc_mask64(nb);
         const u32 k = ukc[b] & 0xffu, cc = ukc[b] >> 8;
         const u32* rel = (const u32*)(c.gaps ? c.pos_out : c.pos_sec) + i0;
-        BitIn rr;  // the block's positions
-        dc_in_init(&rr, rel, 0);
+        const bool rel_vec = ((u64)rel & 15) == 0;  // so are staged gaps positions
         const u64 s = ULP_DIR * nblk * 8 + uoff[b], e = s + ubits[b];
         BitIn r;
         dc_in_init(&r, (const u32*)c.val_sec, s);
@@ -592,8 +604,14 @@ dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ bl
         for (u32 j0 = 0; j0 < m && !bad; j0 += ULP_BATCH) {
             u32 q[ULP_BATCH], code[ULP_BATCH], ob[ULP_BATCH];
             u32 raw = 0;  // bit t: code[t] holds the new bits themselves
+            if (rel_vec && j0 + ULP_BATCH <= m) {
+                const uint4 a = *(const uint4*)(rel + j0), a2 = *(const uint4*)(rel + j0 + 4);
+                q[0] = a.x; q[1] = a.y; q[2] = a.z; q[3] = a.w;
+                q[4] = a2.x; q[5] = a2.y; q[6] = a2.z; q[7] = a2.w;
+            } else {
 #pragma unroll
-            for (u32 t = 0; t < ULP_BATCH; ++t) q[t] = j0 + t < m ? dc_in_read(&rr, 32) : 0;
+                for (u32 t = 0; t < ULP_BATCH; ++t) q[t] = j0 + t < m ? rel[j0 + t] : 0;
+            }
 #pragma unroll
             for (u32 t = 0; t < ULP_BATCH; ++t) {
                 code[t] = 0;

@@ -62,13 +62,61 @@ pub struct GpuSenderConfig {
     pub capacity: f64,
     /// How long a sync may take before the communicator is aborted.
     pub timeout: Duration,
-    /// Also size each chunk in the core's entropy codecs (gaps positions, ulp values) and send
-    /// them where smaller: ~1.2 bytes per change on AdamW steps instead of ~6, for a little
-    /// more GPU time (the diff then keeps the old bits too). Worth it wherever the link, not
-    /// the GPU, is the bottleneck.
-    pub entropy: bool,
+    /// Whether deltas also use the core's entropy codecs (see [`EntropyMode`]).
+    pub entropy: EntropyMode,
     /// Where the snapshot allocated by the sender lives.
     pub snapshot: SnapshotPlace,
+}
+
+/// Whether a delta sync sizes its chunks in the core's entropy codecs (gaps positions, ulp
+/// values) and sends them where smaller: ~1.2 bytes per change on AdamW steps instead of ~6,
+/// for more GPU time on both sides (sizing, writing, decoding; the diff keeps the old bits).
+/// Worth it where the link is slow (across nodes); on NVLink sending 5× the bytes is faster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EntropyMode {
+    /// abs32 / bitmap positions and raw values only.
+    Off,
+    On,
+    /// Measures both: the first two deltas try each, then every sync takes the one with the
+    /// lower sync time per changed element so far, trying the other again every
+    /// [`AUTO_PROBE_EVERY`] deltas (links and step sizes change).
+    #[default]
+    Auto,
+}
+
+/// How often [`EntropyMode::Auto`] retries the mode it is not using.
+pub const AUTO_PROBE_EVERY: u64 = 16;
+
+/// [`EntropyMode::Auto`]'s record: per mode (off, on) the smoothed sync time per changed
+/// element.
+#[derive(Debug, Clone, Default)]
+struct AutoEntropy {
+    cost: [Option<f64>; 2],
+    deltas: u64,
+}
+
+impl AutoEntropy {
+    fn choose(&self) -> bool {
+        match self.cost {
+            [_, None] => true,
+            [None, _] => false,
+            [Some(off), Some(on)] => {
+                let best = on < off;
+                if self.deltas % AUTO_PROBE_EVERY == AUTO_PROBE_EVERY - 1 {
+                    !best
+                } else {
+                    best
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, entropy: bool, time_ms: f64, changed: u64) {
+        let x = time_ms / changed.max(1) as f64;
+        let c = &mut self.cost[entropy as usize];
+        *c = Some(c.map_or(x, |old| 0.5 * old + 0.5 * x));
+        self.deltas += 1;
+    }
 }
 
 /// Where a [`GpuSender`] keeps the snapshot it allocates.
@@ -92,7 +140,7 @@ impl Default for GpuSenderConfig {
             chunk_elems: deltacast::flush::DEFAULT_CHUNK_ELEMS,
             capacity: 0.05,
             timeout: Duration::from_secs(300),
-            entropy: true,
+            entropy: EntropyMode::Auto,
             snapshot: SnapshotPlace::Device,
         }
     }
@@ -113,6 +161,9 @@ pub struct GpuSyncReport {
     pub time_ms: f64,
     /// Device time of the diff kernels (senders; 0 for receivers and seeds).
     pub diff_ms: f64,
+    /// Whether the delta was sized in the entropy codecs (senders; receivers: whether it
+    /// carried gaps or ulp sections).
+    pub entropy: bool,
     /// Wall time of each phase, in order (sender: diff, encode, send+ack; receiver: wait,
     /// manifest, payload, apply, ack), in milliseconds.
     pub phases: Vec<(&'static str, f64)>,
@@ -280,6 +331,7 @@ pub struct GpuSender {
     /// The value sections, packed (entropy mode; otherwise `values` is sent as it is).
     packed_values: Growable,
     code_scratch: CodeScratch,
+    auto: AutoEntropy,
     header: DeviceBuffer,
     manifest: Growable,
     status: DeviceBuffer,
@@ -359,7 +411,7 @@ impl GpuSender {
             positions: gpu.alloc((capacity * 8 + DECODE_SLACK) as usize)?,
             values: gpu
                 .alloc(((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize)?,
-            old_values: if config.entropy {
+            old_values: if config.entropy != EntropyMode::Off {
                 Some(
                     gpu.alloc(
                         ((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize,
@@ -371,6 +423,7 @@ impl GpuSender {
             packed: Growable::new(),
             packed_values: Growable::new(),
             code_scratch: CodeScratch::new(),
+            auto: AutoEntropy::default(),
             header: gpu.alloc(HEADER_BYTES)?,
             manifest: Growable::new(),
             status: gpu.alloc(8)?,
@@ -485,7 +538,16 @@ impl GpuSender {
                 digest: Some((self.digests_dev.ptr() + 8 * i as u64, i as u32)),
             })
             .collect();
-        let entropy = self.old_values.as_ref().map(|b| b.ptr());
+        let use_entropy = match self.config.entropy {
+            EntropyMode::Off => false,
+            EntropyMode::On => true,
+            EntropyMode::Auto => self.auto.choose(),
+        };
+        let entropy = self
+            .old_values
+            .as_ref()
+            .filter(|_| use_entropy)
+            .map(|b| b.ptr());
         let out = DiffOutput {
             positions: self.positions.ptr(),
             new_values: self.values.ptr(),
@@ -696,6 +758,8 @@ impl GpuSender {
         }
         self.finish(header.version, after)?;
         phases.push(("send+ack", ms(started)));
+        let time_ms = ms(started);
+        self.auto.record(entropy.is_some(), time_ms, diff.found);
         Ok(GpuSyncReport {
             kind: SyncKind::Delta,
             version: self.version,
@@ -703,8 +767,9 @@ impl GpuSender {
             numel: self.table.total_elements(),
             payload_bytes: delta_bytes,
             chunks: grid.len() as u64,
-            time_ms: ms(started),
+            time_ms,
             diff_ms,
+            entropy: entropy.is_some(),
             phases: cumulative_to_spans(phases),
         })
     }
@@ -812,6 +877,7 @@ impl GpuSender {
             chunks: 0,
             time_ms: ms(started),
             diff_ms,
+            entropy: false,
             phases: Vec::new(),
         })
     }
@@ -1030,6 +1096,7 @@ impl GpuReceiver {
             chunks: header.num_chunks,
             time_ms: ms(started),
             diff_ms: 0.0,
+            entropy: phases.iter().any(|p| p.0 == "decode"),
             phases: cumulative_to_spans(phases),
         }))
     }
@@ -1227,5 +1294,46 @@ impl GpuReceiver {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_entropy_tries_both_then_keeps_the_faster_and_probes_the_other() {
+        let mut auto = AutoEntropy::default();
+        assert!(auto.choose(), "first: entropy");
+        auto.record(true, 30.0, 1000);
+        assert!(!auto.choose(), "second: without");
+        auto.record(false, 10.0, 1000);
+        // Without is faster: kept, except one probe every AUTO_PROBE_EVERY deltas.
+        let mut probes = 0;
+        for _ in 0..4 * AUTO_PROBE_EVERY {
+            let e = auto.choose();
+            probes += e as u64;
+            auto.record(e, if e { 30.0 } else { 10.0 }, 1000);
+        }
+        assert_eq!(probes, 4);
+        // The link slows down: entropy's probes show it is now the faster one.
+        let mut chosen = Vec::new();
+        for _ in 0..3 * AUTO_PROBE_EVERY {
+            let e = auto.choose();
+            chosen.push(e);
+            auto.record(e, if e { 30.0 } else { 90.0 }, 1000);
+        }
+        assert!(
+            chosen[chosen.len() - AUTO_PROBE_EVERY as usize + 1..]
+                .iter()
+                .filter(|&&e| e)
+                .count() as u64
+                >= AUTO_PROBE_EVERY - 2
+        );
+        // Per changed element: a bigger step with the same time per change costs the same.
+        let mut a = AutoEntropy::default();
+        a.record(true, 10.0, 100);
+        a.record(false, 50.0, 1000);
+        assert!(!a.choose() || a.deltas % AUTO_PROBE_EVERY == AUTO_PROBE_EVERY - 1);
     }
 }

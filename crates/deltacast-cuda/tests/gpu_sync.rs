@@ -16,7 +16,9 @@ use std::time::Duration;
 use deltacast::DType;
 use deltacast_cuda::nccl::{unique_id, NcclComm};
 use deltacast_cuda::protocol::SyncKind;
-use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor, SnapshotPlace};
+use deltacast_cuda::sync::{
+    EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor, SnapshotPlace,
+};
 use deltacast_cuda::{CudaError, DeviceBuffer, Gpu};
 
 /// One test at a time: NCCL collectives of concurrent communicators on the same GPUs may
@@ -95,11 +97,11 @@ fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
     if !two_gpus() {
         return;
     }
-    let (kinds, entropy) = run_script(SnapshotPlace::Device, true);
+    let (kinds, entropy) = run_script(SnapshotPlace::Device, EntropyMode::On);
     check_kinds(&kinds);
     // The same steps (same seed) without the entropy codecs: same outcomes, and the entropy
     // sync's deltas were smaller (its gaps and ulp sections were sent and decoded).
-    let (plain_kinds, plain) = run_script(SnapshotPlace::Device, false);
+    let (plain_kinds, plain) = run_script(SnapshotPlace::Device, EntropyMode::Off);
     assert_eq!(kinds, plain_kinds);
     for step in [1, 2, 4, 9] {
         assert!(
@@ -119,7 +121,7 @@ fn sender_with_pinned_host_snapshot_stays_bit_identical() {
     if !two_gpus() {
         return;
     }
-    check_kinds(&run_script(SnapshotPlace::PinnedHost, true).0);
+    check_kinds(&run_script(SnapshotPlace::PinnedHost, EntropyMode::Auto).0);
 }
 
 #[test]
@@ -154,7 +156,7 @@ fn pinned_host_snapshot_refuses_lent_snapshots() {
 /// Runs the scripted steps with the sender's snapshot at `place` (and the entropy codecs or
 /// not); asserts the receiver's bytes after every step; returns (sender outcome, receiver
 /// outcome) and the payload bytes per step.
-fn run_script(place: SnapshotPlace, entropy: bool) -> (Vec<(String, String)>, Vec<u64>) {
+fn run_script(place: SnapshotPlace, entropy: EntropyMode) -> (Vec<(String, String)>, Vec<u64>) {
     let uid = unique_id().expect("unique id");
     let (truth_tx, truth_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
     let (got_tx, got_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
@@ -292,7 +294,7 @@ fn run_script(place: SnapshotPlace, entropy: bool) -> (Vec<(String, String)>, Ve
     }
     let payloads = sender.join().expect("sender thread");
     receiver.join().expect("receiver thread");
-    eprintln!("kinds per step ({place:?} snapshot, entropy {entropy}): {kinds:?}, payload bytes {payloads:?}");
+    eprintln!("kinds per step ({place:?} snapshot, entropy {entropy:?}): {kinds:?}, payload bytes {payloads:?}");
     (kinds, payloads)
 }
 

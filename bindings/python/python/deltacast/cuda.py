@@ -22,7 +22,7 @@ torch's current stream, and finished when the call returns.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence, Tuple
+from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._native import NcclComm
@@ -87,9 +87,11 @@ class GpuSender:
     much again as the tensors) or ``"pinned"`` (page-locked host memory that the diff reads
     over PCIe and refreshes in place: no GPU memory for it, a diff about as long as copying
     the tensors host-to-device once); not with ``snapshots``.
-    ``entropy``: also size every chunk in the entropy codecs (gaps positions, ulp values: about
-    1.2 bytes per change on AdamW steps instead of about 6) and send them where smaller; costs
-    a little GPU time on both sides, so ``False`` can win on NVLink.
+    ``entropy``: whether deltas also use the entropy codecs (gaps positions, ulp values:
+    about 1.2 bytes per change on AdamW steps instead of about 6, for some GPU time on both
+    sides): ``True``/``"on"``, ``False``/``"off"``, or ``"auto"`` (default: measures both and
+    keeps the faster, retrying the other every 16 deltas; on NVLink that is usually off,
+    across nodes on). Each report says ``"entropy"``: whether that sync used them.
 
     After every ``seed()`` / ``sync()``, refused ones included, the snapshot holds exactly the
     tensors' bits at the time of the call (so code that lends ``snapshots`` can read the
@@ -107,8 +109,13 @@ class GpuSender:
         capacity: float = 0.05,
         timeout_s: float = 300.0,
         snapshot: str = "device",
-        entropy: bool = True,
+        entropy: Union[bool, str] = "auto",
     ):
+        entropy = {True: "on", False: "off"}.get(entropy, entropy)
+        if entropy not in ("on", "off", "auto"):
+            raise _errors().InvalidArgumentError(
+                f'entropy={entropy!r}: True/"on", False/"off" or "auto"'
+            )
         if snapshot not in ("device", "pinned"):
             raise _errors().InvalidArgumentError(
                 f'snapshot={snapshot!r}: "device" or "pinned" (pinned host memory)'
@@ -139,7 +146,7 @@ class GpuSender:
             snap_ptrs = [p for _, p, _, _ in snap_specs]
         self._native = _native.NativeGpuSender(
             comm, specs, snap_ptrs, root, chunk_elems, capacity, timeout_s, snapshot,
-            bool(entropy),
+            entropy,
         )
 
     def seed(self) -> dict:
