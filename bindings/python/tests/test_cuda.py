@@ -164,5 +164,9 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot):
     assert truth.keys() == state.keys()
     for name in truth:
         assert (truth[name] == state[name]).all(), name
-    # No full-model copy on the receiver: its extra GPU memory stays well under the model.
-    assert peak_extra < model_bytes / 2, (peak_extra, model_bytes)
+    # The receiver's extra GPU memory follows the deltas, not the model: its receive buffers
+    # (the wire bytes) and, for entropy-coded chunks, the decoded positions and values (at
+    # most 8 bytes per change), with an eighth of growth headroom; no copy of the model.
+    deltas = [r for r in received if r["kind"] == "delta"]
+    need = max((r["payload_bytes"] + 8 * r["changed"] for r in deltas), default=0)
+    assert peak_extra < 1.25 * need + (1 << 20), (peak_extra, need, model_bytes)
