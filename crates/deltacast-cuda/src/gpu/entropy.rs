@@ -301,23 +301,13 @@ impl Gpu {
             let base = scratch.buf.as_ref().map_or(0, |b| b.ptr());
             let table = code_table(chunks, &block0, Some(places))?;
             self.upload_typed(base + lay.table, &table)?;
-            self.step("dc_code_write", || {
-                self.launch(
-                    "dc_code_write",
-                    nb.div_ceil(128).min(MAX_GRID * 4),
-                    128,
-                    Args::new()
-                        .push(base + lay.table)
-                        .push(base + lay.block_chunk)
-                        .push(nb)
-                        .push(base + lay.gbits)
-                        .push(base + lay.gk)
-                        .push(base + lay.ubits)
-                        .push(base + lay.ukc)
-                        .push(base + lay.goff)
-                        .push(base + lay.uoff),
-                )
-            })?;
+            self.launch_per_block(
+                "dc_code_write",
+                base,
+                &lay,
+                nb,
+                &[lay.gbits, lay.gk, lay.ubits, lay.ukc, lay.goff, lay.uoff],
+            )?;
             self.sync()
         })
     }
@@ -418,23 +408,13 @@ impl Gpu {
             unsafe { cu::memset_d8_async(base + lay.errors, 0, (nc * 4) as usize, self.stream) }
                 .map_err(drv("cuMemsetD8"))?;
             self.launch_block_chunk(base, &lay, nc)?;
-            let per_block = |name| {
-                self.launch(
-                    name,
-                    nb.div_ceil(128).min(MAX_GRID * 4),
-                    128,
-                    Args::new()
-                        .push(base + lay.table)
-                        .push(base + lay.block_chunk)
-                        .push(nb)
-                        .push(base + lay.gbits)
-                        .push(base + lay.gk)
-                        .push(base + lay.ubits)
-                        .push(base + lay.ukc)
-                        .push(base + lay.errors),
-                )
-            };
-            self.step("dc_code_dirs", || per_block("dc_code_dirs"))?;
+            self.launch_per_block(
+                "dc_code_dirs",
+                base,
+                &lay,
+                nb,
+                &[lay.gbits, lay.gk, lay.ubits, lay.ukc, lay.errors],
+            )?;
             self.launch_totals(base, &lay, nc)?;
             let totals: Vec<u64> = self.download_typed(base + lay.totals, 2 * nc as usize)?;
             let codes: Vec<u32> = self.download_typed(base + lay.errors, nc as usize)?;
@@ -463,36 +443,20 @@ impl Gpu {
             if !bad.is_empty() {
                 return Ok(bad);
             }
-            self.step("dc_gaps_decode", || {
-                self.launch(
-                    "dc_gaps_decode",
-                    nb.div_ceil(128).min(MAX_GRID * 4),
-                    128,
-                    Args::new()
-                        .push(base + lay.table)
-                        .push(base + lay.block_chunk)
-                        .push(nb)
-                        .push(base + lay.gbits)
-                        .push(base + lay.gk)
-                        .push(base + lay.goff)
-                        .push(base + lay.errors),
-                )
-            })?;
-            self.step("dc_ulp_decode", || {
-                self.launch(
-                    "dc_ulp_decode",
-                    nb.div_ceil(128).min(MAX_GRID * 4),
-                    128,
-                    Args::new()
-                        .push(base + lay.table)
-                        .push(base + lay.block_chunk)
-                        .push(nb)
-                        .push(base + lay.ubits)
-                        .push(base + lay.ukc)
-                        .push(base + lay.uoff)
-                        .push(base + lay.errors),
-                )
-            })?;
+            self.launch_per_block(
+                "dc_gaps_decode",
+                base,
+                &lay,
+                nb,
+                &[lay.gbits, lay.gk, lay.goff, lay.errors],
+            )?;
+            self.launch_per_block(
+                "dc_ulp_decode",
+                base,
+                &lay,
+                nb,
+                &[lay.ubits, lay.ukc, lay.uoff, lay.errors],
+            )?;
             let codes: Vec<u32> = self.download_typed(base + lay.errors, nc as usize)?;
             Ok(codes
                 .iter()
@@ -503,6 +467,28 @@ impl Gpu {
                     reason: apply_error_reason(c),
                 })
                 .collect())
+        })
+    }
+
+    /// Launches a one-thread-per-block kernel: (chunk table, block -> chunk, blocks, then
+    /// the scratch regions at `regions`).
+    fn launch_per_block(
+        &self,
+        name: &'static str,
+        base: DevicePtr,
+        lay: &Layout,
+        nb: u64,
+        regions: &[u64],
+    ) -> Result<()> {
+        let args = regions.iter().fold(
+            Args::new()
+                .push(base + lay.table)
+                .push(base + lay.block_chunk)
+                .push(nb),
+            |a, &r| a.push(base + r),
+        );
+        self.step(name, || {
+            self.launch(name, nb.div_ceil(128).min(MAX_GRID * 4), 128, args)
         })
     }
 
