@@ -55,117 +55,6 @@ fn rice_bits(gaps: &[u32], k: u32, w: u32) -> u32 {
         .sum()
 }
 
-/// Gaps below this are counted by value in [`GapStats`]; the rest are kept as they are.
-const SMALL_GAP: usize = 64;
-
-/// The gaps of a block counted without listing them (for [`holes_directory`], whose gaps are
-/// mostly runs of zeros): small gaps by value (exact for every `k` with one multiply-add per
-/// value), larger ones listed.
-struct GapStats {
-    small: [u32; SMALL_GAP],
-    large: [u32; BLOCK],
-    n_large: usize,
-}
-
-impl GapStats {
-    fn new() -> Self {
-        GapStats {
-            small: [0; SMALL_GAP],
-            large: [0; BLOCK],
-            n_large: 0,
-        }
-    }
-
-    /// One more gap.
-    #[inline(always)]
-    fn add_one(&mut self, g: u32) {
-        if (g as usize) < SMALL_GAP {
-            self.small[g as usize] += 1;
-        } else {
-            self.large[self.n_large] = g;
-            self.n_large += 1;
-        }
-    }
-
-    /// The `k` with the fewest bits (the smallest such `k` on ties) and that count, as
-    /// [`best_k`] finds it for the listed gaps.
-    fn best_k(&self, w: u32) -> (u32, u32) {
-        let large = &self.large[..self.n_large];
-        let top_small = self
-            .small
-            .iter()
-            .rposition(|&c| c > 0)
-            .map_or(0, |v| bit_len(v as u64));
-        let mut large_hist = [0u32; 33];
-        for &g in large {
-            large_hist[bit_len(g as u64) as usize] += 1;
-        }
-        let top_large = large_hist.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
-        // Beyond the bit length of the largest gap every quotient is 0 and bits only grow.
-        let kmax = top_small.max(top_large).min(MAX_K);
-        let cost = |g: u64, k: u32| {
-            if g >> k < ESC as u64 {
-                (g >> k) + 1 + k as u64
-            } else {
-                (ESC + w) as u64
-            }
-        };
-        // Small gaps: exact. Large gaps: bounds from their bit lengths (a gap of bit length
-        // `L` has a quotient between `2^(L-1) >> k` and `(2^L - 1) >> k`).
-        let mut bounds = [(0u64, 0u64); MAX_K as usize + 1];
-        let mut small_bits = [0u64; MAX_K as usize + 1];
-        for k in 0..=kmax {
-            let small: u64 = self
-                .small
-                .iter()
-                .enumerate()
-                .map(|(v, &c)| c as u64 * cost(v as u64, k))
-                .sum();
-            let (mut lo, mut hi) = (small, small);
-            for l in 1..=top_large {
-                let count = large_hist[l as usize] as u64;
-                if count == 0 {
-                    continue;
-                }
-                let (gmin, gmax) = (1u64 << (l - 1), (1u64 << l) - 1);
-                let (qmin, qmax) = (gmin >> k, gmax >> k);
-                let (a, b) = if qmax < ESC as u64 || qmin >= ESC as u64 {
-                    (cost(gmin, k), cost(gmax, k))
-                } else {
-                    (
-                        cost(gmin, k).min(cost(gmax, k)),
-                        cost((ESC as u64 - 1) << k, k).max(cost(gmax, k)),
-                    )
-                };
-                lo += count * a;
-                hi += count * b;
-            }
-            bounds[k as usize] = (lo, hi);
-            small_bits[k as usize] = small;
-        }
-        let cap = bounds[..=kmax as usize]
-            .iter()
-            .map(|b| b.1)
-            .min()
-            .unwrap_or(0);
-        let mut best: Option<(u32, u64)> = None;
-        for k in 0..=kmax {
-            let (lo, hi) = bounds[k as usize];
-            if lo <= cap {
-                let bits = if lo == hi {
-                    lo
-                } else {
-                    small_bits[k as usize] + rice_bits(large, k, w) as u64
-                };
-                if best.is_none_or(|(_, b)| bits < b) {
-                    best = Some((k, bits));
-                }
-            }
-        }
-        best.map_or((0, 0), |(k, bits)| (k, bits as u32))
-    }
-}
-
 /// The `k` with the fewest bits for `gaps` (the smallest such `k` on ties) and that count.
 ///
 /// Exact without sizing every `k`: a histogram of gap bit lengths gives, per `k`, a lower and
@@ -289,81 +178,53 @@ pub(crate) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
     (dir, len)
 }
 
-/// [`directory`] of the elements of `0..range` that are NOT in `rel` (strictly increasing,
-/// each `< range`), without listing them: `rel` becomes a bitmap, whose zero bits are read
-/// a word at a time (no branch per element on the unpredictable runs of a dense chunk).
-pub(crate) fn holes_directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
-    let holes = range as usize - rel.len();
-    let words = (range as usize).div_ceil(64);
-    let mut changed = vec![0u64; words];
-    for &p in rel {
-        changed[p as usize / 64] |= 1 << (p % 64);
-    }
-    if !range.is_multiple_of(64) {
-        // Past the range: not holes.
-        changed[words - 1] |= !0u64 << (range % 64);
-    }
-    let mut blocks = HoleBlocks {
-        dir: Vec::with_capacity(holes.div_ceil(BLOCK) * DIR_ENTRY),
-        stats: GapStats::new(),
-        count: 0,
-        first: 0,
-        last: 0,
-        total_bits: 0,
-        w: escape_width(range),
+/// [`directory`] of the elements of `0..range` whose bit is clear in `changed` (the bitmap
+/// section of the changed positions, read a 64-bit word at a time), without listing them all: the
+/// holes of one block at a time are read out of the words (a zero bit at a time, no branch per
+/// element on the unpredictable runs of a dense chunk) into a buffer and sized exactly as
+/// [`directory`] sizes listed positions, so the result is the same by construction.
+pub(crate) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
+    debug_assert_eq!(changed.len(), range.div_ceil(8) as usize);
+    let w = escape_width(range);
+    let mut dir = Vec::new();
+    let mut total_bits = 0u64;
+    let mut block = [0u32; BLOCK];
+    let mut gaps = [0u32; BLOCK];
+    let mut n = 0;
+    let mut close = |block: &[u32]| {
+        let (k, bits) = best_k(block_gaps(block, &mut gaps), w);
+        dir.extend_from_slice(&block[0].to_le_bytes());
+        dir.extend_from_slice(&(bits as u16).to_le_bytes());
+        dir.push(k as u8);
+        total_bits += bits as u64;
     };
-    for (i, &word) in changed.iter().enumerate() {
-        let mut holes = !word;
-        while holes != 0 {
-            blocks.push(i as u32 * 64 + holes.trailing_zeros());
-            holes &= holes - 1;
-        }
-    }
-    if blocks.count > 0 {
-        blocks.close();
-    }
-    let len = blocks.dir.len() as u64 + blocks.total_bits.div_ceil(8);
-    (blocks.dir, len)
-}
-
-/// The blocks of a holes section being sized (see [`holes_directory`]).
-struct HoleBlocks {
-    dir: Vec<u8>,
-    stats: GapStats,
-    /// Holes in the open block, its first and its last.
-    count: usize,
-    first: u32,
-    last: u32,
-    total_bits: u64,
-    w: u32,
-}
-
-impl HoleBlocks {
-    /// The next hole.
-    #[inline(always)]
-    fn push(&mut self, pos: u32) {
-        if self.count == BLOCK {
-            self.close();
-        }
-        if self.count == 0 {
-            self.first = pos;
+    for (i, bytes) in changed.chunks(8).enumerate() {
+        let mut padded = [0u8; 8];
+        padded[..bytes.len()].copy_from_slice(bytes);
+        let word = u64::from_le_bytes(padded);
+        let base = i as u32 * 64;
+        // Bits at or past the range are not holes.
+        let valid = if range - base >= 64 {
+            !0
         } else {
-            self.stats.add_one(pos - self.last - 1);
+            mask(range - base)
+        };
+        let mut holes = !word & valid;
+        while holes != 0 {
+            block[n] = base + holes.trailing_zeros();
+            n += 1;
+            holes &= holes - 1;
+            if n == BLOCK {
+                close(&block);
+                n = 0;
+            }
         }
-        self.count += 1;
-        self.last = pos;
     }
-
-    #[cold]
-    fn close(&mut self) {
-        let (k, bits) = self.stats.best_k(self.w);
-        self.dir.extend_from_slice(&self.first.to_le_bytes());
-        self.dir.extend_from_slice(&(bits as u16).to_le_bytes());
-        self.dir.push(k as u8);
-        self.total_bits += bits as u64;
-        self.stats = GapStats::new();
-        self.count = 0;
+    if n > 0 {
+        close(&block[..n]);
     }
+    let len = dir.len() as u64 + total_bits.div_ceil(8);
+    (dir, len)
 }
 
 /// Appends the section that codes `rel` with directory `dir` from [`directory`]: the same
@@ -832,6 +693,12 @@ mod tests {
         }
     }
 
+    fn bitmap_of(rel: &[u32], range: u32) -> Vec<u8> {
+        let mut map = Vec::new();
+        super::super::bitmap::encode(rel, range, &mut map);
+        map
+    }
+
     #[test]
     fn holes_directory_equals_the_complement_s() {
         let mut rng = Rng(9);
@@ -847,7 +714,7 @@ mod tests {
                     directory(&holes, range)
                 };
                 assert_eq!(
-                    holes_directory(&rel, range),
+                    holes_directory(&bitmap_of(&rel, range), range),
                     expected,
                     "range {range} density {density}"
                 );
@@ -859,7 +726,7 @@ mod tests {
             let rel: Vec<u32> = (0..range).filter(|p| (p / run) % 2 == 1).collect();
             let holes: Vec<u32> = (0..range).filter(|p| (p / run) % 2 == 0).collect();
             assert_eq!(
-                holes_directory(&rel, range),
+                holes_directory(&bitmap_of(&rel, range), range),
                 directory(&holes, range),
                 "run {run}"
             );
