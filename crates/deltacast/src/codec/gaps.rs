@@ -9,7 +9,9 @@
 //! along the tensor; quotients of [`ESC`] or more are escaped to the gap's plain binary, so
 //! a code word never exceeds 48 bits whatever the input.
 //!
-//! Speed: dense blocks (`k <= 6`) take their code words from a table of small gaps, four
+//! Speed: the encoder's passes over a block's gaps run in a build for AVX2 where the CPU has
+//! it (8 lanes; the length histogram then comes from counts below each power of two, with no
+//! counter in memory); dense blocks (`k <= 6`) take their code words from a table of small gaps, four
 //! per store; the decoder keeps the next bits in a register and refills only when fewer
 //! remain than a plain code word needs.
 
@@ -41,7 +43,7 @@ fn escape_width(range: u32) -> u32 {
 }
 
 /// Exact bits of the Rice code of `gaps` with parameter `k`.
-#[inline]
+#[inline(always)]
 fn rice_bits(gaps: &[u32], k: u32, w: u32) -> u32 {
     gaps.iter()
         .map(|&g| {
@@ -61,19 +63,16 @@ fn rice_bits(gaps: &[u32], k: u32, w: u32) -> u32 {
 /// an upper bound on the block's bits (a gap of bit length `L` has a quotient between
 /// `2^(L-1) >> k` and `(2^L - 1) >> k`). Only the `k` whose lower bound does not exceed the
 /// smallest upper bound can win, and only those (usually two or three) are sized exactly.
-fn best_k(gaps: &[u32], w: u32) -> (u32, u32) {
-    let mut lanes = [[0u32; 33]; 4];
-    let mut quads = gaps.chunks_exact(4);
-    for quad in &mut quads {
-        for (lane, &g) in lanes.iter_mut().zip(quad) {
-            lane[bit_len(g as u64) as usize] += 1;
-        }
-    }
-    for &g in quads.remainder() {
-        lanes[0][bit_len(g as u64) as usize] += 1;
-    }
-    let hist: [u32; 33] = std::array::from_fn(|l| lanes.iter().map(|lane| lane[l]).sum());
-    let top = hist.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
+///
+/// `VECTOR`: take the histogram with [`length_histogram_vector`] (for builds with wide
+/// vectors) rather than [`length_histogram`]; the result is the same.
+#[inline(always)]
+fn best_k<const VECTOR: bool>(gaps: &[u32], w: u32) -> (u32, u32) {
+    let (hist, top) = if VECTOR {
+        length_histogram_vector(gaps)
+    } else {
+        length_histogram(gaps)
+    };
     // Beyond the bit length of the largest gap every quotient is 0 and bits only grow.
     let kmax = top.min(MAX_K);
 
@@ -123,6 +122,47 @@ fn best_k(gaps: &[u32], w: u32) -> (u32, u32) {
     best.unwrap_or((0, 0))
 }
 
+/// Histogram of the bit lengths of `gaps` and the largest length: counted by length in four
+/// interleaved histograms (so runs of equal lengths do not all wait on one counter).
+#[inline(always)]
+fn length_histogram(gaps: &[u32]) -> ([u32; 33], u32) {
+    let mut lanes = [[0u32; 33]; 4];
+    let mut quads = gaps.chunks_exact(4);
+    for quad in &mut quads {
+        for (lane, &g) in lanes.iter_mut().zip(quad) {
+            lane[bit_len(g as u64) as usize] += 1;
+        }
+    }
+    for &g in quads.remainder() {
+        lanes[0][bit_len(g as u64) as usize] += 1;
+    }
+    let hist: [u32; 33] = std::array::from_fn(|l| lanes.iter().map(|lane| lane[l]).sum());
+    let top = hist.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
+    (hist, top)
+}
+
+/// [`length_histogram`] from the counts of gaps below each power of two up to the largest gap:
+/// a few passes of compares and adds, with no counter in memory. Faster where the compiler
+/// can make them 8 lanes wide or more (AVX2: ~1.2× on the gaps encoder at 10% density, ~1.3×
+/// at 50%); slower with 4 lanes.
+#[inline(always)]
+fn length_histogram_vector(gaps: &[u32]) -> ([u32; 33], u32) {
+    let top = bit_len(gaps.iter().fold(0, |m, &g| m.max(g)) as u64);
+    let mut hist = [0u32; 33];
+    let mut shorter = 0;
+    for l in 0..=top {
+        // Gaps of at most l bits: all of them for the largest gap's length.
+        let below = if l == top {
+            gaps.len() as u32
+        } else {
+            gaps.iter().fold(0u32, |n, &g| n + (g < 1 << l) as u32)
+        };
+        hist[l as usize] = below - shorter;
+        shorter = below;
+    }
+    (hist, top)
+}
+
 /// A lower bound on the encoded size of `count` positions (directory plus one bit per gap),
 /// so the chooser can skip encoding when another codec is already at least as small.
 pub(crate) fn min_len(count: usize) -> u64 {
@@ -131,6 +171,37 @@ pub(crate) fn min_len(count: usize) -> u64 {
 }
 
 pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the function's only requirement is its target feature, detected just
+        // above on this CPU.
+        return unsafe { avx2::encode(rel, range, out) };
+    }
+    encode_impl::<false>(rel, range, out)
+}
+
+/// The encoder's entry points compiled for AVX2, where the passes over a block's gaps (the
+/// gaps themselves, the length histogram, the exact sizes) run 8 lanes wide: same results.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    #[target_feature(enable = "avx2")]
+    pub(super) fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
+        super::encode_impl::<true>(rel, range, out)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
+        super::directory_impl::<true>(rel, range)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
+        super::holes_directory_impl::<true>(changed, range)
+    }
+}
+
+#[inline(always)]
+fn encode_impl<const VECTOR: bool>(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     if rel.is_empty() {
         return;
     }
@@ -147,7 +218,7 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     let mut total_bits = 0u64;
     for block in rel.chunks(BLOCK) {
         let gaps = block_gaps(block, &mut gaps);
-        let (k, bits) = best_k(gaps, w);
+        let (k, bits) = best_k::<VECTOR>(gaps, w);
         dir.extend_from_slice(&block[0].to_le_bytes());
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
         dir.push(k as u8);
@@ -163,12 +234,22 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
 /// count and best `k`) and the section's exact size in bytes: everything but the bit stream,
 /// so the chooser can size the section without writing it ([`encode_with`] writes it).
 pub(crate) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: as in `encode`.
+        return unsafe { avx2::directory(rel, range) };
+    }
+    directory_impl::<false>(rel, range)
+}
+
+#[inline(always)]
+fn directory_impl<const VECTOR: bool>(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
     let w = escape_width(range);
     let mut dir = Vec::with_capacity(rel.len().div_ceil(BLOCK) * DIR_ENTRY);
     let mut gaps = [0u32; BLOCK];
     let mut total_bits = 0u64;
     for block in rel.chunks(BLOCK) {
-        let (k, bits) = best_k(block_gaps(block, &mut gaps), w);
+        let (k, bits) = best_k::<VECTOR>(block_gaps(block, &mut gaps), w);
         dir.extend_from_slice(&block[0].to_le_bytes());
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
         dir.push(k as u8);
@@ -184,6 +265,16 @@ pub(crate) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
 /// element on the unpredictable runs of a dense chunk) into a buffer and sized exactly as
 /// [`directory`] sizes listed positions, so the result is the same by construction.
 pub(crate) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: as in `encode`.
+        return unsafe { avx2::holes_directory(changed, range) };
+    }
+    holes_directory_impl::<false>(changed, range)
+}
+
+#[inline(always)]
+fn holes_directory_impl<const VECTOR: bool>(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
     debug_assert_eq!(changed.len(), range.div_ceil(8) as usize);
     let w = escape_width(range);
     let mut dir = Vec::new();
@@ -192,7 +283,7 @@ pub(crate) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
     let mut gaps = [0u32; BLOCK];
     let mut n = 0;
     let mut close = |block: &[u32]| {
-        let (k, bits) = best_k(block_gaps(block, &mut gaps), w);
+        let (k, bits) = best_k::<VECTOR>(block_gaps(block, &mut gaps), w);
         dir.extend_from_slice(&block[0].to_le_bytes());
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
         dir.push(k as u8);
@@ -730,6 +821,61 @@ mod tests {
                 directory(&holes, range),
                 "run {run}"
             );
+        }
+    }
+
+    #[test]
+    fn both_length_histograms_agree() {
+        let mut rng = Rng(31);
+        for n in [0usize, 1, 3, 4, 5, 31, 1023] {
+            for top in [0u32, 1, 2, 5, 13, 31, 32] {
+                let gaps: Vec<u32> = (0..n)
+                    .map(|_| {
+                        let len = rng.below(top as u64 + 1) as u32;
+                        (rng.next_u64() & mask(len)) as u32
+                    })
+                    .collect();
+                assert_eq!(
+                    length_histogram_vector(&gaps),
+                    length_histogram(&gaps),
+                    "{n} gaps of up to {top} bits"
+                );
+            }
+        }
+        assert_eq!(
+            length_histogram_vector(&[u32::MAX, 0, 1 << 31]),
+            length_histogram(&[u32::MAX, 0, 1 << 31])
+        );
+    }
+
+    /// The portable build and the one this CPU runs (AVX2 where it has it) give the same
+    /// bytes; the other tests check the latter against the reference encoder.
+    #[test]
+    fn portable_and_dispatched_builds_agree() {
+        let mut rng = Rng(32);
+        for range in [1u32, 2, 1025, 5000, 1 << 16, 1 << 20] {
+            for density in [0.0, 0.001, 0.1, 0.5, 0.9, 1.0] {
+                let rel = bernoulli_positions(&mut rng, range, density);
+                let mut portable = Vec::new();
+                encode_impl::<false>(&rel, range, &mut portable);
+                let mut vector = Vec::new();
+                encode_impl::<true>(&rel, range, &mut vector);
+                let mut dispatched = Vec::new();
+                encode(&rel, range, &mut dispatched);
+                assert_eq!(portable, vector, "range {range} density {density}");
+                assert_eq!(portable, dispatched, "range {range} density {density}");
+                assert_eq!(directory_impl::<false>(&rel, range), directory(&rel, range));
+                assert_eq!(directory_impl::<true>(&rel, range), directory(&rel, range));
+                let map = bitmap_of(&rel, range);
+                assert_eq!(
+                    holes_directory_impl::<false>(&map, range),
+                    holes_directory(&map, range)
+                );
+                assert_eq!(
+                    holes_directory_impl::<true>(&map, range),
+                    holes_directory(&map, range)
+                );
+            }
         }
     }
 
