@@ -270,33 +270,47 @@ fn put_word<const W: usize>(out: &mut BlockWriter<'_>, word: Word) {
     }
 }
 
-/// The code words of the [`small`] code numbers for one `k` whatever the cap (no value raw).
-/// Built once per process and `k`.
+/// Code numbers the writer's tables cover: all but ~1% of AdamW steps (steps of up to 512
+/// ULPs), so that a group of three values rarely leaves the table path (a mispredicted
+/// branch and the general path).
+const TABLE: usize = 1024;
+
+/// Code numbers below this are written from the [`SmallCodes`] table: all of [`TABLE`], but
+/// for 1-byte elements only those below 128 (254 is their unchanged mark).
+const fn held<const W: usize>() -> u32 {
+    if W == 1 {
+        128
+    } else {
+        TABLE as u32
+    }
+}
+
+/// The code words of the code numbers below [`TABLE`] for one `k` whatever the cap (no value
+/// raw). Built once per process and `k`.
 struct KCodes {
-    word: [u16; 256],
-    /// Length of the code word; [`NOT_HELD`] when over 16 bits (short code words of 4-byte
-    /// elements have up to 32).
-    len: [u8; 256],
+    word: [u32; TABLE],
+    /// Length of the code word; [`NOT_HELD`] when over 32 bits.
+    len: [u8; TABLE],
     /// Unary prefix of the code word: a cap `c` at or below it makes the value raw.
-    zeros: [u8; 256],
+    zeros: [u8; TABLE],
 }
 
 impl KCodes {
     fn new(k: u32) -> Self {
         let mut table = KCodes {
-            word: [0; 256],
-            len: [NOT_HELD; 256],
-            zeros: [0; 256],
+            word: [0; TABLE],
+            len: [NOT_HELD; TABLE],
+            zeros: [0; TABLE],
         };
-        for u in 0..256 {
+        for u in 0..TABLE as u32 {
             // Never raw (nor unchanged: `u` is below every width's mark) with no cap.
             let word = code_word::<4>(u, 0, k, u32::MAX);
             let (total, i) = (word.zeros + word.len, u as usize);
-            table.word[i] = (word.tail << word.zeros) as u16;
-            table.zeros[i] = word.zeros as u8;
-            if total <= 16 {
+            if total <= 32 {
+                table.word[i] = (word.tail << word.zeros) as u32;
                 table.len[i] = total as u8;
             }
+            table.zeros[i] = word.zeros as u8;
         }
         table
     }
@@ -307,25 +321,26 @@ impl KCodes {
     }
 }
 
-/// The code words of the [`small`] code numbers for one block's `(k, c)`: those of
+/// The code words of the code numbers below [`TABLE`] for one block's `(k, c)`: those of
 /// [`KCodes`], with the values the cap sends raw left to the general path. Rebuilt when
 /// `(k, c)` changes (rarely: most blocks of a tensor share them), a quick pass.
 struct SmallCodes {
     key: Option<(u32, u32)>,
-    word: [u16; 256],
+    word: [u32; TABLE],
     /// Length of the code word; [`NOT_HELD`] for the general path.
-    len: [u8; 256],
+    len: [u8; TABLE],
 }
 
-/// [`SmallCodes`] length of values left to the general path: above any three held ones.
+/// [`SmallCodes`] length of values left to the general path: above the 48 bits of three
+/// code words that share a store.
 const NOT_HELD: u8 = 64;
 
 impl SmallCodes {
     fn new() -> Self {
         SmallCodes {
             key: None,
-            word: [0; 256],
-            len: [NOT_HELD; 256],
+            word: [0; TABLE],
+            len: [NOT_HELD; TABLE],
         }
     }
 
@@ -424,9 +439,12 @@ fn encode_codes<const W: usize, C: Code>(old: &[u8], new: &[u8], out: &mut Vec<u
         dir.push(c as u8);
         total_bits += bits as u64;
         table.set(k, c);
-        writer.block(bits as u64, |out| {
-            write_values::<W, C>(out, &table, codes, new, k, c)
-        });
+        // Inlined, so that it is compiled with the target features of the caller's build.
+        writer.block(
+            bits as u64,
+            #[inline(always)]
+            |out| write_values::<W, C>(out, &table, codes, new, k, c),
+        );
     }
     debug_assert_eq!(writer.bits_since(dir_start + dir.len()), total_bits);
     writer.finish();
@@ -494,8 +512,8 @@ fn histogram_narrow<const W: usize>(codes: &[u16]) -> Histogram {
 }
 
 /// Writes the code words of one block: code numbers `codes`, new bit patterns `new` (for
-/// raw values), with parameters `(k, c)` and `table` filled for them. Small code numbers
-/// (at most 16-bit code words) go three to a store.
+/// raw values), with parameters `(k, c)` and `table` filled for them. Code numbers the
+/// table holds go three to a store when their code words fit one (nearly always).
 #[inline(always)]
 fn write_values<const W: usize, C: Code>(
     out: &mut BlockWriter<'_>,
@@ -507,9 +525,9 @@ fn write_values<const W: usize, C: Code>(
 ) {
     // One value by the table when it has it, else by the general path.
     let one = |out: &mut BlockWriter<'_>, u: u32, i: usize| {
-        let len = table.len[u as u8 as usize] as u32;
-        if u < small::<W>() && len <= 16 {
-            out.put(table.word[u as u8 as usize] as u64, len);
+        let len = table.len[u as usize % TABLE] as u32;
+        if u < held::<W>() && len <= 32 {
+            out.put(table.word[u as usize % TABLE] as u64, len);
         } else {
             put_word::<W>(out, code_word::<W>(u, le(&new[i]), k, c));
         }
@@ -517,10 +535,10 @@ fn write_values<const W: usize, C: Code>(
     let mut triples = codes.chunks_exact(3);
     for (t, u) in (&mut triples).enumerate() {
         let u: [u32; 3] = [u[0].into(), u[1].into(), u[2].into()];
-        let [i0, i1, i2] = u.map(|u| u as u8 as usize);
+        let [i0, i1, i2] = u.map(|u| u as usize % TABLE);
         let [l0, l1, l2] = [i0, i1, i2].map(|i| table.len[i] as u32);
         // Entries the table does not hold have length 64, so one sum checks all three.
-        if (u[0] | u[1] | u[2]) < small::<W>() && l0 + l1 + l2 <= 48 {
+        if (u[0] | u[1] | u[2]) < held::<W>() && l0 + l1 + l2 <= 48 {
             let word = table.word[i0] as u64
                 | (table.word[i1] as u64) << l0
                 | (table.word[i2] as u64) << (l0 + l1);
