@@ -15,6 +15,7 @@
 //! per store; the decoder keeps the next bits in a register and refills only when fewer
 //! remain than a plain code word needs.
 
+use super::bitmap::{set_bits, SET_BITS_SLACK};
 use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter, BlockWriter};
 use crate::error::CodecError;
 use std::sync::OnceLock;
@@ -261,8 +262,8 @@ fn directory_impl<const VECTOR: bool>(rel: &[u32], range: u32) -> (Vec<u8>, u64)
 
 /// [`directory`] of the elements of `0..range` whose bit is clear in `changed` (the bitmap
 /// section of the changed positions, read a 64-bit word at a time), without listing them all: the
-/// holes of one block at a time are read out of the words (a zero bit at a time, no branch per
-/// element on the unpredictable runs of a dense chunk) into a buffer and sized exactly as
+/// holes of one block at a time are read out of the words ([`set_bits`]: no branch per element
+/// on the unpredictable runs of a dense chunk) into a buffer and sized exactly as
 /// [`directory`] sizes listed positions, so the result is the same by construction.
 pub(crate) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
     #[cfg(target_arch = "x86_64")]
@@ -279,7 +280,9 @@ fn holes_directory_impl<const VECTOR: bool>(changed: &[u8], range: u32) -> (Vec<
     let w = escape_width(range);
     let mut dir = Vec::new();
     let mut total_bits = 0u64;
-    let mut block = [0u32; BLOCK];
+    // Holes read so far and not yet sized: up to a block, plus the rest of the word that
+    // completed it, plus what `set_bits` may write past its last.
+    let mut block = [0u32; BLOCK + 64 + SET_BITS_SLACK];
     let mut gaps = [0u32; BLOCK];
     let mut n = 0;
     let mut close = |block: &[u32]| {
@@ -300,15 +303,11 @@ fn holes_directory_impl<const VECTOR: bool>(changed: &[u8], range: u32) -> (Vec<
         } else {
             mask(range - base)
         };
-        let mut holes = !word & valid;
-        while holes != 0 {
-            block[n] = base + holes.trailing_zeros();
-            n += 1;
-            holes &= holes - 1;
-            if n == BLOCK {
-                close(&block);
-                n = 0;
-            }
+        n = set_bits(!word & valid, base, &mut block, n);
+        if n >= BLOCK {
+            close(&block[..BLOCK]);
+            block.copy_within(BLOCK..n, 0);
+            n -= BLOCK;
         }
     }
     if n > 0 {
