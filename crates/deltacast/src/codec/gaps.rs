@@ -173,9 +173,9 @@ pub(crate) fn min_len(count: usize) -> u64 {
 
 pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the function's only requirement is its target feature, detected just
-        // above on this CPU.
+    if super::bits::x86_wide() {
+        // SAFETY: the function's only requirement is its target features, all of which
+        // `x86_wide` detected just above on this CPU.
         return unsafe { avx2::encode(rel, range, out) };
     }
     encode_impl::<false>(rel, range, out)
@@ -185,17 +185,17 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
 /// gaps themselves, the length histogram, the exact sizes) run 8 lanes wide: same results.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
     pub(super) fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
         super::encode_impl::<true>(rel, range, out)
     }
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
     pub(super) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
         super::directory_impl::<true>(rel, range)
     }
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
     pub(super) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
         super::holes_directory_impl::<true>(changed, range)
     }
@@ -236,7 +236,7 @@ fn encode_impl<const VECTOR: bool>(rel: &[u32], range: u32, out: &mut Vec<u8>) {
 /// so the chooser can size the section without writing it ([`encode_with`] writes it).
 pub(crate) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if super::bits::x86_wide() {
         // SAFETY: as in `encode`.
         return unsafe { avx2::directory(rel, range) };
     }
@@ -267,7 +267,7 @@ fn directory_impl<const VECTOR: bool>(rel: &[u32], range: u32) -> (Vec<u8>, u64)
 /// [`directory`] sizes listed positions, so the result is the same by construction.
 pub(crate) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if super::bits::x86_wide() {
         // SAFETY: as in `encode`.
         return unsafe { avx2::holes_directory(changed, range) };
     }

@@ -390,9 +390,9 @@ impl Code for u32 {
 fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
     if W <= 2 {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the function's only requirement is its target feature, detected just
-            // above on this CPU.
+        if super::bits::x86_wide() {
+            // SAFETY: the function's only requirement is its target features, all of which
+            // `x86_wide` detected just above on this CPU.
             return unsafe { encode_narrow_avx2::<W>(old, new, out) };
         }
         encode_codes::<W, u16>(old, new, out)
@@ -404,7 +404,7 @@ fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
 /// [`encode_codes`] of narrow elements compiled for AVX2: the passes over a block's code
 /// numbers (computing them, the length histogram) go 16 lanes wide. Same bytes.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 fn encode_narrow_avx2<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
     encode_codes::<W, u16>(old, new, out)
 }
