@@ -92,6 +92,11 @@ const BIT_POSITIONS: [[u8; 8]; 256] = {
 /// ~2× slower at 50% density; it is kept for words with few bits set).
 #[inline(always)]
 pub(crate) fn set_bits(mut word: u64, base: u32, out: &mut [u32], mut n: usize) -> usize {
+    // Without POPCNT the count below takes a dozen instructions: not for the empty words
+    // of a sparse bitmap.
+    if word == 0 {
+        return n;
+    }
     if word.count_ones() <= 8 {
         // Sparse words (the branch follows the density, so it predicts well): a bit at a
         // time costs less than eight bytes.
