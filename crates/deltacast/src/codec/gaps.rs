@@ -148,7 +148,8 @@ fn length_histogram(gaps: &[u32]) -> ([u32; 33], u32) {
 /// at 50%); slower with 4 lanes.
 #[inline(always)]
 fn length_histogram_vector(gaps: &[u32]) -> ([u32; 33], u32) {
-    let top = bit_len(gaps.iter().fold(0, |m, &g| m.max(g)) as u64);
+    // The bit length of the largest gap is that of all gaps or-ed together.
+    let top = bit_len(gaps.iter().fold(0, |m, &g| m | g) as u64);
     let mut hist = [0u32; 33];
     let mut shorter = 0;
     for l in 0..=top {
