@@ -52,16 +52,69 @@ pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Resul
             expected: count as u64,
         });
     }
-    out.reserve(count as usize);
+    // Room for the 8 entries past the last position that `set_bits` may write.
+    out.resize(count as usize + SET_BITS_SLACK, 0);
+    let mut n = 0;
     for (i, chunk) in input.chunks(8).enumerate() {
-        let mut bits = word(chunk);
-        let base = (i * 64) as u32;
-        while bits != 0 {
-            out.push(base + bits.trailing_zeros());
-            bits &= bits - 1;
-        }
+        n = set_bits(word(chunk), (i * 64) as u32, out, n);
     }
+    out.truncate(n);
     Ok(())
+}
+
+/// Entries past the last written one that [`set_bits`] may overwrite.
+pub(crate) const SET_BITS_SLACK: usize = 8;
+
+/// The positions of the set bits of each byte value, in order, padded with zeros.
+const BIT_POSITIONS: [[u8; 8]; 256] = {
+    let mut table = [[0u8; 8]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let (mut n, mut bit) = (0, 0);
+        while bit < 8 {
+            if byte >> bit & 1 == 1 {
+                table[byte][n] = bit as u8;
+                n += 1;
+            }
+            bit += 1;
+        }
+        byte += 1;
+    }
+    table
+};
+
+/// Writes `base + i` for each set bit `i` of `word`, in order, to `out[n..]` and returns the
+/// index after the last. `out` must have room for [`SET_BITS_SLACK`] entries past that index.
+///
+/// A byte at a time from a table of the set bits' positions, always writing 8 entries and
+/// moving on by the byte's count: no branch per bit, whose exit mispredicts on the
+/// unpredictable bits of a dense bitmap (a loop of `trailing_zeros` per set bit measured
+/// ~2× slower at 50% density; it is kept for words with few bits set).
+#[inline(always)]
+pub(crate) fn set_bits(mut word: u64, base: u32, out: &mut [u32], mut n: usize) -> usize {
+    // Without POPCNT the count below takes a dozen instructions: not for the empty words
+    // of a sparse bitmap.
+    if word == 0 {
+        return n;
+    }
+    if word.count_ones() <= 8 {
+        // Sparse words (the branch follows the density, so it predicts well): a bit at a
+        // time costs less than eight bytes.
+        while word != 0 {
+            out[n] = base + word.trailing_zeros();
+            n += 1;
+            word &= word - 1;
+        }
+        return n;
+    }
+    for (j, byte) in word.to_le_bytes().into_iter().enumerate() {
+        let at = base + 8 * j as u32;
+        for (slot, &bit) in out[n..n + 8].iter_mut().zip(&BIT_POSITIONS[byte as usize]) {
+            *slot = at + bit as u32;
+        }
+        n += byte.count_ones() as usize;
+    }
+    n
 }
 
 /// Up to 8 bytes as a little-endian word (missing high bytes read as zero).
@@ -117,6 +170,24 @@ mod tests {
         }
         let rel = bernoulli_positions(&mut rng, 1 << 20, 0.3);
         round_trip(&rel, 1 << 20);
+    }
+
+    #[test]
+    fn set_bits_lists_every_set_bit_in_order() {
+        let mut rng = Rng(12);
+        let mut out = vec![7u32; 3 + 64 + SET_BITS_SLACK];
+        for density in [0.0, 0.05, 0.13, 0.3, 0.5, 0.9, 1.0] {
+            for _ in 0..200 {
+                let word = (0..64).fold(0u64, |w, i| w | ((rng.unit() < density) as u64) << i);
+                let base = rng.next_u64() as u32 >> 7;
+                let expected: Vec<u32> = (0..64)
+                    .filter(|i| word >> i & 1 == 1)
+                    .map(|i| base + i)
+                    .collect();
+                let n = set_bits(word, base, &mut out, 3);
+                assert_eq!(&out[3..n], &expected[..], "{word:#x}");
+            }
+        }
     }
 
     #[test]

@@ -270,6 +270,19 @@ impl<'a> BitCursor<'a> {
     }
 }
 
+/// Whether this CPU runs the codecs' x86-64 builds for one set of features (AVX2 for
+/// wide vector loops; BMI1/2, LZCNT and POPCNT for shifts by a register without the `cl`
+/// shuffle and one-instruction bit counts). Detection is cached by the standard library.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn x86_wide() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("bmi1")
+        && std::arch::is_x86_feature_detected!("bmi2")
+        && std::arch::is_x86_feature_detected!("lzcnt")
+        && std::arch::is_x86_feature_detected!("popcnt")
+}
+
 /// The low `len` bits set (`len <= 63`).
 #[inline(always)]
 pub(crate) const fn mask(len: u32) -> u64 {

@@ -9,10 +9,13 @@
 //! along the tensor; quotients of [`ESC`] or more are escaped to the gap's plain binary, so
 //! a code word never exceeds 48 bits whatever the input.
 //!
-//! Speed: dense blocks (`k <= 6`) take their code words from a table of small gaps, four
+//! Speed: the encoder's passes over a block's gaps run in a build for AVX2 where the CPU has
+//! it (8 lanes; the length histogram then comes from counts below each power of two, with no
+//! counter in memory); dense blocks (`k <= 6`) take their code words from a table of small gaps, four
 //! per store; the decoder keeps the next bits in a register and refills only when fewer
 //! remain than a plain code word needs.
 
+use super::bitmap::{set_bits, SET_BITS_SLACK};
 use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter, BlockWriter};
 use crate::error::CodecError;
 use std::sync::OnceLock;
@@ -41,7 +44,7 @@ fn escape_width(range: u32) -> u32 {
 }
 
 /// Exact bits of the Rice code of `gaps` with parameter `k`.
-#[inline]
+#[inline(always)]
 fn rice_bits(gaps: &[u32], k: u32, w: u32) -> u32 {
     gaps.iter()
         .map(|&g| {
@@ -55,136 +58,22 @@ fn rice_bits(gaps: &[u32], k: u32, w: u32) -> u32 {
         .sum()
 }
 
-/// Gaps below this are counted by value in [`GapStats`]; the rest are kept as they are.
-const SMALL_GAP: usize = 64;
-
-/// The gaps of a block counted without listing them (for [`holes_directory`], whose gaps are
-/// mostly runs of zeros): small gaps by value (exact for every `k` with one multiply-add per
-/// value), larger ones listed.
-struct GapStats {
-    small: [u32; SMALL_GAP],
-    large: [u32; BLOCK],
-    n_large: usize,
-}
-
-impl GapStats {
-    fn new() -> Self {
-        GapStats {
-            small: [0; SMALL_GAP],
-            large: [0; BLOCK],
-            n_large: 0,
-        }
-    }
-
-    /// One more gap.
-    #[inline(always)]
-    fn add_one(&mut self, g: u32) {
-        if (g as usize) < SMALL_GAP {
-            self.small[g as usize] += 1;
-        } else {
-            self.large[self.n_large] = g;
-            self.n_large += 1;
-        }
-    }
-
-    /// The `k` with the fewest bits (the smallest such `k` on ties) and that count, as
-    /// [`best_k`] finds it for the listed gaps.
-    fn best_k(&self, w: u32) -> (u32, u32) {
-        let large = &self.large[..self.n_large];
-        let top_small = self
-            .small
-            .iter()
-            .rposition(|&c| c > 0)
-            .map_or(0, |v| bit_len(v as u64));
-        let mut large_hist = [0u32; 33];
-        for &g in large {
-            large_hist[bit_len(g as u64) as usize] += 1;
-        }
-        let top_large = large_hist.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
-        // Beyond the bit length of the largest gap every quotient is 0 and bits only grow.
-        let kmax = top_small.max(top_large).min(MAX_K);
-        let cost = |g: u64, k: u32| {
-            if g >> k < ESC as u64 {
-                (g >> k) + 1 + k as u64
-            } else {
-                (ESC + w) as u64
-            }
-        };
-        // Small gaps: exact. Large gaps: bounds from their bit lengths (a gap of bit length
-        // `L` has a quotient between `2^(L-1) >> k` and `(2^L - 1) >> k`).
-        let mut bounds = [(0u64, 0u64); MAX_K as usize + 1];
-        let mut small_bits = [0u64; MAX_K as usize + 1];
-        for k in 0..=kmax {
-            let small: u64 = self
-                .small
-                .iter()
-                .enumerate()
-                .map(|(v, &c)| c as u64 * cost(v as u64, k))
-                .sum();
-            let (mut lo, mut hi) = (small, small);
-            for l in 1..=top_large {
-                let count = large_hist[l as usize] as u64;
-                if count == 0 {
-                    continue;
-                }
-                let (gmin, gmax) = (1u64 << (l - 1), (1u64 << l) - 1);
-                let (qmin, qmax) = (gmin >> k, gmax >> k);
-                let (a, b) = if qmax < ESC as u64 || qmin >= ESC as u64 {
-                    (cost(gmin, k), cost(gmax, k))
-                } else {
-                    (
-                        cost(gmin, k).min(cost(gmax, k)),
-                        cost((ESC as u64 - 1) << k, k).max(cost(gmax, k)),
-                    )
-                };
-                lo += count * a;
-                hi += count * b;
-            }
-            bounds[k as usize] = (lo, hi);
-            small_bits[k as usize] = small;
-        }
-        let cap = bounds[..=kmax as usize]
-            .iter()
-            .map(|b| b.1)
-            .min()
-            .unwrap_or(0);
-        let mut best: Option<(u32, u64)> = None;
-        for k in 0..=kmax {
-            let (lo, hi) = bounds[k as usize];
-            if lo <= cap {
-                let bits = if lo == hi {
-                    lo
-                } else {
-                    small_bits[k as usize] + rice_bits(large, k, w) as u64
-                };
-                if best.is_none_or(|(_, b)| bits < b) {
-                    best = Some((k, bits));
-                }
-            }
-        }
-        best.map_or((0, 0), |(k, bits)| (k, bits as u32))
-    }
-}
-
 /// The `k` with the fewest bits for `gaps` (the smallest such `k` on ties) and that count.
 ///
 /// Exact without sizing every `k`: a histogram of gap bit lengths gives, per `k`, a lower and
 /// an upper bound on the block's bits (a gap of bit length `L` has a quotient between
 /// `2^(L-1) >> k` and `(2^L - 1) >> k`). Only the `k` whose lower bound does not exceed the
 /// smallest upper bound can win, and only those (usually two or three) are sized exactly.
-fn best_k(gaps: &[u32], w: u32) -> (u32, u32) {
-    let mut lanes = [[0u32; 33]; 4];
-    let mut quads = gaps.chunks_exact(4);
-    for quad in &mut quads {
-        for (lane, &g) in lanes.iter_mut().zip(quad) {
-            lane[bit_len(g as u64) as usize] += 1;
-        }
-    }
-    for &g in quads.remainder() {
-        lanes[0][bit_len(g as u64) as usize] += 1;
-    }
-    let hist: [u32; 33] = std::array::from_fn(|l| lanes.iter().map(|lane| lane[l]).sum());
-    let top = hist.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
+///
+/// `VECTOR`: take the histogram with [`length_histogram_vector`] (for builds with wide
+/// vectors) rather than [`length_histogram`]; the result is the same.
+#[inline(always)]
+fn best_k<const VECTOR: bool>(gaps: &[u32], w: u32) -> (u32, u32) {
+    let (hist, top) = if VECTOR {
+        length_histogram_vector(gaps)
+    } else {
+        length_histogram(gaps)
+    };
     // Beyond the bit length of the largest gap every quotient is 0 and bits only grow.
     let kmax = top.min(MAX_K);
 
@@ -234,6 +123,48 @@ fn best_k(gaps: &[u32], w: u32) -> (u32, u32) {
     best.unwrap_or((0, 0))
 }
 
+/// Histogram of the bit lengths of `gaps` and the largest length: counted by length in four
+/// interleaved histograms (so runs of equal lengths do not all wait on one counter).
+#[inline(always)]
+fn length_histogram(gaps: &[u32]) -> ([u32; 33], u32) {
+    let mut lanes = [[0u32; 33]; 4];
+    let mut quads = gaps.chunks_exact(4);
+    for quad in &mut quads {
+        for (lane, &g) in lanes.iter_mut().zip(quad) {
+            lane[bit_len(g as u64) as usize] += 1;
+        }
+    }
+    for &g in quads.remainder() {
+        lanes[0][bit_len(g as u64) as usize] += 1;
+    }
+    let hist: [u32; 33] = std::array::from_fn(|l| lanes.iter().map(|lane| lane[l]).sum());
+    let top = hist.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
+    (hist, top)
+}
+
+/// [`length_histogram`] from the counts of gaps below each power of two up to the largest gap:
+/// a few passes of compares and adds, with no counter in memory. Faster where the compiler
+/// can make them 8 lanes wide or more (AVX2: ~1.2× on the gaps encoder at 10% density, ~1.3×
+/// at 50%); slower with 4 lanes.
+#[inline(always)]
+fn length_histogram_vector(gaps: &[u32]) -> ([u32; 33], u32) {
+    // The bit length of the largest gap is that of all gaps or-ed together.
+    let top = bit_len(gaps.iter().fold(0, |m, &g| m | g) as u64);
+    let mut hist = [0u32; 33];
+    let mut shorter = 0;
+    for l in 0..=top {
+        // Gaps of at most l bits: all of them for the largest gap's length.
+        let below = if l == top {
+            gaps.len() as u32
+        } else {
+            gaps.iter().fold(0u32, |n, &g| n + (g < 1 << l) as u32)
+        };
+        hist[l as usize] = below - shorter;
+        shorter = below;
+    }
+    (hist, top)
+}
+
 /// A lower bound on the encoded size of `count` positions (directory plus one bit per gap),
 /// so the chooser can skip encoding when another codec is already at least as small.
 pub(crate) fn min_len(count: usize) -> u64 {
@@ -242,6 +173,37 @@ pub(crate) fn min_len(count: usize) -> u64 {
 }
 
 pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
+    #[cfg(target_arch = "x86_64")]
+    if super::bits::x86_wide() {
+        // SAFETY: the function's only requirement is its target features, all of which
+        // `x86_wide` detected just above on this CPU.
+        return unsafe { avx2::encode(rel, range, out) };
+    }
+    encode_impl::<false>(rel, range, out)
+}
+
+/// The encoder's entry points compiled for AVX2, where the passes over a block's gaps (the
+/// gaps themselves, the length histogram, the exact sizes) run 8 lanes wide: same results.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
+        super::encode_impl::<true>(rel, range, out)
+    }
+
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
+        super::directory_impl::<true>(rel, range)
+    }
+
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
+        super::holes_directory_impl::<true>(changed, range)
+    }
+}
+
+#[inline(always)]
+fn encode_impl<const VECTOR: bool>(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     if rel.is_empty() {
         return;
     }
@@ -258,7 +220,7 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     let mut total_bits = 0u64;
     for block in rel.chunks(BLOCK) {
         let gaps = block_gaps(block, &mut gaps);
-        let (k, bits) = best_k(gaps, w);
+        let (k, bits) = best_k::<VECTOR>(gaps, w);
         dir.extend_from_slice(&block[0].to_le_bytes());
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
         dir.push(k as u8);
@@ -274,12 +236,22 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
 /// count and best `k`) and the section's exact size in bytes: everything but the bit stream,
 /// so the chooser can size the section without writing it ([`encode_with`] writes it).
 pub(crate) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
+    #[cfg(target_arch = "x86_64")]
+    if super::bits::x86_wide() {
+        // SAFETY: as in `encode`.
+        return unsafe { avx2::directory(rel, range) };
+    }
+    directory_impl::<false>(rel, range)
+}
+
+#[inline(always)]
+fn directory_impl<const VECTOR: bool>(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
     let w = escape_width(range);
     let mut dir = Vec::with_capacity(rel.len().div_ceil(BLOCK) * DIR_ENTRY);
     let mut gaps = [0u32; BLOCK];
     let mut total_bits = 0u64;
     for block in rel.chunks(BLOCK) {
-        let (k, bits) = best_k(block_gaps(block, &mut gaps), w);
+        let (k, bits) = best_k::<VECTOR>(block_gaps(block, &mut gaps), w);
         dir.extend_from_slice(&block[0].to_le_bytes());
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
         dir.push(k as u8);
@@ -289,81 +261,61 @@ pub(crate) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
     (dir, len)
 }
 
-/// [`directory`] of the elements of `0..range` that are NOT in `rel` (strictly increasing,
-/// each `< range`), without listing them: `rel` becomes a bitmap, whose zero bits are read
-/// a word at a time (no branch per element on the unpredictable runs of a dense chunk).
-pub(crate) fn holes_directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
-    let holes = range as usize - rel.len();
-    let words = (range as usize).div_ceil(64);
-    let mut changed = vec![0u64; words];
-    for &p in rel {
-        changed[p as usize / 64] |= 1 << (p % 64);
+/// [`directory`] of the elements of `0..range` whose bit is clear in `changed` (the bitmap
+/// section of the changed positions, read a 64-bit word at a time), without listing them all: the
+/// holes of one block at a time are read out of the words ([`set_bits`]: no branch per element
+/// on the unpredictable runs of a dense chunk) into a buffer and sized exactly as
+/// [`directory`] sizes listed positions, so the result is the same by construction.
+pub(crate) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
+    #[cfg(target_arch = "x86_64")]
+    if super::bits::x86_wide() {
+        // SAFETY: as in `encode`.
+        return unsafe { avx2::holes_directory(changed, range) };
     }
-    if !range.is_multiple_of(64) {
-        // Past the range: not holes.
-        changed[words - 1] |= !0u64 << (range % 64);
-    }
-    let mut blocks = HoleBlocks {
-        dir: Vec::with_capacity(holes.div_ceil(BLOCK) * DIR_ENTRY),
-        stats: GapStats::new(),
-        count: 0,
-        first: 0,
-        last: 0,
-        total_bits: 0,
-        w: escape_width(range),
+    holes_directory_impl::<false>(changed, range)
+}
+
+#[inline(always)]
+fn holes_directory_impl<const VECTOR: bool>(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
+    debug_assert_eq!(changed.len(), range.div_ceil(8) as usize);
+    let w = escape_width(range);
+    let mut dir = Vec::new();
+    let mut total_bits = 0u64;
+    // Holes read so far and not yet sized: up to a block, plus the rest of the word that
+    // completed it, plus what `set_bits` may write past its last.
+    let mut block = [0u32; BLOCK + 64 + SET_BITS_SLACK];
+    let mut gaps = [0u32; BLOCK];
+    let mut n = 0;
+    let mut close = |block: &[u32]| {
+        let (k, bits) = best_k::<VECTOR>(block_gaps(block, &mut gaps), w);
+        dir.extend_from_slice(&block[0].to_le_bytes());
+        dir.extend_from_slice(&(bits as u16).to_le_bytes());
+        dir.push(k as u8);
+        total_bits += bits as u64;
     };
-    for (i, &word) in changed.iter().enumerate() {
-        let mut holes = !word;
-        while holes != 0 {
-            blocks.push(i as u32 * 64 + holes.trailing_zeros());
-            holes &= holes - 1;
-        }
-    }
-    if blocks.count > 0 {
-        blocks.close();
-    }
-    let len = blocks.dir.len() as u64 + blocks.total_bits.div_ceil(8);
-    (blocks.dir, len)
-}
-
-/// The blocks of a holes section being sized (see [`holes_directory`]).
-struct HoleBlocks {
-    dir: Vec<u8>,
-    stats: GapStats,
-    /// Holes in the open block, its first and its last.
-    count: usize,
-    first: u32,
-    last: u32,
-    total_bits: u64,
-    w: u32,
-}
-
-impl HoleBlocks {
-    /// The next hole.
-    #[inline(always)]
-    fn push(&mut self, pos: u32) {
-        if self.count == BLOCK {
-            self.close();
-        }
-        if self.count == 0 {
-            self.first = pos;
+    for (i, bytes) in changed.chunks(8).enumerate() {
+        let mut padded = [0u8; 8];
+        padded[..bytes.len()].copy_from_slice(bytes);
+        let word = u64::from_le_bytes(padded);
+        let base = i as u32 * 64;
+        // Bits at or past the range are not holes.
+        let valid = if range - base >= 64 {
+            !0
         } else {
-            self.stats.add_one(pos - self.last - 1);
+            mask(range - base)
+        };
+        n = set_bits(!word & valid, base, &mut block, n);
+        if n >= BLOCK {
+            close(&block[..BLOCK]);
+            block.copy_within(BLOCK..n, 0);
+            n -= BLOCK;
         }
-        self.count += 1;
-        self.last = pos;
     }
-
-    #[cold]
-    fn close(&mut self) {
-        let (k, bits) = self.stats.best_k(self.w);
-        self.dir.extend_from_slice(&self.first.to_le_bytes());
-        self.dir.extend_from_slice(&(bits as u16).to_le_bytes());
-        self.dir.push(k as u8);
-        self.total_bits += bits as u64;
-        self.stats = GapStats::new();
-        self.count = 0;
+    if n > 0 {
+        close(&block[..n]);
     }
+    let len = dir.len() as u64 + total_bits.div_ceil(8);
+    (dir, len)
 }
 
 /// Appends the section that codes `rel` with directory `dir` from [`directory`]: the same
@@ -832,6 +784,12 @@ mod tests {
         }
     }
 
+    fn bitmap_of(rel: &[u32], range: u32) -> Vec<u8> {
+        let mut map = Vec::new();
+        super::super::bitmap::encode(rel, range, &mut map);
+        map
+    }
+
     #[test]
     fn holes_directory_equals_the_complement_s() {
         let mut rng = Rng(9);
@@ -847,7 +805,7 @@ mod tests {
                     directory(&holes, range)
                 };
                 assert_eq!(
-                    holes_directory(&rel, range),
+                    holes_directory(&bitmap_of(&rel, range), range),
                     expected,
                     "range {range} density {density}"
                 );
@@ -859,10 +817,65 @@ mod tests {
             let rel: Vec<u32> = (0..range).filter(|p| (p / run) % 2 == 1).collect();
             let holes: Vec<u32> = (0..range).filter(|p| (p / run) % 2 == 0).collect();
             assert_eq!(
-                holes_directory(&rel, range),
+                holes_directory(&bitmap_of(&rel, range), range),
                 directory(&holes, range),
                 "run {run}"
             );
+        }
+    }
+
+    #[test]
+    fn both_length_histograms_agree() {
+        let mut rng = Rng(31);
+        for n in [0usize, 1, 3, 4, 5, 31, 1023] {
+            for top in [0u32, 1, 2, 5, 13, 31, 32] {
+                let gaps: Vec<u32> = (0..n)
+                    .map(|_| {
+                        let len = rng.below(top as u64 + 1) as u32;
+                        (rng.next_u64() & mask(len)) as u32
+                    })
+                    .collect();
+                assert_eq!(
+                    length_histogram_vector(&gaps),
+                    length_histogram(&gaps),
+                    "{n} gaps of up to {top} bits"
+                );
+            }
+        }
+        assert_eq!(
+            length_histogram_vector(&[u32::MAX, 0, 1 << 31]),
+            length_histogram(&[u32::MAX, 0, 1 << 31])
+        );
+    }
+
+    /// The portable build and the one this CPU runs (AVX2 where it has it) give the same
+    /// bytes; the other tests check the latter against the reference encoder.
+    #[test]
+    fn portable_and_dispatched_builds_agree() {
+        let mut rng = Rng(32);
+        for range in [1u32, 2, 1025, 5000, 1 << 16, 1 << 20] {
+            for density in [0.0, 0.001, 0.1, 0.5, 0.9, 1.0] {
+                let rel = bernoulli_positions(&mut rng, range, density);
+                let mut portable = Vec::new();
+                encode_impl::<false>(&rel, range, &mut portable);
+                let mut vector = Vec::new();
+                encode_impl::<true>(&rel, range, &mut vector);
+                let mut dispatched = Vec::new();
+                encode(&rel, range, &mut dispatched);
+                assert_eq!(portable, vector, "range {range} density {density}");
+                assert_eq!(portable, dispatched, "range {range} density {density}");
+                assert_eq!(directory_impl::<false>(&rel, range), directory(&rel, range));
+                assert_eq!(directory_impl::<true>(&rel, range), directory(&rel, range));
+                let map = bitmap_of(&rel, range);
+                assert_eq!(
+                    holes_directory_impl::<false>(&map, range),
+                    holes_directory(&map, range)
+                );
+                assert_eq!(
+                    holes_directory_impl::<true>(&map, range),
+                    holes_directory(&map, range)
+                );
+            }
         }
     }
 

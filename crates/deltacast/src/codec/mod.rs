@@ -295,17 +295,22 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
         len
     };
     let best = abs32.min(bitmap).min(gaps_len);
-    // Dense chunks: code the few unchanged elements instead, when strictly smaller.
+    // Dense chunks: code the few unchanged elements instead, when strictly smaller. They are
+    // sized from the bitmap of the changed positions, which is kept for the bitmap section
+    // (the likely winner when holes are considered); the holes are listed only if they win.
     let holes_count = range as usize - rel.len();
+    let mut bitmap_section = None;
     if holes_count < rel.len() && gaps::min_len(holes_count) < best {
-        // Sized from the runs between positions; the holes are listed only if they win.
-        let (dir, len) = gaps::holes_directory(rel, range);
+        let mut map = Vec::new();
+        bitmap::encode(rel, range, &mut map);
+        let (dir, len) = gaps::holes_directory(&map, range);
         if len < best {
             let holes = complement(rel, range);
             out.clear();
             gaps::encode_with(&holes, range, &dir, &mut out);
             return (PosCodec::Holes, out);
         }
+        bitmap_section = Some(map);
     }
     let codec = if abs32 <= gaps_len && abs32 <= bitmap {
         PosCodec::Abs32
@@ -315,6 +320,9 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
         }
         return (PosCodec::Gaps, out);
     } else {
+        if let Some(map) = bitmap_section {
+            return (PosCodec::Bitmap, map);
+        }
         PosCodec::Bitmap
     };
     out.clear();
