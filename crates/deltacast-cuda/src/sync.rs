@@ -78,13 +78,15 @@ pub enum EntropyMode {
     Off,
     On,
     /// Measures both: the first two deltas try each, then every sync takes the one with the
-    /// lower sync time per changed element so far, trying the other again every
-    /// [`AUTO_PROBE_EVERY`] deltas (links and step sizes change).
+    /// lower sync time per changed element so far, trying the other again after
+    /// [`AUTO_PROBE_EVERY`] deltas times how many times slower it was (links and step sizes
+    /// change; a probe of a much slower mode is rarer, so probes cost under 1/16 on average).
     #[default]
     Auto,
 }
 
-/// How often [`EntropyMode::Auto`] retries the mode it is not using.
+/// How often [`EntropyMode::Auto`] retries the mode it is not using, for a mode less than
+/// twice as slow (one k times as slow is retried k times less often, at most 64 times).
 pub const AUTO_PROBE_EVERY: u64 = 16;
 
 /// [`EntropyMode::Auto`]'s record: per mode (off, on) the smoothed sync time per changed
@@ -92,17 +94,22 @@ pub const AUTO_PROBE_EVERY: u64 = 16;
 #[derive(Debug, Clone, Default)]
 struct AutoEntropy {
     cost: [Option<f64>; 2],
-    deltas: u64,
+    /// Deltas since the other mode was last tried.
+    since_probe: u64,
 }
 
 impl AutoEntropy {
-    fn choose(&self) -> bool {
+    fn choose(&mut self) -> bool {
         match self.cost {
             [_, None] => true,
             [None, _] => false,
             [Some(off), Some(on)] => {
                 let best = on < off;
-                if self.deltas % AUTO_PROBE_EVERY == AUTO_PROBE_EVERY - 1 {
+                let ratio = (on.max(off) / on.min(off).max(f64::MIN_POSITIVE)).floor();
+                let period = AUTO_PROBE_EVERY * (ratio as u64).clamp(1, 64);
+                self.since_probe += 1;
+                if self.since_probe >= period {
+                    self.since_probe = 0;
                     !best
                 } else {
                     best
@@ -115,7 +122,6 @@ impl AutoEntropy {
         let x = time_ms / changed.max(1) as f64;
         let c = &mut self.cost[entropy as usize];
         *c = Some(c.map_or(x, |old| 0.5 * old + 0.5 * x));
-        self.deltas += 1;
     }
 }
 
@@ -1308,32 +1314,39 @@ mod tests {
         auto.record(true, 30.0, 1000);
         assert!(!auto.choose(), "second: without");
         auto.record(false, 10.0, 1000);
-        // Without is faster: kept, except one probe every AUTO_PROBE_EVERY deltas.
-        let mut probes = 0;
-        for _ in 0..4 * AUTO_PROBE_EVERY {
-            let e = auto.choose();
-            probes += e as u64;
-            auto.record(e, if e { 30.0 } else { 10.0 }, 1000);
-        }
-        assert_eq!(probes, 4);
-        // The link slows down: entropy's probes show it is now the faster one.
-        let mut chosen = Vec::new();
-        for _ in 0..3 * AUTO_PROBE_EVERY {
-            let e = auto.choose();
-            chosen.push(e);
-            auto.record(e, if e { 30.0 } else { 90.0 }, 1000);
-        }
+        // Without is 3× faster: kept, entropy retried once every 3 × AUTO_PROBE_EVERY deltas.
+        let run = |auto: &mut AutoEntropy, n: u64, on: f64, off: f64| -> Vec<bool> {
+            (0..n)
+                .map(|_| {
+                    let e = auto.choose();
+                    auto.record(e, if e { on } else { off }, 1000);
+                    e
+                })
+                .collect()
+        };
+        let chosen = run(&mut auto, 6 * AUTO_PROBE_EVERY, 30.0, 10.0);
+        assert_eq!(chosen.iter().filter(|&&e| e).count(), 2, "{chosen:?}");
+        // Nearly equal: retried every AUTO_PROBE_EVERY.
+        let mut close = AutoEntropy::default();
+        close.record(true, 10.5, 1000);
+        close.record(false, 10.0, 1000);
+        let chosen = run(&mut close, 4 * AUTO_PROBE_EVERY, 10.5, 10.0);
+        assert_eq!(chosen.iter().filter(|&&e| e).count(), 4);
+        // The link slows down: a probe of entropy shows it is now the faster one, and it is
+        // kept from then on.
+        let chosen = run(&mut auto, 8 * AUTO_PROBE_EVERY, 30.0, 90.0);
+        let first_on = chosen.iter().position(|&e| e).expect("entropy retried");
+        assert!(first_on <= 3 * AUTO_PROBE_EVERY as usize);
+        let after = &chosen[first_on..];
+        let offs = after.iter().filter(|&&e| !e).count();
         assert!(
-            chosen[chosen.len() - AUTO_PROBE_EVERY as usize + 1..]
-                .iter()
-                .filter(|&&e| e)
-                .count() as u64
-                >= AUTO_PROBE_EVERY - 2
+            offs <= after.len() / AUTO_PROBE_EVERY as usize + 1,
+            "only probes go back: {chosen:?}"
         );
         // Per changed element: a bigger step with the same time per change costs the same.
         let mut a = AutoEntropy::default();
         a.record(true, 10.0, 100);
         a.record(false, 50.0, 1000);
-        assert!(!a.choose() || a.deltas % AUTO_PROBE_EVERY == AUTO_PROBE_EVERY - 1);
+        assert!(!a.choose());
     }
 }

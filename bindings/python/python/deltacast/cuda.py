@@ -90,8 +90,9 @@ class GpuSender:
     ``entropy``: whether deltas also use the entropy codecs (gaps positions, ulp values:
     about 1.2 bytes per change on AdamW steps instead of about 6, for some GPU time on both
     sides): ``True``/``"on"``, ``False``/``"off"``, or ``"auto"`` (default: measures both and
-    keeps the faster, retrying the other every 16 deltas; on NVLink that is usually off,
-    across nodes on). Each report says ``"entropy"``: whether that sync used them.
+    keeps the faster, retrying the other after 16 deltas times how many times slower it was;
+    on NVLink that is usually off, across nodes on). Each report says ``"entropy"``: whether
+    that sync used them.
 
     After every ``seed()`` / ``sync()``, refused ones included, the snapshot holds exactly the
     tensors' bits at the time of the call (so code that lends ``snapshots`` can read the
