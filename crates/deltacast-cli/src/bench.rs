@@ -13,7 +13,7 @@
 //! without shaping.
 
 pub mod netns;
-mod plot;
+pub(crate) mod plot;
 pub mod worker;
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};

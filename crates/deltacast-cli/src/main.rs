@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod files;
+mod gpu_report;
 mod output;
 mod processes;
 mod soak;
@@ -82,6 +83,14 @@ enum Command {
     },
     /// One trainer and N receivers over loopback for many syncs with random faults (drops, corruption, restarts, tampering, slow readers); reports recovery and memory.
     Soak(soak::SoakArgs),
+    /// The GPU sync benchmark's results (scripts/gpu-bench.sh's JSON files) as a table and, with --out, a bar chart (PNG).
+    GpuReport {
+        files: Vec<PathBuf>,
+        #[arg(short, long)]
+        out: Option<PathBuf>,
+        #[arg(long, default_value = "GPU sync on 2 H200s: median per step")]
+        title: String,
+    },
     /// Show a .dcast file: frame headers, manifest summary, codecs, sizes.
     Inspect {
         file: PathBuf,
@@ -169,6 +178,7 @@ fn main() {
             json,
         } => files::apply(&base, &delta, &output, json),
         Command::Inspect { file, chunks, json } => files::inspect(&file, chunks, json),
+        Command::GpuReport { files, out, title } => gpu_report::run(&files, out.as_deref(), &title),
         Command::Worker { role } => processes::worker(role),
         Command::Bench(args) => bench::run(args),
         Command::Soak(args) => soak::run(args),

@@ -365,3 +365,38 @@ fn recorded_traces_replay_bit_for_bit_through_diff_and_apply() {
         );
     }
 }
+
+#[test]
+fn gpu_report_tables_and_draws_the_committed_gpu_results() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/data/gpu-2026-11-29/entropy");
+    let files: Vec<PathBuf> = ["gpu_sync_0.5b_nvlink.json", "gpu_sync_7b_socket.json"]
+        .iter()
+        .map(|f| data.join(f))
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let png = dir.path().join("gpu.png");
+    let out = run_ok(bin().arg("gpu-report").args(&files).arg("--out").arg(&png));
+    // The ratios printed are the JSON's medians divided, independently recomputed here.
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&files[1]).unwrap()).unwrap();
+    let ms = |m: &str| v["summary"][m]["median_ms"].as_f64().unwrap();
+    let ratio = format!("{:.1}x", ms("full") / ms("deltacast"));
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("7b socket"))
+        .expect("7b row");
+    assert!(line.contains(&ratio), "{line} lacks {ratio}");
+    let bytes = std::fs::read(&png).expect("png written");
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000);
+    // A file that is not a passing GPU bench result is refused with its name.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"ok": false}"#).unwrap();
+    let err = run_err(bin().arg("gpu-report").arg(&bad));
+    assert!(
+        err.contains("bad.json") && err.contains("did not pass"),
+        "{err}"
+    );
+    std::fs::write(&bad, r#"{"ok": true, "summary": {}}"#).unwrap();
+    let err = run_err(bin().arg("gpu-report").arg(&bad));
+    assert!(err.contains("/summary/full/median_ms"), "{err}");
+}

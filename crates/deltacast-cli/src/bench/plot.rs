@@ -15,7 +15,7 @@ pub struct Point {
     pub floor_s: Option<f64>,
 }
 
-const COLORS: [RGBColor; 6] = [
+pub(crate) const COLORS: [RGBColor; 6] = [
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(31, 119, 180),
@@ -34,7 +34,7 @@ fn label(method: &str) -> String {
 }
 
 /// `lo..hi` padded by a factor on a log axis (at least a factor of 10 wide).
-fn padded(lo: f64, hi: f64) -> std::ops::Range<f64> {
+pub(crate) fn padded(lo: f64, hi: f64) -> std::ops::Range<f64> {
     let (mut lo, mut hi) = (lo.max(1e-9) / 1.6, hi.max(1e-9) * 1.6);
     if hi / lo < 10.0 {
         let mid = (lo * hi).sqrt();
@@ -44,7 +44,7 @@ fn padded(lo: f64, hi: f64) -> std::ops::Range<f64> {
 }
 
 /// Labels only at 1, 2 and 5 times a power of ten (a log axis offers every integer multiple).
-fn nice(v: &f64) -> String {
+pub(crate) fn nice(v: &f64) -> String {
     if *v <= 0.0 {
         return String::new();
     }
