@@ -6,7 +6,7 @@
 //! # Building
 //!
 //! Without the `cuda` feature (the default) the crate builds everywhere and every entry point
-//! returns [`CudaError::NotBuilt`], like candle. With it, [cudarc] is used with
+//! returns [`CudaError::NotBuilt`], like candle. With it, [cudarc](https://docs.rs/cudarc) is used with
 //! `dynamic-loading`: `libcuda` and `libnvrtc` are opened at run time, so the build needs no
 //! CUDA, and a machine without them gets [`CudaError::DriverNotFound`] /
 //! [`CudaError::NvrtcNotFound`] from [`Gpu::new`], never a crash.
