@@ -35,11 +35,15 @@ def test_error_classes_form_one_tree():
     assert issubclass(dc.ReceiverRefusedError, dc.DeltacastError)
 
 
-def test_snapshot_place_is_checked_before_anything_runs():
+def test_snapshot_place_and_entropy_are_checked_before_anything_runs():
     with pytest.raises(dc.InvalidArgumentError, match="pinned"):
         dcc.GpuSender(None, [], snapshot="host")
     with pytest.raises(dc.InvalidArgumentError, match="lend no snapshots"):
         dcc.GpuSender(None, [], snapshots=[], snapshot="pinned")
+    with pytest.raises(dc.InvalidArgumentError, match="auto"):
+        dcc.GpuSender(None, [], entropy="sometimes")
+    with pytest.raises(dc.InvalidArgumentError, match="auto"):
+        dcc.GpuSender(None, [], entropy=2)
 
 
 def _two_gpus():
