@@ -26,6 +26,9 @@ pub mod io;
 pub mod sender;
 pub mod wire;
 
+#[cfg(test)]
+pub(crate) mod testutil;
+
 pub use apply::{Receiver, SlotStore, SyncOutcome};
 pub use codec::{CodecChoice, PosCodec, ValCodec};
 pub use flush::{FlushConfig, SyncStats};

@@ -12,46 +12,29 @@ use deltacast::diff::{diff_and_refresh, Changes};
 use deltacast::placement::{local_block, Block, DTensorLayout, MeshPlacement, ShardPlacement};
 use deltacast::DType;
 use proptest::prelude::*;
+
+mod common;
+use common::Rng;
 use MeshPlacement::{Replicate, Shard, StridedShard};
 
-struct Rng(u64);
+/// A random divisor of `n`.
+fn divisor(rng: &mut Rng, n: u64) -> u64 {
+    let divs: Vec<u64> = (1..=n).filter(|&d| n.is_multiple_of(d)).collect();
+    divs[rng.below(divs.len() as u64) as usize]
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+/// `n` split into `parts` random non-negative sizes.
+fn parts(rng: &mut Rng, n: u64, parts: usize) -> Vec<u64> {
+    let mut cuts: Vec<u64> = (0..parts - 1).map(|_| rng.below(n + 1)).collect();
+    cuts.sort();
+    let mut out = Vec::new();
+    let mut prev = 0;
+    for c in cuts {
+        out.push(c - prev);
+        prev = c;
     }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-
-    /// A random divisor of `n`.
-    fn divisor(&mut self, n: u64) -> u64 {
-        let divs: Vec<u64> = (1..=n).filter(|&d| n.is_multiple_of(d)).collect();
-        divs[self.below(divs.len() as u64) as usize]
-    }
-
-    /// `n` split into `parts` random non-negative sizes.
-    fn parts(&mut self, n: u64, parts: usize) -> Vec<u64> {
-        let mut cuts: Vec<u64> = (0..parts - 1).map(|_| self.below(n + 1)).collect();
-        cuts.sort();
-        let mut out = Vec::new();
-        let mut prev = 0;
-        for c in cuts {
-            out.push(c - prev);
-            prev = c;
-        }
-        out.push(n - prev);
-        out
-    }
+    out.push(n - prev);
+    out
 }
 
 const KINDS: usize = 10;
@@ -76,7 +59,7 @@ fn scheme(kind: usize, world: u64, ndim: usize, rng: &mut Rng) -> Scheme {
         0 => dt(vec![world], vec![Shard { dim: 0 }]),
         // FSDP2 over TP (or over DTensor EP): [_StridedShard(0, tp), Shard(0)] on (dp, tp).
         1 => {
-            let tp = rng.divisor(world);
+            let tp = divisor(rng, world);
             dt(
                 vec![world / tp, tp],
                 vec![
@@ -90,7 +73,7 @@ fn scheme(kind: usize, world: u64, ndim: usize, rng: &mut Rng) -> Scheme {
         }
         // FSDP × TP on another dim.
         2 => {
-            let tp = rng.divisor(world);
+            let tp = divisor(rng, world);
             dt(
                 vec![world / tp, tp],
                 vec![Shard { dim: 0 }, Shard { dim: dim1 }],
@@ -98,8 +81,8 @@ fn scheme(kind: usize, world: u64, ndim: usize, rng: &mut Rng) -> Scheme {
         }
         // Several mesh dims on one tensor dim, left to right.
         3 => {
-            let a = rng.divisor(world);
-            let b = rng.divisor(world / a);
+            let a = divisor(rng, world);
+            let b = divisor(rng, world / a);
             let c = world / a / b;
             let d = rng.below(ndim as u64) as usize;
             dt(
@@ -109,8 +92,8 @@ fn scheme(kind: usize, world: u64, ndim: usize, rng: &mut Rng) -> Scheme {
         }
         // HSDP × TP.
         4 => {
-            let rep = rng.divisor(world);
-            let tp = rng.divisor(world / rep);
+            let rep = divisor(rng, world);
+            let tp = divisor(rng, world / rep);
             dt(
                 vec![rep, world / rep / tp, tp],
                 vec![Replicate, Shard { dim: 0 }, Shard { dim: dim1 }],
@@ -118,8 +101,8 @@ fn scheme(kind: usize, world: u64, ndim: usize, rng: &mut Rng) -> Scheme {
         }
         // HSDP × TP with FSDP2's strided shard.
         5 => {
-            let rep = rng.divisor(world);
-            let tp = rng.divisor(world / rep);
+            let rep = divisor(rng, world);
+            let tp = divisor(rng, world / rep);
             dt(
                 vec![rep, world / rep / tp, tp],
                 vec![
@@ -134,14 +117,14 @@ fn scheme(kind: usize, world: u64, ndim: usize, rng: &mut Rng) -> Scheme {
         }
         // Manual EP × FSDP.
         6 => {
-            let ep = rng.divisor(world);
+            let ep = divisor(rng, world);
             Scheme::ManualEp { ep, dp: world / ep }
         }
         // DDP: everyone holds everything, rank 0 contributes.
         7 => dt(vec![world], vec![Replicate]),
         // TP with a trailing replicate dim.
         8 => {
-            let tp = rng.divisor(world);
+            let tp = divisor(rng, world);
             dt(
                 vec![tp, world / tp],
                 vec![Shard { dim: ndim - 1 }, Replicate],
@@ -152,7 +135,7 @@ fn scheme(kind: usize, world: u64, ndim: usize, rng: &mut Rng) -> Scheme {
             let mut mesh = Vec::new();
             let mut left = world;
             for _ in 0..rng.below(3) {
-                let f = rng.divisor(left);
+                let f = divisor(rng, left);
                 mesh.push(f);
                 left /= f;
             }
@@ -241,7 +224,7 @@ fn placements(scheme: &Scheme, world: u64, shape: &[u64]) -> Result<Vec<ShardPla
 fn converter(kind: u64, shape: &[u64], rng: &mut Rng) -> (Converter, bool, usize, Vec<u64>) {
     match kind {
         1 => {
-            let s = rng.parts(shape[0], 3);
+            let s = parts(rng, shape[0], 3);
             (
                 Converter::FusedQkv {
                     q: "q".into(),
@@ -268,7 +251,7 @@ fn converter(kind: u64, shape: &[u64], rng: &mut Rng) -> (Converter, bool, usize
             let lo = usize::from(stacked);
             let dim = lo + rng.below((shape.len() - lo) as u64) as usize;
             let n = 1 + rng.below(4) as usize;
-            let sizes = rng.parts(shape[dim], n);
+            let sizes = parts(rng, shape[dim], n);
             let pieces = sizes
                 .iter()
                 .enumerate()
@@ -406,11 +389,11 @@ fn run(case: &Case) -> bool {
 
     // Full old and new tensors.
     let n = numel(shape) as usize;
-    let old: Vec<u8> = (0..n * w).map(|_| rng.next() as u8).collect();
+    let old: Vec<u8> = (0..n * w).map(|_| rng.next_u64() as u8).collect();
     let mut new = old.clone();
     for i in 0..n {
         if rng.below(100) < case.density {
-            let mask = (rng.next() | 1).to_le_bytes();
+            let mask = (rng.next_u64() | 1).to_le_bytes();
             for b in 0..w {
                 new[i * w + b] ^= mask[b];
             }
@@ -514,9 +497,9 @@ fn sweep_worlds_and_placement_mixes() {
                     kind,
                     shape,
                     conv: rng.below(4),
-                    dtype: dtype(rng.next()),
-                    density: density(rng.next()),
-                    seed: rng.next(),
+                    dtype: dtype(rng.next_u64()),
+                    density: density(rng.next_u64()),
+                    seed: rng.next_u64(),
                 };
                 if run(&case) {
                     ran += 1;

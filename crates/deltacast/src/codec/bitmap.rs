@@ -133,7 +133,7 @@ fn word(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::bits::testutil::{bernoulli_positions, Rng};
+    use crate::testutil::{bernoulli_positions, Rng};
     use proptest::prelude::*;
 
     /// Independent oracle: the bitmap written bit by bit from the definition.

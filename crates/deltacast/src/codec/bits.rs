@@ -332,10 +332,6 @@ pub(crate) fn check_stream_len(
 }
 
 #[cfg(test)]
-#[path = "testutil.rs"]
-pub(crate) mod testutil;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -591,7 +591,7 @@ fn read_entry(entry: &[u8]) -> (u32, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::bits::testutil::{bernoulli_positions, Rng};
+    use crate::testutil::{bernoulli_positions, Rng};
     use proptest::prelude::*;
 
     /// Independent reference encoder: one bool per bit, every k tried by actually encoding.

@@ -1,12 +1,12 @@
 //! Cross-codec checks: what the chooser picks at high densities, and the sizes on the
 //! recorded AdamW trace against the entropy bound and against int32 positions + raw values.
 
-use crate::codec::bits::testutil::{adamw_bf16, adamw_step, bernoulli_positions, Rng};
 use crate::codec::{
     decode_positions, decode_values, encode_chunk, encode_positions, encode_values, CodecChoice,
     PosCodec, ValCodec,
 };
 use crate::dtype::{from_ordered, load_bits, to_ordered};
+use crate::testutil::{adamw_bf16, adamw_step, bernoulli_positions, Rng};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Binary entropy in bits.

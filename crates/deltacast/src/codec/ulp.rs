@@ -877,7 +877,7 @@ fn read_entry(entry: &[u8]) -> (u32, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::bits::testutil::{adamw_bf16, adamw_step, Rng};
+    use crate::testutil::{adamw_bf16, adamw_step, Rng};
     use proptest::prelude::*;
 
     /// Independent reference encoder from the format description: i64 arithmetic, one bool

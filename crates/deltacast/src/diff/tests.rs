@@ -10,6 +10,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::testutil::Rng;
 
 /// The oracle: zip the elements, compare bits as integers.
 fn oracle(snapshot: &[u8], current: &[u8], width: usize, first_index: u64) -> Changes {
@@ -28,28 +29,6 @@ fn oracle(snapshot: &[u8], current: &[u8], width: usize, first_index: u64) -> Ch
     out
 }
 
-/// A small deterministic generator (splitmix64), so failures reproduce without a seed file.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-
-    /// True with probability `p`.
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
-    }
-}
-
 /// Sets element `i` of `buf` to `bits`.
 fn set(buf: &mut [u8], width: usize, i: usize, bits: u32) {
     buf[i * width..(i + 1) * width].copy_from_slice(&bits.to_le_bytes()[..width]);
@@ -58,7 +37,7 @@ fn set(buf: &mut [u8], width: usize, i: usize, bits: u32) {
 /// Flips at least one bit of element `i`, so it is a real change.
 fn mutate(buf: &mut [u8], width: usize, i: usize, rng: &mut Rng) {
     let at = i * width;
-    let flip = (rng.next() as u32 | 1) << (rng.next() % (8 * width as u64));
+    let flip = (rng.next_u64() as u32 | 1) << (rng.next_u64() % (8 * width as u64));
     let flip = if flip.to_le_bytes()[..width].iter().all(|&b| b == 0) {
         1
     } else {
@@ -246,7 +225,7 @@ fn buffers_over_the_real_parallel_threshold() {
             mutate(&mut current, width, b, &mut rng);
         }
         for _ in 0..5000 {
-            let i = (rng.next() % n as u64) as usize;
+            let i = (rng.next_u64() % n as u64) as usize;
             mutate(&mut current, width, i, &mut rng);
         }
         let want = oracle(&snapshot, &current, width, 3);

@@ -1,4 +1,4 @@
-//! Test helpers shared by the codec tests: a seeded generator and change-set makers.
+//! Test helpers shared by the unit tests: a seeded generator and change-set makers.
 #![allow(dead_code)]
 
 /// SplitMix64: small, seeded and good enough for test data (no dependency on `rand`'s API).
@@ -21,6 +21,15 @@ impl Rng {
     /// Uniform in `[0, 1)`.
     pub(crate) fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// True with probability `p` (never for `p = 0`; one draw either way).
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
+        self.unit() <= p && p > 0.0
+    }
+
+    pub(crate) fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
     }
 }
 
