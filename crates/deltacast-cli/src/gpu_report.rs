@@ -7,10 +7,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use plotters::prelude::*;
-use plotters::style::{register_font, FontStyle};
 use serde_json::Value;
 
-use crate::bench::plot::{nice, padded, COLORS};
+use crate::bench::plot::{canvas, nice, padded, COLORS};
 
 /// One run of the GPU bench: a model on a link, three medians.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,16 +72,8 @@ pub fn draw(path: &Path, title: &str, runs: &[Run]) -> Result<()> {
     if runs.is_empty() {
         bail!("no runs to draw");
     }
-    register_font(
-        "sans-serif",
-        FontStyle::Normal,
-        epaint_default_fonts::UBUNTU_LIGHT,
-    )
-    .map_err(|_| anyhow!("cannot load the embedded font"))?;
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", path.display());
-    let root = BitMapBackend::new(path, (1200, 640)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let root = root.titled(title, ("sans-serif", 22)).map_err(err)?;
+    let root = canvas(path, title)?;
     let (plot_area, legend_area) = root.split_horizontally(900);
     let times: Vec<f64> = runs
         .iter()

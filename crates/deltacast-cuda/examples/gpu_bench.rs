@@ -42,6 +42,32 @@ fn par_fill(out: &mut [u8], f: impl Fn(u64, usize, &mut [u8]) + Sync) {
     });
 }
 
+/// One BF16 buffer pair of `numel` elements as `pieces` diff inputs (16-byte aligned pieces,
+/// the last takes the rest), all adding their digest change to the word at `digest`.
+fn bf16_pieces(
+    snapshot: u64,
+    current: u64,
+    numel: usize,
+    pieces: usize,
+    digest: Option<u64>,
+) -> Vec<DiffInput> {
+    let per = (numel / pieces / 8 * 8).max(8);
+    (0..pieces)
+        .map(|p| {
+            let first = p * per;
+            let n = if p + 1 == pieces { numel - first } else { per };
+            DiffInput {
+                snapshot: snapshot + 2 * first as u64,
+                current: current + 2 * first as u64,
+                numel: n as u64,
+                width: 2,
+                first_index: first as u64,
+                digest: digest.map(|d| (d, 0)),
+            }
+        })
+        .collect()
+}
+
 fn median(mut v: Vec<f32>) -> f32 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -165,21 +191,7 @@ fn pinned_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                         gpu.copy_device(dev_d.ptr(), old_d.ptr(), bytes)?
                     }
                 };
-                let per = (numel / pieces / 8 * 8).max(8); // 16-byte aligned pieces
-                let inputs: Vec<DiffInput> = (0..pieces)
-                    .map(|p| {
-                        let first = p * per;
-                        let n = if p + 1 == pieces { numel - first } else { per };
-                        DiffInput {
-                            snapshot: snap + 2 * first as u64,
-                            current: cur_d.ptr() + 2 * first as u64,
-                            numel: n as u64,
-                            width: 2,
-                            first_index: first as u64,
-                            digest: Some((dig_d.ptr(), 0)),
-                        }
-                    })
-                    .collect();
+                let inputs = bf16_pieces(snap, cur_d.ptr(), numel, pieces, Some(dig_d.ptr()));
                 let out = DiffOutput {
                     positions: pos_d.ptr(),
                     new_values: new_d.ptr(),
@@ -402,21 +414,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // Restore the snapshot (not timed).
                 // SAFETY: both `bytes` long.
                 unsafe { g.copy_device(snap_d.ptr(), old_d.ptr(), bytes)? };
-                let per = (numel / pieces / 8 * 8).max(8); // 16-byte aligned pieces
-                let inputs: Vec<DiffInput> = (0..pieces)
-                    .map(|p| {
-                        let first = p * per;
-                        let n = if p + 1 == pieces { numel - first } else { per };
-                        DiffInput {
-                            snapshot: snap_d.ptr() + 2 * first as u64,
-                            current: cur_d.ptr() + 2 * first as u64,
-                            numel: n as u64,
-                            width: 2,
-                            first_index: first as u64,
-                            digest: (with_old || two_pass).then_some((dig_d.ptr(), 0)),
-                        }
-                    })
-                    .collect();
+                let digest = (with_old || two_pass).then_some(dig_d.ptr());
+                let inputs = bf16_pieces(snap_d.ptr(), cur_d.ptr(), numel, pieces, digest);
                 let out = DiffOutput {
                     positions: pos_d.ptr(),
                     new_values: new_d.ptr(),

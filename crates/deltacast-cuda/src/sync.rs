@@ -1102,7 +1102,10 @@ impl GpuReceiver {
             chunks: header.num_chunks,
             time_ms: ms(started),
             diff_ms: 0.0,
-            entropy: phases.iter().any(|p| p.0 == "decode"),
+            entropy: manifest
+                .chunks
+                .iter()
+                .any(|c| c.positions == ChunkPositions::Gaps || c.values == ChunkValues::Ulp),
             phases: cumulative_to_spans(phases),
         }))
     }

@@ -58,8 +58,12 @@ pub(crate) fn nice(v: &f64) -> String {
     format!("{v:.decimals$}")
 }
 
-pub fn draw(path: &Path, title: &str, methods: &[String], points: &[Point]) -> Result<()> {
-    // Plotters draws text with this font (embedded, so no system fonts are needed).
+/// A white 1200×640 PNG canvas at `path` with `title` on top, the embedded font registered
+/// (no system fonts needed): what every chart of the CLI draws on.
+pub(crate) fn canvas<'a>(
+    path: &'a Path,
+    title: &str,
+) -> Result<DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>> {
     register_font(
         "sans-serif",
         FontStyle::Normal,
@@ -69,7 +73,12 @@ pub fn draw(path: &Path, title: &str, methods: &[String], points: &[Point]) -> R
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", path.display());
     let root = BitMapBackend::new(path, (1200, 640)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let root = root.titled(title, ("sans-serif", 22)).map_err(err)?;
+    root.titled(title, ("sans-serif", 22)).map_err(err)
+}
+
+pub fn draw(path: &Path, title: &str, methods: &[String], points: &[Point]) -> Result<()> {
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", path.display());
+    let root = canvas(path, title)?;
     // The chart on the left, the legend in a column of its own on the right.
     let (plot_area, legend_area) = root.split_horizontally(840);
     let rates: Vec<f64> = points.iter().map(|p| p.rate_gbit).collect();
