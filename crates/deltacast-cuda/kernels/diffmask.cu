@@ -1,21 +1,26 @@
-// The two-pass diff (Gpu::diff_batch_refreshing): no block ever waits for another, so every
-// pass streams at memory speed, unlike the single-pass chained scan of diff.cu whose blocks
-// stall in the look-back.
+// The batched diff (Gpu::diff_batch): two passes in which no block ever waits for another, so
+// each streams at memory speed.
 //
 //   1. dc_mask: one block per tile of MASK_TILE_BYTES (tiles numbered globally in tensor order,
-//      as in diff.cu). Reads snapshot and current once, writes a 16-bit change mask per 16-byte
-//      vector, the tile's change count, refreshes the snapshot (a changed vector is written
-//      back whole: its unchanged elements equal the snapshot's already) and adds the tile's
-//      digest change Σ h(new) − h(old) to the tensor's digest word.
+//      each tensor starting a new tile). Reads snapshot and current once, writes a 16-bit change
+//      mask per 16-byte vector, the tile's change count and the offset of each of its rows
+//      (256 vectors) inside the tile, and adds the tile's digest change
+//      Σ h(new) − h(old) to the tensor's digest word. Writes nothing else: the snapshot keeps
+//      its old bits for pass 3.
 //   2. dc_mask_scan_tiles / dc_mask_scan_groups: exclusive prefix of the tile counts (groups of
 //      MASK_GROUP tiles, then the group totals; the grand total goes after the last group).
-//   3. dc_mask_emit: one block per tile with changes; reads the masks and the changed vectors
-//      of current (only those) and writes positions and new bits, compacted in element order.
-//      A tile whose changes would pass `capacity` writes nothing (the output is then a prefix
-//      of whole tiles), but pass 1 has refreshed the whole snapshot and digest regardless.
-//   4. dc_mask_finish: per-tensor offsets and counts, as dc_diff_finish.
+//   3. dc_mask_emit: a warp per row; reads the masks and only the changed vectors of current (and of the
+//      snapshot when old bits are asked for), writes positions, new bits and old bits
+//      compacted in element order, and refreshes the snapshot's changed vectors. A tile whose
+//      changes would pass `capacity` writes nothing, and its part of the snapshot keeps its old
+//      bits: the output is then a prefix of whole tiles, and only those tiles are refreshed
+//      (the digest words, updated by pass 1, describe `current` in full).
+//   4. dc_mask_finish: per-tensor offsets and counts.
 //
-// Output layout: as diff.cu (change g: position at pos_out[g], bits at new_out + g * width).
+// Output layout: change g (global, in order) has its position (slot index = first_index +
+// element) at pos_out[g] and its bits at new_out + g * width (old_out likewise, when given).
+// The host orders tensors by non-decreasing width, so these byte ranges never overlap across
+// tensors.
 
 // Tuning (the host passes -D to NVRTC, see DiffTuning): 16-byte vectors per thread and array,
 // and the blocks per multiprocessor asked of the register allocator.
@@ -29,6 +34,7 @@
 #define MASK_TILE_BYTES (MASK_THREADS * MASK_ITEMS * 16)
 #define MASK_VECS_PER_TILE (MASK_THREADS * MASK_ITEMS)
 #define MASK_GROUP 2048  // tiles per group of the first scan level (MASK_THREADS * 8)
+#define MASK_PACKS ((MASK_ITEMS + 3) / 4)  // u64 words of four 16-bit row counts
 // The tile-to-tensor table and the scans do not depend on the tuning.
 
 struct DiffTensor {
@@ -73,53 +79,67 @@ extern "C" __global__ void dc_mask_tile_tensor(const DiffTensor* __restrict__ te
 
 extern "C" __global__ void __launch_bounds__(MASK_THREADS, MASK_MINBLOCKS)
 dc_mask(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor, u64 num_tiles,
-        u16* __restrict__ masks, u32* __restrict__ tile_counts) {
-    __shared__ u32 s_scan[32];
+        u16* __restrict__ masks, u32* __restrict__ tile_counts, u16* __restrict__ row_offsets) {
+    // One tile per block (the grid is num_tiles): the loads start right after one lookup.
+    __shared__ u64 s_rows[MASK_PACKS][MASK_THREADS / 32];
     __shared__ u64 s_sum[MASK_THREADS / 32];
-    for (u64 tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        const DiffTensor T = tensors[tile_tensor[tile]];
-        const u32 w = T.width;
-        const bool vec = T.aligned16 != 0;
-        const u64 byte0 = (tile - T.tile_begin) * MASK_TILE_BYTES;
-        uint4 cv[MASK_ITEMS], sv[MASK_ITEMS];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u64 tile = blockIdx.x;
+    const DiffTensor T = tensors[tile_tensor[tile]];
+    const u32 w = T.width;
+    const bool vec = T.aligned16 != 0;
+    const u64 byte0 = (tile - T.tile_begin) * MASK_TILE_BYTES;
+    uint4 cv[MASK_ITEMS], sv[MASK_ITEMS];
+#pragma unroll
+    for (u32 i = 0; i < MASK_ITEMS; ++i) {
+        const u64 off = byte0 + ((u64)i * MASK_THREADS + threadIdx.x) * 16;
+        cv[i] = dc_mask_load((const u8*)T.cur, off, T.nbytes, vec);
+        sv[i] = dc_mask_load((const u8*)T.snap, off, T.nbytes, vec);
+    }
+    // Row i of the tile is vectors [256 i, 256 i + 256): its count goes in 16-bit field i % 4
+    // of packed[i / 4] (a row holds at most 256 * 16 changes).
+    u64 packed[MASK_PACKS];
+#pragma unroll
+    for (u32 p = 0; p < MASK_PACKS; ++p) packed[p] = 0;
+    u64 dsum = 0;
+#pragma unroll
+    for (u32 i = 0; i < MASK_ITEMS; ++i) {
+        u32 m = dc_change_mask(cv[i], sv[i], w);
+        masks[tile * MASK_VECS_PER_TILE + i * MASK_THREADS + threadIdx.x] = (u16)m;
+        packed[i / 4] += (u64)__popc(m) << (16 * (i % 4));
+        if (m == 0 || !T.digest_out) continue;
+        const u64 elem0 = (byte0 + ((u64)i * MASK_THREADS + threadIdx.x) * 16) / w;
+        while (m) {
+            const u32 e = __ffs(m) - 1;
+            m &= m - 1;
+            const u64 index = T.first_index + elem0 + e;
+            dsum += dc_element_hash(T.salt, index, dc_extract(cv[i], e, w)) -
+                    dc_element_hash(T.salt, index, dc_extract(sv[i], e, w));
+        }
+    }
+#pragma unroll
+    for (u32 p = 0; p < MASK_PACKS; ++p) {
+        packed[p] = dc_warp_sum(packed[p]);
+        if (lane == 0) s_rows[p][warp] = packed[p];
+    }
+    __syncthreads();
+    u32 total = 0;
+    if (threadIdx.x == 0) {
+        // Exclusive offsets of the rows inside the tile, then the tile's count.
 #pragma unroll
         for (u32 i = 0; i < MASK_ITEMS; ++i) {
-            const u64 off = byte0 + ((u64)i * MASK_THREADS + threadIdx.x) * 16;
-            cv[i] = dc_mask_load((const u8*)T.cur, off, T.nbytes, vec);
-            sv[i] = dc_mask_load((const u8*)T.snap, off, T.nbytes, vec);
-        }
-        u32 count = 0;
-        u64 dsum = 0;
+            u32 row = 0;
 #pragma unroll
-        for (u32 i = 0; i < MASK_ITEMS; ++i) {
-            const u64 off = byte0 + ((u64)i * MASK_THREADS + threadIdx.x) * 16;
-            u32 m = dc_change_mask(cv[i], sv[i], w);
-            masks[tile * MASK_VECS_PER_TILE + i * MASK_THREADS + threadIdx.x] = (u16)m;
-            count += __popc(m);
-            if (m == 0) continue;
-            u8* snap_w = (u8*)T.snap;
-            const u64 elem0 = off / w;
-            if (vec && off + 16 <= T.nbytes) {
-                *(uint4*)(snap_w + off) = cv[i];
-            }
-            while (m) {
-                const u32 e = __ffs(m) - 1;
-                m &= m - 1;
-                const u32 nb = dc_extract(cv[i], e, w), ob = dc_extract(sv[i], e, w);
-                if (!(vec && off + 16 <= T.nbytes)) dc_store_bits(snap_w, elem0 + e, w, nb);
-                if (T.digest_out) {
-                    const u64 index = T.first_index + elem0 + e;
-                    dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
-                }
-            }
+            for (u32 k = 0; k < MASK_THREADS / 32; ++k)
+                row += (u32)(s_rows[i / 4][k] >> (16 * (i % 4))) & 0xffffu;
+            row_offsets[tile * MASK_ITEMS + i] = (u16)total;
+            total += row;
         }
-        u32 total;
-        dc_block_exclusive_scan(count, s_scan, &total);
-        if (threadIdx.x == 0) tile_counts[tile] = total;
-        if (T.digest_out && total != 0) {
-            const u64 d = dc_block_sum(dsum, s_sum);
-            if (threadIdx.x == 0) atomicAdd((u64*)T.digest_out, d);
-        }
+        tile_counts[tile] = total;
+    }
+    if (T.digest_out) {
+        const u64 d = dc_block_sum(dsum, s_sum);
+        if (threadIdx.x == 0 && d != 0) atomicAdd((u64*)T.digest_out, d);
     }
 }
 
@@ -188,59 +208,90 @@ __device__ __forceinline__ u64 dc_mask_prefix(const u32* tile_offsets, const u64
     return group_sums[t / MASK_GROUP] + tile_offsets[t];
 }
 
+// The 16-bit change mask of vector j (0..8) in a lane's 16 bytes of masks.
+__device__ __forceinline__ u32 dc_lane_mask(uint4 mk, u32 j) {
+    const u32 word = j < 2 ? mk.x : j < 4 ? mk.y : j < 6 ? mk.z : mk.w;
+    return (word >> (16 * (j & 1))) & 0xffffu;
+}
+
+// One warp per row (256 vectors) of a tile, independent of every other warp: no barrier, so a
+// multiprocessor keeps dozens of rows in flight. Lane l takes the row's vectors [8 l, 8 l + 8)
+// (one 16-byte load of masks); its place in the output is the tile's offset, plus the row's
+// offset inside the tile (from pass 1), plus the changes of the lanes before it.
 extern "C" __global__ void __launch_bounds__(MASK_THREADS)
 dc_mask_emit(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor, u64 num_tiles,
              const u16* __restrict__ masks, const u32* __restrict__ tile_counts,
-             const u32* __restrict__ tile_offsets, const u64* __restrict__ group_sums, u64 capacity,
-             u64* __restrict__ pos_out, u8* __restrict__ new_out) {
-    __shared__ u32 s_rows[MASK_ITEMS][MASK_THREADS / 32];
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (u64 tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        const u32 cnt = tile_counts[tile];
-        if (cnt == 0) continue;  // uniform across the block
-        const u64 g0 = dc_mask_prefix(tile_offsets, group_sums, num_tiles, tile);
-        if (g0 + cnt > capacity) continue;
-        u32 m[MASK_ITEMS], incl[MASK_ITEMS];
+             const u16* __restrict__ row_offsets, const u32* __restrict__ tile_offsets,
+             const u64* __restrict__ group_sums, u64 capacity, u64* __restrict__ pos_out,
+             u8* __restrict__ new_out, u8* __restrict__ old_out) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 row = ((u64)blockIdx.x * MASK_THREADS + threadIdx.x) >> 5;
+    if (row >= num_tiles * MASK_ITEMS) return;  // whole warps
+    const u64 tile = row / MASK_ITEMS;
+    // Everything that depends on the row alone, issued together.
+    const uint4 mk = *(const uint4*)(masks + row * MASK_THREADS + 8 * lane);
+    const u32 tt = tile_tensor[tile];
+    const u64 first = dc_mask_prefix(tile_offsets, group_sums, num_tiles, tile);
+    const u32 count = tile_counts[tile];
+    const u32 row_first = row_offsets[row];
+    const u32 mine = __popc(mk.x) + __popc(mk.y) + __popc(mk.z) + __popc(mk.w);
+    u32 incl = mine;
 #pragma unroll
-        for (u32 i = 0; i < MASK_ITEMS; ++i) {
-            m[i] = masks[tile * MASK_VECS_PER_TILE + i * MASK_THREADS + threadIdx.x];
-            incl[i] = __popc(m[i]);
-            for (int o = 1; o < 32; o <<= 1) {
-                const u32 n = __shfl_up_sync(DC_FULL_MASK, incl[i], o);
-                if (lane >= (u32)o) incl[i] += n;
-            }
-            if (lane == 31) s_rows[i][warp] = incl[i];
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 n = __shfl_up_sync(DC_FULL_MASK, incl, o);
+        if (lane >= (u32)o) incl += n;
+    }
+    if (mine == 0 || first + count > capacity) return;  // no shuffle follows
+    const DiffTensor& T = tensors[tt];
+    const u32 w = T.width;
+    const bool vec = T.aligned16 != 0;
+    u8* snap_w = (u8*)T.snap;
+    const u64 byte0 = (tile - T.tile_begin) * MASK_TILE_BYTES +
+                      ((row % MASK_ITEMS) * MASK_THREADS + 8 * lane) * 16;
+    u64 at = first + row_first + incl - mine;
+    // Bit j: vector j of this lane changed.
+    u32 changed = 0;
+#pragma unroll
+    for (u32 j = 0; j < 8; ++j) changed |= (u32)(dc_lane_mask(mk, j) != 0) << j;
+    // This lane's changed vectors, four at a time: their loads go out together.
+    while (changed) {
+        u32 pick[4];
+        bool has[4];
+#pragma unroll
+        for (u32 q = 0; q < 4; ++q) {
+            has[q] = changed != 0;
+            pick[q] = has[q] ? __ffs(changed) - 1 : 0;
+            changed &= changed - 1;
         }
-        __syncthreads();
-        const DiffTensor T = tensors[tile_tensor[tile]];
-        const u32 w = T.width;
-        const bool vec = T.aligned16 != 0;
-        const u64 byte0 = (tile - T.tile_begin) * MASK_TILE_BYTES;
-        u64 row_base = 0;
+        uint4 cv[4], sv[4];
 #pragma unroll
-        for (u32 i = 0; i < MASK_ITEMS; ++i) {
-            u32 before = 0, row_total = 0;
-            for (u32 k = 0; k < MASK_THREADS / 32; ++k) {
-                const u32 t = s_rows[i][k];
-                if (k < warp) before += t;
-                row_total += t;
+        for (u32 q = 0; q < 4; ++q) {
+            if (has[q]) {
+                const u64 off = byte0 + (u64)pick[q] * 16;
+                cv[q] = dc_mask_load((const u8*)T.cur, off, T.nbytes, vec);
+                if (old_out) sv[q] = dc_mask_load((const u8*)T.snap, off, T.nbytes, vec);
             }
-            u32 mm = m[i];
-            u64 g = g0 + row_base + before + incl[i] - __popc(mm);
-            row_base += row_total;
-            if (mm == 0) continue;
-            const u64 off = byte0 + ((u64)i * MASK_THREADS + threadIdx.x) * 16;
-            const uint4 cvi = dc_mask_load((const u8*)T.cur, off, T.nbytes, vec);
+        }
+#pragma unroll
+        for (u32 q = 0; q < 4; ++q) {
+            if (!has[q]) continue;
+            const u64 off = byte0 + (u64)pick[q] * 16;
+            const bool whole = vec && off + 16 <= T.nbytes;
+            // Refresh: the whole vector (its unchanged elements equal the snapshot's already).
+            if (whole) *(uint4*)(snap_w + off) = cv[q];
             const u64 elem0 = off / w;
-            while (mm) {
-                const u32 e = __ffs(mm) - 1;
-                mm &= mm - 1;
-                pos_out[g] = T.first_index + elem0 + e;
-                dc_store_bits(new_out, g, w, dc_extract(cvi, e, w));
-                ++g;
+            u32 m = dc_lane_mask(mk, pick[q]);
+            while (m) {
+                const u32 e = __ffs(m) - 1;
+                m &= m - 1;
+                const u32 nb = dc_extract(cv[q], e, w);
+                pos_out[at] = T.first_index + elem0 + e;
+                dc_store_bits(new_out, at, w, nb);
+                if (old_out) dc_store_bits(old_out, at, w, dc_extract(sv[q], e, w));
+                if (!whole) dc_store_bits(snap_w, elem0 + e, w, nb);
+                ++at;
             }
         }
-        __syncthreads();  // s_rows is rewritten for the next tile
     }
 }
 

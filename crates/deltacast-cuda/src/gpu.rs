@@ -476,7 +476,7 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dc_mask_finish",
         ],
     ),
-    ("diff", &["dc_diff", "dc_diff_finish"]),
+    ("diff", &["dc_diff", "dc_diff_place"]),
     ("encode", &["dc_encode_cells", "dc_encode_place"]),
     ("apply", &["dc_apply_check", "dc_apply_scatter"]),
     ("digest", &["dc_digest", "dc_digest_update"]),
@@ -985,9 +985,12 @@ impl Gpu {
     }
 
     /// Diffs many tensors in one launch sequence (see kernels/diff.cu): compares each
-    /// `current` with its `snapshot` as unsigned integers, writes the changes in order to `out`,
-    /// refreshes exactly the changed snapshot elements, and adds the fused digest updates.
-    /// Synchronises once, at the end, to return the per-tensor counts.
+    /// `current` with its `snapshot` as unsigned integers, writes the changes in order to `out`
+    /// (old bits too when `out.old_values` is set), refreshes the changed snapshot elements,
+    /// and adds the fused digest updates. Synchronises once, at the end, to return the
+    /// per-tensor counts. When the output is too small (`!is_complete()`), only a prefix of
+    /// whole tiles is written and the snapshot is refreshed only in part: copy `current` over
+    /// it (the digest words describe `current` in full).
     ///
     /// # Safety
     /// Every pointer must be valid for its size (`numel * width` bytes for the tensors;
@@ -1000,42 +1003,89 @@ impl Gpu {
             if n == 0 {
                 return Ok(DiffResult::default());
             }
-            let (order, table, tiles) = diff_table(inputs, self.tuning.tile_bytes())?;
-            // Scratch: [counter 8][status tiles*8][table n*64][result (3n+2)*8].
-            let status_off = 8u64;
-            let table_off = status_off + tiles * 8;
-            let result_off = table_off + (n * std::mem::size_of::<KDiffTensor>()) as u64;
+            let tile_bytes = self.tuning.tile_bytes();
+            let (order, table, tiles) = diff_table(inputs, tile_bytes)?;
+            let groups = tiles.div_ceil(MASK_GROUP);
+            // Scratch: [table n*64][tile tensors tiles*4][tile counts tiles*4]
+            //          [tile offsets tiles*4][group sums (groups+1)*8][result (3n+2)*8],
+            //          each 8-aligned; the tiles' slots (an eighth of each tile) apart.
+            let table_len = (n * std::mem::size_of::<KDiffTensor>()) as u64;
+            let tensor_of_off = table_len;
+            let counts_off = tensor_of_off + (tiles * 4).next_multiple_of(8);
+            let offsets_off = counts_off + (tiles * 4).next_multiple_of(8);
+            let groups_off = offsets_off + (tiles * 4).next_multiple_of(8);
+            let result_off = groups_off + (groups + 1) * 8;
             let len = result_off + (3 * n as u64 + 2) * 8;
             let (_guard, base) = self.scratch(len as usize)?;
-            // SAFETY: inside the scratch region.
-            unsafe { cu::memset_d8_async(base, 0, table_off as usize, self.stream) }
-                .map_err(drv("cuMemsetD8"))?;
-            self.upload_typed(base + table_off, &table)?;
+            let slots = self.masks(tiles * (tile_bytes / 8))?;
+            self.upload_typed(base, &table)?;
             let start = self.events.0;
             // SAFETY: our event and stream.
             unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
+            self.launch(
+                "dc_mask_tile_tensor",
+                tiles.div_ceil(THREADS as u64).min(MAX_GRID),
+                THREADS,
+                Args::new()
+                    .push(base)
+                    .push(n as u64)
+                    .push(tiles)
+                    .push(base + tensor_of_off),
+            )?;
             self.launch(
                 "dc_diff",
                 tiles,
                 DIFF_THREADS,
                 Args::new()
-                    .push(base + table_off)
-                    .push(n as u64)
                     .push(base)
-                    .push(base + status_off)
+                    .push(base + tensor_of_off)
+                    .push(base + counts_off)
+                    .push(slots.1)
+                    .push(out.old_values.is_some() as u64),
+            )?;
+            self.launch(
+                "dc_mask_scan_tiles",
+                groups,
+                DIFF_THREADS,
+                Args::new()
+                    .push(base + counts_off)
+                    .push(tiles)
+                    .push(base + offsets_off)
+                    .push(base + groups_off),
+            )?;
+            self.launch(
+                "dc_mask_scan_groups",
+                1,
+                1024,
+                Args::new().push(base + groups_off).push(groups),
+            )?;
+            // A warp per tile.
+            self.launch(
+                "dc_diff_place",
+                tiles.div_ceil((DIFF_THREADS / 32) as u64),
+                DIFF_THREADS,
+                Args::new()
+                    .push(base)
+                    .push(base + tensor_of_off)
+                    .push(tiles)
+                    .push(base + counts_off)
+                    .push(slots.1)
+                    .push(base + offsets_off)
+                    .push(base + groups_off)
                     .push(out.capacity)
                     .push(out.positions)
                     .push(out.new_values)
                     .push(out.old_values.unwrap_or(0)),
             )?;
             self.launch(
-                "dc_diff_finish",
+                "dc_mask_finish",
                 (n as u64).div_ceil(THREADS as u64).min(MAX_GRID),
                 THREADS,
                 Args::new()
-                    .push(base + table_off)
+                    .push(base)
                     .push(n as u64)
-                    .push(base + status_off)
+                    .push(base + offsets_off)
+                    .push(base + groups_off)
                     .push(tiles)
                     .push(out.capacity)
                     .push(base + result_off),
@@ -1044,6 +1094,7 @@ impl Gpu {
             unsafe { cu::event::record(self.events.1, self.stream) }
                 .map_err(drv("cuEventRecord"))?;
             let raw: Vec<u64> = self.download_typed(base + result_off, 3 * n + 2)?;
+            drop(slots);
             // SAFETY: both events were recorded and the stream synchronised.
             let kernel_ms = unsafe { cu::event::elapsed(start, self.events.1) }
                 .map_err(drv("cuEventElapsedTime"))?;
@@ -1070,23 +1121,21 @@ impl Gpu {
             if n == 0 {
                 return Ok(DiffResult::default());
             }
-            if out.old_values.is_some() {
-                return Err(CudaError::InvalidArgument(
-                    "the two-pass diff writes no old bits (use diff_batch)".into(),
-                ));
-            }
             let tile_bytes = self.tuning.mask_tile_bytes();
             let (order, table, tiles) = diff_table(inputs, tile_bytes)?;
             let groups = tiles.div_ceil(MASK_GROUP);
             // Scratch: [table n*64][tile tensors tiles*4][tile counts tiles*4]
-            //          [tile offsets tiles*4][group sums (groups+1)*8][result (3n+2)*8],
-            //          each 8-aligned.
+            //          [tile offsets tiles*4][group sums (groups+1)*8][row offsets rows*2]
+            //          [result (3n+2)*8], each 8-aligned.
             let table_len = (n * std::mem::size_of::<KDiffTensor>()) as u64;
             let tensor_of_off = table_len;
             let counts_off = tensor_of_off + (tiles * 4).next_multiple_of(8);
             let offsets_off = counts_off + (tiles * 4).next_multiple_of(8);
             let groups_off = offsets_off + (tiles * 4).next_multiple_of(8);
-            let result_off = groups_off + (groups + 1) * 8;
+            // Rows of 256 vectors; each has its u16 offset inside its tile.
+            let rows = tiles * (tile_bytes / (16 * 256));
+            let rows_off = groups_off + (groups + 1) * 8;
+            let result_off = rows_off + (rows * 2).next_multiple_of(8);
             let len = result_off + (3 * n as u64 + 2) * 8;
             let (_guard, base) = self.scratch(len as usize)?;
             let masks = self.masks(tiles * tile_bytes / 16 * 2)?;
@@ -1113,7 +1162,8 @@ impl Gpu {
                     .push(base + tensor_of_off)
                     .push(tiles)
                     .push(masks.1)
-                    .push(base + counts_off),
+                    .push(base + counts_off)
+                    .push(base + rows_off),
             )?;
             self.launch(
                 "dc_mask_scan_tiles",
@@ -1131,9 +1181,10 @@ impl Gpu {
                 1024,
                 Args::new().push(base + groups_off).push(groups),
             )?;
+            // A warp per row.
             self.launch(
                 "dc_mask_emit",
-                tiles,
+                rows.div_ceil((DIFF_THREADS / 32) as u64),
                 DIFF_THREADS,
                 Args::new()
                     .push(base)
@@ -1141,11 +1192,13 @@ impl Gpu {
                     .push(tiles)
                     .push(masks.1)
                     .push(base + counts_off)
+                    .push(base + rows_off)
                     .push(base + offsets_off)
                     .push(base + groups_off)
                     .push(out.capacity)
                     .push(out.positions)
-                    .push(out.new_values),
+                    .push(out.new_values)
+                    .push(out.old_values.unwrap_or(0)),
             )?;
             self.launch(
                 "dc_mask_finish",

@@ -104,7 +104,8 @@ pub struct DiffTuning {
     pub reload: bool,
     /// Look back 256 tiles per round trip instead of 32. Compile-checked, not yet run on a GPU.
     pub wide_lookback: bool,
-    /// The two-pass diff (kernels/diffmask.cu): 16-byte vectors per thread and array (1..=8).
+    /// The two-pass diff (kernels/diffmask.cu): 16-byte vectors per thread and array (1, 2, 4
+    /// or 8: the emit pass covers whole tiles per block).
     pub mask_items: u32,
     /// The two-pass diff: blocks per multiprocessor asked of the register allocator.
     pub mask_min_blocks: u32,
@@ -168,7 +169,7 @@ impl DiffTuning {
                 .collect::<Result<_>>()?;
             match parts[..] {
                 [items, min_blocks]
-                    if (1..=8).contains(&items) && (1..=8).contains(&min_blocks) =>
+                    if matches!(items, 1 | 2 | 4 | 8) && (1..=8).contains(&min_blocks) =>
                 {
                     tuning.mask_items = items;
                     tuning.mask_min_blocks = min_blocks;
@@ -204,7 +205,7 @@ impl DiffTuning {
             "1" => true,
             _ => return Err(bad()),
         };
-        if !(1..=16).contains(&items) || !(1..=8).contains(&min_blocks) {
+        if !(1..=8).contains(&items) || !(1..=8).contains(&min_blocks) {
             return Err(bad());
         }
         Ok(DiffTuning {

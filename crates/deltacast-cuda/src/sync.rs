@@ -562,29 +562,14 @@ impl GpuSender {
         };
         // SAFETY: tensors and snapshots are valid (constructor contract), the outputs are
         // ours and sized for `capacity`.
-        let diff = unsafe {
-            if entropy.is_some() {
-                self.gpu.diff_batch(&inputs, &out)?
-            } else {
-                self.gpu.diff_batch_refreshing(&inputs, &out)?
-            }
-        };
+        let diff = unsafe { self.gpu.diff_batch(&inputs, &out)? };
         let diff_ms = diff.kernel_ms as f64;
         let mut phases = vec![("diff", ms(started))];
         let before = self.digests.clone();
         if !diff.is_complete() {
-            // More changed than the buffers hold: send everything. The two-pass diff has
-            // refreshed the whole snapshot and the digest words; the single-pass one only a
-            // prefix (it can be resumed), so the rest is copied whole.
-            if entropy.is_some() {
-                self.refresh_whole()?;
-            } else {
-                // SAFETY: our digest words.
-                self.digests = u64s(&unsafe {
-                    self.gpu
-                        .download(self.digests_dev.ptr(), self.tensors.len() * 8)?
-                });
-            }
+            // More changed than the buffers hold: send everything. The diff refreshed only
+            // the snapshot of the tiles it wrote out; the rest is copied whole.
+            self.refresh_whole()?;
             return self.send_whole(SyncKind::Dense, diff.found, started, diff_ms);
         }
         // SAFETY: our digest words (the diff added every change's digest update).

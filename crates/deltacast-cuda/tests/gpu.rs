@@ -152,8 +152,8 @@ struct DiffCase {
 
 /// Places every case at its own offset in one snapshot and one current buffer, runs one batched
 /// diff, and compares each tensor with `deltacast::diff::diff_and_refresh`.
-/// Runs one batch through the single-pass diff, or the two-pass one (`two_pass`: no old bits,
-/// and the snapshot and digests refreshed whole even when the output is too small).
+/// Runs one batch through the tiled diff (`diff_batch`), or the two-pass mask diff
+/// (`two_pass`, `diff_batch_refreshing`).
 fn run_diff_batch(
     gpu: &Gpu,
     rng: &mut Rng,
@@ -275,10 +275,6 @@ fn run_diff_batch_at(
     };
     // SAFETY: every pointer is inside the buffers above.
     let res = if two_pass {
-        let out = DiffOutput {
-            old_values: None,
-            ..out
-        };
         unsafe { gpu.diff_batch_refreshing(&inputs, &out) }.unwrap()
     } else {
         unsafe { gpu.diff_batch(&inputs, &out) }.unwrap()
@@ -310,13 +306,11 @@ fn run_diff_batch_at(
                 &ch.new_values[..],
                 "{what}: new bits"
             );
-            if !two_pass {
-                assert_eq!(
-                    &g_old[vo..vo + n * c.width],
-                    &ch.old_values[..],
-                    "{what}: old bits"
-                );
-            }
+            assert_eq!(
+                &g_old[vo..vo + n * c.width],
+                &ch.old_values[..],
+                "{what}: old bits"
+            );
             assert_eq!(g_dig[i], *d, "{what}: fused digest update");
             let at = offsets[i];
             assert_eq!(
@@ -324,9 +318,6 @@ fn run_diff_batch_at(
                 &news[i][..],
                 "{what}: snapshot"
             );
-        }
-        if two_pass {
-            return;
         }
         // The separate O(changed) update kernel gives the same digests.
         let ups: Vec<UpdateInput> = cases
@@ -353,17 +344,39 @@ fn run_diff_batch_at(
             &g_pos[..res.written as usize],
             &all_pos[..res.written as usize]
         );
-        if two_pass {
-            // The two-pass diff refreshed the whole snapshot and digest all the same.
-            for (i, c) in cases.iter().enumerate() {
-                let at = offsets[i];
-                assert_eq!(
-                    &g_snap[at..at + c.numel * c.width],
-                    &news[i][..],
-                    "snapshot {i}"
-                );
-                assert_eq!(g_dig[i], expect[i].1, "digest {i}");
+        // The written changes (a prefix of each tensor's) are refreshed in the snapshot; the
+        // two-pass diff refreshes nothing else, the tiled one may have refreshed more whole
+        // tiles (every element is its old or its new bits). The digest words describe
+        // `current` in full either way.
+        for (i, c) in cases.iter().enumerate() {
+            let (ch, _) = &expect[i];
+            let written = res.tensors[i].written as usize;
+            assert!(written <= ch.len());
+            let mut want = olds[i].clone();
+            for k in 0..written {
+                let e = (ch.positions[k] - c.first_index) as usize * c.width;
+                want[e..e + c.width]
+                    .copy_from_slice(&ch.new_values[k * c.width..(k + 1) * c.width]);
             }
+            let at = offsets[i];
+            let got = &g_snap[at..at + c.numel * c.width];
+            if two_pass {
+                assert_eq!(got, &want[..], "snapshot {i}");
+            } else {
+                for (e, ((g, w), n)) in got
+                    .chunks(c.width)
+                    .zip(want.chunks(c.width))
+                    .zip(news[i].chunks(c.width))
+                    .enumerate()
+                {
+                    assert!(g == w || g == n, "snapshot {i} element {e}");
+                }
+                for k in 0..written {
+                    let e = (ch.positions[k] - c.first_index) as usize * c.width;
+                    assert_eq!(&got[e..e + c.width], &news[i][e..e + c.width]);
+                }
+            }
+            assert_eq!(g_dig[i], expect[i].1, "digest {i}");
         }
     }
 }
@@ -547,54 +560,6 @@ fn diff_batch_with_small_output_writes_a_prefix() {
         .collect();
     run_diff_batch(&gpu, &mut rng, &cases, 0.4, false);
     run_diff_batch(&gpu, &mut rng, &cases, 0.4, true);
-}
-
-#[test]
-fn diff_resumes_until_complete() {
-    let Some(gpu) = gpu() else { return };
-    let mut rng = Rng(3);
-    let (numel, width) = (1_000_003usize, 2usize);
-    let old = fill_old(&mut rng, numel, width);
-    let new = mutate(&mut rng, &old, width, 0.1);
-    let mut cpu_snap = old.clone();
-    let mut ch = Changes::default();
-    diff_and_refresh(&mut cpu_snap, &new, width, 0, &mut ch);
-    let snap = gpu.upload(&old).unwrap();
-    let cur = gpu.upload(&new).unwrap();
-    let cap = ch.len() / 3 + 1;
-    let pos = gpu.alloc(8 * cap).unwrap();
-    let vals = gpu.alloc(2 * cap).unwrap();
-    let mut got_pos = Vec::new();
-    let mut got_vals = Vec::new();
-    for round in 0.. {
-        assert!(round < 10, "no progress");
-        let input = DiffInput {
-            snapshot: snap.ptr(),
-            current: cur.ptr(),
-            numel: numel as u64,
-            width,
-            first_index: 0,
-            digest: None,
-        };
-        let out = DiffOutput {
-            positions: pos.ptr(),
-            new_values: vals.ptr(),
-            old_values: None,
-            capacity: cap as u64,
-        };
-        // SAFETY: inside the buffers above.
-        let r = unsafe { gpu.diff_batch(&[input], &out) }.unwrap();
-        let w = r.written as usize;
-        got_pos.extend(u64s(&dl(&gpu, pos.ptr(), 8 * w)));
-        got_vals.extend(dl(&gpu, vals.ptr(), 2 * w));
-        if r.is_complete() {
-            break;
-        }
-        assert!(w > 0);
-    }
-    assert_eq!(got_pos, ch.positions);
-    assert_eq!(got_vals, ch.new_values);
-    assert_eq!(dl(&gpu, snap.ptr(), old.len()), new);
 }
 
 /// The core's chunking of one slot's sorted positions (flush::encode_changes).
