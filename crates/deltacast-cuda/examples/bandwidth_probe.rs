@@ -5,7 +5,7 @@
 //! device-event times). Probes (examples/bandwidth_probe.cu): one array read (the read
 //! roofline), two arrays compared grid-stride with 2/4/8 vectors in flight per thread, one
 //! block per 16 KiB tile (the diff's launch shape), the same after a dependent load and a
-//! barrier, a kernel copy; then `diff_batch` and `diff_batch_refreshing` at 0.1 % and 1 %.
+//! barrier, a kernel copy; then `diff_batch` (new bits; new and old bits) at 0.1 % and 1 %.
 
 use std::ffi::{c_void, CString};
 
@@ -165,11 +165,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let newv = gpu.alloc((cap * 2) as usize)?;
     let oldv = gpu.alloc((cap * 2) as usize)?;
     for every in [1000u64, 100] {
-        for (label, old_bits, two_pass) in [
-            ("two-pass (no old bits)", false, true),
-            ("two-pass + old bits", true, true),
-            ("single pass + old bits", true, false),
-        ] {
+        for (label, old_bits) in [("new bits", false), ("new + old bits", true)] {
             let mut t = Vec::new();
             let mut found = 0;
             for _ in 0..reps + 1 {
@@ -191,13 +187,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     capacity: cap,
                 };
                 // SAFETY: inputs and outputs are ours and sized.
-                let r = unsafe {
-                    if !two_pass {
-                        gpu.diff_batch(&inputs, &o)?
-                    } else {
-                        gpu.diff_batch_refreshing(&inputs, &o)?
-                    }
-                };
+                let r = unsafe { gpu.diff_batch(&inputs, &o)? };
                 found = r.found;
                 t.push(r.kernel_ms);
             }

@@ -2,12 +2,12 @@
 //! at several densities, plus digest and encoder throughput.
 //!
 //! `gpu_bench [GIB] [REPS] [TUNING...]` (default 4 GiB of BF16, 10 repetitions, median of
-//! device-event times; each TUNING `items,min_blocks,reload[,wide]` also times the diff built
+//! device-event times; each TUNING `items,min_blocks,reload` also times the diff built
 //! that way).
 //! The diff at 1 % is checked bit for bit against `deltacast::diff::diff_and_refresh`.
 //!
 //! `gpu_bench pinned [GIB] [REPS]`: the snapshot in pinned host memory (what
-//! `SnapshotPlace::PinnedHost` does): the two-pass diff (`diff_batch_refreshing`, as the GPU
+//! `SnapshotPlace::PinnedHost` does): the diff (`diff_batch` with the digest, as the GPU
 //! sync runs it) reading the snapshot over PCIe, next to `cuMemcpyHtoDAsync` and
 //! `cuMemcpyDtoHAsync` of the same bytes between pinned host memory and the device, in the
 //! same run; prints diff time / HtoD copy time.
@@ -199,7 +199,13 @@ fn pinned_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                     capacity: cap as u64,
                 };
                 // SAFETY: all inside the buffers above (the pinned one through its mapping).
-                let res = unsafe { gpu.diff_batch_refreshing(&inputs, &out)? };
+                let res = unsafe {
+                    if pinned {
+                        gpu.diff_batch_host_snapshot(&inputs, &out)?
+                    } else {
+                        gpu.diff_batch(&inputs, &out)?
+                    }
+                };
                 assert!(res.is_complete());
                 found = res.found;
                 if r >= 2 {
@@ -281,27 +287,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         gpu.tuning()
     );
     // Variants share the primary context (and so the buffers) with `gpu`, kept alive throughout.
-    // TUNING `items,min_blocks,reload[,wide]` (single pass) or `m:items,min_blocks` (two-pass).
+    // TUNING `items,min_blocks,reload`.
     let mut variants = Vec::new();
-    let mut mask_variants = Vec::new();
     for t in args.iter().skip(3) {
-        if let Some(m) = t.strip_prefix("m:") {
-            let p: Vec<u32> = m.split(',').map(|x| x.parse()).collect::<Result<_, _>>()?;
-            let tuning = DiffTuning {
-                mask_items: p[0],
-                mask_min_blocks: p[1],
-                ..DiffTuning::default()
-            };
-            mask_variants.push(Gpu::with_tuning(0, tuning)?);
-            continue;
-        }
         let p: Vec<u32> = t.split(',').map(|x| x.parse()).collect::<Result<_, _>>()?;
+        if p.len() != 3 {
+            return Err(format!("tuning `{t}`: expected items,min_blocks,reload").into());
+        }
         let tuning = DiffTuning {
             items: p[0],
             min_blocks: p[1],
             reload: p[2] == 1,
-            wide_lookback: p.get(3) == Some(&1),
-            ..DiffTuning::default()
         };
         variants.push(Gpu::with_tuning(0, tuning)?);
     }
@@ -340,73 +336,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         fill_changed(&mut host_cur, &old, density);
         // SAFETY: `cur_d` is `bytes` long.
         unsafe { gpu.copy_to_device(cur_d.ptr(), &host_cur)? };
-        // (gpu, label, old bits + digest, pieces, two-pass diff with digest); the last one
-        // writes old bits, for the check below.
-        let mut configs: Vec<(&Gpu, String, bool, usize, bool)> = vec![
+        // (gpu, label, old bits, digest, pieces); the last one writes old bits, for the
+        // check below. The sync diffs with the digest, and old bits when it entropy-codes.
+        let mut configs: Vec<(&Gpu, String, bool, bool, usize)> = vec![
+            (&gpu, "1 tensor, new bits".into(), false, false, 1),
+            (&gpu, "1 tensor, new bits, digest".into(), false, true, 1),
             (
                 &gpu,
-                "two-pass, 1 tensor, new bits, digest".into(),
+                "339 tensors, new bits, digest".into(),
                 false,
-                1,
-                true,
-            ),
-            (
-                &gpu,
-                "two-pass, 339 tensors, new, digest".into(),
-                false,
-                339,
-                true,
-            ),
-            (&gpu, "1 tensor, new bits".into(), false, 1, false),
-            (
-                &gpu,
-                "1 tensor, new+old bits, digest".into(),
-                true,
-                1,
-                false,
-            ),
-            (
-                &gpu,
-                "339 tensors, new+old, digest".into(),
                 true,
                 339,
-                false,
             ),
+            (&gpu, "1 tensor, new+old bits, digest".into(), true, true, 1),
+            (&gpu, "339 tensors, new+old, digest".into(), true, true, 339),
         ];
-        for v in &mask_variants {
-            let t = v.tuning();
-            let name = format!("m:{},{}", t.mask_items, t.mask_min_blocks);
-            configs.insert(
-                0,
-                (
-                    v,
-                    format!("[{name}] two-pass 339 tensors"),
-                    false,
-                    339,
-                    true,
-                ),
-            );
-            configs.insert(
-                0,
-                (v, format!("[{name}] two-pass 1 tensor"), false, 1, true),
-            );
-        }
         for v in &variants {
             let t = v.tuning();
-            let name = format!(
-                "{},{},{},{}",
-                t.items, t.min_blocks, t.reload as u32, t.wide_lookback as u32
-            );
-            configs.push((v, format!("[{name}] 1 tensor, new bits"), false, 1, false));
+            let name = format!("{},{},{}", t.items, t.min_blocks, t.reload as u32);
+            configs.push((v, format!("[{name}] 1 tensor, new bits"), false, false, 1));
             configs.push((
                 v,
                 format!("[{name}] 1 tensor, new+old, digest"),
                 true,
+                true,
                 1,
-                false,
             ));
         }
-        for (g, label, with_old, pieces, two_pass) in configs {
+        for (g, label, with_old, with_digest, pieces) in configs {
             let label = label.as_str();
             let mut times = Vec::new();
             let mut found = 0;
@@ -414,7 +371,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // Restore the snapshot (not timed).
                 // SAFETY: both `bytes` long.
                 unsafe { g.copy_device(snap_d.ptr(), old_d.ptr(), bytes)? };
-                let digest = (with_old || two_pass).then_some(dig_d.ptr());
+                let digest = with_digest.then_some(dig_d.ptr());
                 let inputs = bf16_pieces(snap_d.ptr(), cur_d.ptr(), numel, pieces, digest);
                 let out = DiffOutput {
                     positions: pos_d.ptr(),
@@ -423,11 +380,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     capacity: cap as u64,
                 };
                 // SAFETY: all inside the buffers above.
-                let res = if two_pass {
-                    unsafe { g.diff_batch_refreshing(&inputs, &out)? }
-                } else {
-                    unsafe { g.diff_batch(&inputs, &out)? }
-                };
+                let res = unsafe { g.diff_batch(&inputs, &out)? };
                 assert!(res.is_complete());
                 found = res.found;
                 if r >= 2 {

@@ -6,41 +6,47 @@
 // (`tile_begin`; each tensor starts a new tile).
 //
 //   1. dc_diff: one block per tile. Reads snapshot and current once, counts the changed
-//      elements, adds the tile's digest change Σ h(new) − h(old) to the tensor's digest word,
-//      and — when the changes fit the tile's slot (SLOT_BYTES of scratch) — writes them,
+//      elements and — when they fit the tile's slot (SLOT_BYTES of scratch) — writes them,
 //      compacted in element order, to the slot (u16 position inside the tile, new bits, old
 //      bits) and refreshes the snapshot's changed vectors while they are in registers. A tile
 //      with more changes leaves its snapshot as it is, for pass 3.
-//   2. dc_mask_scan_tiles / dc_mask_scan_groups (diffmask.cu): exclusive prefix of the counts.
+//   2. dc_diff_scan_tiles / dc_diff_scan_groups: exclusive prefix of the tile counts (groups of
+//      DIFF_GROUP tiles, then the group totals; the grand total goes after the last group).
 //   3. dc_diff_place: one warp per tile, independent of the others. Copies the slot to the
-//      tile's place in the output (positions widened to slot indices); a tile that overflowed
-//      its slot is diffed again by the warp, written straight to its place and refreshed. A
-//      tile whose changes would pass `capacity` writes nothing.
-//   4. dc_mask_finish (diffmask.cu): per-tensor offsets and counts.
+//      tile's place in the output (positions widened to slot indices) and adds the tile's
+//      digest change Σ h(new) − h(old) to the tensor's digest word, the lanes hashing side by
+//      side; a tile that overflowed its slot is diffed again by the warp, written straight to
+//      its place and refreshed. A tile whose changes would pass `capacity` writes nothing.
+//   4. dc_diff_finish: per-tensor offsets and counts.
+//   (0. dc_diff_tile_tensor: the tensor of every tile, so that pass 1 starts loading at once.)
 //
 // Output layout: change g (global, in order) has its position (slot index = first_index +
 // element) at pos_out[g] and its bits at new_out + g * width (old_out likewise, when given).
 // The host orders tensors by non-decreasing width, so these byte ranges never overlap.
 //
-// When the output is too small (written < found) only a prefix of whole tiles is written; the
-// digest words still describe `current`, but the snapshot is refreshed only in part: the
-// caller copies `current` over it (the sync then sends the tensors whole).
+// When the output is too small (written < found) only a prefix of whole tiles is written,
+// and the snapshot and the digest words are brought up to date only in part: the caller copies
+// `current` over the snapshot and recomputes the digests (the sync then sends the tensors whole).
 
 // Tuning knobs (the host passes -D to NVRTC): DIFF_ITEMS 16-byte vectors per thread and per
-// array (tile = 256 * 16 * DIFF_ITEMS bytes), DIFF_MINBLOCKS the occupancy asked of the
-// register allocator.
+// array (tile = 256 * 16 * DIFF_ITEMS bytes, DIFF_ITEMS at most 8: positions inside a tile
+// are u16), DIFF_MINBLOCKS the occupancy asked of the register allocator.
 #ifndef DIFF_ITEMS
 #define DIFF_ITEMS 4
 #endif
 #ifndef DIFF_MINBLOCKS
 #define DIFF_MINBLOCKS 4
 #endif
+// DIFF_RELOAD 1: keep only the change masks across the block scan (fewer registers, more
+// blocks per multiprocessor) and read the changed vectors again, from L2, to write them.
+#ifndef DIFF_RELOAD
+#define DIFF_RELOAD 1
+#endif
 #define DIFF_THREADS 256
 #define DIFF_TILE_BYTES (DIFF_THREADS * DIFF_ITEMS * 16)
 #define DIFF_TILE_VECS (DIFF_THREADS * DIFF_ITEMS)
 #define DIFF_PACKS ((DIFF_ITEMS + 3) / 4)
-// Tiles per group of the scan's first level: MASK_GROUP of diffmask.cu, whose scans this uses.
-#define DIFF_GROUP 2048
+#define DIFF_GROUP 2048  // tiles per group of the scan's first level (DIFF_THREADS * 8)
 // Scratch per tile: an eighth of the tile (the host sizes the buffer the same way).
 #define SLOT_BYTES (DIFF_TILE_BYTES / 8)
 
@@ -60,19 +66,46 @@ struct DiffTensor {
 // every part of the slot stays 16-byte aligned).
 __device__ __forceinline__ u32 dc_slot_cap(u32 w) { return (SLOT_BYTES / (2 + 2 * w)) & ~7u; }
 
+// 16 bytes at `off` (zero past `nbytes`). CACHE: keep the line in L2 for a second read.
+template <bool CACHE>
 __device__ __forceinline__ uint4 dc_load16(const u8* base, u64 off, u64 nbytes, bool vec) {
-    if (vec && off + 16 <= nbytes) return __ldcs((const uint4*)(base + off));
+    if (vec && off + 16 <= nbytes)
+        return CACHE ? __ldcg((const uint4*)(base + off)) : __ldcs((const uint4*)(base + off));
     u32 w[4] = {0, 0, 0, 0};
     for (u32 b = 0; b < 16; ++b)
         if (off + b < nbytes) w[b >> 2] |= (u32)base[off + b] << (8 * (b & 3));
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
-dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
-        u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
+// The tensor holding global tile t: the largest j with tile_begin <= t.
+__device__ __forceinline__ u32 dc_diff_tensor_of(const DiffTensor* tensors, u32 n, u64 t) {
+    u32 lo = 0, hi = n;
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) >> 1;
+        if (tensors[mid].tile_begin <= t) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// tile_tensor[t] = the tensor holding tile t, so that the passes below start loading at once
+// (one broadcast load instead of a chain of dependent ones per block).
+extern "C" __global__ void dc_diff_tile_tensor(const DiffTensor* __restrict__ tensors,
+                                               u32 num_tensors, u64 num_tiles,
+                                               u32* __restrict__ tile_tensor) {
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < num_tiles;
+         t += (u64)gridDim.x * blockDim.x)
+        tile_tensor[t] = dc_diff_tensor_of(tensors, num_tensors, t);
+}
+
+// Pass 1 for one tile. RELOAD: keep only the change masks across the block scan and read the
+// changed vectors again (from L2) to write them; without it they stay in registers (what a
+// snapshot in host memory wants: a second read would cross PCIe).
+template <bool RELOAD>
+__device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tensors,
+                                             const u32* __restrict__ tile_tensor,
+                                             u32* __restrict__ tile_counts, u8* __restrict__ slots,
+                                             u32 want_old) {
     __shared__ u64 s_warp_tot[DIFF_PACKS][DIFF_THREADS / 32];
-    __shared__ u64 s_sum[DIFF_THREADS / 32];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 tile = blockIdx.x;
     const DiffTensor T = tensors[tile_tensor[tile]];
@@ -80,21 +113,23 @@ dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_ten
     const bool vec = T.aligned16 != 0;
     const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
 
-    uint4 cv[DIFF_ITEMS], sv[DIFF_ITEMS];
-#pragma unroll
-    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
-        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-        cv[i] = dc_load16((const u8*)T.cur, off, T.nbytes, vec);
-        sv[i] = dc_load16((const u8*)T.snap, off, T.nbytes, vec);
-    }
+    uint4 cv[DIFF_ITEMS], sv[DIFF_ITEMS];  // dead after the masks when RELOAD
     u32 mask[DIFF_ITEMS];
     u64 packed[DIFF_PACKS];  // 4 counts of 16 bits per word (at most 16 per vector)
+    {
 #pragma unroll
-    for (u32 p = 0; p < DIFF_PACKS; ++p) packed[p] = 0;
+        for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+            const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+            cv[i] = dc_load16<RELOAD>((const u8*)T.cur, off, T.nbytes, vec);
+            sv[i] = dc_load16<RELOAD>((const u8*)T.snap, off, T.nbytes, vec);
+        }
 #pragma unroll
-    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
-        mask[i] = dc_change_mask(cv[i], sv[i], w);
-        packed[i / 4] |= (u64)__popc(mask[i]) << (16 * (i % 4));
+        for (u32 p = 0; p < DIFF_PACKS; ++p) packed[p] = 0;
+#pragma unroll
+        for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+            mask[i] = dc_change_mask(cv[i], sv[i], w);
+            packed[i / 4] |= (u64)__popc(mask[i]) << (16 * (i % 4));
+        }
     }
     // Warp inclusive scan of the packed counts (each field stays below 2^16: at most 32*16).
     u64 incl[DIFF_PACKS];
@@ -128,12 +163,12 @@ dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_ten
 
     const u32 cap = dc_slot_cap(w);
     const bool fits = tile_total <= cap;  // uniform
+    const bool keep_old = want_old || T.digest_out;  // pass 3 hashes old and new bits
     u8* slot = slots + tile * SLOT_BYTES;
     u16* slot_pos = (u16*)slot;
     u8* slot_new = slot + 2 * cap;
     u8* slot_old = slot_new + (u64)cap * w;
     u8* snap_w = (u8*)T.snap;
-    u64 dsum = 0;
     u32 row_base = 0;
 #pragma unroll
     for (u32 i = 0; i < DIFF_ITEMS; ++i) {
@@ -141,40 +176,182 @@ dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_ten
         u32 m = mask[i];
         u32 g = row_base + (u32)((warp_excl[p] >> f) & 0xffffu) + (u32)(((incl[p] - packed[p]) >> f) & 0xffffu);
         row_base += (u32)(rows[p] >> f) & 0xffffu;
-        if (m == 0) continue;
+        if (m == 0 || !fits) continue;
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+        const uint4 cvi = RELOAD ? dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec) : cv[i];
+        const uint4 svi = RELOAD ? dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec) : sv[i];
         const bool whole = vec && off + 16 <= T.nbytes;
         // Refresh: the whole vector (its unchanged elements equal the snapshot's already).
-        if (fits && whole) *(uint4*)(snap_w + off) = cv[i];
+        if (whole) *(uint4*)(snap_w + off) = cvi;
         const u32 rel0 = (u32)(((u64)i * DIFF_THREADS + threadIdx.x) * 16 / w);
         const u64 elem0 = off / w;
         while (m) {
             const u32 e = __ffs(m) - 1;
             m &= m - 1;
-            const u32 nb = dc_extract(cv[i], e, w), ob = dc_extract(sv[i], e, w);
-            if (T.digest_out) {
-                const u64 index = T.first_index + elem0 + e;
-                dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
-            }
-            if (fits) {
-                slot_pos[g] = (u16)(rel0 + e);
-                dc_store_bits(slot_new, g, w, nb);
-                if (want_old) dc_store_bits(slot_old, g, w, ob);
-                if (!whole) dc_store_bits(snap_w, elem0 + e, w, nb);
-            }
+            const u32 nb = dc_extract(cvi, e, w);
+            slot_pos[g] = (u16)(rel0 + e);
+            dc_store_bits(slot_new, g, w, nb);
+            if (keep_old) dc_store_bits(slot_old, g, w, dc_extract(svi, e, w));
+            if (!whole) dc_store_bits(snap_w, elem0 + e, w, nb);
             ++g;
         }
     }
-    if (T.digest_out && tile_total != 0) {  // uniform
-        const u64 total = dc_block_sum(dsum, s_sum);
-        if (threadIdx.x == 0) atomicAdd((u64*)T.digest_out, total);
+}
+
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
+dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
+        u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
+    dc_diff_tile<DIFF_RELOAD != 0>(tensors, tile_tensor, tile_counts, slots, want_old);
+}
+
+// The same with the vectors kept in registers, for snapshots in host memory.
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
+dc_diff_resident(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
+                 u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
+    dc_diff_tile<false>(tensors, tile_tensor, tile_counts, slots, want_old);
+}
+
+// Exclusive prefix of the tile counts within each group of DIFF_GROUP tiles (one block per
+// group, 8 tiles per thread); group_sums[g] gets the group's total.
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS)
+dc_diff_scan_tiles(const u32* __restrict__ tile_counts, u64 num_tiles, u32* __restrict__ tile_offsets,
+                   u64* __restrict__ group_sums) {
+    __shared__ u32 s_scan[32];
+    const u64 g = blockIdx.x;
+    const u64 first = g * DIFF_GROUP + (u64)threadIdx.x * 8;
+    u32 c[8];
+    u32 mine = 0;
+#pragma unroll
+    for (u32 k = 0; k < 8; ++k) {
+        c[k] = first + k < num_tiles ? tile_counts[first + k] : 0;
+        mine += c[k];
     }
+    u32 total;
+    u32 before = dc_block_exclusive_scan(mine, s_scan, &total);
+#pragma unroll
+    for (u32 k = 0; k < 8; ++k) {
+        if (first + k < num_tiles) tile_offsets[first + k] = before;
+        before += c[k];
+    }
+    if (threadIdx.x == 0) group_sums[g] = total;
+}
+
+// Exclusive prefix of the group totals, in place, by one block; the grand total is written at
+// group_sums[num_groups].
+extern "C" __global__ void __launch_bounds__(1024)
+dc_diff_scan_groups(u64* group_sums, u64 num_groups) {
+    __shared__ u64 s_warp[32];
+    __shared__ u64 s_carry;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) s_carry = 0;
+    __syncthreads();
+    for (u64 base = 0; base < num_groups; base += 1024) {
+        const u64 i = base + threadIdx.x;
+        const u64 v = i < num_groups ? group_sums[i] : 0;
+        u64 incl = v;
+        for (int o = 1; o < 32; o <<= 1) {
+            const u64 n = __shfl_up_sync(DC_FULL_MASK, incl, o);
+            if (lane >= (u32)o) incl += n;
+        }
+        if (lane == 31) s_warp[warp] = incl;
+        __syncthreads();
+        u64 before = 0, all = 0;
+        for (u32 k = 0; k < 32; ++k) {
+            const u64 t = s_warp[k];
+            if (k < warp) before += t;
+            all += t;
+        }
+        const u64 carry = s_carry;
+        if (i < num_groups) group_sums[i] = carry + before + incl - v;
+        __syncthreads();
+        if (threadIdx.x == 0) s_carry = carry + all;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) group_sums[num_groups] = s_carry;
 }
 
 __device__ __forceinline__ u64 dc_diff_prefix(const u32* tile_offsets, const u64* group_sums,
                                               u64 num_tiles, u64 t) {
     if (t >= num_tiles) return group_sums[(num_tiles + DIFF_GROUP - 1) / DIFF_GROUP];
     return group_sums[t / DIFF_GROUP] + tile_offsets[t];
+}
+
+// A tile that overflowed its slot, diffed again by one warp, 32 vectors per round, straight
+// to the output from `first` on (pass 1 left its snapshot as it was). Returns this lane's
+// Σ h(new) − h(old).
+__device__ u64 dc_diff_tile_warp(const DiffTensor& T, u64 byte0, u64 first, u64* pos_out,
+                                 u8* new_out, u8* old_out) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 w = T.width;
+    const bool vec = T.aligned16 != 0;
+    u64 dsum = 0;
+    u8* snap_w = (u8*)T.snap;
+    u64 g = first;
+    for (u32 r = 0; r < DIFF_TILE_VECS / 32; ++r) {
+        const u64 off = byte0 + ((u64)r * 32 + lane) * 16;
+        const uint4 c = dc_load16<false>((const u8*)T.cur, off, T.nbytes, vec);
+        const uint4 s = dc_load16<false>((const u8*)T.snap, off, T.nbytes, vec);
+        u32 m = dc_change_mask(c, s, w);
+        const u32 mine = __popc(m);
+        u32 incl = mine;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 n = __shfl_up_sync(DC_FULL_MASK, incl, o);
+            if (lane >= (u32)o) incl += n;
+        }
+        const u32 round_total = __shfl_sync(DC_FULL_MASK, incl, 31);
+        u64 at = g + incl - mine;
+        g += round_total;
+        if (m == 0) continue;
+        const bool whole = vec && off + 16 <= T.nbytes;
+        if (whole) *(uint4*)(snap_w + off) = c;
+        const u64 elem0 = off / w;
+        while (m) {
+            const u32 e = __ffs(m) - 1;
+            m &= m - 1;
+            const u32 nb = dc_extract(c, e, w);
+            const u32 ob = dc_extract(s, e, w);
+            const u64 index = T.first_index + elem0 + e;
+            pos_out[at] = index;
+            dc_store_bits(new_out, at, w, nb);
+            if (old_out) dc_store_bits(old_out, at, w, ob);
+            if (!whole) dc_store_bits(snap_w, elem0 + e, w, nb);
+            if (T.digest_out)
+                dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
+            ++at;
+        }
+    }
+    return dsum;
+}
+
+// Per tensor: [offset of its first change, changes written, changes found]; then
+// [total found, total written]. Over the two-level prefix of the counts.
+extern "C" __global__ void dc_diff_finish(const DiffTensor* __restrict__ tensors, u32 num_tensors,
+                                          const u32* __restrict__ tile_offsets,
+                                          const u64* __restrict__ group_sums, u64 num_tiles,
+                                          u64 capacity, u64* __restrict__ result) {
+    const u64 total = dc_diff_prefix(tile_offsets, group_sums, num_tiles, num_tiles);
+    // Written: the changes of the longest run of whole tiles, from the first, that fits.
+    u64 lo = 0, hi = num_tiles;  // the largest t with prefix(t) <= capacity
+    while (lo < hi) {
+        const u64 mid = (lo + hi + 1) >> 1;
+        if (dc_diff_prefix(tile_offsets, group_sums, num_tiles, mid) <= capacity) lo = mid; else hi = mid - 1;
+    }
+    const u64 written = dc_diff_prefix(tile_offsets, group_sums, num_tiles, lo);
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < num_tensors; j += gridDim.x * blockDim.x) {
+        const u64 b = tensors[j].tile_begin;
+        const u64 e = j + 1 < num_tensors ? tensors[j + 1].tile_begin : num_tiles;
+        const u64 first = dc_diff_prefix(tile_offsets, group_sums, num_tiles, b);
+        const u64 end = dc_diff_prefix(tile_offsets, group_sums, num_tiles, e);
+        const u64 upto = end < written ? end : written;
+        result[3 * j] = first;
+        result[3 * j + 1] = upto > first ? upto - first : 0;
+        result[3 * j + 2] = end - first;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        result[3 * num_tensors] = total;
+        result[3 * num_tensors + 1] = written;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS)
@@ -195,51 +372,29 @@ dc_diff_place(const DiffTensor* __restrict__ tensors, const u32* __restrict__ ti
     const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
     const u64 index0 = T.first_index + byte0 / w;
     const u32 cap = dc_slot_cap(w);
+    u64 dsum = 0;  // Σ h(new) − h(old) of this lane's changes
     if (count <= cap) {
         const u8* slot = slots + tile * SLOT_BYTES;
         const u16* slot_pos = (const u16*)slot;
         const u8* slot_new = slot + 2 * cap;
         const u8* slot_old = slot_new + (u64)cap * w;
         for (u32 k = lane; k < count; k += 32) {
-            pos_out[first + k] = index0 + slot_pos[k];
-            dc_store_bits(new_out, first + k, w, dc_load_bits(slot_new, k, w));
-            if (old_out) dc_store_bits(old_out, first + k, w, dc_load_bits(slot_old, k, w));
+            const u64 index = index0 + slot_pos[k];
+            const u32 nb = dc_load_bits(slot_new, k, w);
+            pos_out[first + k] = index;
+            dc_store_bits(new_out, first + k, w, nb);
+            if (old_out || T.digest_out) {
+                const u32 ob = dc_load_bits(slot_old, k, w);
+                if (old_out) dc_store_bits(old_out, first + k, w, ob);
+                if (T.digest_out)
+                    dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
+            }
         }
-        return;
+    } else {
+        dsum = dc_diff_tile_warp(T, byte0, first, pos_out, new_out, old_out);
     }
-    // Overflowed its slot: diff again, 32 vectors per round, straight to the output. Pass 1
-    // left this tile's snapshot as it was.
-    const bool vec = T.aligned16 != 0;
-    u8* snap_w = (u8*)T.snap;
-    u64 g = first;
-    for (u32 r = 0; r < DIFF_TILE_VECS / 32; ++r) {
-        const u64 off = byte0 + ((u64)r * 32 + lane) * 16;
-        const uint4 c = dc_load16((const u8*)T.cur, off, T.nbytes, vec);
-        const uint4 s = dc_load16((const u8*)T.snap, off, T.nbytes, vec);
-        u32 m = dc_change_mask(c, s, w);
-        const u32 mine = __popc(m);
-        u32 incl = mine;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u32 n = __shfl_up_sync(DC_FULL_MASK, incl, o);
-            if (lane >= (u32)o) incl += n;
-        }
-        const u32 round_total = __shfl_sync(DC_FULL_MASK, incl, 31);
-        u64 at = g + incl - mine;
-        g += round_total;
-        if (m == 0) continue;
-        const bool whole = vec && off + 16 <= T.nbytes;
-        if (whole) *(uint4*)(snap_w + off) = c;
-        const u64 elem0 = off / w;
-        while (m) {
-            const u32 e = __ffs(m) - 1;
-            m &= m - 1;
-            const u32 nb = dc_extract(c, e, w);
-            pos_out[at] = T.first_index + elem0 + e;
-            dc_store_bits(new_out, at, w, nb);
-            if (old_out) dc_store_bits(old_out, at, w, dc_extract(s, e, w));
-            if (!whole) dc_store_bits(snap_w, elem0 + e, w, nb);
-            ++at;
-        }
+    if (T.digest_out) {
+        dsum = dc_warp_sum(dsum);
+        if (lane == 0) atomicAdd((u64*)T.digest_out, dsum);
     }
 }

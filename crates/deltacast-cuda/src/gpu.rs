@@ -23,8 +23,8 @@ mod entropy;
 pub use entropy::{CodeScratch, DECODE_SLACK};
 
 const DIFF_THREADS: u32 = 256;
-/// Tiles per group of its first scan level.
-const MASK_GROUP: u64 = 2048;
+/// Tiles per group of the diff's first scan level (kernels/diff.cu).
+const DIFF_GROUP: u64 = 2048;
 /// Elements per digest block (kernels/digest.cu).
 const DIGEST_BLOCK_ELEMS: u64 = 256 * 32;
 const THREADS: u32 = 256;
@@ -216,7 +216,6 @@ pub fn compile_kernel_tuned(name: &str, arch: &str, tuning: DiffTuning) -> Resul
 fn tuning_defines(name: &str, tuning: DiffTuning) -> Vec<String> {
     match name {
         "diff" => tuning.defines(),
-        "diffmask" => tuning.mask_defines(),
         _ => Vec::new(),
     }
 }
@@ -454,8 +453,8 @@ pub struct Gpu {
     tuning: DiffTuning,
     sm_count: u32,
     scratch: Mutex<Scratch>,
-    /// Change masks of the two-pass diff (1/8 of the bytes diffed).
-    masks: Mutex<Scratch>,
+    /// The diff's per-tile slots (1/8 of the bytes diffed).
+    slots: Mutex<Scratch>,
 }
 
 // SAFETY: handles of the driver API, which is thread-safe; the mutable scratch is behind a
@@ -466,17 +465,17 @@ unsafe impl Sync for Gpu {}
 /// The kernels of each file.
 const KERNEL_NAMES: &[(&str, &[&str])] = &[
     (
-        "diffmask",
+        "diff",
         &[
-            "dc_mask_tile_tensor",
-            "dc_mask",
-            "dc_mask_scan_tiles",
-            "dc_mask_scan_groups",
-            "dc_mask_emit",
-            "dc_mask_finish",
+            "dc_diff_tile_tensor",
+            "dc_diff",
+            "dc_diff_resident",
+            "dc_diff_scan_tiles",
+            "dc_diff_scan_groups",
+            "dc_diff_place",
+            "dc_diff_finish",
         ],
     ),
-    ("diff", &["dc_diff", "dc_diff_place"]),
     ("encode", &["dc_encode_cells", "dc_encode_place"]),
     ("apply", &["dc_apply_check", "dc_apply_scatter"]),
     ("digest", &["dc_digest", "dc_digest_update"]),
@@ -542,7 +541,7 @@ impl Gpu {
                 tuning,
                 sm_count,
                 scratch: Mutex::new(Scratch { buf: None }),
-                masks: Mutex::new(Scratch { buf: None }),
+                slots: Mutex::new(Scratch { buf: None }),
             };
             gpu.bind()?;
             gpu.stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
@@ -989,14 +988,38 @@ impl Gpu {
     /// (old bits too when `out.old_values` is set), refreshes the changed snapshot elements,
     /// and adds the fused digest updates. Synchronises once, at the end, to return the
     /// per-tensor counts. When the output is too small (`!is_complete()`), only a prefix of
-    /// whole tiles is written and the snapshot is refreshed only in part: copy `current` over
-    /// it (the digest words describe `current` in full).
+    /// whole tiles is written, and the snapshot and digest words are updated only in part:
+    /// copy `current` over the snapshot and recompute the digests.
     ///
     /// # Safety
     /// Every pointer must be valid for its size (`numel * width` bytes for the tensors;
     /// `out` as documented on [`DiffOutput`]), snapshots must not overlap anything else, and
     /// the digest words must be valid u64.
     pub unsafe fn diff_batch(&self, inputs: &[DiffInput], out: &DiffOutput) -> Result<DiffResult> {
+        // SAFETY: per this function's contract.
+        unsafe { self.diff_batch_with("dc_diff", inputs, out) }
+    }
+
+    /// [`Gpu::diff_batch`] for snapshots in pinned host memory: keeps the changed vectors in
+    /// registers instead of reading them a second time (which would cross PCIe).
+    ///
+    /// # Safety
+    /// As [`Gpu::diff_batch`].
+    pub unsafe fn diff_batch_host_snapshot(
+        &self,
+        inputs: &[DiffInput],
+        out: &DiffOutput,
+    ) -> Result<DiffResult> {
+        // SAFETY: per this function's contract.
+        unsafe { self.diff_batch_with("dc_diff_resident", inputs, out) }
+    }
+
+    unsafe fn diff_batch_with(
+        &self,
+        pass1: &'static str,
+        inputs: &[DiffInput],
+        out: &DiffOutput,
+    ) -> Result<DiffResult> {
         guarded(|| {
             self.bind()?;
             let n = inputs.len();
@@ -1005,7 +1028,7 @@ impl Gpu {
             }
             let tile_bytes = self.tuning.tile_bytes();
             let (order, table, tiles) = diff_table(inputs, tile_bytes)?;
-            let groups = tiles.div_ceil(MASK_GROUP);
+            let groups = tiles.div_ceil(DIFF_GROUP);
             // Scratch: [table n*64][tile tensors tiles*4][tile counts tiles*4]
             //          [tile offsets tiles*4][group sums (groups+1)*8][result (3n+2)*8],
             //          each 8-aligned; the tiles' slots (an eighth of each tile) apart.
@@ -1017,13 +1040,13 @@ impl Gpu {
             let result_off = groups_off + (groups + 1) * 8;
             let len = result_off + (3 * n as u64 + 2) * 8;
             let (_guard, base) = self.scratch(len as usize)?;
-            let slots = self.masks(tiles * (tile_bytes / 8))?;
+            let slots = self.slots(tiles * (tile_bytes / 8))?;
             self.upload_typed(base, &table)?;
             let start = self.events.0;
             // SAFETY: our event and stream.
             unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
             self.launch(
-                "dc_mask_tile_tensor",
+                "dc_diff_tile_tensor",
                 tiles.div_ceil(THREADS as u64).min(MAX_GRID),
                 THREADS,
                 Args::new()
@@ -1033,7 +1056,7 @@ impl Gpu {
                     .push(base + tensor_of_off),
             )?;
             self.launch(
-                "dc_diff",
+                pass1,
                 tiles,
                 DIFF_THREADS,
                 Args::new()
@@ -1044,7 +1067,7 @@ impl Gpu {
                     .push(out.old_values.is_some() as u64),
             )?;
             self.launch(
-                "dc_mask_scan_tiles",
+                "dc_diff_scan_tiles",
                 groups,
                 DIFF_THREADS,
                 Args::new()
@@ -1054,7 +1077,7 @@ impl Gpu {
                     .push(base + groups_off),
             )?;
             self.launch(
-                "dc_mask_scan_groups",
+                "dc_diff_scan_groups",
                 1,
                 1024,
                 Args::new().push(base + groups_off).push(groups),
@@ -1078,7 +1101,7 @@ impl Gpu {
                     .push(out.old_values.unwrap_or(0)),
             )?;
             self.launch(
-                "dc_mask_finish",
+                "dc_diff_finish",
                 (n as u64).div_ceil(THREADS as u64).min(MAX_GRID),
                 THREADS,
                 Args::new()
@@ -1102,133 +1125,10 @@ impl Gpu {
         })
     }
 
-    /// The two-pass diff (kernels/diffmask.cu): the same outputs as [`Gpu::diff_batch`]
-    /// without old bits, but every pass streams with no block waiting on another. Differs in
-    /// one point: the snapshot and the digest words are refreshed for every change found, also
-    /// when the output is too small (then only a prefix of whole tiles is written, and the
-    /// caller must send the tensors whole: the diff cannot be resumed).
-    ///
-    /// # Safety
-    /// As [`Gpu::diff_batch`].
-    pub unsafe fn diff_batch_refreshing(
-        &self,
-        inputs: &[DiffInput],
-        out: &DiffOutput,
-    ) -> Result<DiffResult> {
-        guarded(|| {
-            self.bind()?;
-            let n = inputs.len();
-            if n == 0 {
-                return Ok(DiffResult::default());
-            }
-            let tile_bytes = self.tuning.mask_tile_bytes();
-            let (order, table, tiles) = diff_table(inputs, tile_bytes)?;
-            let groups = tiles.div_ceil(MASK_GROUP);
-            // Scratch: [table n*64][tile tensors tiles*4][tile counts tiles*4]
-            //          [tile offsets tiles*4][group sums (groups+1)*8][row offsets rows*2]
-            //          [result (3n+2)*8], each 8-aligned.
-            let table_len = (n * std::mem::size_of::<KDiffTensor>()) as u64;
-            let tensor_of_off = table_len;
-            let counts_off = tensor_of_off + (tiles * 4).next_multiple_of(8);
-            let offsets_off = counts_off + (tiles * 4).next_multiple_of(8);
-            let groups_off = offsets_off + (tiles * 4).next_multiple_of(8);
-            // Rows of 256 vectors; each has its u16 offset inside its tile.
-            let rows = tiles * (tile_bytes / (16 * 256));
-            let rows_off = groups_off + (groups + 1) * 8;
-            let result_off = rows_off + (rows * 2).next_multiple_of(8);
-            let len = result_off + (3 * n as u64 + 2) * 8;
-            let (_guard, base) = self.scratch(len as usize)?;
-            let masks = self.masks(tiles * tile_bytes / 16 * 2)?;
-            self.upload_typed(base, &table)?;
-            let start = self.events.0;
-            // SAFETY: our event and stream.
-            unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
-            self.launch(
-                "dc_mask_tile_tensor",
-                tiles.div_ceil(THREADS as u64).min(MAX_GRID),
-                THREADS,
-                Args::new()
-                    .push(base)
-                    .push(n as u64)
-                    .push(tiles)
-                    .push(base + tensor_of_off),
-            )?;
-            self.launch(
-                "dc_mask",
-                tiles,
-                DIFF_THREADS,
-                Args::new()
-                    .push(base)
-                    .push(base + tensor_of_off)
-                    .push(tiles)
-                    .push(masks.1)
-                    .push(base + counts_off)
-                    .push(base + rows_off),
-            )?;
-            self.launch(
-                "dc_mask_scan_tiles",
-                groups,
-                DIFF_THREADS,
-                Args::new()
-                    .push(base + counts_off)
-                    .push(tiles)
-                    .push(base + offsets_off)
-                    .push(base + groups_off),
-            )?;
-            self.launch(
-                "dc_mask_scan_groups",
-                1,
-                1024,
-                Args::new().push(base + groups_off).push(groups),
-            )?;
-            // A warp per row.
-            self.launch(
-                "dc_mask_emit",
-                rows.div_ceil((DIFF_THREADS / 32) as u64),
-                DIFF_THREADS,
-                Args::new()
-                    .push(base)
-                    .push(base + tensor_of_off)
-                    .push(tiles)
-                    .push(masks.1)
-                    .push(base + counts_off)
-                    .push(base + rows_off)
-                    .push(base + offsets_off)
-                    .push(base + groups_off)
-                    .push(out.capacity)
-                    .push(out.positions)
-                    .push(out.new_values)
-                    .push(out.old_values.unwrap_or(0)),
-            )?;
-            self.launch(
-                "dc_mask_finish",
-                (n as u64).div_ceil(THREADS as u64).min(MAX_GRID),
-                THREADS,
-                Args::new()
-                    .push(base)
-                    .push(n as u64)
-                    .push(base + offsets_off)
-                    .push(base + groups_off)
-                    .push(tiles)
-                    .push(out.capacity)
-                    .push(base + result_off),
-            )?;
-            // SAFETY: our event and stream.
-            unsafe { cu::event::record(self.events.1, self.stream) }
-                .map_err(drv("cuEventRecord"))?;
-            let raw: Vec<u64> = self.download_typed(base + result_off, 3 * n + 2)?;
-            drop(masks);
-            // SAFETY: both events were recorded and the stream synchronised.
-            let kernel_ms = unsafe { cu::event::elapsed(start, self.events.1) }
-                .map_err(drv("cuEventElapsedTime"))?;
-            Ok(diff_results(inputs, &order, &raw, kernel_ms))
-        })
-    }
-
-    /// The change-mask buffer of the two-pass diff, at least `len` bytes, valid until the
-    /// guard drops (sized to what is asked, not a power of two: it is large).
-    fn masks(&self, len: u64) -> Result<(std::sync::MutexGuard<'_, Scratch>, DevicePtr)> {
-        let mut m = self.masks.lock().unwrap_or_else(PoisonError::into_inner);
+    /// The diff's per-tile slots, at least `len` bytes, valid until the guard drops (sized to
+    /// what is asked, not a power of two: it is large).
+    fn slots(&self, len: u64) -> Result<(std::sync::MutexGuard<'_, Scratch>, DevicePtr)> {
+        let mut m = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         let len = (len.max(256) as usize).next_multiple_of(1 << 20);
         if m.buf.as_ref().is_none_or(|b| b.len() < len) {
             m.buf = None;
@@ -1642,7 +1542,7 @@ impl Drop for Gpu {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .buf = None;
-                self.masks
+                self.slots
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .buf = None;

@@ -76,7 +76,6 @@ pub const PRELUDE: &str = include_str!("../kernels/common.cuh");
 /// Every kernel source file: (name, CUDA C source without the prelude).
 pub const KERNELS: &[(&str, &str)] = &[
     ("diff", include_str!("../kernels/diff.cu")),
-    ("diffmask", include_str!("../kernels/diffmask.cu")),
     ("encode", include_str!("../kernels/encode.cu")),
     ("apply", include_str!("../kernels/apply.cu")),
     ("digest", include_str!("../kernels/digest.cu")),
@@ -92,23 +91,16 @@ pub fn kernel_program(name: &str) -> Option<String> {
 }
 
 /// Compile-time knobs of the diff kernel (kernels/diff.cu). The default is what measured
-/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload[,wide_lookback]`
-/// overrides it (benches).
+/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload` overrides it (benches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DiffTuning {
-    /// 16-byte vectors per thread and array: a tile is `256 * 16 * items` bytes (1..=16).
+    /// 16-byte vectors per thread and array: a tile is `256 * 16 * items` bytes (1..=8:
+    /// positions inside a tile are u16).
     pub items: u32,
     /// Blocks per multiprocessor asked of the register allocator (`__launch_bounds__`).
     pub min_blocks: u32,
-    /// Keep only change masks across the chained scan; re-read changed vectors to write.
+    /// Keep only change masks across the block scan; re-read changed vectors to write.
     pub reload: bool,
-    /// Look back 256 tiles per round trip instead of 32. Compile-checked, not yet run on a GPU.
-    pub wide_lookback: bool,
-    /// The two-pass diff (kernels/diffmask.cu): 16-byte vectors per thread and array (1, 2, 4
-    /// or 8: the emit pass covers whole tiles per block).
-    pub mask_items: u32,
-    /// The two-pass diff: blocks per multiprocessor asked of the register allocator.
-    pub mask_min_blocks: u32,
 }
 
 impl Default for DiffTuning {
@@ -117,9 +109,6 @@ impl Default for DiffTuning {
             items: 4,
             min_blocks: 4,
             reload: true,
-            wide_lookback: false,
-            mask_items: 4,
-            mask_min_blocks: 4,
         }
     }
 }
@@ -131,21 +120,7 @@ impl DiffTuning {
             format!("-DDIFF_ITEMS={}", self.items),
             format!("-DDIFF_MINBLOCKS={}", self.min_blocks),
             format!("-DDIFF_RELOAD={}", self.reload as u32),
-            format!("-DDIFF_WIDE_LOOKBACK={}", self.wide_lookback as u32),
         ]
-    }
-
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn mask_defines(&self) -> Vec<String> {
-        vec![
-            format!("-DMASK_ITEMS={}", self.mask_items),
-            format!("-DMASK_MINBLOCKS={}", self.mask_min_blocks),
-        ]
-    }
-
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn mask_tile_bytes(&self) -> u64 {
-        256 * 16 * self.mask_items as u64
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -153,68 +128,32 @@ impl DiffTuning {
         256 * 16 * self.items as u64
     }
 
-    /// The tuning from `DELTACAST_DIFF_TUNING` (single pass) and `DELTACAST_MASK_TUNING`
-    /// (`items,min_blocks` of the two-pass diff), else the default.
+    /// The tuning from `DELTACAST_DIFF_TUNING` (`items,min_blocks,reload`), else the default.
     pub fn from_env() -> Result<Self> {
-        let mut tuning = Self::single_pass_from_env()?;
-        if let Ok(text) = std::env::var("DELTACAST_MASK_TUNING") {
-            let bad = || {
-                CudaError::InvalidArgument(format!(
-                    "DELTACAST_MASK_TUNING={text}: expected items,min_blocks (e.g. 4,4)"
-                ))
-            };
-            let parts: Vec<u32> = text
-                .split(',')
-                .map(|p| p.trim().parse().map_err(|_| bad()))
-                .collect::<Result<_>>()?;
-            match parts[..] {
-                [items, min_blocks]
-                    if matches!(items, 1 | 2 | 4 | 8) && (1..=8).contains(&min_blocks) =>
-                {
-                    tuning.mask_items = items;
-                    tuning.mask_min_blocks = min_blocks;
-                }
-                _ => return Err(bad()),
-            }
-        }
-        Ok(tuning)
-    }
-
-    fn single_pass_from_env() -> Result<Self> {
         let Ok(text) = std::env::var("DELTACAST_DIFF_TUNING") else {
             return Ok(DiffTuning::default());
         };
-        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
         let bad = || {
             CudaError::InvalidArgument(format!(
-                "DELTACAST_DIFF_TUNING={text}: expected items,min_blocks,reload[,wide] (e.g. 4,4,1)"
+                "DELTACAST_DIFF_TUNING={text}: expected items,min_blocks,reload (e.g. 4,4,1)"
             ))
         };
-        if parts.len() != 3 && parts.len() != 4 {
-            return Err(bad());
+        let parts: Vec<u32> = text
+            .split(',')
+            .map(|p| p.trim().parse().map_err(|_| bad()))
+            .collect::<Result<_>>()?;
+        match parts[..] {
+            [items, min_blocks, reload @ (0 | 1)]
+                if (1..=8).contains(&items) && (1..=8).contains(&min_blocks) =>
+            {
+                Ok(DiffTuning {
+                    items,
+                    min_blocks,
+                    reload: reload == 1,
+                })
+            }
+            _ => Err(bad()),
         }
-        let wide_lookback = match parts.get(3).copied() {
-            None | Some("0") => false,
-            Some("1") => true,
-            _ => return Err(bad()),
-        };
-        let items: u32 = parts[0].parse().map_err(|_| bad())?;
-        let min_blocks: u32 = parts[1].parse().map_err(|_| bad())?;
-        let reload = match parts[2] {
-            "0" => false,
-            "1" => true,
-            _ => return Err(bad()),
-        };
-        if !(1..=8).contains(&items) || !(1..=8).contains(&min_blocks) {
-            return Err(bad());
-        }
-        Ok(DiffTuning {
-            items,
-            min_blocks,
-            reload,
-            wide_lookback,
-            ..DiffTuning::default()
-        })
     }
 }
 

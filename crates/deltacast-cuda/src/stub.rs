@@ -226,7 +226,7 @@ impl Gpu {
         match self.never {}
     }
 
-    pub unsafe fn diff_batch_refreshing(
+    pub unsafe fn diff_batch_host_snapshot(
         &self,
         inputs: &[DiffInput],
         out: &DiffOutput,

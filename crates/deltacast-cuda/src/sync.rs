@@ -562,7 +562,12 @@ impl GpuSender {
         };
         // SAFETY: tensors and snapshots are valid (constructor contract), the outputs are
         // ours and sized for `capacity`.
-        let diff = unsafe { self.gpu.diff_batch(&inputs, &out)? };
+        let diff = unsafe {
+            match self.config.snapshot {
+                SnapshotPlace::PinnedHost => self.gpu.diff_batch_host_snapshot(&inputs, &out)?,
+                _ => self.gpu.diff_batch(&inputs, &out)?,
+            }
+        };
         let diff_ms = diff.kernel_ms as f64;
         let mut phases = vec![("diff", ms(started))];
         let before = self.digests.clone();

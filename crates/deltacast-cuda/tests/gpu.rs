@@ -152,16 +152,8 @@ struct DiffCase {
 
 /// Places every case at its own offset in one snapshot and one current buffer, runs one batched
 /// diff, and compares each tensor with `deltacast::diff::diff_and_refresh`.
-/// Runs one batch through the tiled diff (`diff_batch`), or the two-pass mask diff
-/// (`two_pass`, `diff_batch_refreshing`).
-fn run_diff_batch(
-    gpu: &Gpu,
-    rng: &mut Rng,
-    cases: &[DiffCase],
-    capacity_frac: f64,
-    two_pass: bool,
-) {
-    run_diff_batch_at(gpu, rng, cases, capacity_frac, two_pass, false);
+fn run_diff_batch(gpu: &Gpu, rng: &mut Rng, cases: &[DiffCase], capacity_frac: f64) {
+    run_diff_batch_at(gpu, rng, cases, capacity_frac, false);
 }
 
 /// Where a test's snapshot lives.
@@ -205,7 +197,6 @@ fn run_diff_batch_at(
     rng: &mut Rng,
     cases: &[DiffCase],
     capacity_frac: f64,
-    two_pass: bool,
     pinned: bool,
 ) {
     let mut olds = Vec::new();
@@ -274,8 +265,8 @@ fn run_diff_batch_at(
         capacity: capacity as u64,
     };
     // SAFETY: every pointer is inside the buffers above.
-    let res = if two_pass {
-        unsafe { gpu.diff_batch_refreshing(&inputs, &out) }.unwrap()
+    let res = if pinned {
+        unsafe { gpu.diff_batch_host_snapshot(&inputs, &out) }.unwrap()
     } else {
         unsafe { gpu.diff_batch(&inputs, &out) }.unwrap()
     };
@@ -344,39 +335,27 @@ fn run_diff_batch_at(
             &g_pos[..res.written as usize],
             &all_pos[..res.written as usize]
         );
-        // The written changes (a prefix of each tensor's) are refreshed in the snapshot; the
-        // two-pass diff refreshes nothing else, the tiled one may have refreshed more whole
-        // tiles (every element is its old or its new bits). The digest words describe
-        // `current` in full either way.
+        // The written changes (a prefix of each tensor's) are refreshed in the snapshot, and
+        // maybe more whole tiles: every element holds its old or its new bits. (The digest
+        // words are then partial: the caller recomputes them.)
         for (i, c) in cases.iter().enumerate() {
             let (ch, _) = &expect[i];
             let written = res.tensors[i].written as usize;
             assert!(written <= ch.len());
-            let mut want = olds[i].clone();
-            for k in 0..written {
-                let e = (ch.positions[k] - c.first_index) as usize * c.width;
-                want[e..e + c.width]
-                    .copy_from_slice(&ch.new_values[k * c.width..(k + 1) * c.width]);
-            }
             let at = offsets[i];
             let got = &g_snap[at..at + c.numel * c.width];
-            if two_pass {
-                assert_eq!(got, &want[..], "snapshot {i}");
-            } else {
-                for (e, ((g, w), n)) in got
-                    .chunks(c.width)
-                    .zip(want.chunks(c.width))
-                    .zip(news[i].chunks(c.width))
-                    .enumerate()
-                {
-                    assert!(g == w || g == n, "snapshot {i} element {e}");
-                }
-                for k in 0..written {
-                    let e = (ch.positions[k] - c.first_index) as usize * c.width;
-                    assert_eq!(&got[e..e + c.width], &news[i][e..e + c.width]);
-                }
+            for (e, ((g, o), n)) in got
+                .chunks(c.width)
+                .zip(olds[i].chunks(c.width))
+                .zip(news[i].chunks(c.width))
+                .enumerate()
+            {
+                assert!(g == o || g == n, "snapshot {i} element {e}");
             }
-            assert_eq!(g_dig[i], expect[i].1, "digest {i}");
+            for k in 0..written {
+                let e = (ch.positions[k] - c.first_index) as usize * c.width;
+                assert_eq!(&got[e..e + c.width], &news[i][e..e + c.width]);
+            }
         }
     }
 }
@@ -419,7 +398,7 @@ fn diff_batch_matches_cpu() {
         first_index: 7,
         slot: 3,
     });
-    run_diff_batch(&gpu, &mut rng, &cases, 1.0, false);
+    run_diff_batch(&gpu, &mut rng, &cases, 1.0);
     // Many small tensors in one batch.
     let many: Vec<DiffCase> = (0..2000)
         .map(|i| DiffCase {
@@ -431,13 +410,13 @@ fn diff_batch_matches_cpu() {
             slot: i as u32,
         })
         .collect();
-    run_diff_batch(&gpu, &mut rng, &many, 1.0, false);
+    run_diff_batch(&gpu, &mut rng, &many, 1.0);
     // Repeat the first batch with new data: the same kernels, fresh scratch state.
-    run_diff_batch(&gpu, &mut rng, &cases[..10], 1.0, false);
+    run_diff_batch(&gpu, &mut rng, &cases[..10], 1.0);
 }
 
 #[test]
-fn two_pass_diff_matches_cpu() {
+fn diff_matches_cpu_on_a_large_tensor_and_many_small_ones() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng(11);
     let mut cases = edge_cases(&mut rng, 2, 4);
@@ -449,7 +428,7 @@ fn two_pass_diff_matches_cpu() {
         first_index: 0,
         slot: 5,
     });
-    run_diff_batch(&gpu, &mut rng, &cases, 1.0, true);
+    run_diff_batch(&gpu, &mut rng, &cases, 1.0);
     let many: Vec<DiffCase> = (0..3000)
         .map(|i| DiffCase {
             numel: rng.below(5000) as usize,
@@ -460,7 +439,7 @@ fn two_pass_diff_matches_cpu() {
             slot: i as u32,
         })
         .collect();
-    run_diff_batch(&gpu, &mut rng, &many, 1.0, true);
+    run_diff_batch(&gpu, &mut rng, &many, 1.0);
 }
 
 #[test]
@@ -516,8 +495,7 @@ fn diff_with_pinned_snapshot_matches_cpu() {
         first_index: 0,
         slot: 2,
     });
-    run_diff_batch_at(&gpu, &mut rng, &cases, 1.0, true, true);
-    run_diff_batch_at(&gpu, &mut rng, &cases, 1.0, false, true);
+    run_diff_batch_at(&gpu, &mut rng, &cases, 1.0, true);
     let many: Vec<DiffCase> = (0..1500)
         .map(|i| DiffCase {
             numel: rng.below(5000) as usize,
@@ -528,8 +506,8 @@ fn diff_with_pinned_snapshot_matches_cpu() {
             slot: i as u32,
         })
         .collect();
-    run_diff_batch_at(&gpu, &mut rng, &many, 1.0, true, true);
-    // Output too small: the two-pass diff still refreshes the whole host snapshot.
+    run_diff_batch_at(&gpu, &mut rng, &many, 1.0, true);
+    // Output too small (and tiles past their slots): a prefix written, the digest whole.
     let small: Vec<DiffCase> = (0..5)
         .map(|i| DiffCase {
             numel: 200_000 + i,
@@ -540,8 +518,7 @@ fn diff_with_pinned_snapshot_matches_cpu() {
             slot: 0,
         })
         .collect();
-    run_diff_batch_at(&gpu, &mut rng, &small, 0.4, true, true);
-    run_diff_batch_at(&gpu, &mut rng, &small, 0.4, false, true);
+    run_diff_batch_at(&gpu, &mut rng, &small, 0.4, true);
 }
 
 #[test]
@@ -558,8 +535,7 @@ fn diff_batch_with_small_output_writes_a_prefix() {
             slot: 0,
         })
         .collect();
-    run_diff_batch(&gpu, &mut rng, &cases, 0.4, false);
-    run_diff_batch(&gpu, &mut rng, &cases, 0.4, true);
+    run_diff_batch(&gpu, &mut rng, &cases, 0.4);
 }
 
 /// The core's chunking of one slot's sorted positions (flush::encode_changes).
