@@ -855,13 +855,27 @@ fn apply_refuses_bad_chunks_and_writes_nothing() {
             "{why}: nothing written"
         );
     }
-    // Unchanged element (value 0 onto 0).
+    // Unchanged element (value 0 onto 0), alone and between two real changes: refused, and
+    // the real changes are not written either.
     let zeros = gpu.upload(&[0u8; 6]).unwrap();
     let good = abs([1, 5, 9]);
     let chunk = mk(ApplyPositions::Abs32, &good, 12, &zeros, 3, 50);
     // SAFETY: as above.
     let err = unsafe { gpu.apply_verified(&[chunk], false, &[held], &[0]) }.unwrap_err();
     assert!(matches!(err, CudaError::BadChunk { .. }), "{err}");
+    let one_noop = gpu.upload(&[7, 0, 0, 0, 9, 0]).unwrap();
+    let chunk = mk(ApplyPositions::Abs32, &good, 12, &one_noop, 3, 50);
+    // SAFETY: as above.
+    let err = unsafe { gpu.apply_verified(&[chunk], false, &[held], &[0]) }.unwrap_err();
+    match err {
+        CudaError::BadChunk { chunk: 0, reason } => assert!(reason.contains("already"), "{reason}"),
+        e => panic!("no-op change: {e}"),
+    }
+    assert_eq!(
+        dl(&gpu, slot.ptr(), 20_000),
+        vec![0u8; 20_000],
+        "no-op change: nothing written"
+    );
     // Header-level refusals, before any launch.
     let chunk = mk(ApplyPositions::Abs32, &good, 8, &vals, 3, 50);
     // SAFETY: as above.
