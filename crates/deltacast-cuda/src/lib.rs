@@ -130,9 +130,14 @@ impl DiffTuning {
 
     /// The tuning from `DELTACAST_DIFF_TUNING` (`items,min_blocks,reload`), else the default.
     pub fn from_env() -> Result<Self> {
-        let Ok(text) = std::env::var("DELTACAST_DIFF_TUNING") else {
-            return Ok(DiffTuning::default());
-        };
+        match std::env::var("DELTACAST_DIFF_TUNING") {
+            Ok(text) => Self::parse(&text),
+            Err(_) => Ok(DiffTuning::default()),
+        }
+    }
+
+    /// `items,min_blocks,reload`, e.g. `4,4,1`.
+    pub fn parse(text: &str) -> Result<Self> {
         let bad = || {
             CudaError::InvalidArgument(format!(
                 "DELTACAST_DIFF_TUNING={text}: expected items,min_blocks,reload (e.g. 4,4,1)"
@@ -411,6 +416,20 @@ pub struct UpdateInput {
 
 #[cfg(test)]
 mod tests {
+    use super::DiffTuning;
+
+    #[test]
+    fn diff_tuning_parses_three_numbers_in_range() {
+        let t = DiffTuning::parse("2, 8,0").unwrap();
+        assert_eq!((t.items, t.min_blocks, t.reload), (2, 8, false));
+        assert_eq!(DiffTuning::parse("4,4,1").unwrap(), DiffTuning::default());
+        for bad in [
+            "", "4,4", "4,4,2", "9,4,1", "0,4,1", "4,0,1", "4,9,1", "a,b,c", "4,4,1,1",
+        ] {
+            assert!(DiffTuning::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
     use super::*;
 
     #[test]
