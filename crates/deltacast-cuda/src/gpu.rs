@@ -1125,6 +1125,12 @@ impl Gpu {
         })
     }
 
+    /// Bytes held by the diff's per-tile slots (0 before the first diff).
+    pub fn large_scratch_bytes(&self) -> u64 {
+        let m = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        m.buf.as_ref().map_or(0, |b| b.len() as u64)
+    }
+
     /// The diff's per-tile slots, at least `len` bytes, valid until the guard drops (sized to
     /// what is asked, not a power of two: it is large).
     fn slots(&self, len: u64) -> Result<(std::sync::MutexGuard<'_, Scratch>, DevicePtr)> {

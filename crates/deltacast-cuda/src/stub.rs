@@ -222,6 +222,10 @@ impl Gpu {
         match self.never {}
     }
 
+    pub fn large_scratch_bytes(&self) -> u64 {
+        match self.never {}
+    }
+
     pub unsafe fn diff_batch(&self, inputs: &[DiffInput], out: &DiffOutput) -> Result<DiffResult> {
         match self.never {}
     }

@@ -466,8 +466,8 @@ impl GpuSender {
     }
 
     /// Device bytes this sender holds besides the tensors: the snapshot when allocated here
-    /// on the device, the delta buffers (sized by `capacity`) and the packed positions. (The
-    /// GPU's scratch for the diff's change masks, 1/8 of the bytes diffed, is not counted.)
+    /// on the device, the delta buffers (sized by `capacity`), the packed positions, and the
+    /// diff's per-tile slots in the GPU's scratch (1/8 of the bytes diffed, once a delta ran).
     pub fn staging_bytes(&self) -> u64 {
         let owned: u64 = self
             .snapshots
@@ -487,6 +487,7 @@ impl GpuSender {
             + self.packed_values.len()
             + self.code_scratch.len()
             + self.manifest.len()
+            + self.gpu.large_scratch_bytes()
     }
 
     /// Pinned host bytes this sender holds: the snapshot with [`SnapshotPlace::PinnedHost`],
