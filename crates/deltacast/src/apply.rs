@@ -56,6 +56,9 @@ struct StagedChunk {
     /// A delta element whose new bits equal the held bits (slot index), reported by
     /// `finish_sync` after the base digests were checked (a wrong base shows as that).
     noop: Option<u64>,
+    /// The bits held before, at the chunk's positions: kept only by the one-pass apply of a
+    /// single-flush delta, which writes them back if the sync does not verify.
+    old: Vec<u8>,
 }
 
 /// A sync being received.
@@ -290,13 +293,28 @@ impl<S: SlotStore> Receiver<S> {
                 )));
             }
         }
+        if h.flush_index == 0 && h.is_final && staging.kind == FrameKind::Delta {
+            // The whole sync is this one verified flush: apply it in one pass, undo on failure.
+            let wire_bytes = staging.wire_bytes;
+            if let Some(outcome) = self.apply_single_delta(&frame, wire_bytes)? {
+                self.staging = None;
+                return Ok(Some(outcome));
+            }
+        }
+        let Some(staging) = self.staging.as_mut() else {
+            return Err(Error::IncompleteSync("no staged sync".into()));
+        };
         let store = &self.store;
         let table = &self.table;
         let kind = staging.kind;
         let decoded: Vec<Result<StagedChunk>> = frame
             .entries
             .par_iter()
-            .map(|e| decode_entry(table, store, &frame, e, kind))
+            .map(|e| {
+                let width = table.get(e.slot)?.dtype.width();
+                let held = chunk_bytes(store.slot(e.slot), width, e);
+                decode_entry(table, held, &frame, e, kind, false)
+            })
             .collect();
         for chunk in decoded {
             staging.chunks.push(chunk?);
@@ -320,6 +338,128 @@ impl<S: SlotStore> Receiver<S> {
             .take()
             .ok_or_else(|| Error::IncompleteSync("no staged sync".into()))?;
         self.finish_sync(staging).map(Some)
+    }
+
+    /// A delta sync of a single flush (already checksummed and checked for structure):
+    /// decodes and applies it in one pass over the held state, part of a slot by part of a
+    /// slot in parallel, keeping each chunk's old bits; then checks no-ops and digests and,
+    /// if anything fails, writes the old bits back, so the state ends as it was. Reading the
+    /// held bits and writing the new ones in the same visit saves the second pass over the
+    /// state that staging needs. `None` when the store cannot lend all slots at once (the
+    /// caller then stages as usual).
+    fn apply_single_delta(
+        &mut self,
+        frame: &Frame<'_>,
+        wire_bytes: u64,
+    ) -> Result<Option<SyncOutcome>> {
+        // The sender's digests, all present and the base ones ours, before anything is written.
+        let mut sender: Vec<Option<SlotDigest>> = vec![None; self.table.len()];
+        for d in &frame.digests {
+            let slot = self.table.get(d.slot)?;
+            let record = &mut sender[d.slot as usize];
+            if record.is_some() {
+                return Err(Error::Malformed(format!(
+                    "two digest records for slot `{}`",
+                    slot.name
+                )));
+            }
+            *record = Some(*d);
+        }
+        let mut expected = Vec::with_capacity(self.table.len());
+        for (id, record) in sender.iter().enumerate() {
+            let slot = &self.table.slots()[id];
+            let Some(record) = record else {
+                return Err(Error::IncompleteSync(format!(
+                    "no digest for slot `{}`",
+                    slot.name
+                )));
+            };
+            if record.base != self.digests[id] {
+                return Err(Error::BaseDigestMismatch {
+                    slot: slot.name.clone(),
+                    expected: record.base,
+                    actual: self.digests[id],
+                });
+            }
+            expected.push(record.new);
+        }
+        let table = &self.table;
+        let Some(slots) = self.store.slots_mut() else {
+            return Ok(None);
+        };
+        let mut by_slot: Vec<Vec<&ChunkEntry>> = vec![Vec::new(); table.len()];
+        for e in &frame.entries {
+            by_slot[e.slot as usize].push(e);
+        }
+        let mut jobs: Vec<EntryJob<'_, '_>> = Vec::new();
+        for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
+            split_entries(dst, slot.dtype.width(), list, &mut jobs);
+        }
+        // Each part: its chunks in order, decoded against the part as it stands and written at
+        // once; a decoding error stops the part (what it wrote so far is undone below).
+        let mut results: Vec<(Vec<StagedChunk>, Option<Error>)> = jobs
+            .par_iter_mut()
+            .map(|job| {
+                let mut done = Vec::with_capacity(job.entries.len());
+                for e in &job.entries {
+                    let at = (e.start - job.first) as usize * job.width;
+                    let held = &job.part[at..at + e.range as usize * job.width];
+                    match decode_entry(table, held, frame, e, FrameKind::Delta, true) {
+                        Ok(c) => {
+                            write_chunk(job.part, job.width, job.first, &c, &c.values);
+                            done.push(c);
+                        }
+                        Err(err) => return (done, Some(err)),
+                    }
+                }
+                (done, None)
+            })
+            .collect();
+        let mut failure = results.iter_mut().find_map(|(_, e)| e.take());
+        let mut next = self.digests.clone();
+        let mut changed = 0u64;
+        for c in results.iter().flat_map(|(done, _)| done) {
+            if failure.is_none() {
+                if let Some(index) = c.noop {
+                    let slot = &table.slots()[c.slot as usize].name;
+                    failure = Some(Error::Malformed(format!(
+                        "delta for slot `{slot}` sets element {index} to the value it already holds"
+                    )));
+                }
+            }
+            next[c.slot as usize] = next[c.slot as usize].wrapping_add(c.digest);
+            changed += if c.all { c.range } else { c.rel.len() as u64 };
+        }
+        if failure.is_none() {
+            if let Some(id) = (0..next.len()).find(|&id| next[id] != expected[id]) {
+                failure = Some(Error::DigestMismatch {
+                    slot: table.slots()[id].name.clone(),
+                    expected: expected[id],
+                    actual: next[id],
+                });
+            }
+        }
+        if let Some(err) = failure {
+            // Undo, newest chunk first in each part (overlapping chunks then unwind exactly).
+            jobs.par_iter_mut()
+                .zip(&results)
+                .for_each(|(job, (done, _))| {
+                    for c in done.iter().rev() {
+                        write_chunk(job.part, job.width, job.first, c, &c.old);
+                    }
+                });
+            return Err(err);
+        }
+        self.digests = next;
+        self.version = Some(frame.header.version);
+        Ok(Some(SyncOutcome {
+            kind: FrameKind::Delta,
+            version: frame.header.version,
+            flushes: 1,
+            changed,
+            wire_bytes,
+            state_digest: self.state_digest(),
+        }))
     }
 
     /// Verifies a fully staged sync and applies it.
@@ -416,12 +556,15 @@ impl<S: SlotStore> Receiver<S> {
 }
 
 /// Decodes one manifest entry against the receiver's current state.
-fn decode_entry<S: SlotStore>(
+/// `held` is the chunk's range of its slot as the receiver holds it; `keep_old` keeps the bits
+/// read there (at the chunk's positions) in the result.
+fn decode_entry(
     table: &SlotTable,
-    store: &S,
+    held: &[u8],
     frame: &Frame<'_>,
     e: &ChunkEntry,
     kind: FrameKind,
+    keep_old: bool,
 ) -> Result<StagedChunk> {
     let slot = table.get(e.slot)?;
     let width = slot.dtype.width();
@@ -481,13 +624,7 @@ fn decode_entry<S: SlotStore>(
     let positions = (!all).then_some(rel.as_slice());
     // The held bits at the chunk's positions: what ulp steps start from and what a delta's
     // digest change subtracts. One pass over the held state, whose cache lines are the cost.
-    let held_old = |old: &mut Vec<u8>| {
-        let held = store.slot(e.slot);
-        let at = e.start as usize * width;
-        // Inside the slot (checked against the table before decoding).
-        let held = &held[at..at + range as usize * width];
-        gather(width, held, positions, count as usize, old);
-    };
+    let held_old = |old: &mut Vec<u8>| gather(width, held, positions, count as usize, old);
     let mut old = Vec::new();
     let values = match e.val_codec {
         // Length checked above.
@@ -515,6 +652,9 @@ fn decode_entry<S: SlotStore>(
         // Verify frames carry no entries (parse_frame).
         FrameKind::Verify => (0, None),
     };
+    if !keep_old {
+        old = Vec::new();
+    }
     Ok(StagedChunk {
         slot: e.slot,
         start: e.start,
@@ -524,7 +664,15 @@ fn decode_entry<S: SlotStore>(
         values,
         digest,
         noop,
+        old,
     })
+}
+
+/// The bytes of chunk `e`'s range in its slot `held` (inside the slot: checked against the
+/// table before decoding).
+fn chunk_bytes<'h>(held: &'h [u8], width: usize, e: &ChunkEntry) -> &'h [u8] {
+    let at = e.start as usize * width;
+    &held[at..at + e.range as usize * width]
 }
 
 /// The `width`-byte elements of `held` (a chunk's range) at `positions` (every element when
@@ -615,23 +763,73 @@ fn split_jobs<'a, 'c>(
 }
 
 fn apply_job(part: &mut [u8], width: usize, first: u64, chunks: Vec<&StagedChunk>) {
+    for c in chunks {
+        write_chunk(part, width, first, c, &c.values);
+    }
+}
+
+/// Writes `values` (a chunk's new bits, or its old bits to undo it) at chunk `c`'s positions
+/// of `part`, a part of the slot starting at element `first`.
+fn write_chunk(part: &mut [u8], width: usize, first: u64, c: &StagedChunk, values: &[u8]) {
     fn scatter<const W: usize>(dst: &mut [u8], rel: &[u32], values: &[u8]) {
         let dst = dst.as_chunks_mut::<W>().0;
         for (&p, v) in rel.iter().zip(values.as_chunks::<W>().0) {
             dst[p as usize] = *v;
         }
     }
-    for c in chunks {
-        let at = (c.start - first) as usize * width;
-        if c.all {
-            part[at..at + c.values.len()].copy_from_slice(&c.values);
-            continue;
+    let at = (c.start - first) as usize * width;
+    if c.all {
+        part[at..at + values.len()].copy_from_slice(values);
+        return;
+    }
+    let dst = &mut part[at..at + c.range as usize * width];
+    match width {
+        1 => scatter::<1>(dst, &c.rel, values),
+        2 => scatter::<2>(dst, &c.rel, values),
+        _ => scatter::<4>(dst, &c.rel, values),
+    }
+}
+
+/// One unit of the one-pass apply: a part of a slot starting at element `first`, its element
+/// width, and the frame's chunks that lie inside it, in start order.
+struct EntryJob<'a, 'f> {
+    part: &'a mut [u8],
+    width: usize,
+    first: u64,
+    entries: Vec<&'f ChunkEntry>,
+}
+
+/// [`split_jobs`] for a frame's entries: cuts `dst` (a whole slot) into disjoint parts, one
+/// per group of entries with overlapping ranges.
+fn split_entries<'a, 'f>(
+    mut dst: &'a mut [u8],
+    width: usize,
+    list: &mut [&'f ChunkEntry],
+    jobs: &mut Vec<EntryJob<'a, 'f>>,
+) {
+    list.sort_by_key(|e| e.start);
+    let mut consumed = 0u64;
+    let mut i = 0;
+    while i < list.len() {
+        let first = list[i].start;
+        let mut end = first + list[i].range;
+        let mut j = i + 1;
+        while j < list.len() && list[j].start < end {
+            end = end.max(list[j].start + list[j].range);
+            j += 1;
         }
-        let dst = &mut part[at..at + c.range as usize * width];
-        match width {
-            1 => scatter::<1>(dst, &c.rel, &c.values),
-            2 => scatter::<2>(dst, &c.rel, &c.values),
-            _ => scatter::<4>(dst, &c.rel, &c.values),
-        }
+        // Entry ranges lie inside the slot (checked before), and groups are ascending.
+        let rest = std::mem::take(&mut dst);
+        let (_, rest) = rest.split_at_mut((first - consumed) as usize * width);
+        let (part, rest) = rest.split_at_mut((end - first) as usize * width);
+        dst = rest;
+        consumed = end;
+        jobs.push(EntryJob {
+            part,
+            width,
+            first,
+            entries: list[i..j].to_vec(),
+        });
+        i = j;
     }
 }

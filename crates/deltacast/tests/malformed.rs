@@ -302,3 +302,131 @@ fn random_bytes_and_absurd_stream_lengths_are_errors() {
         Err(Error::UnsupportedWireVersion { found: 7, .. })
     ));
 }
+
+/// A receiver at version 1 and the single frame of version 2: the receiver applies such a
+/// sync in one pass and must undo it when it does not verify.
+fn setup_single(seed: u64) -> (Setup, Vec<u8>) {
+    let mut rng = Rng(seed);
+    let table = SlotTable::new(vec![
+        SlotInfo::new("a", DType::BF16, vec![64, 50]),
+        SlotInfo::new("b", DType::F32, vec![700]),
+        SlotInfo::new("c", DType::F8E4M3, vec![3, 333]),
+    ])
+    .unwrap();
+    let cfg = FlushConfig {
+        bucket_size: 1 << 20,
+        chunk_elems: 500,
+        codec: CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw),
+    };
+    let mut sender = Sender::new(table.clone(), cfg).unwrap();
+    let mut receiver = Receiver::new(table.clone());
+    let base = random_buffers(&mut rng, &table);
+    sender
+        .sync(&slices(&base), |f| receiver.receive(&f).map(|_| ()))
+        .unwrap();
+    let mut next = base.clone();
+    for (slot, buf) in table.slots().iter().zip(next.iter_mut()) {
+        mutate(&mut rng, buf, slot.dtype.width(), 0.3);
+    }
+    let mut frames = Vec::new();
+    sender
+        .sync(&slices(&next), |f| {
+            frames.push(f);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(frames.len(), 1, "want a single-frame sync");
+    let frame = frames.pop().unwrap();
+    (
+        Setup {
+            table,
+            sender,
+            receiver,
+            next,
+        },
+        frame,
+    )
+}
+
+/// Byte offsets in `frame` of the first and the last entry's position and value sections.
+fn sections(frame: &[u8]) -> Vec<(usize, usize, usize)> {
+    let parsed = deltacast::wire::parse_frame(frame).unwrap();
+    parsed
+        .entries
+        .iter()
+        .map(|e| {
+            (
+                e.pos_offset as usize,
+                e.val_offset as usize,
+                e.count as usize,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_single_flush_delta_that_does_not_verify_is_undone() {
+    let (mut s, frame) = setup_single(9);
+    let before = s.receiver.store().clone();
+    let digest = s.receiver.state_digest();
+    let entries = sections(&frame);
+    assert!(
+        entries.len() >= 3,
+        "want several chunks, got {}",
+        entries.len()
+    );
+
+    // A tampered sender digest: every chunk is written before the digests are compared.
+    let mut bad = frame.clone();
+    let n = u32::from_le_bytes(bad[28..32].try_into().unwrap()) as usize;
+    bad[HEADER_LEN + n * 64 + 16] ^= 1;
+    let err = s.receiver.receive(&reseal(bad)).unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch { .. }), "{err}");
+    assert_untouched(&before, digest, &s.receiver);
+
+    // A changed value in the last chunk.
+    let (_, val, _) = entries[entries.len() - 1];
+    let mut bad = frame.clone();
+    bad[val] ^= 0x40;
+    let err = s.receiver.receive(&reseal(bad)).unwrap_err();
+    assert!(matches!(err, Error::DigestMismatch { .. }), "{err}");
+    assert_untouched(&before, digest, &s.receiver);
+
+    // A value set to the bits already held (the first chunk of slot `a`, BF16).
+    let (pos, val, _) = entries[0];
+    let rel = u32::from_le_bytes(frame[pos..pos + 4].try_into().unwrap()) as usize;
+    let parsed = deltacast::wire::parse_frame(&frame).unwrap();
+    let e = &parsed.entries[0];
+    assert_eq!(e.slot, 0);
+    let at = (e.start as usize + rel) * 2;
+    let held = before[0][at..at + 2].to_vec();
+    let mut bad = frame.clone();
+    bad[val..val + 2].copy_from_slice(&held);
+    let err = s.receiver.receive(&reseal(bad)).unwrap_err();
+    assert!(err.to_string().contains("already holds"), "{err}");
+    assert_untouched(&before, digest, &s.receiver);
+
+    // Unsorted positions in the last chunk: a decode error after the other chunks were written.
+    let (pos, _, count) = entries[entries.len() - 1];
+    assert!(count >= 2);
+    let mut bad = frame.clone();
+    let (a, b) = (pos, pos + 4);
+    let first: [u8; 4] = bad[a..a + 4].try_into().unwrap();
+    let second: [u8; 4] = bad[b..b + 4].try_into().unwrap();
+    bad[a..a + 4].copy_from_slice(&second);
+    bad[b..b + 4].copy_from_slice(&first);
+    assert!(s.receiver.receive(&reseal(bad)).is_err());
+    assert_untouched(&before, digest, &s.receiver);
+
+    // The frame as sent: applied.
+    let outcome = s
+        .receiver
+        .receive(&frame)
+        .unwrap()
+        .expect("a complete sync");
+    assert_eq!(outcome.version, 2);
+    assert_eq!(outcome.flushes, 1);
+    assert_eq!(s.receiver.store(), &s.next);
+    assert!(s.receiver.recompute_digests().is_empty());
+    let _ = (&s.table, &s.sender);
+}
