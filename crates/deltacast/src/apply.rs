@@ -341,12 +341,12 @@ impl<S: SlotStore> Receiver<S> {
     }
 
     /// A delta sync of a single flush (already checksummed and checked for structure):
-    /// decodes and applies it in one pass over the held state, part of a slot by part of a
-    /// slot in parallel, keeping each chunk's old bits; then checks no-ops and digests and,
-    /// if anything fails, writes the old bits back, so the state ends as it was. Reading the
-    /// held bits and writing the new ones in the same visit saves the second pass over the
-    /// state that staging needs. `None` when the store cannot lend all slots at once (the
-    /// caller then stages as usual).
+    /// decodes and applies it in one pass over the held state, chunk by chunk in parallel,
+    /// keeping each chunk's old bits; then checks no-ops and digests and, if anything fails,
+    /// writes the old bits back, so the state ends as it was. Reading the held bits and writing
+    /// the new ones in the same visit saves the second pass over the state that staging needs.
+    /// `None`, before anything is written, when the store cannot lend all slots at once or two
+    /// chunks' ranges overlap (the caller then stages as usual).
     fn apply_single_delta(
         &mut self,
         frame: &Frame<'_>,
@@ -395,8 +395,14 @@ impl<S: SlotStore> Receiver<S> {
         for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
             split_entries(dst, slot.dtype.width(), list, &mut jobs);
         }
-        // Each part: its chunks in order, decoded against the part as it stands and written at
-        // once; a decoding error stops the part (what it wrote so far is undone below).
+        // Chunks whose ranges overlap (interleaved pieces of sharded ranks) are staged as usual:
+        // staging computes every digest change from the bits before the sync, which is what
+        // refuses an element sent twice (wire-format.md); applied in turn they would not.
+        if jobs.iter().any(|job| job.entries.len() > 1) {
+            return Ok(None);
+        }
+        // Each part (one chunk): decoded against the bits held and written at once; a decoding
+        // error leaves its part untouched (what the other parts wrote is undone below).
         let mut results: Vec<(Vec<StagedChunk>, Option<Error>)> = jobs
             .par_iter_mut()
             .map(|job| {
@@ -440,7 +446,7 @@ impl<S: SlotStore> Receiver<S> {
             }
         }
         if let Some(err) = failure {
-            // Undo, newest chunk first in each part (overlapping chunks then unwind exactly).
+            // Undo: every written chunk gets its old bits back.
             jobs.par_iter_mut()
                 .zip(&results)
                 .for_each(|(job, (done, _))| {
