@@ -1,6 +1,8 @@
 //! The receiver: verifies every flush, stages a whole sync, and applies it only when every
-//! flush verified and the digests prove the result equals the sender's state. A receiver is
-//! never left between two versions.
+//! flush verified and the digests prove the result equals the sender's state. A delta of one
+//! flush (chunks not overlapping) is instead applied while it is decoded, one visit per
+//! element, and written back if the digests do not prove it. Either way a receiver is never
+//! left between two versions when `receive` returns.
 
 use rayon::prelude::*;
 
@@ -49,7 +51,7 @@ struct StagedChunk {
     all: bool,
     /// New bit patterns, `width` bytes each.
     values: Vec<u8>,
-    /// Computed while decoding, from the bits held then (nothing is applied before the sync
+    /// Computed while decoding, from the bits held then (a staged sync writes nothing before it
     /// completes, so they are the bits before the sync): for a delta, how the chunk moves its
     /// slot's digest; for a seed, the digest terms of its elements.
     digest: u64,
