@@ -144,9 +144,9 @@ fn entropy_coded_delta() -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<u8>) {
             next[0][2 * i..2 * i + 2].copy_from_slice(&nv.to_le_bytes());
         }
     }
-    for i in 0..300usize {
+    for (i, b) in next[1].iter_mut().enumerate().take(300) {
         if i % 50 != 0 {
-            next[1][i] = next[1][i].wrapping_add(1 + (next_u64() % 255) as u8);
+            *b = b.wrapping_add(1 + (next_u64() % 255) as u8);
         }
     }
     let cfg = FlushConfig {
