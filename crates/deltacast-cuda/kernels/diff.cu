@@ -62,8 +62,8 @@ struct DiffTensor {
     u32 aligned16;    // both pointers 16-byte aligned: vector loads
 };
 
-// Changes a slot holds at width w: u16 position + new + old bits each, a multiple of 8 (so
-// every part of the slot stays 16-byte aligned).
+// Changes a slot holds at width w: u16 position + new + old bits each; a multiple of 8, so
+// the new and old parts start 8-byte aligned (more than any element width needs).
 __device__ __forceinline__ u32 dc_slot_cap(u32 w) { return (SLOT_BYTES / (2 + 2 * w)) & ~7u; }
 
 // 16 bytes at `off` (zero past `nbytes`). CACHE: keep the line in L2 for a second read.

@@ -503,6 +503,11 @@ impl Gpu {
 
     /// [`Gpu::new`] with the diff kernel built with `tuning`.
     pub fn with_tuning(ordinal: usize, tuning: DiffTuning) -> Result<Gpu> {
+        if !(1..=8).contains(&tuning.items) || !(1..=8).contains(&tuning.min_blocks) {
+            return Err(CudaError::InvalidArgument(format!(
+                "diff tuning {tuning:?}: items and min_blocks must lie in 1..=8"
+            )));
+        }
         guarded(|| {
             driver_present()?;
             cu::init().map_err(drv("cuInit"))?;
