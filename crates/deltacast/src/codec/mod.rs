@@ -3,7 +3,7 @@
 //! A chunk is a bounded run of elements `[start, start + range)` of one slot, with `count`
 //! changes at sorted positions relative to `start` (so they always fit a u32, whatever the
 //! slot size). Positions and values are coded independently, each into its own section; the
-//! encoder picks the cheapest pair per chunk by exact size ([`choose`]).
+//! encoder picks the cheapest pair per chunk by exact size ([`encode_chunk`]).
 //!
 //! Every decoder validates everything it reads and returns a [`CodecError`], never panics and
 //! never allocates more than the manifest's count allows (the count itself is bounded by the
