@@ -13,6 +13,9 @@ cargo test --workspace --no-fail-fast 2>&1
 echo "== benches compile"
 cargo check --workspace --benches --quiet
 
+echo "== API docs build without warnings (broken links included)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
 echo "== fuzz smoke (each cargo-fuzz target for a few seconds)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-5} ./scripts/fuzz-smoke.sh
 

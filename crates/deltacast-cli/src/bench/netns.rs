@@ -3,10 +3,10 @@
 //! One namespace per host: `dcb-<pid>-t` holds every trainer rank (they gather over the
 //! namespace's own address, as ranks of one host do over their local fabric), and
 //! `dcb-<pid>-r<i>` holds receiver `i`. Each receiver host has its own veth link to the trainer
-//! host (`vr<i>` in the trainer namespace, `vt` in the receiver's), 10.77.<i>.1 ↔ 10.77.<i>.2/24,
-//! so every receiver gets a link of the full rate, as hosts with their own NIC path do. The
-//! trainer's servers listen on 10.77.255.1, an address on the trainer namespace's loopback that
-//! every receiver routes through its link. Devices are created inside the namespaces (`ip -n`),
+//! host (`vr<i>` in the trainer namespace, `vt` in the receiver's), `10.77.<i>.1` ↔
+//! `10.77.<i>.2/24`, so every receiver gets a link of the full rate, as hosts with their own NIC
+//! path do. The trainer's servers listen on 10.77.255.1, an address on the trainer namespace's
+//! loopback that every receiver routes through its link. Devices are created inside the namespaces (`ip -n`),
 //! so nothing ever appears in the caller's namespace; deleting the namespaces removes every link
 //! and qdisc.
 //!
