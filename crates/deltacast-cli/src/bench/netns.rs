@@ -6,9 +6,9 @@
 //! host (`vr<i>` in the trainer namespace, `vt` in the receiver's), `10.77.<i>.1` ↔
 //! `10.77.<i>.2/24`, so every receiver gets a link of the full rate, as hosts with their own NIC
 //! path do. The trainer's servers listen on 10.77.255.1, an address on the trainer namespace's
-//! loopback that every receiver routes through its link. Devices are created inside the namespaces (`ip -n`),
-//! so nothing ever appears in the caller's namespace; deleting the namespaces removes every link
-//! and qdisc.
+//! loopback that every receiver routes through its link. Devices are created inside the
+//! namespaces (`ip -n`), so nothing ever appears in the caller's namespace; deleting the
+//! namespaces removes every link and qdisc.
 //!
 //! Shaping, per link and on both ends (each end shapes its egress): `tbf rate R` at the root
 //! with a `netem delay D` child, so a packet waits D (one way; the round trip is 2D) and leaves
