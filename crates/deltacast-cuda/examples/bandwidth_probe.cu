@@ -59,9 +59,8 @@ extern "C" __global__ void p_cmp_gs2(const uint4* a, const uint4* b, u64 n, u64*
 extern "C" __global__ void p_cmp_gs4(const uint4* a, const uint4* b, u64 n, u64* out) { cmp_gs<4>(a, b, n, out); }
 extern "C" __global__ void p_cmp_gs8(const uint4* a, const uint4* b, u64 n, u64* out) { cmp_gs<8>(a, b, n, out); }
 
-// Two arrays, one block per tile of 256 * 4 vectors, no loop (the diff's launch shape).
-extern "C" __global__ void p_cmp_tile(const uint4* a, const uint4* b, u64 nvec, u64* out) {
-    u64 acc = 0;
+// Two arrays, this block's tile of 256 * 4 vectors, no loop (the diff's launch shape).
+__device__ void cmp_tile(const uint4* a, const uint4* b, u64 nvec, u64* out, u64 acc) {
     const u64 base = (u64)blockIdx.x * blockDim.x * 4 + threadIdx.x;
     uint4 x[4], y[4];
 #pragma unroll
@@ -75,25 +74,17 @@ extern "C" __global__ void p_cmp_tile(const uint4* a, const uint4* b, u64 nvec, 
     add_block(acc, out);
 }
 
-// Tile per block, plus one __syncthreads and a dependent global load first (as the diff's
-// tile lookup does).
+extern "C" __global__ void p_cmp_tile(const uint4* a, const uint4* b, u64 nvec, u64* out) {
+    cmp_tile(a, b, nvec, out, 0);
+}
+
+// The same after a dependent global load and a barrier (as the diff's tile lookup does).
 extern "C" __global__ void p_cmp_tile_dep(const uint4* a, const uint4* b, u64 nvec, u64* out,
                                           const u32* table) {
     __shared__ u32 s;
     if (threadIdx.x == 0) s = table[blockIdx.x & 1023];
     __syncthreads();
-    u64 acc = s;
-    const u64 base = (u64)blockIdx.x * blockDim.x * 4 + threadIdx.x;
-    uint4 x[4], y[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const u64 j = base + (u64)i * blockDim.x;
-        x[i] = j < nvec ? __ldcs(a + j) : make_uint4(0, 0, 0, 0);
-        y[i] = j < nvec ? __ldcs(b + j) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc += halves_changed(x[i], y[i]);
-    add_block(acc, out);
+    cmp_tile(a, b, nvec, out, s);
 }
 
 // Grid-stride copy: the kernel twin of cuMemcpyDtoD.

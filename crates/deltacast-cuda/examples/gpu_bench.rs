@@ -20,7 +20,9 @@
 use std::time::Instant;
 
 use deltacast::diff::{diff_and_refresh, Changes};
-use deltacast_cuda::{DiffInput, DiffOutput, DiffTuning, DigestInput, EncodeInput, Gpu};
+use deltacast_cuda::{
+    DiffInput, DiffOutput, DiffResult, DiffTuning, DigestInput, EncodeInput, Gpu,
+};
 
 fn splitmix(s: &mut u64) -> u64 {
     *s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -74,6 +76,34 @@ fn median(mut v: Vec<f32>) -> f32 {
 }
 
 /// `out` = `old` (BF16) with about `density` of the elements moved by ±1 ULP.
+/// The CPU diff of BF16 `old` → `cur`, and its positions as the GPU writes them (u64 LE).
+fn cpu_reference(old: &[u8], cur: &[u8]) -> (Changes, Vec<u8>) {
+    let mut snap = old.to_vec();
+    let mut ch = Changes::default();
+    diff_and_refresh(&mut snap, cur, 2, 0, &mut ch);
+    let pos = ch.positions.iter().flat_map(|p| p.to_le_bytes()).collect();
+    (ch, pos)
+}
+
+/// Runs `run` (restore the snapshot, then one diff) `reps + 2` times: the median device time of
+/// the last `reps` and the changes found. Every run must find room for all its changes.
+fn timed_diff(
+    reps: usize,
+    mut run: impl FnMut() -> Result<DiffResult, Box<dyn std::error::Error>>,
+) -> Result<(f32, u64), Box<dyn std::error::Error>> {
+    let mut times = Vec::new();
+    let mut found = 0;
+    for r in 0..reps + 2 {
+        let res = run()?;
+        assert!(res.is_complete());
+        found = res.found;
+        if r >= 2 {
+            times.push(res.kernel_ms);
+        }
+    }
+    Ok((median(times), found))
+}
+
 fn fill_changed(out: &mut [u8], old: &[u8], density: f64) {
     let thresh = (density * (1u64 << 32) as f64) as u64;
     par_fill(out, |seed, at, c| {
@@ -179,9 +209,7 @@ fn pinned_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         ];
         for (label, pinned, pieces) in configs {
             let snap = if pinned { snap_h.ptr() } else { dev_d.ptr() };
-            let mut times = Vec::new();
-            let mut found = 0;
-            for r in 0..reps + 2 {
+            let (ms, found) = timed_diff(reps, || {
                 // Restore the snapshot (not timed).
                 // SAFETY: all `bytes` long; the host does not touch `snap_h` meanwhile.
                 unsafe {
@@ -199,20 +227,14 @@ fn pinned_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                     capacity: cap as u64,
                 };
                 // SAFETY: all inside the buffers above (the pinned one through its mapping).
-                let res = unsafe {
+                Ok(unsafe {
                     if pinned {
                         gpu.diff_batch_host_snapshot(&inputs, &out)?
                     } else {
                         gpu.diff_batch(&inputs, &out)?
                     }
-                };
-                assert!(res.is_complete());
-                found = res.found;
-                if r >= 2 {
-                    times.push(res.kernel_ms);
-                }
-            }
-            let ms = median(times);
+                })
+            })?;
             println!(
                 "diff {:5.1}% {label:40}: {ms:8.3} ms = {:6.1} GB/s of tensor = {:.2}x HtoD copy ({} changes)",
                 density * 100.0,
@@ -226,14 +248,11 @@ fn pinned_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             // Bit-exact check of the last (pinned) run against the CPU diff; the host
             // snapshot is read in place.
             let t = Instant::now();
-            let mut snap = old.clone();
-            let mut ch = Changes::default();
-            diff_and_refresh(&mut snap, &host_cur, 2, 0, &mut ch);
+            let (ch, cpu_pos) = cpu_reference(&old, &host_cur);
             let n = ch.len();
             // SAFETY: the output buffers hold `found` changes.
             let g_pos = unsafe { gpu.download(pos_d.ptr(), 8 * n)? };
             let g_new = unsafe { gpu.download(new_d.ptr(), 2 * n)? };
-            let cpu_pos: Vec<u8> = ch.positions.iter().flat_map(|p| p.to_le_bytes()).collect();
             let ok = g_pos == cpu_pos && g_new == ch.new_values;
             let refreshed = snap_h.as_slice() == &host_cur[..];
             println!(
@@ -365,9 +384,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         for (g, label, with_old, with_digest, pieces) in configs {
             let label = label.as_str();
-            let mut times = Vec::new();
-            let mut found = 0;
-            for r in 0..reps + 2 {
+            let (ms, found) = timed_diff(reps, || {
                 // Restore the snapshot (not timed).
                 // SAFETY: both `bytes` long.
                 unsafe { g.copy_device(snap_d.ptr(), old_d.ptr(), bytes)? };
@@ -380,14 +397,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     capacity: cap as u64,
                 };
                 // SAFETY: all inside the buffers above.
-                let res = unsafe { g.diff_batch(&inputs, &out)? };
-                assert!(res.is_complete());
-                found = res.found;
-                if r >= 2 {
-                    times.push(res.kernel_ms);
-                }
-            }
-            let ms = median(times);
+                Ok(unsafe { g.diff_batch(&inputs, &out)? })
+            })?;
             println!(
                 "diff {:5.1}% {label:40}: {ms:.3} ms = {:.0} GB/s of tensor = {:.0}% of copy ({} changes)",
                 density * 100.0,
@@ -400,15 +411,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if density == 0.01 {
             // Bit-exact check against the CPU diff (the last run above left its output).
             let t = Instant::now();
-            let mut snap = old.clone();
-            let mut ch = Changes::default();
-            diff_and_refresh(&mut snap, &host_cur, 2, 0, &mut ch);
+            let (ch, cpu_pos) = cpu_reference(&old, &host_cur);
             let n = ch.len();
             // SAFETY: the output buffers hold `found` changes.
             let g_pos = unsafe { gpu.download(pos_d.ptr(), 8 * n)? };
             let g_new = unsafe { gpu.download(new_d.ptr(), 2 * n)? };
             let g_old = unsafe { gpu.download(oldv_d.ptr(), 2 * n)? };
-            let cpu_pos: Vec<u8> = ch.positions.iter().flat_map(|p| p.to_le_bytes()).collect();
             let ok = g_pos == cpu_pos && g_new == ch.new_values && g_old == ch.old_values;
             let g_snap = unsafe { gpu.download(snap_d.ptr(), bytes)? };
             println!(

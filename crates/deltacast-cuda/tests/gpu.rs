@@ -384,6 +384,36 @@ fn edge_cases(rng: &mut Rng, density_step: usize, misalign_every: usize) -> Vec<
     cases
 }
 
+/// `n` small tensors (up to `max_numel` elements) of every width and a few densities; one in
+/// `misalign_every` not 16-byte aligned.
+fn many_cases(rng: &mut Rng, n: usize, max_numel: u64, misalign_every: usize) -> Vec<DiffCase> {
+    (0..n)
+        .map(|i| DiffCase {
+            numel: rng.below(max_numel) as usize,
+            width: [1, 2, 4][i % 3],
+            density: [0.0, 0.01, 0.3][i % 7 % 3],
+            misalign: i % misalign_every == 0,
+            first_index: rng.below(1 << 33),
+            slot: i as u32,
+        })
+        .collect()
+}
+
+/// Five BF16 tensors at 5 % changed: more than the output (sized below) and than the diff's
+/// per-tile slots hold. `misaligned`: the one that is not 16-byte aligned.
+fn small_output_cases(misaligned: Option<usize>) -> Vec<DiffCase> {
+    (0..5)
+        .map(|i| DiffCase {
+            numel: 200_000 + i,
+            width: 2,
+            density: 0.05,
+            misalign: misaligned == Some(i),
+            first_index: 0,
+            slot: 0,
+        })
+        .collect()
+}
+
 #[test]
 fn diff_batch_matches_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -400,16 +430,7 @@ fn diff_batch_matches_cpu() {
     });
     run_diff_batch(&gpu, &mut rng, &cases, 1.0);
     // Many small tensors in one batch.
-    let many: Vec<DiffCase> = (0..2000)
-        .map(|i| DiffCase {
-            numel: rng.below(3000) as usize,
-            width: [1, 2, 4][i % 3],
-            density: [0.0, 0.01, 0.3][i % 7 % 3],
-            misalign: i % 11 == 0,
-            first_index: rng.below(1 << 33),
-            slot: i as u32,
-        })
-        .collect();
+    let many = many_cases(&mut rng, 2000, 3000, 11);
     run_diff_batch(&gpu, &mut rng, &many, 1.0);
     // Repeat the first batch with new data: the same kernels, fresh scratch state.
     run_diff_batch(&gpu, &mut rng, &cases[..10], 1.0);
@@ -429,16 +450,7 @@ fn diff_matches_cpu_on_a_large_tensor_and_many_small_ones() {
         slot: 5,
     });
     run_diff_batch(&gpu, &mut rng, &cases, 1.0);
-    let many: Vec<DiffCase> = (0..3000)
-        .map(|i| DiffCase {
-            numel: rng.below(5000) as usize,
-            width: [1, 2, 4][i % 3],
-            density: [0.0, 0.01, 0.3][i % 7 % 3],
-            misalign: i % 13 == 0,
-            first_index: rng.below(1 << 33),
-            slot: i as u32,
-        })
-        .collect();
+    let many = many_cases(&mut rng, 3000, 5000, 13);
     run_diff_batch(&gpu, &mut rng, &many, 1.0);
 }
 
@@ -496,28 +508,10 @@ fn diff_with_pinned_snapshot_matches_cpu() {
         slot: 2,
     });
     run_diff_batch_at(&gpu, &mut rng, &cases, 1.0, true);
-    let many: Vec<DiffCase> = (0..1500)
-        .map(|i| DiffCase {
-            numel: rng.below(5000) as usize,
-            width: [1, 2, 4][i % 3],
-            density: [0.0, 0.01, 0.3][i % 7 % 3],
-            misalign: i % 13 == 0,
-            first_index: rng.below(1 << 33),
-            slot: i as u32,
-        })
-        .collect();
+    let many = many_cases(&mut rng, 1500, 5000, 13);
     run_diff_batch_at(&gpu, &mut rng, &many, 1.0, true);
-    // Output too small (and tiles past their slots): a prefix written, the digest whole.
-    let small: Vec<DiffCase> = (0..5)
-        .map(|i| DiffCase {
-            numel: 200_000 + i,
-            width: 2,
-            density: 0.05,
-            misalign: i == 3,
-            first_index: 0,
-            slot: 0,
-        })
-        .collect();
+    // Output too small (and tiles past their slots): a prefix written.
+    let small = small_output_cases(Some(3));
     run_diff_batch_at(&gpu, &mut rng, &small, 0.4, true);
 }
 
@@ -525,16 +519,7 @@ fn diff_with_pinned_snapshot_matches_cpu() {
 fn diff_batch_with_small_output_writes_a_prefix() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng(2);
-    let cases: Vec<DiffCase> = (0..5)
-        .map(|i| DiffCase {
-            numel: 200_000 + i,
-            width: 2,
-            density: 0.05,
-            misalign: false,
-            first_index: 0,
-            slot: 0,
-        })
-        .collect();
+    let cases = small_output_cases(None);
     run_diff_batch(&gpu, &mut rng, &cases, 0.4);
 }
 

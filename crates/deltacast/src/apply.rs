@@ -393,14 +393,14 @@ impl<S: SlotStore> Receiver<S> {
         for e in &frame.entries {
             by_slot[e.slot as usize].push(e);
         }
-        let mut jobs: Vec<EntryJob<'_, '_>> = Vec::new();
+        let mut jobs: Vec<SlotPart<'_, &ChunkEntry>> = Vec::new();
         for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
-            split_entries(dst, slot.dtype.width(), list, &mut jobs);
+            split_parts(dst, slot.dtype.width(), list, &mut jobs);
         }
         // Chunks whose ranges overlap (interleaved pieces of sharded ranks) are staged as usual:
         // staging computes every digest change from the bits before the sync, which is what
         // refuses an element sent twice (wire-format.md); applied in turn they would not.
-        if jobs.iter().any(|job| job.entries.len() > 1) {
+        if jobs.iter().any(|job| job.items.len() > 1) {
             return Ok(None);
         }
         // Each part (one chunk): decoded against the bits held and written at once; a decoding
@@ -408,8 +408,8 @@ impl<S: SlotStore> Receiver<S> {
         let mut results: Vec<(Vec<StagedChunk>, Option<Error>)> = jobs
             .par_iter_mut()
             .map(|job| {
-                let mut done = Vec::with_capacity(job.entries.len());
-                for e in &job.entries {
+                let mut done = Vec::with_capacity(job.items.len());
+                for e in &job.items {
                     let at = (e.start - job.first) as usize * job.width;
                     let held = &job.part[at..at + e.range as usize * job.width];
                     match decode_entry(table, held, frame, e, FrameKind::Delta, true) {
@@ -718,45 +718,66 @@ fn apply_chunks<S: SlotStore>(table: &SlotTable, store: &mut S, chunks: &[Staged
     if let Some(slots) = store.slots_mut() {
         let mut jobs = Vec::new();
         for ((dst, list), width) in slots.into_iter().zip(&mut by_slot).zip(&widths) {
-            split_jobs(dst, *width, list, &mut jobs);
+            split_parts(dst, *width, list, &mut jobs);
         }
-        jobs.into_par_iter()
-            .for_each(|job| apply_job(job.0, job.1, job.2, job.3));
+        jobs.into_par_iter().for_each(apply_part);
     } else {
         for (id, list) in by_slot.iter_mut().enumerate() {
             if list.is_empty() {
                 continue;
             }
             let mut jobs = Vec::new();
-            split_jobs(store.slot_mut(id as u32), widths[id], list, &mut jobs);
-            jobs.into_par_iter()
-                .for_each(|job| apply_job(job.0, job.1, job.2, job.3));
+            split_parts(store.slot_mut(id as u32), widths[id], list, &mut jobs);
+            jobs.into_par_iter().for_each(apply_part);
         }
     }
     changed
 }
 
-/// One unit of parallel apply: a part of a slot starting at element `first`, its element width
-/// and the chunks that lie inside it.
-type ApplyJob<'a, 'c> = (&'a mut [u8], usize, u64, Vec<&'c StagedChunk>);
+/// One unit of parallel apply: a part of a slot starting at element `first`, its element
+/// width, and the chunks (staged, or a frame's entries) that lie inside it, in start order.
+struct SlotPart<'a, T> {
+    part: &'a mut [u8],
+    width: usize,
+    first: u64,
+    items: Vec<T>,
+}
+
+/// A chunk's `[start, start + range)` in its slot.
+trait Span {
+    fn span(&self) -> (u64, u64);
+}
+
+impl Span for &StagedChunk {
+    fn span(&self) -> (u64, u64) {
+        (self.start, self.range)
+    }
+}
+
+impl Span for &ChunkEntry {
+    fn span(&self) -> (u64, u64) {
+        (self.start, self.range)
+    }
+}
 
 /// Cuts `dst` (a whole slot) into disjoint parts, one per group of chunks with overlapping
 /// ranges (`list` is sorted by start here).
-fn split_jobs<'a, 'c>(
+fn split_parts<'a, T: Span + Copy>(
     mut dst: &'a mut [u8],
     width: usize,
-    list: &mut [&'c StagedChunk],
-    jobs: &mut Vec<ApplyJob<'a, 'c>>,
+    list: &mut [T],
+    parts: &mut Vec<SlotPart<'a, T>>,
 ) {
-    list.sort_by_key(|c| c.start);
+    list.sort_by_key(|c| c.span().0);
     let mut consumed = 0u64; // elements of the slot before `dst`
     let mut i = 0;
     while i < list.len() {
-        let first = list[i].start;
-        let mut end = first + list[i].range;
+        let (first, range) = list[i].span();
+        let mut end = first + range;
         let mut j = i + 1;
-        while j < list.len() && list[j].start < end {
-            end = end.max(list[j].start + list[j].range);
+        while j < list.len() && list[j].span().0 < end {
+            let (start, range) = list[j].span();
+            end = end.max(start + range);
             j += 1;
         }
         // Chunk ranges lie inside the slot (checked when received), and groups are ascending.
@@ -765,14 +786,19 @@ fn split_jobs<'a, 'c>(
         let (part, rest) = rest.split_at_mut((end - first) as usize * width);
         dst = rest;
         consumed = end;
-        jobs.push((part, width, first, list[i..j].to_vec()));
+        parts.push(SlotPart {
+            part,
+            width,
+            first,
+            items: list[i..j].to_vec(),
+        });
         i = j;
     }
 }
 
-fn apply_job(part: &mut [u8], width: usize, first: u64, chunks: Vec<&StagedChunk>) {
-    for c in chunks {
-        write_chunk(part, width, first, c, &c.values);
+fn apply_part(p: SlotPart<'_, &StagedChunk>) {
+    for c in p.items {
+        write_chunk(p.part, p.width, p.first, c, &c.values);
     }
 }
 
@@ -795,49 +821,5 @@ fn write_chunk(part: &mut [u8], width: usize, first: u64, c: &StagedChunk, value
         1 => scatter::<1>(dst, &c.rel, values),
         2 => scatter::<2>(dst, &c.rel, values),
         _ => scatter::<4>(dst, &c.rel, values),
-    }
-}
-
-/// One unit of the one-pass apply: a part of a slot starting at element `first`, its element
-/// width, and the frame's chunks that lie inside it, in start order.
-struct EntryJob<'a, 'f> {
-    part: &'a mut [u8],
-    width: usize,
-    first: u64,
-    entries: Vec<&'f ChunkEntry>,
-}
-
-/// [`split_jobs`] for a frame's entries: cuts `dst` (a whole slot) into disjoint parts, one
-/// per group of entries with overlapping ranges.
-fn split_entries<'a, 'f>(
-    mut dst: &'a mut [u8],
-    width: usize,
-    list: &mut [&'f ChunkEntry],
-    jobs: &mut Vec<EntryJob<'a, 'f>>,
-) {
-    list.sort_by_key(|e| e.start);
-    let mut consumed = 0u64;
-    let mut i = 0;
-    while i < list.len() {
-        let first = list[i].start;
-        let mut end = first + list[i].range;
-        let mut j = i + 1;
-        while j < list.len() && list[j].start < end {
-            end = end.max(list[j].start + list[j].range);
-            j += 1;
-        }
-        // Entry ranges lie inside the slot (checked before), and groups are ascending.
-        let rest = std::mem::take(&mut dst);
-        let (_, rest) = rest.split_at_mut((first - consumed) as usize * width);
-        let (part, rest) = rest.split_at_mut((end - first) as usize * width);
-        dst = rest;
-        consumed = end;
-        jobs.push(EntryJob {
-            part,
-            width,
-            first,
-            entries: list[i..j].to_vec(),
-        });
-        i = j;
     }
 }

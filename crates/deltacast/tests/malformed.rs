@@ -18,6 +18,17 @@ struct Setup {
 
 /// A receiver at version 1 and the frames of version 2 (several frames).
 fn setup(seed: u64) -> (Setup, Vec<Vec<u8>>) {
+    let (s, frames) = setup_with(seed, 2048);
+    assert!(
+        frames.len() >= 3,
+        "want a multi-frame sync, got {}",
+        frames.len()
+    );
+    (s, frames)
+}
+
+/// A receiver at version 1 and the frames of version 2, in flushes of up to `bucket_size`.
+fn setup_with(seed: u64, bucket_size: usize) -> (Setup, Vec<Vec<u8>>) {
     let mut rng = Rng(seed);
     let table = SlotTable::new(vec![
         SlotInfo::new("a", DType::BF16, vec![64, 50]),
@@ -26,7 +37,7 @@ fn setup(seed: u64) -> (Setup, Vec<Vec<u8>>) {
     ])
     .unwrap();
     let cfg = FlushConfig {
-        bucket_size: 2048,
+        bucket_size,
         chunk_elems: 500,
         codec: CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw),
     };
@@ -54,11 +65,6 @@ fn setup(seed: u64) -> (Setup, Vec<Vec<u8>>) {
             Ok(())
         })
         .unwrap();
-    assert!(
-        frames.len() >= 3,
-        "want a multi-frame sync, got {}",
-        frames.len()
-    );
     (
         Setup {
             table,
@@ -306,46 +312,10 @@ fn random_bytes_and_absurd_stream_lengths_are_errors() {
 /// A receiver at version 1 and the single frame of version 2: the receiver applies such a
 /// sync in one pass and must undo it when it does not verify.
 fn setup_single(seed: u64) -> (Setup, Vec<u8>) {
-    let mut rng = Rng(seed);
-    let table = SlotTable::new(vec![
-        SlotInfo::new("a", DType::BF16, vec![64, 50]),
-        SlotInfo::new("b", DType::F32, vec![700]),
-        SlotInfo::new("c", DType::F8E4M3, vec![3, 333]),
-    ])
-    .unwrap();
-    let cfg = FlushConfig {
-        bucket_size: 1 << 20,
-        chunk_elems: 500,
-        codec: CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw),
-    };
-    let mut sender = Sender::new(table.clone(), cfg).unwrap();
-    let mut receiver = Receiver::new(table.clone());
-    let base = random_buffers(&mut rng, &table);
-    sender
-        .sync(&slices(&base), |f| receiver.receive(&f).map(|_| ()))
-        .unwrap();
-    let mut next = base.clone();
-    for (slot, buf) in table.slots().iter().zip(next.iter_mut()) {
-        mutate(&mut rng, buf, slot.dtype.width(), 0.3);
-    }
-    let mut frames = Vec::new();
-    sender
-        .sync(&slices(&next), |f| {
-            frames.push(f);
-            Ok(())
-        })
-        .unwrap();
+    let (s, mut frames) = setup_with(seed, 1 << 20);
     assert_eq!(frames.len(), 1, "want a single-frame sync");
     let frame = frames.pop().unwrap();
-    (
-        Setup {
-            table,
-            sender,
-            receiver,
-            next,
-        },
-        frame,
-    )
+    (s, frame)
 }
 
 /// Byte offsets in `frame` of the first and the last entry's position and value sections.
