@@ -14,7 +14,8 @@
 #
 # Env (each also a flag above): GPU_BENCH_STEPS (default 8 timed steps, after 1 warm-up step),
 # GPU_BENCH_RUNS (default "0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket"; a third field
-# on|off|auto sets deltacast's entropy codecs, default auto),
+# on|off|auto sets deltacast's entropy codecs, default auto; a fourth the stage size in MiB,
+# default the library's),
 # GPU_BENCH_RUN_TIMEOUT (seconds per run, default 420), PYTHON (default python3).
 # Results: $OUT if set (the device tool's folder), else ./bench-out: one JSON per run
 # (gpu_sync_<model>_<transport>.json) and the whole log (gpu-bench.log).
@@ -96,14 +97,16 @@ fi
 status=0
 results=()
 for spec in $RUNS; do
-    IFS=: read -r model transport entropy <<<"$spec"
+    IFS=: read -r model transport entropy stage_mib <<<"$spec"
     entropy=${entropy:-auto}
+    stage=()
+    [ -n "${stage_mib:-}" ] && stage=(--stage-mib "$stage_mib")
     say ""
-    say "== run: model $model, transport $transport, entropy $entropy, $STEPS steps ($(date -u +%H:%M:%S))"
+    say "== run: model $model, transport $transport, entropy $entropy, stage ${stage_mib:-default} MiB, $STEPS steps ($(date -u +%H:%M:%S))"
     start=$(date +%s)
     timeout -k 15 "$RUN_TIMEOUT" "$PY" bindings/python/bench/gpu_sync.py --model "$model" \
         --transport "$transport" --entropy "$entropy" --steps "$STEPS" --out "$OUT_DIR" \
-        "${EXTRA[@]}" 2>&1 | tee -a "$LOG"
+        "${stage[@]}" "${EXTRA[@]}" 2>&1 | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
     took=$(( $(date +%s) - start ))
     case $rc in
@@ -113,7 +116,7 @@ for spec in $RUNS; do
         124|137) what="TIMED OUT after ${RUN_TIMEOUT}s" ;;
         *) what="FAILED (exit $rc)" ;;
     esac
-    results+=("$model $transport (entropy $entropy): $what (exit $rc, ${took}s)")
+    results+=("$model $transport (entropy $entropy, stage ${stage_mib:-default} MiB): $what (exit $rc, ${took}s)")
     [ "$rc" -ne 0 ] && status=1
 done
 

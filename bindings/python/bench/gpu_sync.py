@@ -562,10 +562,12 @@ def run_rank(rank: int, args, port: int):
             torch.cuda.empty_cache()  # hand torch's cached blocks back before deltacast allocates
         ordinal = rank if cpu else device.index  # cpu: only with a stand-in module
         comm = dcc.NcclComm(bytes(uid), 2, rank, ordinal)
+        stage_kw = ({} if args.stage_mib is None
+                    else {"stage_bytes": int(args.stage_mib * (1 << 20))})
         if rank == 0:
             sender = dcc.GpuSender(comm, named, device=ordinal, root=0, snapshots=snaps,
                                    chunk_elems=args.chunk_elems, capacity=args.capacity,
-                                   entropy=args.entropy)
+                                   entropy=args.entropy, **stage_kw)
         else:
             receiver = dcc.GpuReceiver(comm, named, device=ordinal, root=0)
         dc_errors = (dc_error,)
@@ -615,6 +617,8 @@ def run_rank(rank: int, args, port: int):
                         "chunks": info.get("chunks"), "diff_ms": info.get("diff_ms"),
                         "deltacast_time_ms": info.get("time_ms"),
                         "entropy": info.get("entropy"),
+                        "stages": info.get("stages"),
+                        "dense_stages": info.get("dense_stages"),
                         "phases_ms": info.get("phases_ms")})
             if info.get("changed") is not None:
                 row["changed_ratio"] = info["changed"] / numel
@@ -900,6 +904,8 @@ def out_name(args):
     if args.cpu_smoke:
         return f"gpu_sync_{args.model}_cpu.json"
     suffix = {"auto": "", "on": "_entropy", "off": "_noentropy"}[args.entropy]
+    if args.stage_mib is not None:
+        suffix += f"_stage{args.stage_mib:g}"
     return f"gpu_sync_{args.model}_{args.transport}{suffix}.json"
 
 
@@ -932,6 +938,9 @@ def main(argv=None):
     ap.add_argument("--entropy", choices=["auto", "on", "off"], default="auto",
                     help="deltacast's entropy codecs (gaps + ulp): auto (default: measures "
                          "both, keeps the faster), on, off (abs32/bitmap + raw only)")
+    ap.add_argument("--stage-mib", type=float, default=None,
+                    help="deltacast's stage size in MiB (default: the library's, 2048; 0: one "
+                         "stage)")
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--inject-corruption", type=int, default=-1, metavar="STEP",

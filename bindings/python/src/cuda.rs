@@ -221,6 +221,8 @@ fn report_dict<'py>(py: Python<'py>, r: &GpuSyncReport) -> PyResult<Bound<'py, P
     d.set_item("time_ms", r.time_ms)?;
     d.set_item("diff_ms", r.diff_ms)?;
     d.set_item("entropy", r.entropy)?;
+    d.set_item("stages", r.stages)?;
+    d.set_item("dense_stages", r.dense_stages)?;
     let phases = PyDict::new(py);
     for (name, ms) in &r.phases {
         phases.set_item(*name, *ms)?;
@@ -246,7 +248,7 @@ pub struct NativeGpuSender {
 #[pymethods]
 impl NativeGpuSender {
     #[new]
-    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0, snapshot="device", entropy="auto"))]
+    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0, snapshot="device", entropy="auto", stage_bytes=deltacast_cuda::sync::DEFAULT_STAGE_BYTES))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         comm: &mut NcclComm,
@@ -258,6 +260,7 @@ impl NativeGpuSender {
         timeout_s: f64,
         snapshot: &str,
         entropy: &str,
+        stage_bytes: u64,
     ) -> PyResult<Self> {
         let tensors = self::tensors(tensors)?;
         let snapshot = match snapshot {
@@ -286,6 +289,7 @@ impl NativeGpuSender {
             timeout: timeout(timeout_s)?,
             snapshot,
             entropy,
+            stage_bytes,
         };
         let (gpu, nccl) = comm.take()?;
         // SAFETY: the Python wrapper passes live CUDA tensors of this device (checked there:

@@ -41,5 +41,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda::nccl_unique_id, m)?)?;
     m.add("DEFAULT_BUCKET_SIZE", deltacast::flush::DEFAULT_BUCKET_SIZE)?;
     m.add("DEFAULT_CHUNK_ELEMS", deltacast::flush::DEFAULT_CHUNK_ELEMS)?;
+    m.add(
+        "DEFAULT_STAGE_BYTES",
+        deltacast_cuda::sync::DEFAULT_STAGE_BYTES,
+    )?;
     Ok(())
 }

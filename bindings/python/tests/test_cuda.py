@@ -72,7 +72,7 @@ def _config():
     )
 
 
-def _trainer(uid, queue, steps, snapshot):
+def _trainer(uid, queue, steps, snapshot, stage_bytes):
     import torch
     from transformers import Qwen2ForCausalLM
 
@@ -84,7 +84,8 @@ def _trainer(uid, queue, steps, snapshot):
     opt = torch.optim.AdamW(master, lr=1e-5)
     comm = dcc.NcclComm(uid, 2, 0, 0)
     sender = dcc.GpuSender(
-        comm, model.named_parameters(), chunk_elems=4096, capacity=0.5, snapshot=snapshot
+        comm, model.named_parameters(), chunk_elems=4096, capacity=0.5, snapshot=snapshot,
+        stage_bytes=stage_bytes,
     )
     reports = [sender.seed()]
     gen = torch.Generator(device="cuda:0").manual_seed(1)
@@ -133,8 +134,11 @@ def _receiver(uid, queue):
     queue.put(("receiver", reports, state, peak_extra, model_bytes))
 
 
-@pytest.mark.parametrize("snapshot", ["device", "pinned"])
-def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot):
+@pytest.mark.parametrize(
+    "snapshot, stage_bytes",
+    [("device", dcc.DEFAULT_STAGE_BYTES), ("pinned", dcc.DEFAULT_STAGE_BYTES), ("device", 1 << 16)],
+)
+def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot, stage_bytes):
     torch = _two_gpus()
     import torch.multiprocessing as mp
 
@@ -145,7 +149,7 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot):
     uid = dcc.nccl_unique_id()
     steps = 4
     procs = [
-        ctx.Process(target=_trainer, args=(uid, queue, steps, snapshot)),
+        ctx.Process(target=_trainer, args=(uid, queue, steps, snapshot, stage_bytes)),
         ctx.Process(target=_receiver, args=(uid, queue)),
     ]
     for p in procs:
@@ -165,12 +169,23 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot):
     assert kinds[0] == "seed" and "delta" in kinds, kinds
     assert set(kinds[1:]) <= {"delta", "dense"}, kinds
     assert [r["version"] for r in received] == list(range(1, steps + 2))
+    # One stage for this small model by default; with 64 KiB stages, several (the
+    # embeddings alone are 256 KiB), the same on both sides.
+    stages = [r["stages"] for r in sent[1:]]
+    assert stages == [r["stages"] for r in received[1:]]
+    if stage_bytes == dcc.DEFAULT_STAGE_BYTES:
+        assert set(stages) == {1}, stages
+    else:
+        assert min(stages) > 3, stages
     assert truth.keys() == state.keys()
     for name in truth:
         assert (truth[name] == state[name]).all(), name
     # The receiver's extra GPU memory follows the deltas, not the model: its receive buffers
     # (the wire bytes) and, for entropy-coded chunks, the decoded positions and values (at
     # most 8 bytes per change), with an eighth of growth headroom; no copy of the model.
+    # In stages, every stage but the last also keeps the bits it overwrote (its journal: 2
+    # bytes per change; a dense stage's whole bytes).
     deltas = [r for r in received if r["kind"] == "delta"]
-    need = max((r["payload_bytes"] + 8 * r["changed"] for r in deltas), default=0)
+    journal = 2 if stage_bytes != dcc.DEFAULT_STAGE_BYTES else 0
+    need = max((r["payload_bytes"] + (8 + journal) * r["changed"] for r in deltas), default=0)
     assert peak_extra < 1.25 * need + (1 << 20), (peak_extra, need, model_bytes)

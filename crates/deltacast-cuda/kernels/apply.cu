@@ -10,7 +10,8 @@
 //                     Writes nothing to the slots.
 //   dc_apply_scatter  writes the new bits; the host launches it only when every chunk checked
 //                     clean and the digests matched the sender's, so the state never ends
-//                     half way between two versions.
+//                     half way between two versions. With a journal it first saves the bits
+//                     it overwrites (a staged sync's undo scatters them back).
 //
 // Header-level checks (section lengths, count <= range, chunk inside its slot, pointer alignment)
 // are the host's (see src/gpu.rs) and happen before the launch: the kernels never read or write
@@ -38,6 +39,8 @@ struct ApplyChunk {
     u32 seed;       // 1: seed chunk (digest Σ h(new)); 0: delta chunk
     u64 k_begin;    // the changes this entry covers: [k_begin, k_end) of the chunk's; the host
     u64 k_end;      // splits all/abs32 chunks into several entries (bitmap: always whole)
+    u64 journal;    // scatter: 0, or where the k-th change's old bits are saved (raw layout),
+                    // so that a staged sync can undo an applied stage
 };
 
 __device__ __forceinline__ void dc_flag(u32* err, u32 code) { atomicCAS(err, 0u, code); }
@@ -176,6 +179,19 @@ dc_apply_scatter(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __r
                     r[j] = k < c.k_end ? p[k] : 0;
                     nb[j] = k < c.k_end ? dc_load_bits(val, k, c.width) : 0;
                 }
+                if (c.journal) {
+                    u32 ob[APPLY_BATCH];
+#pragma unroll
+                    for (u32 j = 0; j < APPLY_BATCH; ++j) {
+                        const u64 k = k0 + j * stride;
+                        ob[j] = (k < c.k_end && r[j] < c.range) ? dc_load_bits(dst, c.start + r[j], c.width) : 0;
+                    }
+#pragma unroll
+                    for (u32 j = 0; j < APPLY_BATCH; ++j) {
+                        const u64 k = k0 + j * stride;
+                        if (k < c.k_end && r[j] < c.range) dc_store_bits((u8*)c.journal, k, c.width, ob[j]);
+                    }
+                }
 #pragma unroll
                 for (u32 j = 0; j < APPLY_BATCH; ++j) {
                     const u64 k = k0 + j * stride;
@@ -183,6 +199,7 @@ dc_apply_scatter(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __r
                 }
             }
         } else dc_for_each(c, s_scan, &errors[ci], [&](u64 k, u64 rel) {
+            if (c.journal) dc_store_bits((u8*)c.journal, k, c.width, dc_load_bits(dst, c.start + rel, c.width));
             dc_store_bits(dst, c.start + rel, c.width, dc_load_bits(val, k, c.width));
         });
         __syncthreads();

@@ -14,9 +14,9 @@ use deltacast::digest::slot_salt;
 use crate::error::{CudaError, Result};
 use crate::DiffTuning;
 use crate::{
-    apply_error_reason, ApplyCheck, ApplyInput, ApplyPositions, ChunkError, DevicePtr, DiffInput,
-    DiffOutput, DiffResult, DiffTensorResult, DigestInput, EncodeInput, GridChunk, UpdateInput,
-    KERNELS,
+    apply_error_reason, journal_layout, ApplyCheck, ApplyInput, ApplyPositions, ChunkError,
+    DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult, DigestInput, EncodeInput,
+    GridChunk, UpdateInput, KERNELS,
 };
 
 mod entropy;
@@ -81,6 +81,7 @@ struct KApplyChunk {
     seed: u32,
     k_begin: u64,
     k_end: u64,
+    journal: u64,
 }
 
 #[repr(C)]
@@ -431,6 +432,72 @@ impl Drop for HostBuffer {
     }
 }
 
+/// A second stream on a GPU's context (the sync's collectives run on one, so that they
+/// overlap the kernels of the next stage on the GPU's own stream). Destroyed on drop.
+pub struct GpuStream {
+    stream: sys::CUstream,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: handles of the driver API, which is thread-safe; nothing here is mutated after
+// creation.
+unsafe impl Send for GpuStream {}
+unsafe impl Sync for GpuStream {}
+
+impl GpuStream {
+    /// The raw `CUstream`.
+    pub fn handle(&self) -> u64 {
+        self.stream as u64
+    }
+}
+
+impl Drop for GpuStream {
+    fn drop(&mut self) {
+        let (stream, ctx) = (self.stream, self.ctx);
+        let _ = guarded(|| {
+            // SAFETY: our stream, created in `ctx`, synchronised and destroyed once.
+            unsafe {
+                let _ = cu::ctx::set_current(ctx);
+                let _ = cu::stream::synchronize(stream);
+                let _ = cu::stream::destroy(stream);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A CUDA event without timing: recorded on one stream, waited on by another, or polled
+/// (`NcclComm::wait`). Destroyed on drop.
+pub struct GpuEvent {
+    event: sys::CUevent,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: as for GpuStream.
+unsafe impl Send for GpuEvent {}
+unsafe impl Sync for GpuEvent {}
+
+impl GpuEvent {
+    /// The raw `CUevent`.
+    pub fn handle(&self) -> u64 {
+        self.event as u64
+    }
+}
+
+impl Drop for GpuEvent {
+    fn drop(&mut self) {
+        let (event, ctx) = (self.event, self.ctx);
+        let _ = guarded(|| {
+            // SAFETY: our event, created in `ctx`, destroyed once.
+            unsafe {
+                let _ = cu::ctx::set_current(ctx);
+                let _ = cu::event::destroy(event);
+            }
+            Ok(())
+        });
+    }
+}
+
 struct Scratch {
     buf: Option<DeviceBuffer>,
 }
@@ -666,6 +733,83 @@ impl Gpu {
             unsafe { cu::event::record(self.done_event, self.stream) }
                 .map_err(drv("cuEventRecord"))?;
             Ok(self.done_event as u64)
+        })
+    }
+
+    /// A new stream on this GPU's context; `high_priority` gives it the device's greatest
+    /// priority, so that its small kernels (NCCL's) are scheduled ahead of a long diff.
+    pub fn new_stream(&self, high_priority: bool) -> Result<GpuStream> {
+        guarded(|| {
+            self.bind()?;
+            let priority = if high_priority {
+                cu::stream::get_priority_range()
+                    .map_err(drv("cuCtxGetStreamPriorityRange"))?
+                    .1
+            } else {
+                0
+            };
+            let stream =
+                cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, priority)
+                    .map_err(drv("cuStreamCreateWithPriority"))?;
+            Ok(GpuStream {
+                stream,
+                ctx: self.ctx,
+            })
+        })
+    }
+
+    /// A new event (no timing) on this GPU's context.
+    pub fn new_event(&self) -> Result<GpuEvent> {
+        guarded(|| {
+            self.bind()?;
+            let event = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(drv("cuEventCreate"))?;
+            Ok(GpuEvent {
+                event,
+                ctx: self.ctx,
+            })
+        })
+    }
+
+    /// Records `event` after everything enqueued so far on `stream` (0: this GPU's own).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this GPU's context, or 0.
+    pub unsafe fn record_event(&self, event: &GpuEvent, stream: u64) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            let stream = if stream == 0 {
+                self.stream
+            } else {
+                stream as sys::CUstream
+            };
+            // SAFETY: per this function's contract; the event is alive (borrowed).
+            unsafe { cu::event::record(event.event, stream) }.map_err(drv("cuEventRecord"))
+        })
+    }
+
+    /// Makes `stream` (0: this GPU's own) wait, on the device, for the last record of
+    /// `event`.
+    ///
+    /// # Safety
+    /// As [`Gpu::record_event`].
+    pub unsafe fn stream_wait_event(&self, stream: u64, event: &GpuEvent) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            let stream = if stream == 0 {
+                self.stream
+            } else {
+                stream as sys::CUstream
+            };
+            // SAFETY: per this function's contract; the event is alive (borrowed).
+            unsafe {
+                cu::stream::wait_event(
+                    stream,
+                    event.event,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            }
+            .map_err(drv("cuStreamWaitEvent"))
         })
     }
 
@@ -1362,9 +1506,60 @@ impl Gpu {
     /// # Safety
     /// As [`Gpu::apply_check`]; the slots are written.
     pub unsafe fn apply_scatter(&self, chunks: &[ApplyInput]) -> Result<()> {
+        // SAFETY: per this function's contract.
+        unsafe { self.scatter(chunks, None) }
+    }
+
+    /// [`Gpu::apply_scatter`], saving first the bits each change overwrites into `journal`
+    /// (laid out by [`journal_layout`]), so that [`Gpu::apply_undo`] can put them back.
+    ///
+    /// # Safety
+    /// As [`Gpu::apply_scatter`]; `journal` must be valid for `journal_layout(chunks).1`
+    /// bytes, 4-aligned.
+    pub unsafe fn apply_scatter_journaled(
+        &self,
+        chunks: &[ApplyInput],
+        journal: DevicePtr,
+    ) -> Result<()> {
+        // SAFETY: per this function's contract.
+        unsafe { self.scatter(chunks, Some(journal)) }
+    }
+
+    /// Undoes [`Gpu::apply_scatter_journaled`] of the same chunks: writes the journal's old
+    /// bits back. Undo stages in the reverse order of their scatters.
+    ///
+    /// # Safety
+    /// As [`Gpu::apply_scatter_journaled`], with the journal that scatter filled.
+    pub unsafe fn apply_undo(&self, chunks: &[ApplyInput], journal: DevicePtr) -> Result<()> {
+        let (offsets, _) = journal_layout(chunks);
+        let back: Vec<ApplyInput> = chunks
+            .iter()
+            .zip(offsets)
+            .map(|(c, off)| ApplyInput {
+                val_section: journal + off,
+                val_len: c.count * c.width as u64,
+                ..*c
+            })
+            .collect();
+        // SAFETY: per this function's contract (each chunk's old bits at its offset).
+        unsafe { self.scatter(&back, None) }
+    }
+
+    unsafe fn scatter(&self, chunks: &[ApplyInput], journal: Option<DevicePtr>) -> Result<()> {
         guarded(|| {
             self.bind()?;
-            let (table, _) = apply_table(chunks, false, usize::MAX)?;
+            let (mut table, owner) = apply_table(chunks, false, usize::MAX)?;
+            if let Some(base) = journal {
+                if base % 4 != 0 {
+                    return Err(CudaError::InvalidArgument(
+                        "journal not 4-byte aligned".into(),
+                    ));
+                }
+                let (offsets, _) = journal_layout(chunks);
+                for (entry, &i) in table.iter_mut().zip(&owner) {
+                    entry.journal = base + offsets[i];
+                }
+            }
             let n = table.len();
             let t_len = (n * std::mem::size_of::<KApplyChunk>()) as u64;
             let e_off = t_len.next_multiple_of(8);
@@ -1398,6 +1593,35 @@ impl Gpu {
         held: &[u64],
         expected: &[u64],
     ) -> Result<Vec<u64>> {
+        // SAFETY: per this function's contract.
+        unsafe { self.verified(chunks, seed, held, expected, None) }
+    }
+
+    /// [`Gpu::apply_verified`] of a delta whose scatter saves the overwritten bits into
+    /// `journal` (see [`Gpu::apply_scatter_journaled`]), for a staged sync that may have to
+    /// undo it when a later stage fails.
+    ///
+    /// # Safety
+    /// As [`Gpu::apply_scatter_journaled`].
+    pub unsafe fn apply_verified_journaled(
+        &self,
+        chunks: &[ApplyInput],
+        held: &[u64],
+        expected: &[u64],
+        journal: DevicePtr,
+    ) -> Result<Vec<u64>> {
+        // SAFETY: per this function's contract.
+        unsafe { self.verified(chunks, false, held, expected, Some(journal)) }
+    }
+
+    unsafe fn verified(
+        &self,
+        chunks: &[ApplyInput],
+        seed: bool,
+        held: &[u64],
+        expected: &[u64],
+        journal: Option<DevicePtr>,
+    ) -> Result<Vec<u64>> {
         if held.len() != expected.len() {
             return Err(CudaError::InvalidArgument(
                 "held and expected digests differ in length".into(),
@@ -1427,7 +1651,7 @@ impl Gpu {
             }
         }
         // SAFETY: per this function's contract; every chunk checked clean.
-        unsafe { self.apply_scatter(chunks)? };
+        unsafe { self.scatter(chunks, journal)? };
         Ok(new)
     }
 
@@ -1759,6 +1983,7 @@ fn apply_table(
             seed: seed as u32,
             k_begin: 0,
             k_end: c.count,
+            journal: 0,
         };
         // A bitmap is decoded by one block scanning it. The changes of all/abs32 chunks are
         // independent and could be shared out between blocks, but measured slower on an H200

@@ -50,16 +50,16 @@ pub mod nccl;
 pub mod sync;
 #[cfg(feature = "cuda")]
 pub use gpu::{
-    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu,
-    HostBuffer, DECODE_SLACK,
+    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu, GpuEvent,
+    GpuStream, HostBuffer, DECODE_SLACK,
 };
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
-    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu,
-    HostBuffer, DECODE_SLACK,
+    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu, GpuEvent,
+    GpuStream, HostBuffer, DECODE_SLACK,
 };
 
 /// A device address (`CUdeviceptr`).
@@ -296,6 +296,21 @@ pub struct ApplyInput {
     /// The raw value section (aligned to the width) and its length.
     pub val_section: DevicePtr,
     pub val_len: u64,
+}
+
+/// Where [`Gpu::apply_scatter_journaled`] saves each chunk's old bits: per chunk a byte
+/// offset (4-aligned; `count * width` bytes each) into the journal, and the journal's length.
+pub fn journal_layout(chunks: &[ApplyInput]) -> (Vec<u64>, u64) {
+    let mut at = 0u64;
+    let offsets = chunks
+        .iter()
+        .map(|c| {
+            let off = at;
+            at += (c.count * c.width as u64).next_multiple_of(4);
+            off
+        })
+        .collect();
+    (offsets, at)
 }
 
 /// A chunk that failed its check, and why.

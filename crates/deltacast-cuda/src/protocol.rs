@@ -2,15 +2,21 @@
 //!
 //! A GPU sync moves device buffers with NCCL, not the framed byte stream of the core: frames
 //! are assembled and checksummed on the host, and copying a whole delta through host memory
-//! would cost more than the link. Each sync is four broadcasts from the trainer's root rank:
+//! would cost more than the link. A sync is one or more stages, each a consecutive run of
+//! slots (so that the receiver checks and applies one stage while the sender diffs the
+//! next); each stage is four broadcasts from the trainer's root rank:
 //!
-//! 1. the [`Header`], 64 bytes, fixed size;
-//! 2. the manifest: per slot the digest before and after (16 bytes each), then per chunk a
-//!    [`ChunkRecord`] (64 bytes) — `header.manifest_bytes` long;
+//! 1. the [`Header`], 80 bytes, fixed size: the sync's kind, version and table, which stage
+//!    of how many, and its slots (`first_slot .. first_slot + stage_slots`);
+//! 2. the manifest: per slot of the stage the digest before and after (16 bytes each), then
+//!    per chunk a [`ChunkRecord`] (64 bytes) — `header.manifest_bytes` long;
 //! 3. the position sections, packed (`header.position_bytes`);
 //! 4. the value sections, packed (`header.value_bytes`).
 //!
-//! A seed or a dense sync replaces 2–4 with the tensors' own bytes, slot after slot.
+//! A seed or a dense stage replaces 2–4 with the tensors' own bytes, slot after slot. The
+//! stages of a sync cover the slot table in order, each starting where the last ended; a
+//! seed or a close is one stage of every slot. A stage is delta or dense on its own (dense
+//! where its delta would not be smaller, or did not fit the sender's buffers).
 //!
 //! Integrity without a checksum: the receiver checks every length against its own slot table
 //! before it allocates or receives anything, the GPU check refuses any chunk whose positions
@@ -23,10 +29,10 @@ use crate::error::{CudaError, Result};
 /// "DCGP": deltacast GPU protocol.
 pub const MAGIC: [u8; 4] = *b"DCGP";
 /// Version of this layout (2: chunk records carry their value codec and section lengths, for
-/// the entropy codecs).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// the entropy codecs; 3: syncs in stages).
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Bytes of a [`Header`].
-pub const HEADER_BYTES: usize = 64;
+pub const HEADER_BYTES: usize = 80;
 /// Bytes of one [`ChunkRecord`].
 pub const CHUNK_RECORD_BYTES: usize = 64;
 /// Bytes of one slot's digest pair in the manifest.
@@ -86,9 +92,49 @@ pub struct Header {
     pub manifest_bytes: u64,
     pub position_bytes: u64,
     pub value_bytes: u64,
+    /// This stage's index, `0..stages`.
+    pub stage: u32,
+    /// Stages of this sync (at least 1).
+    pub stages: u32,
+    /// The stage's slots: `first_slot .. first_slot + stage_slots`.
+    pub first_slot: u32,
+    pub stage_slots: u32,
 }
 
 impl Header {
+    /// The header of a one-stage sync of every slot (seeds, closes, unstaged syncs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn whole(
+        kind: SyncKind,
+        version: u64,
+        table_hash: u64,
+        num_slots: u32,
+        num_chunks: u64,
+        manifest_bytes: u64,
+        position_bytes: u64,
+        value_bytes: u64,
+    ) -> Header {
+        Header {
+            kind,
+            version,
+            table_hash,
+            num_slots,
+            num_chunks,
+            manifest_bytes,
+            position_bytes,
+            value_bytes,
+            stage: 0,
+            stages: 1,
+            first_slot: 0,
+            stage_slots: num_slots,
+        }
+    }
+
+    /// The stage's slot ids.
+    pub fn slots(&self) -> std::ops::Range<usize> {
+        self.first_slot as usize..(self.first_slot as usize + self.stage_slots as usize)
+    }
+
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
         b[0..4].copy_from_slice(&MAGIC);
@@ -101,6 +147,10 @@ impl Header {
         b[40..48].copy_from_slice(&self.manifest_bytes.to_le_bytes());
         b[48..56].copy_from_slice(&self.position_bytes.to_le_bytes());
         b[56..64].copy_from_slice(&self.value_bytes.to_le_bytes());
+        b[64..68].copy_from_slice(&self.stage.to_le_bytes());
+        b[68..72].copy_from_slice(&self.stages.to_le_bytes());
+        b[72..76].copy_from_slice(&self.first_slot.to_le_bytes());
+        b[76..80].copy_from_slice(&self.stage_slots.to_le_bytes());
         b
     }
 
@@ -134,6 +184,10 @@ impl Header {
             manifest_bytes: u64_at(40),
             position_bytes: u64_at(48),
             value_bytes: u64_at(56),
+            stage: u32_at(64),
+            stages: u32_at(68),
+            first_slot: u32_at(72),
+            stage_slots: u32_at(76),
         };
         if h.kind == SyncKind::Close {
             return Ok(h);
@@ -144,7 +198,23 @@ impl Header {
                 got: h.table_hash,
             });
         }
-        let manifest = (h.num_slots as u64)
+        let end = h.first_slot as u64 + h.stage_slots as u64;
+        if h.stages == 0
+            || h.stage >= h.stages
+            || h.stages as u64 > (h.num_slots as u64).max(1)
+            || end > h.num_slots as u64
+            || (h.stage_slots == 0 && h.num_slots > 0)
+        {
+            return Err(bad(format!(
+                "stage {} of {} over slots {}..{end} of {}",
+                h.stage, h.stages, h.first_slot, h.num_slots
+            )));
+        }
+        if h.kind == SyncKind::Seed && (h.stages != 1 || h.stage_slots != h.num_slots) {
+            return Err(bad("a seed is one stage of every slot".into()));
+        }
+        let slots = h.slots();
+        let manifest = (h.stage_slots as u64)
             .checked_mul(SLOT_RECORD_BYTES as u64)
             .and_then(|s| {
                 h.num_chunks
@@ -156,38 +226,83 @@ impl Header {
         }
         match h.kind {
             SyncKind::Delta => {
-                if h.num_chunks > table.max_chunks() {
+                if h.num_chunks > table.max_chunks(slots.clone()) {
                     return Err(bad(format!(
                         "{} chunks: more than this model's slots can have",
                         h.num_chunks
                     )));
                 }
-                if h.position_bytes > table.max_position_bytes(h.num_chunks) {
+                if h.position_bytes > table.max_position_bytes(slots.clone(), h.num_chunks) {
                     return Err(bad(format!(
                         "{} position bytes: more than any delta of this model needs",
                         h.position_bytes
                     )));
                 }
-                if h.value_bytes > table.max_value_bytes(h.num_chunks) {
+                if h.value_bytes > table.max_value_bytes(slots.clone(), h.num_chunks) {
                     return Err(bad(format!(
-                        "{} value bytes for a model of {} bytes",
-                        h.value_bytes, table.total_bytes
+                        "{} value bytes for slots of {} bytes",
+                        h.value_bytes,
+                        table.bytes(slots)
                     )));
                 }
             }
             _ => {
-                if h.num_chunks != 0 || h.position_bytes != 0 || h.value_bytes != table.total_bytes
-                {
+                let bytes = table.bytes(slots);
+                if h.num_chunks != 0 || h.position_bytes != 0 || h.value_bytes != bytes {
                     return Err(bad(format!(
-                        "a {} must carry exactly the model's {} bytes",
+                        "a {} stage must carry exactly its slots' {bytes} bytes",
                         h.kind.name(),
-                        table.total_bytes
                     )));
                 }
             }
         }
         Ok(h)
     }
+}
+
+impl Header {
+    /// Checks that this header may come next in a sync: after nothing (a new sync: stage 0,
+    /// from slot 0), or after `prev` (the next stage of the same sync, starting where `prev`
+    /// ended); a last stage must end at the last slot. Headers are checked one by one with
+    /// [`Header::decode`] first.
+    pub fn follows(&self, prev: Option<&Header>) -> Result<()> {
+        let ok = match prev {
+            None => self.stage == 0 && self.first_slot == 0,
+            Some(p) => {
+                self.stage == p.stage + 1
+                    && self.stages == p.stages
+                    && self.version == p.version
+                    && self.first_slot as u64 == p.first_slot as u64 + p.stage_slots as u64
+            }
+        };
+        let last = self.stage + 1 == self.stages;
+        if !ok
+            || (last && self.first_slot as u64 + self.stage_slots as u64 != self.num_slots as u64)
+        {
+            return Err(bad(format!(
+                "stage {} of {} (slots {}.., version {}) out of sequence",
+                self.stage, self.stages, self.first_slot, self.version
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Cuts slots of `slot_bytes` each into consecutive stages of whole slots, each closed once
+/// it holds at least `stage_bytes` (the last takes what is left); `stage_bytes` 0 gives one
+/// stage. Always at least one stage (`0..0` for no slots).
+pub fn plan_stages(slot_bytes: &[u64], stage_bytes: u64) -> Vec<std::ops::Range<usize>> {
+    let mut stages = Vec::new();
+    let (mut start, mut held) = (0, 0u64);
+    for (i, &b) in slot_bytes.iter().enumerate() {
+        held += b;
+        if stage_bytes > 0 && held >= stage_bytes && i + 1 < slot_bytes.len() {
+            stages.push(start..i + 1);
+            (start, held) = (i + 1, 0);
+        }
+    }
+    stages.push(start..slot_bytes.len());
+    stages
 }
 
 /// What the receiver knows of its own slots, against which every announced size is checked.
@@ -202,10 +317,24 @@ pub struct TableLimits {
 }
 
 impl TableLimits {
-    /// Chunks of a delta never exceed one per [`MIN_CHUNK_ELEMS`] elements of each slot
-    /// (senders use a grid at least that coarse), which bounds the manifest.
-    pub fn max_chunks(&self) -> u64 {
-        self.slots
+    fn range(&self, slots: std::ops::Range<usize>) -> &[(u64, usize)] {
+        self.slots.get(slots).unwrap_or(&[])
+    }
+
+    /// Elements of the slots `slots`.
+    pub fn elements(&self, slots: std::ops::Range<usize>) -> u64 {
+        self.range(slots).iter().map(|&(n, _)| n).sum()
+    }
+
+    /// Bytes of the slots `slots`.
+    pub fn bytes(&self, slots: std::ops::Range<usize>) -> u64 {
+        self.range(slots).iter().map(|&(n, w)| n * w as u64).sum()
+    }
+
+    /// Chunks of a delta over `slots` never exceed one per [`MIN_CHUNK_ELEMS`] elements of
+    /// each slot (senders use a grid at least that coarse), which bounds the manifest.
+    pub fn max_chunks(&self, slots: std::ops::Range<usize>) -> u64 {
+        self.range(slots)
             .iter()
             .map(|&(n, _)| n.div_ceil(MIN_CHUNK_ELEMS))
             .sum()
@@ -214,15 +343,15 @@ impl TableLimits {
     /// Positions of a delta never exceed one bitmap of every element or one u32 per element,
     /// whichever is larger, plus 4 bytes of padding per chunk (a sender takes gaps only where
     /// they are smaller than abs32).
-    pub fn max_position_bytes(&self, chunks: u64) -> u64 {
-        let elems = self.total_elements;
+    pub fn max_position_bytes(&self, slots: std::ops::Range<usize>, chunks: u64) -> u64 {
+        let elems = self.elements(slots);
         (elems.saturating_mul(4)).saturating_add(chunks.saturating_mul(4))
     }
 
-    /// Values of a delta never exceed the model's bytes (ulp only where smaller than raw) plus
+    /// Values of a delta never exceed its slots' bytes (ulp only where smaller than raw) plus
     /// 4 bytes of padding per chunk.
-    pub fn max_value_bytes(&self, chunks: u64) -> u64 {
-        self.total_bytes.saturating_add(chunks.saturating_mul(4))
+    pub fn max_value_bytes(&self, slots: std::ops::Range<usize>, chunks: u64) -> u64 {
+        self.bytes(slots).saturating_add(chunks.saturating_mul(4))
     }
 }
 
@@ -306,10 +435,12 @@ impl ChunkRecord {
     }
 }
 
-/// The manifest of a sync: digests before and after per slot, and the chunks of a delta.
+/// The manifest of a stage: digests before and after per slot of the stage, and the chunks
+/// of a delta.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Manifest {
-    /// Per slot: (digest the receiver must hold before, digest it holds after).
+    /// Per slot of the stage, in order: (digest the receiver must hold before, digest it
+    /// holds after).
     pub digests: Vec<(u64, u64)>,
     pub chunks: Vec<ChunkRecord>,
 }
@@ -346,7 +477,8 @@ impl Manifest {
             u64::from_le_bytes(w)
         };
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let n = header.num_slots as usize;
+        let n = header.stage_slots as usize;
+        let first = header.first_slot as usize;
         let digests: Vec<(u64, u64)> = (0..n)
             .map(|s| (u64_at(s * 16), u64_at(s * 16 + 8)))
             .collect();
@@ -384,8 +516,12 @@ impl Manifest {
                 value_offset: u64_at(o + 48),
                 value_len: u64_at(o + 56),
             };
-            let Some(&(numel, width)) = table.slots.get(c.slot as usize) else {
-                return Err(fail("slot id beyond the table"));
+            let Some(&(numel, width)) = (c.slot as usize)
+                .checked_sub(first)
+                .filter(|&i| i < n)
+                .and_then(|_| table.slots.get(c.slot as usize))
+            else {
+                return Err(fail("slot id outside the stage's slots"));
             };
             if c.range == 0 || c.range > u32::MAX as u64 || c.count == 0 || c.count > c.range {
                 return Err(fail("needs 1 <= count <= range <= 2^32 - 1"));
@@ -397,10 +533,11 @@ impl Manifest {
             let Some(end) = end else {
                 return Err(fail("lies beyond its slot"));
             };
-            if c.start < last_end[c.slot as usize] {
+            let last = &mut last_end[c.slot as usize - first];
+            if c.start < *last {
                 return Err(fail("overlaps or precedes an earlier chunk of its slot"));
             }
-            last_end[c.slot as usize] = end;
+            *last = end;
             let in_section =
                 |off: u64, len: u64, total: u64| off.checked_add(len).is_some_and(|e| e <= total);
             let w = width as u64;
@@ -545,17 +682,174 @@ mod tests {
             digests: vec![(1, 2), (3, 4)],
             chunks,
         };
-        let h = Header {
-            kind: SyncKind::Delta,
-            version: 7,
-            table_hash: 0xabc,
-            num_slots: 2,
-            num_chunks: 4,
-            manifest_bytes: (2 * SLOT_RECORD_BYTES + 4 * CHUNK_RECORD_BYTES) as u64,
-            position_bytes: 468,
-            value_bytes: 1313,
-        };
+        let h = Header::whole(
+            SyncKind::Delta,
+            7,
+            0xabc,
+            2,
+            4,
+            (2 * SLOT_RECORD_BYTES + 4 * CHUNK_RECORD_BYTES) as u64,
+            468,
+            1313,
+        );
         (h, m)
+    }
+
+    /// The same delta in two stages: slot 0 (three chunks), then slot 1 (one chunk).
+    fn staged() -> [(Header, Manifest); 2] {
+        let (h, m) = delta();
+        let first = Manifest {
+            digests: vec![m.digests[0]],
+            chunks: m.chunks[..3].to_vec(),
+        };
+        let mut last_chunk = m.chunks[3];
+        last_chunk.position_offset = 0;
+        last_chunk.value_offset = 0;
+        let second = Manifest {
+            digests: vec![m.digests[1]],
+            chunks: vec![last_chunk],
+        };
+        let h0 = Header {
+            num_chunks: 3,
+            manifest_bytes: (SLOT_RECORD_BYTES + 3 * CHUNK_RECORD_BYTES) as u64,
+            position_bytes: 464,
+            value_bytes: 1308,
+            stage: 0,
+            stages: 2,
+            first_slot: 0,
+            stage_slots: 1,
+            ..h
+        };
+        let h1 = Header {
+            num_chunks: 1,
+            manifest_bytes: (SLOT_RECORD_BYTES + CHUNK_RECORD_BYTES) as u64,
+            position_bytes: 4,
+            value_bytes: 5,
+            stage: 1,
+            first_slot: 1,
+            ..h0
+        };
+        [(h0, first), (h1, second)]
+    }
+
+    #[test]
+    fn stages_are_planned_whole_and_in_order() {
+        assert_eq!(plan_stages(&[], 10), vec![0..0]);
+        assert_eq!(plan_stages(&[5, 5, 5], 0), vec![0..3]);
+        assert_eq!(plan_stages(&[5, 5, 5, 5, 1], 10), vec![0..2, 2..4, 4..5]);
+        assert_eq!(plan_stages(&[100, 1, 1], 10), vec![0..1, 1..3]);
+        assert_eq!(plan_stages(&[100], 10), vec![0..1]);
+        let mut state = 3u64;
+        for _ in 0..500 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let n = (state >> 40) as usize % 40;
+            let bytes: Vec<u64> = (0..n as u64).map(|i| (state >> (i % 30)) % 1000).collect();
+            let target = (state >> 20) % 3000;
+            let stages = plan_stages(&bytes, target);
+            // Consecutive, covering every slot, none empty unless there are no slots.
+            assert_eq!(stages[0].start, 0);
+            assert_eq!(stages.last().map(|r| r.end), Some(n));
+            for w in stages.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+            }
+            assert!(stages.iter().all(|r| !r.is_empty()) || n == 0);
+            assert!(stages.len() <= n.max(1));
+            // Every stage but the last holds at least the target.
+            for r in &stages[..stages.len() - 1] {
+                assert!(bytes[r.clone()].iter().sum::<u64>() >= target.max(1));
+            }
+        }
+    }
+
+    #[test]
+    fn stages_must_come_in_sequence() {
+        let [(h0, _), (h1, _)] = staged();
+        assert!(h0.follows(None).is_ok());
+        assert!(h1.follows(Some(&h0)).is_ok());
+        assert!(h1.follows(None).is_err(), "a sync starting at stage 1");
+        assert!(h0.follows(Some(&h0)).is_err(), "stage 0 twice");
+        let other_version = Header { version: 8, ..h1 };
+        assert!(other_version.follows(Some(&h0)).is_err());
+        let other_count = Header { stages: 3, ..h1 };
+        assert!(other_count.follows(Some(&h0)).is_err());
+        let gap = Header {
+            first_slot: 2,
+            stage_slots: 0,
+            ..h1
+        };
+        assert!(gap.follows(Some(&h0)).is_err());
+        // A last stage that stops short of the last slot.
+        let short = Header {
+            stages: 1,
+            stage_slots: 1,
+            ..h0
+        };
+        assert!(short.follows(None).is_err());
+        let (whole, _) = delta();
+        assert!(whole.follows(None).is_ok());
+    }
+
+    #[test]
+    fn stages_round_trip_and_keep_to_their_slots() {
+        let t = limits();
+        for (h, m) in staged() {
+            assert_eq!(Header::decode(&h.encode(), &t).expect("valid"), h);
+            assert_eq!(
+                Manifest::decode(&m.encode(), &h, &t).expect("valid"),
+                m,
+                "stage {}",
+                h.stage
+            );
+        }
+        let [(h0, m0), (h1, m1)] = staged();
+        // A chunk of a slot outside the stage is refused, either way round.
+        let mut wrong = m1.clone();
+        wrong.chunks[0].slot = 0;
+        assert!(Manifest::decode(&wrong.encode(), &h1, &t).is_err());
+        let mut wrong = m0.clone();
+        wrong.chunks[0].slot = 1;
+        assert!(Manifest::decode(&wrong.encode(), &h0, &t).is_err());
+        // A manifest sized for the other stage's slot count is refused.
+        assert!(Manifest::decode(&m0.encode(), &h1, &t).is_err());
+        // Stage fields that cannot be.
+        type Mutation = Box<dyn Fn(&mut Header)>;
+        let cases: Vec<(&str, Mutation)> = vec![
+            ("no stages", Box::new(|h| h.stages = 0)),
+            ("stage past the count", Box::new(|h| h.stage = 2)),
+            ("more stages than slots", Box::new(|h| h.stages = 3)),
+            ("slots past the table", Box::new(|h| h.stage_slots = 2)),
+            ("empty stage", Box::new(|h| h.stage_slots = 0)),
+            (
+                "first slot past the table",
+                Box::new(|h| h.first_slot = u32::MAX),
+            ),
+            ("staged seed", Box::new(|h| h.kind = SyncKind::Seed)),
+        ];
+        for (what, mutate) in cases {
+            let mut bad = h1;
+            mutate(&mut bad);
+            assert!(
+                Header::decode(&bad.encode(), &t).is_err(),
+                "{what} accepted"
+            );
+        }
+        // A dense stage carries exactly its slots' bytes (slot 1: 77 × 4).
+        let dense = Header {
+            kind: SyncKind::Dense,
+            num_chunks: 0,
+            manifest_bytes: SLOT_RECORD_BYTES as u64,
+            position_bytes: 0,
+            value_bytes: 308,
+            ..h1
+        };
+        assert_eq!(Header::decode(&dense.encode(), &t).expect("dense"), dense);
+        let whole = Header {
+            value_bytes: t.total_bytes,
+            ..dense
+        };
+        assert!(Header::decode(&whole.encode(), &t).is_err());
     }
 
     #[test]

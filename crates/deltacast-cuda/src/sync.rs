@@ -2,19 +2,25 @@
 //! ([`GpuReceiver`]) over NCCL, sending only the changed elements (message layout in
 //! [`crate::protocol`]).
 //!
-//! Per sync the sender runs one batched diff over every tensor against its snapshot (which
-//! the diff refreshes in place, and whose per-slot digests it updates, fused), forms the
-//! core's chunks on the GPU with both abs32 and bitmap sections, keeps the smaller of the two
-//! per chunk, packs them with one kernel, and broadcasts header, manifest, positions and
-//! values. When the delta would be as large as the tensors themselves, or more elements
-//! changed than the delta buffers hold, it sends the tensors whole instead (dense). Receivers
-//! check everything against their own slot table, check every chunk and compute their new
-//! digests on the GPU, and only then scatter; an all-reduce of their status is the ack.
+//! A sync runs in stages, each a consecutive run of tensors of about
+//! [`GpuSenderConfig::stage_bytes`]. Per stage the sender runs one batched diff over its
+//! tensors against their snapshot (which the diff refreshes in place, and whose per-slot
+//! digests it updates, fused), forms the core's chunks on the GPU with both abs32 and bitmap
+//! sections (and gaps / ulp with the entropy codecs), keeps the smallest per chunk, packs them,
+//! and broadcasts header, manifest, positions and values on a stream of its own, so that the
+//! broadcast and the receivers' work on one stage overlap the sender's diff of the next. When
+//! a stage's delta would be as large as its tensors, or more elements changed than the delta
+//! buffers hold, that stage is sent whole instead (dense). Receivers check everything against
+//! their own slot table, check every chunk and compute their new digests on the GPU, and only
+//! then scatter, keeping the overwritten bits of each stage until the last stage applied: a
+//! stage that fails undoes the ones before it, so a sync applies whole or not at all. An
+//! all-reduce of their status is the ack.
 //!
 //! Tensors are borrowed by device pointer (a torch tensor's `data_ptr()`), never freed; both
 //! sides make their own stream wait for the caller's stream (torch's current stream) first,
 //! and return only once their work is complete.
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use deltacast::{DType, SlotInfo, SlotTable};
@@ -22,13 +28,13 @@ use deltacast::{DType, SlotInfo, SlotTable};
 use crate::error::{CudaError, Result};
 use crate::nccl::NcclComm;
 use crate::protocol::{
-    choose_sections, ChunkPositions, ChunkRecord, ChunkValues, Header, Manifest, SyncKind,
-    TableLimits, HEADER_BYTES, MIN_CHUNK_ELEMS,
+    choose_sections, plan_stages, ChunkPositions, ChunkRecord, ChunkValues, Header, Manifest,
+    SyncKind, TableLimits, HEADER_BYTES, MIN_CHUNK_ELEMS,
 };
 use crate::{
-    ApplyInput, ApplyPositions, CodeChunk, CodePlace, CodeScratch, CodeValues, DecodeInput,
-    DecodePositions, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput, EncodeInput, Gpu,
-    HostBuffer, DECODE_SLACK,
+    journal_layout, ApplyInput, ApplyPositions, CodeChunk, CodePlace, CodeScratch, CodeValues,
+    DecodeInput, DecodePositions, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput,
+    EncodeInput, Gpu, GpuEvent, GpuStream, HostBuffer, DECODE_SLACK,
 };
 
 /// One tensor of a sync: a slot, by device pointer.
@@ -66,7 +72,15 @@ pub struct GpuSenderConfig {
     pub entropy: EntropyMode,
     /// Where the snapshot allocated by the sender lives.
     pub snapshot: SnapshotPlace,
+    /// Bytes per stage: the tensors are cut, whole and in order, into runs of at least this
+    /// many bytes (the last takes the rest), each diffed, sent and applied as a unit, so that
+    /// the receivers check and apply one run while the sender diffs the next. 0: one stage.
+    pub stage_bytes: u64,
 }
+
+/// The default [`GpuSenderConfig::stage_bytes`]: a 7B model in BF16 (15.2 GB) goes in 7
+/// stages, a 0.5B one (1 GB) in one.
+pub const DEFAULT_STAGE_BYTES: u64 = 2 << 30;
 
 /// Whether a delta sync sizes its chunks in the core's entropy codecs (gaps positions, ulp
 /// values) and sends them where smaller: ~1.2 bytes per change on AdamW steps instead of ~6,
@@ -148,6 +162,7 @@ impl Default for GpuSenderConfig {
             timeout: Duration::from_secs(300),
             entropy: EntropyMode::Auto,
             snapshot: SnapshotPlace::Device,
+            stage_bytes: DEFAULT_STAGE_BYTES,
         }
     }
 }
@@ -170,21 +185,31 @@ pub struct GpuSyncReport {
     /// Whether the delta was sized in the entropy codecs (senders; receivers: whether it
     /// carried gaps or ulp sections).
     pub entropy: bool,
-    /// Wall time of each phase, in order (sender: diff, encode, send+ack; receiver: wait,
-    /// manifest, payload, apply, ack), in milliseconds.
+    /// Stages of the sync, and how many of them were sent whole.
+    pub stages: u32,
+    pub dense_stages: u32,
+    /// Wall time of each phase summed over the stages, in order of first appearance (sender:
+    /// diff, encode, send, ack; receiver: wait, manifest, payload, decode, apply, ack), in
+    /// milliseconds. On the sender the broadcasts overlap the next stage's diff, so the
+    /// phases add up to the call's time while the work they name overlaps.
     pub phases: Vec<(&'static str, f64)>,
 }
 
-/// Phase end times (since the start) into phase durations.
-fn cumulative_to_spans(ends: Vec<(&'static str, f64)>) -> Vec<(&'static str, f64)> {
-    let mut last = 0.0;
-    ends.into_iter()
-        .map(|(name, end)| {
-            let span = end - last;
-            last = end;
-            (name, span)
-        })
-        .collect()
+/// Phase times, summed by name over the stages of a sync.
+#[derive(Debug, Default)]
+struct Phases(Vec<(&'static str, f64)>);
+
+impl Phases {
+    /// Adds the time since `*mark` to phase `name` and moves the mark to now.
+    fn lap(&mut self, name: &'static str, mark: &mut Instant) {
+        let now = Instant::now();
+        let span = (now - *mark).as_secs_f64() * 1e3;
+        *mark = now;
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, t)) => *t += span,
+            None => self.0.push((name, span)),
+        }
+    }
 }
 
 /// Where a snapshot lives: allocated here (on the device, or in pinned host memory the
@@ -270,31 +295,18 @@ fn check_tensors(tensors: &[GpuTensor]) -> Result<()> {
     Ok(())
 }
 
-/// Broadcasts every tensor whole, slot after slot (seed and dense; the root sends from its
-/// tensors, receivers write into theirs).
-fn broadcast_tensors(
-    comm: &mut NcclComm,
-    gpu: &Gpu,
-    tensors: &[GpuTensor],
-    root: usize,
-) -> Result<()> {
-    for t in tensors {
-        // SAFETY: each tensor is valid for nbytes (the caller's promise at construction).
-        unsafe { comm.broadcast(t.ptr, t.ptr, t.nbytes() as usize, root, gpu.stream_handle())? };
-    }
-    Ok(())
-}
-
-fn digest_inputs(tensors: &[GpuTensor]) -> Vec<DigestInput> {
-    tensors
-        .iter()
-        .enumerate()
-        .map(|(i, t)| DigestInput {
-            ptr: t.ptr,
-            numel: t.numel(),
-            width: t.dtype.width(),
-            first_index: 0,
-            slot: i as u32,
+/// The digest inputs of the tensors of slots `slots`.
+fn digest_inputs(tensors: &[GpuTensor], slots: Range<usize>) -> Vec<DigestInput> {
+    slots
+        .map(|i| {
+            let t = &tensors[i];
+            DigestInput {
+                ptr: t.ptr,
+                numel: t.numel(),
+                width: t.dtype.width(),
+                first_index: 0,
+                slot: i as u32,
+            }
         })
         .collect()
 }
@@ -314,6 +326,64 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
+/// One set of a sender's delta buffers. A stage uses a set from its diff until its
+/// broadcasts complete; with two sets the next stage's diff writes the other while they run.
+struct StageSet {
+    /// The diff's output: u64 positions, new bits, and old bits (entropy codecs only).
+    positions: DeviceBuffer,
+    values: DeviceBuffer,
+    old_values: Option<DeviceBuffer>,
+    packed: Growable,
+    /// The value sections, packed (entropy codecs; otherwise `values` is sent as it is).
+    packed_values: Growable,
+    header: DeviceBuffer,
+    manifest: Growable,
+    /// Recorded on the NCCL stream after this set's last broadcast.
+    sent: GpuEvent,
+    in_flight: bool,
+}
+
+impl StageSet {
+    fn new(gpu: &Gpu, capacity: u64, max_width: u64, entropy: bool) -> Result<StageSet> {
+        // (The entropy coder reads its inputs 16 bytes at a time: DECODE_SLACK past the end
+        // keeps those reads inside the buffers.)
+        let value_bytes = ((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize;
+        Ok(StageSet {
+            positions: gpu.alloc((capacity * 8 + DECODE_SLACK) as usize)?,
+            values: gpu.alloc(value_bytes)?,
+            old_values: if entropy {
+                Some(gpu.alloc(value_bytes)?)
+            } else {
+                None
+            },
+            packed: Growable::new(),
+            packed_values: Growable::new(),
+            header: gpu.alloc(HEADER_BYTES)?,
+            manifest: Growable::new(),
+            sent: gpu.new_event()?,
+            in_flight: false,
+        })
+    }
+
+    fn bytes(&self) -> u64 {
+        (self.positions.len() + self.values.len() + self.header.len()) as u64
+            + self.old_values.as_ref().map_or(0, |b| b.len() as u64)
+            + self.packed.len()
+            + self.packed_values.len()
+            + self.manifest.len()
+    }
+}
+
+/// What the stages of one sync add up to (sender).
+#[derive(Debug, Default)]
+struct SendTotals {
+    changed: u64,
+    payload_bytes: u64,
+    chunks: u64,
+    diff_ms: f64,
+    dense_stages: u32,
+}
+
 /// The trainer side of a GPU sync.
 pub struct GpuSender {
     gpu: Gpu,
@@ -328,18 +398,18 @@ pub struct GpuSender {
     version: u64,
     /// Set when the receivers cannot be trusted to hold `version` (first sync, a refusal).
     needs_seed: bool,
+    /// Changes one stage's delta buffers hold.
     capacity: u64,
-    positions: DeviceBuffer,
-    values: DeviceBuffer,
-    /// The old bits of the changes (entropy mode: the ulp steps need them).
-    old_values: Option<DeviceBuffer>,
-    packed: Growable,
-    /// The value sections, packed (entropy mode; otherwise `values` is sent as it is).
-    packed_values: Growable,
+    stages: Vec<Range<usize>>,
+    sets: Vec<StageSet>,
     code_scratch: CodeScratch,
     auto: AutoEntropy,
-    header: DeviceBuffer,
-    manifest: Growable,
+    /// Where the broadcasts run, so that they overlap the next stage's kernels.
+    nccl_stream: GpuStream,
+    /// Recorded on the GPU's stream when a stage is ready to send.
+    ready: GpuEvent,
+    /// Recorded on the NCCL stream after the ack.
+    acked: GpuEvent,
     status: DeviceBuffer,
 }
 
@@ -407,31 +477,29 @@ impl GpuSender {
                 })
                 .collect::<Result<Vec<_>>>()?,
         };
-        let total = table.total_elements();
-        let capacity = ((total as f64 * config.capacity).ceil() as u64).clamp(1, total.max(1));
+        let slot_bytes: Vec<u64> = tensors.iter().map(|t| t.nbytes()).collect();
+        let stages = plan_stages(&slot_bytes, config.stage_bytes);
+        let stage_elems = stages
+            .iter()
+            .map(|r| tensors[r.clone()].iter().map(|t| t.numel()).sum::<u64>())
+            .max()
+            .unwrap_or(0);
+        let capacity =
+            ((stage_elems as f64 * config.capacity).ceil() as u64).clamp(1, stage_elems.max(1));
         let max_width = tensors.iter().map(|t| t.dtype.width()).max().unwrap_or(1) as u64;
+        let entropy = config.entropy != EntropyMode::Off;
+        // Two sets when there is a next stage to overlap, else one.
+        let sets = (0..stages.len().min(2))
+            .map(|_| StageSet::new(&gpu, capacity, max_width, entropy))
+            .collect::<Result<Vec<_>>>()?;
         let n = tensors.len();
         Ok(GpuSender {
-            // (The entropy coder reads its inputs 16 bytes at a time: DECODE_SLACK past the
-            // end keeps those reads inside the buffers.)
-            positions: gpu.alloc((capacity * 8 + DECODE_SLACK) as usize)?,
-            values: gpu
-                .alloc(((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize)?,
-            old_values: if config.entropy != EntropyMode::Off {
-                Some(
-                    gpu.alloc(
-                        ((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize,
-                    )?,
-                )
-            } else {
-                None
-            },
-            packed: Growable::new(),
-            packed_values: Growable::new(),
+            sets,
             code_scratch: CodeScratch::new(),
             auto: AutoEntropy::default(),
-            header: gpu.alloc(HEADER_BYTES)?,
-            manifest: Growable::new(),
+            nccl_stream: gpu.new_stream(true)?,
+            ready: gpu.new_event()?,
+            acked: gpu.new_event()?,
             status: gpu.alloc(8)?,
             digests_dev: gpu.alloc_zeroed(n.max(1) * 8)?,
             digests: vec![0; n],
@@ -444,6 +512,7 @@ impl GpuSender {
             version: 0,
             needs_seed: true,
             capacity,
+            stages,
         })
     }
 
@@ -465,9 +534,15 @@ impl GpuSender {
         &self.gpu
     }
 
+    /// The stages a sync is cut into (slot ranges).
+    pub fn stages(&self) -> &[Range<usize>] {
+        &self.stages
+    }
+
     /// Device bytes this sender holds besides the tensors: the snapshot when allocated here
-    /// on the device, the delta buffers (sized by `capacity`), the packed positions, and the
-    /// diff's per-tile slots in the GPU's scratch (1/8 of the bytes diffed, once a delta ran).
+    /// on the device, the delta buffers (one or two sets, each sized by `capacity` times the
+    /// largest stage), the packed sections, and the diff's per-tile slots in the GPU's
+    /// scratch (1/8 of the bytes diffed, once a delta ran).
     pub fn staging_bytes(&self) -> u64 {
         let owned: u64 = self
             .snapshots
@@ -478,15 +553,8 @@ impl GpuSender {
             })
             .sum();
         owned
-            + [&self.positions, &self.values]
-                .iter()
-                .map(|b| b.len() as u64)
-                .sum::<u64>()
-            + self.old_values.as_ref().map_or(0, |b| b.len() as u64)
-            + self.packed.len()
-            + self.packed_values.len()
+            + self.sets.iter().map(StageSet::bytes).sum::<u64>()
             + self.code_scratch.len()
-            + self.manifest.len()
             + self.gpu.large_scratch_bytes()
     }
 
@@ -502,7 +570,7 @@ impl GpuSender {
             .sum()
     }
 
-    /// Sends a seed (every tensor whole) and takes a fresh snapshot.
+    /// Sends a seed (every tensor whole, one stage) and takes a fresh snapshot.
     ///
     /// # Safety
     /// `wait_stream` must be a live stream of the GPU's context, or 0.
@@ -511,12 +579,29 @@ impl GpuSender {
         self.needs_seed = true;
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
-        self.refresh_whole()?;
-        let all = self.table.total_elements();
-        self.send_whole(SyncKind::Seed, all, started, 0.0)
+        let all = 0..self.tensors.len();
+        let mut after = self.refresh(all.clone())?;
+        let version = self.version + 1;
+        let payload_bytes = self.send_whole(SyncKind::Seed, 0, 1, all, version, &mut after)?;
+        self.finish(version, after)?;
+        Ok(GpuSyncReport {
+            kind: SyncKind::Seed,
+            version: self.version,
+            changed: self.table.total_elements(),
+            numel: self.table.total_elements(),
+            payload_bytes,
+            chunks: 0,
+            time_ms: ms(started),
+            diff_ms: 0.0,
+            entropy: false,
+            stages: 1,
+            dense_stages: 1,
+            phases: Vec::new(),
+        })
     }
 
-    /// Sends what changed since the last version (a seed first, when one is due).
+    /// Sends what changed since the last version (a seed first, when one is due), stage by
+    /// stage.
     ///
     /// # Safety
     /// As [`GpuSender::seed`].
@@ -531,91 +616,161 @@ impl GpuSender {
         self.needs_seed = true;
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
-        let inputs: Vec<DiffInput> = self
-            .tensors
-            .iter()
-            .zip(&self.snapshots)
-            .enumerate()
-            .map(|(i, (t, s))| DiffInput {
-                snapshot: s.ptr(),
-                current: t.ptr,
-                numel: t.numel(),
-                width: t.dtype.width(),
-                first_index: 0,
-                digest: Some((self.digests_dev.ptr() + 8 * i as u64, i as u32)),
-            })
-            .collect();
         let use_entropy = match self.config.entropy {
             EntropyMode::Off => false,
             EntropyMode::On => true,
             EntropyMode::Auto => self.auto.choose(),
         };
-        let entropy = self
+        let version = self.version + 1;
+        let mut after = self.digests.clone();
+        let mut totals = SendTotals::default();
+        let mut phases = Phases::default();
+        let mut mark = started;
+        for s in 0..self.stages.len() {
+            self.send_stage(
+                s,
+                version,
+                use_entropy,
+                &mut after,
+                &mut totals,
+                &mut phases,
+                &mut mark,
+            )?;
+        }
+        self.finish(version, after)?;
+        phases.lap("ack", &mut mark);
+        let time_ms = ms(started);
+        let stages = self.stages.len() as u32;
+        let any_delta = totals.dense_stages < stages;
+        if any_delta {
+            self.auto.record(use_entropy, time_ms, totals.changed);
+        }
+        Ok(GpuSyncReport {
+            kind: if any_delta {
+                SyncKind::Delta
+            } else {
+                SyncKind::Dense
+            },
+            version: self.version,
+            changed: totals.changed,
+            numel: self.table.total_elements(),
+            payload_bytes: totals.payload_bytes,
+            chunks: totals.chunks,
+            time_ms,
+            diff_ms: totals.diff_ms,
+            entropy: use_entropy && any_delta,
+            stages,
+            dense_stages: totals.dense_stages,
+            phases: phases.0,
+        })
+    }
+
+    /// Diffs stage `s`, encodes it and starts its broadcasts (delta, or dense when that is
+    /// smaller or the delta did not fit); `after` gets the stage's new digests.
+    #[allow(clippy::too_many_arguments)]
+    fn send_stage(
+        &mut self,
+        s: usize,
+        version: u64,
+        use_entropy: bool,
+        after: &mut [u64],
+        totals: &mut SendTotals,
+        phases: &mut Phases,
+        mark: &mut Instant,
+    ) -> Result<()> {
+        let range = self.stages[s].clone();
+        let stages = self.stages.len() as u32;
+        let set = s % self.sets.len();
+        // The set's buffers are free once its last broadcasts completed (two stages ago).
+        self.wait_set(set)?;
+        phases.lap("send", mark);
+        let inputs: Vec<DiffInput> = range
+            .clone()
+            .map(|i| {
+                let t = &self.tensors[i];
+                DiffInput {
+                    snapshot: self.snapshots[i].ptr(),
+                    current: t.ptr,
+                    numel: t.numel(),
+                    width: t.dtype.width(),
+                    first_index: 0,
+                    digest: Some((self.digests_dev.ptr() + 8 * i as u64, i as u32)),
+                }
+            })
+            .collect();
+        let bufs = &self.sets[set];
+        let positions = bufs.positions.ptr();
+        let new_values = bufs.values.ptr();
+        let entropy = bufs
             .old_values
             .as_ref()
             .filter(|_| use_entropy)
             .map(|b| b.ptr());
         let out = DiffOutput {
-            positions: self.positions.ptr(),
-            new_values: self.values.ptr(),
+            positions,
+            new_values,
             old_values: entropy,
             capacity: self.capacity,
         };
         // SAFETY: tensors and snapshots are valid (constructor contract), the outputs are
-        // ours and sized for `capacity`.
+        // ours and sized for `capacity`; the set is not in flight (waited above).
         let diff = unsafe {
             match self.config.snapshot {
                 SnapshotPlace::PinnedHost => self.gpu.diff_batch_host_snapshot(&inputs, &out)?,
                 _ => self.gpu.diff_batch(&inputs, &out)?,
             }
         };
-        let diff_ms = diff.kernel_ms as f64;
-        let mut phases = vec![("diff", ms(started))];
-        let before = self.digests.clone();
+        totals.diff_ms += diff.kernel_ms as f64;
+        totals.changed += diff.found;
+        phases.lap("diff", mark);
+        let stage_bytes: u64 = self.tensors[range.clone()].iter().map(|t| t.nbytes()).sum();
         if !diff.is_complete() {
-            // More changed than the buffers hold: send everything. The diff refreshed only
-            // the snapshot of the tiles it wrote out; the rest is copied whole.
-            self.refresh_whole()?;
-            return self.send_whole(SyncKind::Dense, diff.found, started, diff_ms);
+            // More changed than the buffers hold: send the stage whole. The diff refreshed
+            // only the snapshot of the tiles it wrote out; the rest is copied whole.
+            let got = self.refresh(range.clone())?;
+            after[range.clone()].copy_from_slice(&got);
+            totals.payload_bytes +=
+                self.send_whole(SyncKind::Dense, s as u32, stages, range, version, after)?;
+            totals.dense_stages += 1;
+            phases.lap("encode", mark);
+            return Ok(());
         }
         // SAFETY: our digest words (the diff added every change's digest update).
-        let after = u64s(&unsafe {
-            self.gpu
-                .download(self.digests_dev.ptr(), self.tensors.len() * 8)?
+        let words = u64s(&unsafe {
+            self.gpu.download(
+                self.digests_dev.ptr() + 8 * range.start as u64,
+                range.len() * 8,
+            )?
         });
-        let encode: Vec<EncodeInput> = self
-            .tensors
-            .iter()
+        after[range.clone()].copy_from_slice(&words);
+        let encode: Vec<EncodeInput> = range
+            .clone()
             .zip(&diff.tensors)
-            .map(|(t, r)| EncodeInput {
+            .map(|(i, r)| EncodeInput {
                 change_offset: r.offset,
                 change_count: r.written,
                 first_index: 0,
-                numel: t.numel(),
+                numel: self.tensors[i].numel(),
             })
             .collect();
         // Counting run: the chunks (grid cells tightened to their changes), no sections yet.
         // SAFETY: positions hold every change written by the diff.
         let grid = unsafe {
-            self.gpu.encode_positions(
-                self.positions.ptr(),
-                &encode,
-                self.config.chunk_elems,
-                None,
-                None,
-            )?
+            self.gpu
+                .encode_positions(positions, &encode, self.config.chunk_elems, None, None)?
         };
-        // Entropy mode: every chunk sized exactly in gaps and ulp, on the GPU.
+        let width_of = |local: usize| self.tensors[range.start + local].dtype.width();
+        // Entropy codecs: every chunk sized exactly in gaps and ulp, on the GPU.
         let code_chunks: Vec<CodeChunk> = match entropy {
             Some(old) => grid
                 .iter()
                 .map(|g| {
                     let r = &diff.tensors[g.input];
-                    let w = self.tensors[g.input].dtype.width();
+                    let w = width_of(g.input);
                     let at = r.value_offset + (g.lo - r.offset) * w as u64;
                     CodeChunk {
-                        positions: self.positions.ptr() + g.lo * 8,
-                        new_bits: self.values.ptr() + at,
+                        positions: positions + g.lo * 8,
+                        new_bits: new_values + at,
                         old_bits: old + at,
                         count: g.count,
                         start: g.start,
@@ -639,9 +794,8 @@ impl GpuSender {
         let mut pos_bytes = 0u64;
         let mut value_bytes = 0u64;
         for (i, g) in grid.iter().enumerate() {
-            let t = &self.tensors[g.input];
             let r = &diff.tensors[g.input];
-            let w = t.dtype.width() as u64;
+            let w = width_of(g.input) as u64;
             let choice =
                 choose_sections(g.count, g.range, w, sizes.get(i).map(|s| (s.gaps, s.ulp)));
             // Bitmaps are written as whole u32 words; every section starts 4-aligned.
@@ -661,7 +815,7 @@ impl GpuSender {
             };
             placed.push((i, choice, pos_bytes, value_offset));
             chunks.push(ChunkRecord {
-                slot: g.input as u32,
+                slot: (range.start + g.input) as u32,
                 positions: choice.positions,
                 values: choice.values,
                 start: g.start,
@@ -675,19 +829,30 @@ impl GpuSender {
             pos_bytes += room;
         }
         let manifest = Manifest {
-            digests: before.iter().copied().zip(after.iter().copied()).collect(),
+            digests: self.digests[range.clone()]
+                .iter()
+                .copied()
+                .zip(after[range.clone()].iter().copied())
+                .collect(),
             chunks,
         }
         .encode();
         let delta_bytes = HEADER_BYTES as u64 + manifest.len() as u64 + pos_bytes + value_bytes;
-        if delta_bytes >= self.table.total_bytes() {
+        let dense_bytes =
+            (HEADER_BYTES + range.len() * crate::protocol::SLOT_RECORD_BYTES) as u64 + stage_bytes;
+        if delta_bytes > dense_bytes {
             // Dense wins: the snapshot and digests are already current.
-            self.digests = after;
-            return self.send_whole(SyncKind::Dense, diff.found, started, diff_ms);
+            totals.payload_bytes +=
+                self.send_whole(SyncKind::Dense, s as u32, stages, range, version, after)?;
+            totals.dense_stages += 1;
+            phases.lap("encode", mark);
+            return Ok(());
         }
-        let packed = self.packed.at_least(&self.gpu, pos_bytes)?;
+        let packed = self.sets[set].packed.at_least(&self.gpu, pos_bytes)?;
         let values_ptr = if entropy.is_some() {
-            let pv = self.packed_values.at_least(&self.gpu, value_bytes)?;
+            let pv = self.sets[set]
+                .packed_values
+                .at_least(&self.gpu, value_bytes)?;
             // SAFETY: our buffers, at least this long; the entropy writer ORs into zeros.
             unsafe {
                 self.gpu.memset(packed, 0, pos_bytes as usize)?;
@@ -695,7 +860,7 @@ impl GpuSender {
             }
             pv
         } else {
-            self.values.ptr()
+            new_values
         };
         let listed: Vec<_> = placed
             .iter()
@@ -710,7 +875,7 @@ impl GpuSender {
             .collect();
         // SAFETY: positions hold every chunk's changes; each destination is a disjoint,
         // 4-aligned run of `packed` with room for its section in whole words.
-        unsafe { self.gpu.encode_place(self.positions.ptr(), &listed)? };
+        unsafe { self.gpu.encode_place(positions, &listed)? };
         if entropy.is_some() {
             let places: Vec<CodePlace> = placed
                 .iter()
@@ -732,66 +897,56 @@ impl GpuSender {
                     .entropy_write(&mut self.code_scratch, &code_chunks, &places)?
             };
         }
-        phases.push(("encode", ms(started)));
+        phases.lap("encode", mark);
         let header = Header {
             kind: SyncKind::Delta,
-            version: self.version + 1,
+            version,
             table_hash: self.table.hash(),
             num_slots: self.tensors.len() as u32,
             num_chunks: grid.len() as u64,
             manifest_bytes: manifest.len() as u64,
             position_bytes: pos_bytes,
             value_bytes,
+            stage: s as u32,
+            stages,
+            first_slot: range.start as u32,
+            stage_slots: range.len() as u32,
         };
-        let stream = self.gpu.stream_handle();
-        let root = self.config.root;
-        self.broadcast_head(&header, &manifest)?;
-        // SAFETY: packed and values_ptr hold pos_bytes / value_bytes written above.
-        unsafe {
-            self.comm
-                .broadcast(packed, packed, pos_bytes as usize, root, stream)?;
-            self.comm
-                .broadcast(values_ptr, values_ptr, value_bytes as usize, root, stream)?;
-        }
-        self.finish(header.version, after)?;
-        phases.push(("send+ack", ms(started)));
-        let time_ms = ms(started);
-        self.auto.record(entropy.is_some(), time_ms, diff.found);
-        Ok(GpuSyncReport {
-            kind: SyncKind::Delta,
-            version: self.version,
-            changed: diff.found,
-            numel: self.table.total_elements(),
-            payload_bytes: delta_bytes,
-            chunks: grid.len() as u64,
-            time_ms,
-            diff_ms,
-            entropy: entropy.is_some(),
-            phases: cumulative_to_spans(phases),
-        })
+        self.broadcast_stage(
+            set,
+            &header,
+            &manifest,
+            &[(packed, pos_bytes), (values_ptr, value_bytes)],
+        )?;
+        phases.lap("send", mark);
+        totals.payload_bytes += delta_bytes;
+        totals.chunks += grid.len() as u64;
+        Ok(())
     }
 
     /// Tells the receivers no sync follows (their `receive` returns `None`).
     pub fn close(&mut self) -> Result<()> {
-        let header = Header {
-            kind: SyncKind::Close,
-            version: self.version,
-            table_hash: self.table.hash(),
-            num_slots: self.tensors.len() as u32,
-            num_chunks: 0,
-            manifest_bytes: 0,
-            position_bytes: 0,
-            value_bytes: 0,
-        };
+        let header = Header::whole(
+            SyncKind::Close,
+            self.version,
+            self.table.hash(),
+            self.tensors.len() as u32,
+            0,
+            0,
+            0,
+            0,
+        );
         // No manifest follows a close (receivers stop at the header).
-        self.broadcast_head(&header, &[])?;
-        let done = self.gpu.record_done()?;
-        self.comm.wait(done, self.config.timeout, "the close")
+        self.wait_set(0)?;
+        self.broadcast_stage(0, &header, &[], &[])?;
+        self.wait_set(0)
     }
 
-    /// Copies every tensor into its snapshot and recomputes the digests.
-    fn refresh_whole(&mut self) -> Result<()> {
-        for (t, s) in self.tensors.iter().zip(&self.snapshots) {
+    /// Copies the tensors of slots `slots` into their snapshots and recomputes their digests
+    /// (returned, and written to the device's digest words).
+    fn refresh(&mut self, slots: Range<usize>) -> Result<Vec<u64>> {
+        for i in slots.clone() {
+            let (t, s) = (&self.tensors[i], &self.snapshots[i]);
             let len = t.nbytes() as usize;
             // SAFETY: both valid for nbytes (constructor contract); a pinned snapshot is
             // only touched by the host through `&mut self`, and `digest` below synchronises
@@ -804,97 +959,135 @@ impl GpuSender {
             }
         }
         // SAFETY: the tensors (constructor contract). Synchronises the stream.
-        self.digests = unsafe { self.gpu.digest(&digest_inputs(&self.tensors))? };
-        let bytes: Vec<u8> = self.digests.iter().flat_map(|d| d.to_le_bytes()).collect();
-        // SAFETY: our digest words, one per slot.
-        unsafe { self.gpu.copy_to_device(self.digests_dev.ptr(), &bytes)? };
-        Ok(())
-    }
-
-    fn broadcast_head(&mut self, header: &Header, manifest: &[u8]) -> Result<()> {
-        let stream = self.gpu.stream_handle();
-        let root = self.config.root;
-        let mptr = self.manifest.at_least(&self.gpu, manifest.len() as u64)?;
-        // SAFETY: our buffers, sized for what is copied.
+        let got = unsafe {
+            self.gpu
+                .digest(&digest_inputs(&self.tensors, slots.clone()))?
+        };
+        let bytes: Vec<u8> = got.iter().flat_map(|d| d.to_le_bytes()).collect();
+        // SAFETY: our digest words, one per slot; `slots` lies inside the table.
         unsafe {
             self.gpu
-                .copy_to_device(self.header.ptr(), &header.encode())?;
-            self.gpu.copy_to_device(mptr, manifest)?;
-            self.comm.broadcast(
-                self.header.ptr(),
-                self.header.ptr(),
-                HEADER_BYTES,
-                root,
-                stream,
+                .copy_to_device(self.digests_dev.ptr() + 8 * slots.start as u64, &bytes)?
+        };
+        Ok(got)
+    }
+
+    /// Waits until set `set`'s last broadcasts completed (the host may then reuse it).
+    fn wait_set(&mut self, set: usize) -> Result<()> {
+        let bufs = &mut self.sets[set];
+        if bufs.in_flight {
+            self.comm.wait(
+                bufs.sent.handle(),
+                self.config.timeout,
+                "a stage's broadcasts",
             )?;
-            self.comm
-                .broadcast(mptr, mptr, manifest.len(), root, stream)?;
+            bufs.in_flight = false;
         }
         Ok(())
     }
 
-    /// Seed or dense: header, digests, then every tensor whole.
+    /// Uploads a stage's header and manifest into set `set` and broadcasts them and then
+    /// `payload` (device address, bytes) on the NCCL stream, after everything enqueued so
+    /// far on the GPU's stream. Returns without waiting; `wait_set` waits.
+    fn broadcast_stage(
+        &mut self,
+        set: usize,
+        header: &Header,
+        manifest: &[u8],
+        payload: &[(DevicePtr, u64)],
+    ) -> Result<()> {
+        let root = self.config.root;
+        let side = self.nccl_stream.handle();
+        let bufs = &mut self.sets[set];
+        let mptr = bufs.manifest.at_least(&self.gpu, manifest.len() as u64)?;
+        // SAFETY: our buffers, sized for what is copied, not in flight (the caller waited);
+        // the NCCL stream waits for the GPU's stream, so each broadcast reads finished data
+        // (the diff's and encoder's output, and the tensors after the caller's stream).
+        unsafe {
+            self.gpu
+                .copy_to_device(bufs.header.ptr(), &header.encode())?;
+            self.gpu.copy_to_device(mptr, manifest)?;
+            self.gpu.record_event(&self.ready, 0)?;
+            self.gpu.stream_wait_event(side, &self.ready)?;
+            self.comm.broadcast(
+                bufs.header.ptr(),
+                bufs.header.ptr(),
+                HEADER_BYTES,
+                root,
+                side,
+            )?;
+            self.comm
+                .broadcast(mptr, mptr, manifest.len(), root, side)?;
+            for &(ptr, len) in payload {
+                self.comm.broadcast(ptr, ptr, len as usize, root, side)?;
+            }
+            self.gpu.record_event(&bufs.sent, side)?;
+        }
+        bufs.in_flight = true;
+        Ok(())
+    }
+
+    /// Seed or dense stage: header, digests, then the stage's tensors whole. Returns the
+    /// bytes broadcast.
     fn send_whole(
         &mut self,
         kind: SyncKind,
-        changed: u64,
-        started: Instant,
-        diff_ms: f64,
-    ) -> Result<GpuSyncReport> {
-        let before = if kind == SyncKind::Seed {
-            vec![0; self.tensors.len()]
-        } else {
-            self.digests_before_dense()
-        };
-        let after = self.digests.clone();
+        stage: u32,
+        stages: u32,
+        slots: Range<usize>,
+        version: u64,
+        after: &mut [u64],
+    ) -> Result<u64> {
+        let set = stage as usize % self.sets.len();
+        self.wait_set(set)?;
+        // A seed or dense stage does not depend on what the receiver held: "before" is 0.
         let manifest = Manifest {
-            digests: before.into_iter().zip(after.iter().copied()).collect(),
+            digests: after[slots.clone()].iter().map(|&a| (0, a)).collect(),
             chunks: Vec::new(),
         }
         .encode();
+        let bytes: u64 = self.tensors[slots.clone()].iter().map(|t| t.nbytes()).sum();
         let header = Header {
             kind,
-            version: self.version + 1,
+            version,
             table_hash: self.table.hash(),
             num_slots: self.tensors.len() as u32,
             num_chunks: 0,
             manifest_bytes: manifest.len() as u64,
             position_bytes: 0,
-            value_bytes: self.table.total_bytes(),
+            value_bytes: bytes,
+            stage,
+            stages,
+            first_slot: slots.start as u32,
+            stage_slots: slots.len() as u32,
         };
-        self.broadcast_head(&header, &manifest)?;
-        broadcast_tensors(&mut self.comm, &self.gpu, &self.tensors, self.config.root)?;
-        self.finish(header.version, after)?;
-        Ok(GpuSyncReport {
-            kind,
-            version: self.version,
-            changed,
-            numel: self.table.total_elements(),
-            payload_bytes: HEADER_BYTES as u64 + manifest.len() as u64 + self.table.total_bytes(),
-            chunks: 0,
-            time_ms: ms(started),
-            diff_ms,
-            entropy: false,
-            phases: Vec::new(),
-        })
+        let payload: Vec<(DevicePtr, u64)> = self.tensors[slots]
+            .iter()
+            .map(|t| (t.ptr, t.nbytes()))
+            .collect();
+        self.broadcast_stage(set, &header, &manifest, &payload)?;
+        Ok(HEADER_BYTES as u64 + manifest.len() as u64 + bytes)
     }
 
-    /// A dense sync does not depend on what the receiver held; it says 0 for "any".
-    fn digests_before_dense(&self) -> Vec<u64> {
-        vec![0; self.tensors.len()]
-    }
-
-    /// The ack: an all-reduce (max) of every rank's status; the sender contributes 0.
+    /// The ack: an all-reduce (max) of every rank's status after the last stage; the sender
+    /// contributes 0.
     fn finish(&mut self, version: u64, after: Vec<u64>) -> Result<()> {
-        let stream = self.gpu.stream_handle();
-        // SAFETY: our status word.
+        let side = self.nccl_stream.handle();
+        // SAFETY: our status word; the NCCL stream waits for its zeroing.
         unsafe {
             self.gpu.memset(self.status.ptr(), 0, 8)?;
-            self.comm.all_reduce_max_u64(self.status.ptr(), 1, stream)?;
+            self.gpu.record_event(&self.ready, 0)?;
+            self.gpu.stream_wait_event(side, &self.ready)?;
+            self.comm.all_reduce_max_u64(self.status.ptr(), 1, side)?;
+            self.gpu.record_event(&self.acked, side)?;
         }
-        let done = self.gpu.record_done()?;
-        self.comm.wait(done, self.config.timeout, "the sync")?;
-        // SAFETY: our status word; the stream has passed the all-reduce.
+        self.comm
+            .wait(self.acked.handle(), self.config.timeout, "the sync")?;
+        // Every broadcast before the all-reduce has completed.
+        for set in &mut self.sets {
+            set.in_flight = false;
+        }
+        // SAFETY: our status word; the all-reduce that wrote it has completed.
         let status = u64s(&unsafe { self.gpu.download(self.status.ptr(), 8)? })[0];
         if status != 0 {
             self.needs_seed = true;
@@ -905,6 +1098,69 @@ impl GpuSender {
         self.needs_seed = false;
         Ok(())
     }
+}
+
+/// A receiver's buffers for one stage index of a sync (kept for the whole sync: an applied
+/// stage may have to be undone from them).
+struct StageBuffers {
+    positions: Growable,
+    values: Growable,
+    /// Positions decoded from gaps sections (u32 each) and values decoded from ulp sections.
+    decoded_positions: Growable,
+    decoded_values: Growable,
+    /// The bits a journaled scatter overwrote.
+    journal: Growable,
+}
+
+impl StageBuffers {
+    fn new() -> Self {
+        StageBuffers {
+            positions: Growable::new(),
+            values: Growable::new(),
+            decoded_positions: Growable::new(),
+            decoded_values: Growable::new(),
+            journal: Growable::new(),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.positions.len()
+            + self.values.len()
+            + self.decoded_positions.len()
+            + self.decoded_values.len()
+            + self.journal.len()
+    }
+}
+
+/// A stage applied during the sync being received, with what undoes it.
+enum Applied {
+    /// A delta: its chunks, and the journal of the bits its scatter overwrote.
+    Delta {
+        inputs: Vec<ApplyInput>,
+        journal: DevicePtr,
+    },
+    /// A dense stage: (tensor, copy of its previous bytes, bytes) per tensor.
+    Whole {
+        saved: Vec<(DevicePtr, DevicePtr, u64)>,
+    },
+}
+
+/// What a receiver gathers over the stages of one sync.
+struct Incoming {
+    /// The first refusal; later stages are received and dropped.
+    failure: Option<CudaError>,
+    applied: Vec<Applied>,
+    /// A seed or dense stage has landed in the tensors without a copy of what it replaced
+    /// (a failure then leaves no version held).
+    clobbered: bool,
+    /// The digests after the stages applied so far.
+    digests: Vec<u64>,
+    changed: u64,
+    payload_bytes: u64,
+    chunks: u64,
+    entropy: bool,
+    dense_stages: u32,
+    any_delta: bool,
 }
 
 /// The receiving side of a GPU sync: applies into tensors it is given, all or nothing.
@@ -921,11 +1177,10 @@ pub struct GpuReceiver {
     version: u64,
     header: DeviceBuffer,
     manifest: Growable,
-    positions: Growable,
-    values: Growable,
-    /// Positions decoded from gaps sections (u32 each) and values decoded from ulp sections.
-    decoded_positions: Growable,
-    decoded_values: Growable,
+    /// Per stage index.
+    stages: Vec<StageBuffers>,
+    /// Where the stages after a refusal are received (and dropped).
+    discard: Growable,
     code_scratch: CodeScratch,
     status: DeviceBuffer,
 }
@@ -956,10 +1211,8 @@ impl GpuReceiver {
             header: gpu.alloc(HEADER_BYTES)?,
             status: gpu.alloc(8)?,
             manifest: Growable::new(),
-            positions: Growable::new(),
-            values: Growable::new(),
-            decoded_positions: Growable::new(),
-            decoded_values: Growable::new(),
+            stages: Vec::new(),
+            discard: Growable::new(),
             code_scratch: CodeScratch::new(),
             limits: limits(&table),
             digests: vec![0; n],
@@ -986,22 +1239,22 @@ impl GpuReceiver {
     }
 
     /// Device bytes this receiver holds besides the tensors it was given (its receive
-    /// buffers, sized by the largest delta seen; seeds and dense syncs land in the tensors).
+    /// buffers per stage, sized by the largest delta seen, with the journals of staged
+    /// syncs; seeds and dense stages land in the tensors).
     pub fn staging_bytes(&self) -> u64 {
         (HEADER_BYTES + 8) as u64
             + self.manifest.len()
-            + self.positions.len()
-            + self.values.len()
-            + self.decoded_positions.len()
-            + self.decoded_values.len()
+            + self.stages.iter().map(StageBuffers::bytes).sum::<u64>()
+            + self.discard.len()
             + self.code_scratch.len()
     }
 
-    /// Receives and applies the next sync; `None` when the sender closed. `idle_timeout`
-    /// bounds the wait for the sync to start (default: forever, as a training step may be
-    /// long); after it the communicator is aborted. A refused sync
-    /// (digest, base version, checks) is acked as refused, applies nothing, and returns the
-    /// error; protocol errors abort the communicator (peers fail too, never hang).
+    /// Receives and applies the next sync, stage by stage; `None` when the sender closed.
+    /// `idle_timeout` bounds the wait for the sync to start (default: forever, as a training
+    /// step may be long); after it the communicator is aborted. A refused sync (digest, base
+    /// version, checks, in any stage) is undone, acked as refused, and returns the error: the
+    /// receiver keeps the version it held (none, when a seed or dense stage had already
+    /// landed). Protocol errors abort the communicator (peers fail too, never hang).
     ///
     /// # Safety
     /// `wait_stream` must be a live stream of the GPU's context, or 0.
@@ -1011,8 +1264,149 @@ impl GpuReceiver {
         idle_timeout: Option<Duration>,
     ) -> Result<Option<GpuSyncReport>> {
         let started = Instant::now();
+        let mut mark = started;
+        let mut phases = Phases::default();
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
+        let mut got = Incoming {
+            failure: None,
+            applied: Vec::new(),
+            clobbered: false,
+            digests: self.digests.clone(),
+            changed: 0,
+            payload_bytes: 0,
+            chunks: 0,
+            entropy: false,
+            dense_stages: 0,
+            any_delta: false,
+        };
+        let last = match self.receive_stages(idle_timeout, &mut got, &mut phases, &mut mark) {
+            Ok(Some(last)) => last,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                // The link failed (or lied) part way: put back what this sync applied.
+                self.undo(&mut got);
+                if got.clobbered {
+                    self.version = 0;
+                }
+                return Err(e);
+            }
+        };
+        // Every stage applied and verified: this receiver holds the new version, whatever
+        // becomes of the ack (a sender that misses it reseeds).
+        let refused = match got.failure.take() {
+            Some(e) => {
+                if got.clobbered {
+                    self.version = 0;
+                }
+                Some(e)
+            }
+            None => {
+                self.digests = std::mem::take(&mut got.digests);
+                self.version = last.version;
+                None
+            }
+        };
+        // The ack: 1 when this receiver refused.
+        let stream = self.gpu.stream_handle();
+        // SAFETY: our status word.
+        unsafe {
+            self.gpu.memset(self.status.ptr(), 0, 8)?;
+            self.gpu
+                .memset(self.status.ptr(), refused.is_some() as u8, 1)?;
+            self.comm.all_reduce_max_u64(self.status.ptr(), 1, stream)?;
+        }
+        let done = self.gpu.record_done()?;
+        self.comm.wait(done, self.timeout, "the ack")?;
+        phases.lap("ack", &mut mark);
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        Ok(Some(GpuSyncReport {
+            kind: if got.any_delta {
+                SyncKind::Delta
+            } else {
+                last.kind
+            },
+            version: self.version,
+            changed: got.changed,
+            numel: self.limits.total_elements,
+            payload_bytes: got.payload_bytes,
+            chunks: got.chunks,
+            time_ms: ms(started),
+            diff_ms: 0.0,
+            entropy: got.entropy,
+            stages: last.stages,
+            dense_stages: got.dense_stages,
+            phases: phases.0,
+        }))
+    }
+
+    /// Receives the stages of one sync, applying each (or, after a refusal, dropping it);
+    /// returns the last stage's header, or `None` when the sender closed. A refusal is left
+    /// in `got.failure` with the stages before it undone; an `Err` is a failure of the link
+    /// or the protocol (the caller undoes what was applied).
+    fn receive_stages(
+        &mut self,
+        idle_timeout: Option<Duration>,
+        got: &mut Incoming,
+        phases: &mut Phases,
+        mark: &mut Instant,
+    ) -> Result<Option<Header>> {
+        let mut prev: Option<Header> = None;
+        loop {
+            // Waiting for the next sync can take a whole training step: no timeout unless
+            // asked; the stages of a sync follow each other.
+            let wait = match prev {
+                None => idle_timeout.unwrap_or(Duration::from_secs(u64::MAX / 4)),
+                Some(_) => self.timeout,
+            };
+            let header = self.receive_header(wait)?;
+            phases.lap("wait", mark);
+            if header.kind == SyncKind::Close {
+                if prev.is_none() {
+                    return Ok(None);
+                }
+                self.comm.abort();
+                return Err(CudaError::Protocol(
+                    "a close in the middle of a sync".into(),
+                ));
+            }
+            if let Err(e) = header.follows(prev.as_ref()) {
+                self.comm.abort();
+                return Err(e);
+            }
+            let manifest = self.receive_manifest(&header)?;
+            phases.lap("manifest", mark);
+            got.payload_bytes += HEADER_BYTES as u64
+                + header.manifest_bytes
+                + header.position_bytes
+                + header.value_bytes;
+            got.chunks += header.num_chunks;
+            if got.failure.is_some() {
+                self.discard_stage(&header)?;
+                phases.lap("payload", mark);
+            } else {
+                let applied = match header.kind {
+                    SyncKind::Delta => self.apply_delta(&header, &manifest, got, phases, mark),
+                    _ => self.apply_whole(&header, &manifest, got),
+                };
+                phases.lap("apply", mark);
+                if let Err(e) = applied {
+                    self.undo(got);
+                    got.failure = Some(e);
+                }
+            }
+            if header.stage + 1 == header.stages {
+                return Ok(Some(header));
+            }
+            prev = Some(header);
+        }
+    }
+
+    /// Receives and checks a stage's header (a bad one aborts the communicator: without it
+    /// the next broadcasts cannot be matched).
+    fn receive_header(&mut self, wait: Duration) -> Result<Header> {
         let stream = self.gpu.stream_handle();
         // SAFETY: our header buffer.
         unsafe {
@@ -1025,23 +1419,15 @@ impl GpuReceiver {
             )?
         };
         let done = self.gpu.record_done()?;
-        // Waiting for the next sync can take a whole training step: no timeout unless asked.
-        let idle = idle_timeout.unwrap_or(Duration::from_secs(u64::MAX / 4));
-        self.comm.wait(done, idle, "waiting for the next sync")?;
-        let mut phases = vec![("wait", ms(started))];
+        self.comm.wait(done, wait, "waiting for the next sync")?;
         // SAFETY: our header buffer, complete.
         let head = unsafe { self.gpu.download(self.header.ptr(), HEADER_BYTES)? };
-        let header = match Header::decode(&head, &self.limits) {
-            Ok(h) => h,
-            Err(e) => {
-                // Without a trustworthy header the next broadcasts cannot be matched.
-                self.comm.abort();
-                return Err(e);
-            }
-        };
-        if header.kind == SyncKind::Close {
-            return Ok(None);
-        }
+        Header::decode(&head, &self.limits).inspect_err(|_| self.comm.abort())
+    }
+
+    /// Receives and checks a stage's manifest (bounded by the checked header).
+    fn receive_manifest(&mut self, header: &Header) -> Result<Manifest> {
+        let stream = self.gpu.stream_handle();
         let mptr = self.manifest.at_least(&self.gpu, header.manifest_bytes)?;
         // SAFETY: sized above.
         unsafe {
@@ -1057,63 +1443,77 @@ impl GpuReceiver {
         self.comm.wait(done, self.timeout, "the manifest")?;
         // SAFETY: complete (waited above).
         let mbytes = unsafe { self.gpu.download(mptr, header.manifest_bytes as usize)? };
-        let manifest = match Manifest::decode(&mbytes, &header, &self.limits) {
-            Ok(m) => m,
-            Err(e) => {
-                self.comm.abort();
-                return Err(e);
-            }
+        Manifest::decode(&mbytes, header, &self.limits).inspect_err(|_| self.comm.abort())
+    }
+
+    /// Receives a stage after this sync was refused, into scratch: the broadcasts must be
+    /// matched, the bytes are not used.
+    fn discard_stage(&mut self, header: &Header) -> Result<()> {
+        let stream = self.gpu.stream_handle();
+        let lens: Vec<u64> = match header.kind {
+            SyncKind::Delta => vec![header.position_bytes, header.value_bytes],
+            _ => self.tensors[header.slots()]
+                .iter()
+                .map(|t| t.nbytes())
+                .collect(),
         };
-        phases.push(("manifest", ms(started)));
-        let outcome = match header.kind {
-            SyncKind::Delta => self.apply_delta(&header, &manifest, started, &mut phases),
-            _ => self.apply_whole(&header, &manifest),
-        };
-        // The ack: 1 when this receiver refused.
-        let refused = outcome.is_err() as u8;
-        // SAFETY: our status word.
-        unsafe {
-            self.gpu.memset(self.status.ptr(), 0, 8)?;
-            self.gpu.memset(self.status.ptr(), refused, 1)?;
-            self.comm.all_reduce_max_u64(self.status.ptr(), 1, stream)?;
+        let most = lens.iter().copied().max().unwrap_or(0);
+        let ptr = self.discard.at_least(&self.gpu, most)?;
+        for len in lens {
+            // SAFETY: scratch of at least `len` bytes (bounded by the checked header and
+            // this receiver's own tensors).
+            unsafe {
+                self.comm
+                    .broadcast(ptr, ptr, len as usize, self.root, stream)?
+            };
         }
         let done = self.gpu.record_done()?;
-        self.comm.wait(done, self.timeout, "the ack")?;
-        phases.push(("ack", ms(started)));
-        let changed = outcome?;
-        Ok(Some(GpuSyncReport {
-            kind: header.kind,
-            version: self.version,
-            changed,
-            numel: self.limits.total_elements,
-            payload_bytes: HEADER_BYTES as u64
-                + header.manifest_bytes
-                + header.position_bytes
-                + header.value_bytes,
-            chunks: header.num_chunks,
-            time_ms: ms(started),
-            diff_ms: 0.0,
-            entropy: manifest
-                .chunks
-                .iter()
-                .any(|c| c.positions == ChunkPositions::Gaps || c.values == ChunkValues::Ulp),
-            phases: cumulative_to_spans(phases),
-        }))
+        self.comm.wait(done, self.timeout, "a refused stage")
+    }
+
+    /// Undoes the stages applied during this sync, last first.
+    fn undo(&mut self, got: &mut Incoming) {
+        while let Some(a) = got.applied.pop() {
+            // SAFETY: the chunks and journals of this sync's stages; their buffers are kept
+            // until the sync ends; each saved copy holds its tensor's bytes.
+            let undone = unsafe {
+                match &a {
+                    Applied::Delta { inputs, journal } => self.gpu.apply_undo(inputs, *journal),
+                    Applied::Whole { saved } => saved.iter().try_for_each(|&(t, copy, len)| {
+                        self.gpu.copy_device(t, copy, len as usize)
+                    }),
+                }
+            };
+            if undone.is_err() {
+                // The tensors are in an unknown state.
+                got.clobbered = true;
+            }
+        }
+        if self.gpu.synchronize().is_err() {
+            got.clobbered = true;
+        }
+        got.digests = self.digests.clone();
     }
 
     fn apply_delta(
         &mut self,
         header: &Header,
         manifest: &Manifest,
-        started: Instant,
-        phases: &mut Vec<(&'static str, f64)>,
-    ) -> Result<u64> {
+        got: &mut Incoming,
+        phases: &mut Phases,
+        mark: &mut Instant,
+    ) -> Result<()> {
         let stream = self.gpu.stream_handle();
+        let stage = header.stage as usize;
+        while self.stages.len() <= stage {
+            self.stages.push(StageBuffers::new());
+        }
+        let bufs = &mut self.stages[stage];
         // The decoders look a few bytes past a section's end: the slack keeps that inside.
-        let pptr = self
+        let pptr = bufs
             .positions
             .at_least(&self.gpu, header.position_bytes + DECODE_SLACK)?;
-        let vptr = self
+        let vptr = bufs
             .values
             .at_least(&self.gpu, header.value_bytes + DECODE_SLACK)?;
         // SAFETY: sized above (bounded by this receiver's own table in Header::decode).
@@ -1130,21 +1530,22 @@ impl GpuReceiver {
         }
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "the delta")?;
-        phases.push(("payload", ms(started)));
+        phases.lap("payload", mark);
+        let first = header.first_slot as usize;
         if self.version == 0 || header.version != self.version + 1 {
             return Err(CudaError::BaseMismatch {
                 held: self.version,
-                slot: 0,
+                slot: first as u32,
                 expected: manifest.digests.first().map_or(0, |d| d.0),
-                actual: self.digests.first().copied().unwrap_or(0),
+                actual: self.digests.get(first).copied().unwrap_or(0),
             });
         }
-        for (slot, (&(before, _), &held)) in manifest.digests.iter().zip(&self.digests).enumerate()
-        {
+        for (i, &(before, _)) in manifest.digests.iter().enumerate() {
+            let held = self.digests[first + i];
             if before != held {
                 return Err(CudaError::BaseMismatch {
                     held: self.version,
-                    slot: slot as u32,
+                    slot: (first + i) as u32,
                     expected: before,
                     actual: held,
                 });
@@ -1166,10 +1567,11 @@ impl GpuReceiver {
                 val_stage += (c.count * width(c)).next_multiple_of(16);
             }
         }
-        let sp = self
+        let bufs = &mut self.stages[stage];
+        let sp = bufs
             .decoded_positions
             .at_least(&self.gpu, pos_stage + DECODE_SLACK)?;
-        let sv = self.decoded_values.at_least(&self.gpu, val_stage)?;
+        let sv = bufs.decoded_values.at_least(&self.gpu, val_stage)?;
         let mut decode = Vec::new();
         let mut decode_chunk = Vec::new();
         let mut inputs = Vec::with_capacity(manifest.chunks.len());
@@ -1240,49 +1642,113 @@ impl GpuReceiver {
             });
         }
         if !decode.is_empty() {
-            phases.push(("decode", ms(started)));
+            got.entropy = true;
+            phases.lap("decode", mark);
         }
-        let expected: Vec<u64> = manifest.digests.iter().map(|d| d.1).collect();
+        // Digests of every slot: the stage's from the manifest, the others as held (they
+        // get no chunk here, so their change is 0).
+        let mut expected = self.digests.clone();
+        for (i, &(_, a)) in manifest.digests.iter().enumerate() {
+            expected[first + i] = a;
+        }
+        // The last stage is never undone; the others keep what they overwrite.
+        let journaled = header.stage + 1 < header.stages;
         // SAFETY: sections lie inside the received buffers (Manifest::decode checked the
-        // offsets against the announced lengths, which the buffers hold); slots are ours.
+        // offsets against the announced lengths, which the buffers hold); slots are ours;
+        // the journal is sized by its layout.
         let new = unsafe {
-            self.gpu
-                .apply_verified(&inputs, false, &self.digests, &expected)?
+            if journaled {
+                let journal = self.stages[stage]
+                    .journal
+                    .at_least(&self.gpu, journal_layout(&inputs).1)?;
+                let new = self.gpu.apply_verified_journaled(
+                    &inputs,
+                    &self.digests,
+                    &expected,
+                    journal,
+                )?;
+                got.applied.push(Applied::Delta { inputs, journal });
+                new
+            } else {
+                self.gpu
+                    .apply_verified(&inputs, false, &self.digests, &expected)?
+            }
         };
-        self.digests = new;
-        self.version = header.version;
-        phases.push(("apply", ms(started)));
-        Ok(manifest.chunks.iter().map(|c| c.count).sum())
+        for i in header.slots() {
+            got.digests[i] = new[i];
+        }
+        got.changed += manifest.chunks.iter().map(|c| c.count).sum::<u64>();
+        got.any_delta = true;
+        Ok(())
     }
 
-    fn apply_whole(&mut self, header: &Header, manifest: &Manifest) -> Result<u64> {
-        // The bytes land in the tensors directly (no second copy of the model): until the
-        // digests check, this receiver holds no version.
-        self.version = 0;
-        broadcast_tensors(&mut self.comm, &self.gpu, &self.tensors, self.root)?;
+    /// A seed or dense stage: the bytes land in the tensors directly. A dense stage that is
+    /// not the last first copies the bytes it replaces into its journal (so that a later
+    /// stage's failure can undo it); a seed or a last stage does not, so a failure of its
+    /// own digests leaves no version held.
+    fn apply_whole(
+        &mut self,
+        header: &Header,
+        manifest: &Manifest,
+        got: &mut Incoming,
+    ) -> Result<()> {
+        let stream = self.gpu.stream_handle();
+        let slots = header.slots();
+        if header.kind == SyncKind::Dense && header.stage + 1 < header.stages {
+            let stage = header.stage as usize;
+            while self.stages.len() <= stage {
+                self.stages.push(StageBuffers::new());
+            }
+            let bytes: u64 = self.tensors[slots.clone()].iter().map(|t| t.nbytes()).sum();
+            let base = self.stages[stage].journal.at_least(&self.gpu, bytes)?;
+            let mut saved = Vec::with_capacity(slots.len());
+            let mut at = base;
+            for t in &self.tensors[slots.clone()] {
+                // SAFETY: the journal holds the stage's bytes; the tensor is ours. Enqueued
+                // on the stream the broadcast below follows.
+                unsafe { self.gpu.copy_device(at, t.ptr, t.nbytes() as usize)? };
+                saved.push((t.ptr, at, t.nbytes()));
+                at += t.nbytes();
+            }
+            got.applied.push(Applied::Whole { saved });
+        } else {
+            got.clobbered = true;
+        }
+        for t in &self.tensors[slots.clone()] {
+            // SAFETY: each tensor is valid for nbytes (the caller's promise at construction).
+            unsafe {
+                self.comm
+                    .broadcast(t.ptr, t.ptr, t.nbytes() as usize, self.root, stream)?
+            };
+        }
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "the tensors")?;
         // SAFETY: our tensors (constructor contract).
-        let got = unsafe { self.gpu.digest(&digest_inputs(&self.tensors))? };
-        for (slot, (&(_, expected), &actual)) in manifest.digests.iter().zip(&got).enumerate() {
+        let digests = unsafe {
+            self.gpu
+                .digest(&digest_inputs(&self.tensors, slots.clone()))?
+        };
+        for (i, (&(_, expected), &actual)) in manifest.digests.iter().zip(&digests).enumerate() {
             if expected != actual {
                 return Err(CudaError::DigestMismatch {
-                    slot: slot as u32,
+                    slot: (slots.start + i) as u32,
                     expected,
                     actual,
                 });
             }
         }
-        self.digests = got;
-        self.version = header.version;
-        Ok(self.limits.total_elements)
+        got.digests[slots.clone()].copy_from_slice(&digests);
+        got.changed += self.tensors[slots].iter().map(|t| t.numel()).sum::<u64>();
+        got.dense_stages += 1;
+        Ok(())
     }
 
     /// Recomputes the digests of the bits held and compares them with the ones recorded:
     /// finds weights changed behind the receiver's back (then it needs a seed).
     pub fn verify(&mut self) -> Result<()> {
+        let all = 0..self.tensors.len();
         // SAFETY: our tensors (constructor contract).
-        let got = unsafe { self.gpu.digest(&digest_inputs(&self.tensors))? };
+        let got = unsafe { self.gpu.digest(&digest_inputs(&self.tensors, all))? };
         for (slot, (&expected, &actual)) in self.digests.iter().zip(&got).enumerate() {
             if expected != actual {
                 self.version = 0;

@@ -657,14 +657,21 @@ fn table() -> SlotTable {
     .unwrap()
 }
 
-/// Applies one sync's frames on the GPU (frames copied to the device, chunks decoded there).
-fn gpu_apply(
+/// One sync's frames on the GPU: the frames copied to the device (kept alive by the
+/// returned buffers), their chunks, the digests they announce, and whether it is a seed.
+struct DeviceSync {
+    _frames: Vec<DeviceBuffer>,
+    chunks: Vec<ApplyInput>,
+    expected: Vec<u64>,
+    seed: bool,
+}
+
+fn device_sync(
     gpu: &Gpu,
     table: &SlotTable,
     slots: &[DeviceBuffer],
     frames: &[Vec<u8>],
-    held: &[u64],
-) -> deltacast_cuda::Result<Vec<u64>> {
+) -> DeviceSync {
     let mut dev_frames = Vec::new();
     let mut chunks = Vec::new();
     let mut expected = vec![None; table.len()];
@@ -696,9 +703,117 @@ fn gpu_apply(
         }
         dev_frames.push(dev);
     }
-    let expected: Vec<u64> = expected.into_iter().map(|d| d.expect("digest")).collect();
+    DeviceSync {
+        _frames: dev_frames,
+        chunks,
+        expected: expected.into_iter().map(|d| d.expect("digest")).collect(),
+        seed,
+    }
+}
+
+/// Applies one sync's frames on the GPU (frames copied to the device, chunks decoded there).
+fn gpu_apply(
+    gpu: &Gpu,
+    table: &SlotTable,
+    slots: &[DeviceBuffer],
+    frames: &[Vec<u8>],
+    held: &[u64],
+) -> deltacast_cuda::Result<Vec<u64>> {
+    let sync = device_sync(gpu, table, slots, frames);
     // SAFETY: chunk pointers are inside the uploaded frames and slots.
-    unsafe { gpu.apply_verified(&chunks, seed, held, &expected) }
+    unsafe { gpu.apply_verified(&sync.chunks, sync.seed, held, &sync.expected) }
+}
+
+#[test]
+fn journaled_apply_matches_the_receiver_and_undoes_to_the_previous_bytes() {
+    // Each delta applied with a journal, then undone (the bytes must be the previous
+    // version's again, byte for byte), then applied again (the receiver's bytes).
+    let Some(gpu) = gpu() else { return };
+    for (pos, chunk_elems) in [(PosCodec::Abs32, 1000u64), (PosCodec::Bitmap, 777)] {
+        let mut rng = Rng(60 + chunk_elems);
+        let table = table();
+        let config = FlushConfig {
+            bucket_size: 64 << 10,
+            chunk_elems,
+            codec: CodecChoice::Fixed(pos, ValCodec::Raw),
+        };
+        let mut sender = Sender::new(table.clone(), config).unwrap();
+        let mut receiver = Receiver::new(table.clone());
+        let mut current: Vec<Vec<u8>> = table
+            .slots()
+            .iter()
+            .map(|s| fill_old(&mut rng, s.numel() as usize, s.dtype.width()))
+            .collect();
+        let slots: Vec<DeviceBuffer> = table
+            .slots()
+            .iter()
+            .map(|s| gpu.alloc_zeroed(s.nbytes() as usize).unwrap())
+            .collect();
+        let mut digests = vec![0u64; table.len()];
+        for step in 0..6 {
+            let mut frames = Vec::new();
+            let refs: Vec<&[u8]> = current.iter().map(Vec::as_slice).collect();
+            sender
+                .sync(&refs, |f| {
+                    frames.push(f);
+                    Ok(())
+                })
+                .unwrap();
+            let before: Vec<Vec<u8>> = receiver.store().to_vec();
+            for f in &frames {
+                receiver.receive(f).unwrap();
+            }
+            let sync = device_sync(&gpu, &table, &slots, &frames);
+            if sync.seed {
+                // SAFETY: chunk pointers are inside the uploaded frames and slots.
+                digests =
+                    unsafe { gpu.apply_verified(&sync.chunks, true, &digests, &sync.expected) }
+                        .unwrap();
+            } else {
+                let (_, len) = deltacast_cuda::journal_layout(&sync.chunks);
+                let journal = gpu.alloc(len.max(4) as usize).unwrap();
+                for round in 0..2 {
+                    // SAFETY: as above; the journal is sized by its layout.
+                    let got = unsafe {
+                        gpu.apply_verified_journaled(
+                            &sync.chunks,
+                            &digests,
+                            &sync.expected,
+                            journal.ptr(),
+                        )
+                    }
+                    .unwrap_or_else(|e| panic!("{pos:?} step {step}: {e}"));
+                    assert_eq!(got, receiver.digests(), "{pos:?} step {step}");
+                    if round == 0 {
+                        // SAFETY: the same chunks and the journal their scatter filled.
+                        unsafe { gpu.apply_undo(&sync.chunks, journal.ptr()) }.unwrap();
+                        for (id, s) in slots.iter().enumerate() {
+                            assert_eq!(
+                                dl(&gpu, s.ptr(), s.len()),
+                                before[id],
+                                "{pos:?} step {step} slot {id}: undo"
+                            );
+                        }
+                    } else {
+                        digests = got;
+                    }
+                }
+            }
+            for (id, s) in slots.iter().enumerate() {
+                assert_eq!(
+                    dl(&gpu, s.ptr(), s.len()),
+                    receiver.store()[id],
+                    "{pos:?} step {step} slot {id}"
+                );
+            }
+            let density = [0.01, 0.3, 0.0005, 1.0, 0.05, 0.0][step % 6];
+            current = current
+                .iter()
+                .zip(table.slots())
+                .map(|(c, s)| mutate(&mut rng, c, s.dtype.width(), density))
+                .collect();
+        }
+    }
 }
 
 #[test]

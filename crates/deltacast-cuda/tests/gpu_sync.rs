@@ -1,7 +1,9 @@
 //! The GPU sync end to end over real NCCL: a sender on GPU 0 and a receiver on GPU 1 (one
-//! thread each), scripted steps at several densities, dense fallbacks, a tamper on the receiver
-//! and its recovery; after every step the receiver's bytes must equal the sender's, byte for
-//! byte (the oracle is the host copy the sender's tensors were uploaded from).
+//! thread each), scripted steps at several densities, dense fallbacks, tampers on the receiver
+//! and its recovery, in one stage and in many; after every step the receiver's bytes must
+//! equal the sender's, byte for byte (the oracle is the host copy the sender's tensors were
+//! uploaded from), and after a refusal they must equal the previous version's (plus the
+//! tamper): a refused sync applies nothing, in every stage.
 //!
 //! Needs two GPUs and NCCL; otherwise each test prints why it is skipped and passes
 //! (`DELTACAST_REQUIRE_GPU=1` turns that into a failure).
@@ -17,7 +19,7 @@ use deltacast::DType;
 use deltacast_cuda::nccl::{unique_id, NcclComm};
 use deltacast_cuda::protocol::SyncKind;
 use deltacast_cuda::sync::{
-    EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor, SnapshotPlace,
+    EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuSyncReport, GpuTensor, SnapshotPlace,
 };
 use deltacast_cuda::{CudaError, DeviceBuffer, Gpu};
 
@@ -77,7 +79,14 @@ enum Before {
     Nothing,
     /// Flip one element behind the receiver's back and check `verify` notices.
     Tamper,
+    /// Flip element 0 of slot 4 behind the receiver's back without telling it, while the
+    /// sender changes that element too: the receiver's digest check of slot 4's changes
+    /// fails, after the stages before it applied (which it must then undo).
+    TamperUnseen,
 }
+
+/// The tensor the tampers touch ("big") and the byte flipped.
+const TAMPERED_SLOT: usize = 4;
 
 const STEPS: &[(f64, Before)] = &[
     (0.001, Before::Nothing),
@@ -91,17 +100,33 @@ const STEPS: &[(f64, Before)] = &[
     (0.005, Before::Nothing),
 ];
 
+/// STEPS, then a tamper found only by a stage's digest check.
+const STEPS_STAGED: &[(f64, Before)] = &[
+    (0.001, Before::Nothing),
+    (0.01, Before::Nothing),
+    (0.0, Before::Nothing),
+    (0.2, Before::Nothing),
+    (0.9, Before::Nothing),
+    (0.3, Before::Nothing),
+    (0.02, Before::Tamper),
+    (0.01, Before::Nothing),
+    (0.005, Before::Nothing),
+    (0.01, Before::TamperUnseen), // refused at slot 4's stage; the 3 before it undone
+    (0.01, Before::Nothing),      // the sender reseeds
+    (0.003, Before::Nothing),
+];
+
 #[test]
 fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
     let _serial = serial();
     if !two_gpus() {
         return;
     }
-    let (kinds, entropy) = run_script(SnapshotPlace::Device, EntropyMode::On);
+    let (kinds, entropy) = run_script(SnapshotPlace::Device, EntropyMode::On, 0, STEPS);
     check_kinds(&kinds);
     // The same steps (same seed) without the entropy codecs: same outcomes, and the entropy
     // sync's deltas were smaller (its gaps and ulp sections were sent and decoded).
-    let (plain_kinds, plain) = run_script(SnapshotPlace::Device, EntropyMode::Off);
+    let (plain_kinds, plain) = run_script(SnapshotPlace::Device, EntropyMode::Off, 0, STEPS);
     assert_eq!(kinds, plain_kinds);
     for step in [1, 2, 4, 9] {
         assert!(
@@ -121,7 +146,34 @@ fn sender_with_pinned_host_snapshot_stays_bit_identical() {
     if !two_gpus() {
         return;
     }
-    check_kinds(&run_script(SnapshotPlace::PinnedHost, EntropyMode::Auto).0);
+    check_kinds(&run_script(SnapshotPlace::PinnedHost, EntropyMode::Auto, 0, STEPS).0);
+}
+
+#[test]
+fn syncs_in_stages_stay_bit_identical_and_undo_refused_stages() {
+    // One stage per tensor or two (stage_bytes 1 closes a stage at every non-empty tensor):
+    // seven stages, some dense while others are deltas, a tamper caught by verify (the
+    // first delta stage refuses) and one caught only by slot 4's digest check (the three
+    // stages before it applied, then undone; the three after it received and dropped).
+    let _serial = serial();
+    if !two_gpus() {
+        return;
+    }
+    for entropy in [EntropyMode::Off, EntropyMode::On] {
+        let (kinds, _) = run_script(SnapshotPlace::Device, entropy, 1, STEPS_STAGED);
+        let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
+        let delta = |i: usize| names[i].starts_with("delta") && names[i].ends_with("/7");
+        assert_eq!(names[0], "seed/1");
+        assert!([1, 2, 3, 4, 9, 12].into_iter().all(delta), "{names:?}");
+        assert_eq!(
+            names[6], "delta+dense/7",
+            "30 %: slot 4 over capacity (dense), f32 a bitmap delta"
+        );
+        assert!(names[7].starts_with("refused"), "{names:?}");
+        assert_eq!(names[8], "seed/1");
+        assert!(names[10].starts_with("refused"), "{names:?}");
+        assert_eq!(names[11], "seed/1");
+    }
 }
 
 #[test]
@@ -156,7 +208,12 @@ fn pinned_host_snapshot_refuses_lent_snapshots() {
 /// Runs the scripted steps with the sender's snapshot at `place` (and the entropy codecs or
 /// not); asserts the receiver's bytes after every step; returns (sender outcome, receiver
 /// outcome) and the payload bytes per step.
-fn run_script(place: SnapshotPlace, entropy: EntropyMode) -> (Vec<(String, String)>, Vec<u64>) {
+fn run_script(
+    place: SnapshotPlace,
+    entropy: EntropyMode,
+    stage_bytes: u64,
+    steps: &'static [(f64, Before)],
+) -> (Vec<(String, String)>, Vec<u64>) {
     let uid = unique_id().expect("unique id");
     let (truth_tx, truth_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
     let (got_tx, got_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
@@ -184,7 +241,8 @@ fn run_script(place: SnapshotPlace, entropy: EntropyMode) -> (Vec<(String, Strin
             timeout: Duration::from_secs(60),
             snapshot: place,
             entropy,
-            ..GpuSenderConfig::default()
+            stage_bytes,
+            root: 0,
         };
         let total: u64 = host.iter().map(|h| h.len() as u64).sum();
         // SAFETY: the buffers outlive the sender (dropped after it, at the end of scope).
@@ -201,12 +259,17 @@ fn run_script(place: SnapshotPlace, entropy: EntropyMode) -> (Vec<(String, Strin
         }
         let report = unsafe { s.seed(0) }.expect("seed");
         let mut payloads = vec![report.payload_bytes];
-        truth_tx
-            .send((0, host.clone(), report.kind.name().into()))
-            .unwrap();
-        for (step, &(density, _)) in STEPS.iter().enumerate() {
-            for ((_, d, _), (h, b)) in SHAPES.iter().zip(host.iter_mut().zip(&bufs)) {
+        truth_tx.send((0, host.clone(), outcome(&report))).unwrap();
+        for (step, &(density, before)) in steps.iter().enumerate() {
+            let held = host[TAMPERED_SLOT][0];
+            for ((_, d, _), h) in SHAPES.iter().zip(host.iter_mut()) {
                 mutate(&mut rng, h, d.width(), density);
+            }
+            if before == Before::TamperUnseen {
+                // Differs from the bits the receiver held and from its tampered ones.
+                host[TAMPERED_SLOT][0] = held ^ 2;
+            }
+            for (h, b) in host.iter().zip(&bufs) {
                 // SAFETY: the buffer holds exactly h.len() bytes.
                 unsafe { s.gpu().copy_to_device(b.ptr(), h) }.expect("upload");
             }
@@ -214,7 +277,7 @@ fn run_script(place: SnapshotPlace, entropy: EntropyMode) -> (Vec<(String, Strin
             let outcome = match unsafe { s.sync(0) } {
                 Ok(r) => {
                     payloads.push(r.payload_bytes);
-                    r.kind.name().to_string()
+                    outcome(&r)
                 }
                 Err(CudaError::ReceiverRefused(n)) => {
                     payloads.push(0);
@@ -251,11 +314,17 @@ fn run_script(place: SnapshotPlace, entropy: EntropyMode) -> (Vec<(String, Strin
         };
         let mut step = 0;
         loop {
-            if step > 0 && step <= STEPS.len() && STEPS[step - 1].1 == Before::Tamper {
-                let big = &bufs[4];
+            let before = match step {
+                0 => Before::Nothing,
+                k => steps.get(k - 1).map_or(Before::Nothing, |s| s.1),
+            };
+            if before != Before::Nothing {
+                let big = &bufs[TAMPERED_SLOT];
                 let mut one = unsafe { r.gpu().download(big.ptr(), 2) }.expect("read");
                 one[0] ^= 1;
                 unsafe { r.gpu().copy_to_device(big.ptr(), &one) }.expect("tamper");
+            }
+            if before == Before::Tamper {
                 assert!(
                     matches!(r.verify(), Err(CudaError::DigestMismatch { slot: 4, .. })),
                     "verify must notice the tampered slot"
@@ -263,7 +332,7 @@ fn run_script(place: SnapshotPlace, entropy: EntropyMode) -> (Vec<(String, Strin
                 assert_eq!(r.version(), 0, "a tampered receiver holds no version");
             }
             let outcome = match unsafe { r.receive(0, Some(Duration::from_secs(60))) } {
-                Ok(Some(rep)) => rep.kind.name().to_string(),
+                Ok(Some(rep)) => outcome(&rep),
                 Ok(None) => break,
                 Err(e) => format!("error: {e}"),
             };
@@ -275,15 +344,31 @@ fn run_script(place: SnapshotPlace, entropy: EntropyMode) -> (Vec<(String, Strin
     });
 
     let mut kinds = Vec::new();
-    for _ in 0..=STEPS.len() {
+    let mut last_truth: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..=steps.len() {
         let (step, truth, sent) = truth_rx.recv().expect("sender step");
         let (rstep, got, applied) = got_rx.recv().expect("receiver step");
         assert_eq!(step, rstep);
         kinds.push((sent.clone(), applied.clone()));
         if sent.starts_with("refused") {
             assert!(applied.starts_with("error"), "step {step}: {applied}");
+            // Nothing of the refused sync stays: the previous version, plus the tamper.
+            let mut expected = last_truth.clone();
+            expected[TAMPERED_SLOT][0] ^= 1;
+            for (i, (t, g)) in expected.iter().zip(&got).enumerate() {
+                assert!(
+                    t == g,
+                    "step {step} (refused: {applied}): tensor {} is not the previous version's",
+                    SHAPES[i].0
+                );
+            }
             continue;
         }
+        assert_eq!(
+            sent, applied,
+            "step {step}: sender and receiver differ in what happened"
+        );
+        last_truth = truth.clone();
         for (i, (t, g)) in truth.iter().zip(&got).enumerate() {
             assert!(
                 t == g,
@@ -298,13 +383,24 @@ fn run_script(place: SnapshotPlace, entropy: EntropyMode) -> (Vec<(String, Strin
     (kinds, payloads)
 }
 
+/// A sync's outcome as the tests compare it: kind, `+dense` when some stages went whole
+/// while others were deltas, and the number of stages.
+fn outcome(r: &GpuSyncReport) -> String {
+    let mixed = if r.kind == SyncKind::Delta && r.dense_stages > 0 {
+        "+dense"
+    } else {
+        ""
+    };
+    format!("{}{mixed}/{}", r.kind.name(), r.stages)
+}
+
 fn check_kinds(kinds: &[(String, String)]) {
     let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
-    assert_eq!(names[0], SyncKind::Seed.name());
-    assert_eq!(names[1], "delta");
-    assert_eq!(names[5], "dense", "90 % changed must go dense");
-    assert_eq!(names[6], "dense", "over capacity must go dense");
+    assert_eq!(names[0], "seed/1");
+    assert_eq!(names[1], "delta/1");
+    assert_eq!(names[5], "dense/1", "90 % changed must go dense");
+    assert_eq!(names[6], "dense/1", "over capacity must go dense");
     assert!(names[7].starts_with("refused"), "{names:?}");
-    assert_eq!(names[8], "seed", "after a refusal the sender reseeds");
-    assert_eq!(names[9], "delta");
+    assert_eq!(names[8], "seed/1", "after a refusal the sender reseeds");
+    assert_eq!(names[9], "delta/1");
 }

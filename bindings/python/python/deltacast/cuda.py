@@ -27,7 +27,17 @@ from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 from . import _native
 from ._native import NcclComm
 
-__all__ = ["available", "nccl_unique_id", "NcclComm", "GpuSender", "GpuReceiver"]
+__all__ = [
+    "available",
+    "nccl_unique_id",
+    "NcclComm",
+    "GpuSender",
+    "GpuReceiver",
+    "DEFAULT_STAGE_BYTES",
+]
+
+#: Default ``GpuSender(stage_bytes=...)``: 2 GiB (a 7B model in BF16 goes in 7 stages).
+DEFAULT_STAGE_BYTES: int = _native.DEFAULT_STAGE_BYTES
 
 _DTYPES = {
     "torch.bfloat16": "BF16",
@@ -93,6 +103,10 @@ class GpuSender:
     keeps the faster, retrying the other after 16 deltas times how many times slower it was;
     on NVLink that is usually off, across nodes on). Each report says ``"entropy"``: whether
     that sync used them.
+    ``stage_bytes``: a sync goes in stages of whole tensors of at least this many bytes
+    (default 2 GiB; 0: one stage): receivers check and apply one stage while the sender
+    diffs the next, and a stage that fails undoes the ones before it. Reports say
+    ``"stages"`` and ``"dense_stages"`` (stages sent whole).
 
     After every ``seed()`` / ``sync()``, refused ones included, the snapshot holds exactly the
     tensors' bits at the time of the call (so code that lends ``snapshots`` can read the
@@ -111,6 +125,7 @@ class GpuSender:
         timeout_s: float = 300.0,
         snapshot: str = "device",
         entropy: Union[bool, str] = "auto",
+        stage_bytes: int = _native.DEFAULT_STAGE_BYTES,
     ):
         entropy = {True: "on", False: "off"}.get(entropy, entropy)
         if entropy not in ("on", "off", "auto"):
@@ -147,7 +162,7 @@ class GpuSender:
             snap_ptrs = [p for _, p, _, _ in snap_specs]
         self._native = _native.NativeGpuSender(
             comm, specs, snap_ptrs, root, chunk_elems, capacity, timeout_s, snapshot,
-            entropy,
+            entropy, int(stage_bytes),
         )
 
     def seed(self) -> dict:
