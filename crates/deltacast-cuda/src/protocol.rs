@@ -288,20 +288,40 @@ impl Header {
     }
 }
 
-/// Cuts slots of `slot_bytes` each into consecutive stages of whole slots, each closed once
-/// it holds at least `stage_bytes` (the last takes what is left); `stage_bytes` 0 gives one
-/// stage. Always at least one stage (`0..0` for no slots).
+/// Cuts slots of `slot_bytes` each into consecutive stages of whole slots: a last stage of
+/// the fewest trailing slots that hold half of `stage_bytes` (the receiver's work on it is
+/// what the sync waits for after the sender's last diff, so it is kept small), and before it
+/// stages closed once they hold `stage_bytes` (a remainder under half of that joins the stage
+/// before it). `stage_bytes` 0 gives one stage. Always at least one stage (`0..0` for no
+/// slots).
 pub fn plan_stages(slot_bytes: &[u64], stage_bytes: u64) -> Vec<std::ops::Range<usize>> {
-    let mut stages = Vec::new();
+    let n = slot_bytes.len();
+    if stage_bytes == 0 || n == 0 {
+        return vec![0..n];
+    }
+    let half = stage_bytes.div_ceil(2);
+    let mut tail = n;
+    let mut held = 0u64;
+    while tail > 0 && (held < half || tail == n) {
+        tail -= 1;
+        held += slot_bytes[tail];
+    }
+    let mut stages: Vec<std::ops::Range<usize>> = Vec::new();
     let (mut start, mut held) = (0, 0u64);
-    for (i, &b) in slot_bytes.iter().enumerate() {
+    for (i, &b) in slot_bytes[..tail].iter().enumerate() {
         held += b;
-        if stage_bytes > 0 && held >= stage_bytes && i + 1 < slot_bytes.len() {
+        if held >= stage_bytes {
             stages.push(start..i + 1);
             (start, held) = (i + 1, 0);
         }
     }
-    stages.push(start..slot_bytes.len());
+    if start < tail {
+        match stages.last_mut() {
+            Some(last) if held < half => last.end = tail,
+            _ => stages.push(start..tail),
+        }
+    }
+    stages.push(tail..n);
     stages
 }
 
@@ -736,11 +756,22 @@ mod tests {
     fn stages_are_planned_whole_and_in_order() {
         assert_eq!(plan_stages(&[], 10), vec![0..0]);
         assert_eq!(plan_stages(&[5, 5, 5], 0), vec![0..3]);
-        assert_eq!(plan_stages(&[5, 5, 5, 5, 1], 10), vec![0..2, 2..4, 4..5]);
-        assert_eq!(plan_stages(&[100, 1, 1], 10), vec![0..1, 1..3]);
         assert_eq!(plan_stages(&[100], 10), vec![0..1]);
+        // The last stage: the fewest trailing slots with half a stage; before it, full ones.
+        assert_eq!(
+            plan_stages(&[5, 5, 5, 5, 5, 5], 10),
+            vec![0..2, 2..4, 4..5, 5..6]
+        );
+        assert_eq!(
+            plan_stages(&[4, 4, 4, 4, 1, 1, 4], 10),
+            vec![0..3, 3..5, 5..7]
+        );
+        // A remainder under half a stage joins the stage before it.
+        assert_eq!(plan_stages(&[6, 6, 1, 6], 10), vec![0..3, 3..4]);
+        assert_eq!(plan_stages(&[1, 100, 1, 7], 10), vec![0..3, 3..4]);
+        assert_eq!(plan_stages(&[100, 1, 1], 10), vec![0..3]);
         let mut state = 3u64;
-        for _ in 0..500 {
+        for _ in 0..2000 {
             state = state
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
@@ -756,9 +787,26 @@ mod tests {
             }
             assert!(stages.iter().all(|r| !r.is_empty()) || n == 0);
             assert!(stages.len() <= n.max(1));
-            // Every stage but the last holds at least the target.
-            for r in &stages[..stages.len() - 1] {
-                assert!(bytes[r.clone()].iter().sum::<u64>() >= target.max(1));
+            if target == 0 {
+                assert_eq!(stages.len(), 1);
+                continue;
+            }
+            let sum = |r: &std::ops::Range<usize>| bytes[r.clone()].iter().sum::<u64>();
+            let half = target.div_ceil(2);
+            // Every stage but the last holds at least half the target (but a first one that
+            // is all there is before the last); the last holds half (unless it is
+            // everything), and without its first slot it would not.
+            let (last, rest) = stages.split_last().expect("a stage");
+            assert!(
+                rest.iter().all(|r| sum(r) >= half) || rest.len() == 1,
+                "{bytes:?} {target} {stages:?}"
+            );
+            assert!(sum(last) >= half || last.start == 0);
+            if last.len() > 1 {
+                assert!(
+                    sum(&(last.start + 1..n)) < half,
+                    "{bytes:?} {target} {stages:?}"
+                );
             }
         }
     }

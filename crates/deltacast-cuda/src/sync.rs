@@ -21,6 +21,7 @@
 //! and return only once their work is complete.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deltacast::{DType, SlotInfo, SlotTable};
@@ -33,8 +34,8 @@ use crate::protocol::{
 };
 use crate::{
     journal_layout, ApplyInput, ApplyPositions, CodeChunk, CodePlace, CodeScratch, CodeValues,
-    DecodeInput, DecodePositions, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput,
-    EncodeInput, Gpu, GpuEvent, GpuStream, HostBuffer, DECODE_SLACK,
+    DecodeInput, DecodePositions, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult,
+    DigestInput, EncodeInput, Gpu, GpuEvent, GpuStream, HostBuffer, DECODE_SLACK,
 };
 
 /// One tensor of a sync: a slot, by device pointer.
@@ -326,6 +327,25 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
+/// One diff of a stage, with the snapshot where `place` says.
+///
+/// # Safety
+/// As [`Gpu::diff_batch`].
+unsafe fn run_diff(
+    gpu: &Gpu,
+    place: SnapshotPlace,
+    inputs: &[DiffInput],
+    out: &DiffOutput,
+) -> Result<DiffResult> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        match place {
+            SnapshotPlace::PinnedHost => gpu.diff_batch_host_snapshot(inputs, out),
+            SnapshotPlace::Device => gpu.diff_batch(inputs, out),
+        }
+    }
+}
+
 /// One set of a sender's delta buffers. A stage uses a set from its diff until its
 /// broadcasts complete; with two sets the next stage's diff writes the other while they run.
 struct StageSet {
@@ -387,6 +407,9 @@ struct SendTotals {
 /// The trainer side of a GPU sync.
 pub struct GpuSender {
     gpu: Gpu,
+    /// The same device with a stream and scratch of its own, for the diffs: the next
+    /// stage's diff runs there while this one is encoded on `gpu`.
+    diff_gpu: Arc<Gpu>,
     comm: NcclComm,
     config: GpuSenderConfig,
     tensors: Vec<GpuTensor>,
@@ -493,7 +516,9 @@ impl GpuSender {
             .map(|_| StageSet::new(&gpu, capacity, max_width, entropy))
             .collect::<Result<Vec<_>>>()?;
         let n = tensors.len();
+        let diff_gpu = Arc::new(Gpu::with_tuning(gpu.ordinal(), gpu.tuning())?);
         Ok(GpuSender {
+            diff_gpu,
             sets,
             code_scratch: CodeScratch::new(),
             auto: AutoEntropy::default(),
@@ -556,6 +581,7 @@ impl GpuSender {
             + self.sets.iter().map(StageSet::bytes).sum::<u64>()
             + self.code_scratch.len()
             + self.gpu.large_scratch_bytes()
+            + self.diff_gpu.large_scratch_bytes()
     }
 
     /// Pinned host bytes this sender holds: the snapshot with [`SnapshotPlace::PinnedHost`],
@@ -626,16 +652,57 @@ impl GpuSender {
         let mut totals = SendTotals::default();
         let mut phases = Phases::default();
         let mut mark = started;
-        for s in 0..self.stages.len() {
-            self.send_stage(
-                s,
-                version,
-                use_entropy,
-                &mut after,
-                &mut totals,
-                &mut phases,
-                &mut mark,
-            )?;
+        let place = self.config.snapshot;
+        // SAFETY: per this function's contract.
+        unsafe { self.diff_gpu.wait_for_stream(wait_stream)? };
+        self.wait_set(0)?;
+        let (inputs, out) = self.diff_args(0, use_entropy);
+        // SAFETY: tensors and snapshots are valid (constructor contract); the outputs are
+        // the set's, sized for `capacity`, not in flight (waited above).
+        let mut diff = unsafe { run_diff(&self.diff_gpu, place, &inputs, &out)? };
+        phases.lap("diff", &mut mark);
+        let stages = self.stages.len();
+        for s in 0..stages {
+            // The next stage's diff runs (on its own stream, from another thread) while this
+            // one is encoded and its broadcasts are started.
+            let next = if s + 1 < stages {
+                self.wait_set((s + 1) % self.sets.len())?;
+                Some(self.diff_args(s + 1, use_entropy))
+            } else {
+                None
+            };
+            let diff_gpu = Arc::clone(&self.diff_gpu);
+            let (sent, next_diff) = std::thread::scope(|scope| {
+                let handle = next.map(|(inputs, out)| {
+                    scope.spawn(move || {
+                        // SAFETY: as the first stage's; this set's broadcasts completed
+                        // (waited above), and no other work touches its buffers or these
+                        // tensors' snapshots until the diff returns.
+                        unsafe { run_diff(&diff_gpu, place, &inputs, &out) }
+                    })
+                });
+                let sent = self.send_stage(
+                    s,
+                    &diff,
+                    version,
+                    use_entropy,
+                    &mut after,
+                    &mut totals,
+                    &mut phases,
+                    &mut mark,
+                );
+                let next_diff = handle.map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(CudaError::Panicked("the diff thread panicked".into()))
+                    })
+                });
+                (sent, next_diff)
+            });
+            sent?;
+            if let Some(d) = next_diff {
+                diff = d?;
+            }
+            phases.lap("diff", &mut mark);
         }
         self.finish(version, after)?;
         phases.lap("ack", &mut mark);
@@ -665,26 +732,9 @@ impl GpuSender {
         })
     }
 
-    /// Diffs stage `s`, encodes it and starts its broadcasts (delta, or dense when that is
-    /// smaller or the delta did not fit); `after` gets the stage's new digests.
-    #[allow(clippy::too_many_arguments)]
-    fn send_stage(
-        &mut self,
-        s: usize,
-        version: u64,
-        use_entropy: bool,
-        after: &mut [u64],
-        totals: &mut SendTotals,
-        phases: &mut Phases,
-        mark: &mut Instant,
-    ) -> Result<()> {
-        let range = self.stages[s].clone();
-        let stages = self.stages.len() as u32;
-        let set = s % self.sets.len();
-        // The set's buffers are free once its last broadcasts completed (two stages ago).
-        self.wait_set(set)?;
-        phases.lap("send", mark);
-        let inputs: Vec<DiffInput> = range
+    /// The diff's inputs and outputs for stage `s` (into its set of buffers).
+    fn diff_args(&self, s: usize, use_entropy: bool) -> (Vec<DiffInput>, DiffOutput) {
+        let inputs = self.stages[s]
             .clone()
             .map(|i| {
                 let t = &self.tensors[i];
@@ -698,6 +748,37 @@ impl GpuSender {
                 }
             })
             .collect();
+        let bufs = &self.sets[s % self.sets.len()];
+        let out = DiffOutput {
+            positions: bufs.positions.ptr(),
+            new_values: bufs.values.ptr(),
+            old_values: bufs
+                .old_values
+                .as_ref()
+                .filter(|_| use_entropy)
+                .map(|b| b.ptr()),
+            capacity: self.capacity,
+        };
+        (inputs, out)
+    }
+
+    /// Encodes stage `s` from its diff and starts its broadcasts (delta, or dense when that
+    /// is smaller or the delta did not fit); `after` gets the stage's new digests.
+    #[allow(clippy::too_many_arguments)]
+    fn send_stage(
+        &mut self,
+        s: usize,
+        diff: &DiffResult,
+        version: u64,
+        use_entropy: bool,
+        after: &mut [u64],
+        totals: &mut SendTotals,
+        phases: &mut Phases,
+        mark: &mut Instant,
+    ) -> Result<()> {
+        let range = self.stages[s].clone();
+        let stages = self.stages.len() as u32;
+        let set = s % self.sets.len();
         let bufs = &self.sets[set];
         let positions = bufs.positions.ptr();
         let new_values = bufs.values.ptr();
@@ -706,23 +787,8 @@ impl GpuSender {
             .as_ref()
             .filter(|_| use_entropy)
             .map(|b| b.ptr());
-        let out = DiffOutput {
-            positions,
-            new_values,
-            old_values: entropy,
-            capacity: self.capacity,
-        };
-        // SAFETY: tensors and snapshots are valid (constructor contract), the outputs are
-        // ours and sized for `capacity`; the set is not in flight (waited above).
-        let diff = unsafe {
-            match self.config.snapshot {
-                SnapshotPlace::PinnedHost => self.gpu.diff_batch_host_snapshot(&inputs, &out)?,
-                _ => self.gpu.diff_batch(&inputs, &out)?,
-            }
-        };
         totals.diff_ms += diff.kernel_ms as f64;
         totals.changed += diff.found;
-        phases.lap("diff", mark);
         let stage_bytes: u64 = self.tensors[range.clone()].iter().map(|t| t.nbytes()).sum();
         if !diff.is_complete() {
             // More changed than the buffers hold: send the stage whole. The diff refreshed
