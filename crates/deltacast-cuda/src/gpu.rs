@@ -570,6 +570,13 @@ impl Gpu {
 
     /// [`Gpu::new`] with the diff kernel built with `tuning`.
     pub fn with_tuning(ordinal: usize, tuning: DiffTuning) -> Result<Gpu> {
+        Gpu::with_options(ordinal, tuning, false)
+    }
+
+    /// [`Gpu::with_tuning`] whose stream has the device's greatest priority when
+    /// `high_priority` (its kernels are scheduled ahead of those of other streams, e.g. a
+    /// sync's encoding ahead of the next stage's diff).
+    pub fn with_options(ordinal: usize, tuning: DiffTuning, high_priority: bool) -> Result<Gpu> {
         if !(1..=8).contains(&tuning.items) || !(1..=8).contains(&tuning.min_blocks) {
             return Err(CudaError::InvalidArgument(format!(
                 "diff tuning {tuning:?}: items and min_blocks must lie in 1..=8"
@@ -616,8 +623,16 @@ impl Gpu {
                 slots: Mutex::new(Scratch { buf: None }),
             };
             gpu.bind()?;
-            gpu.stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
-                .map_err(drv("cuStreamCreate"))?;
+            let priority = if high_priority {
+                cu::stream::get_priority_range()
+                    .map_err(drv("cuCtxGetStreamPriorityRange"))?
+                    .1
+            } else {
+                0
+            };
+            gpu.stream =
+                cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, priority)
+                    .map_err(drv("cuStreamCreateWithPriority"))?;
             let ev = || {
                 cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
                     .map_err(drv("cuEventCreate"))

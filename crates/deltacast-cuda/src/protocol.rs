@@ -294,6 +294,7 @@ impl Header {
 /// stages closed once they hold `stage_bytes` (a remainder under half of that joins the stage
 /// before it). `stage_bytes` 0 gives one stage. Always at least one stage (`0..0` for no
 /// slots).
+#[allow(clippy::single_range_in_vec_init)] // a list of one stage, not of its slots
 pub fn plan_stages(slot_bytes: &[u64], stage_bytes: u64) -> Vec<std::ops::Range<usize>> {
     let n = slot_bytes.len();
     if stage_bytes == 0 || n == 0 {
@@ -753,6 +754,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)]
     fn stages_are_planned_whole_and_in_order() {
         assert_eq!(plan_stages(&[], 10), vec![0..0]);
         assert_eq!(plan_stages(&[5, 5, 5], 0), vec![0..3]);

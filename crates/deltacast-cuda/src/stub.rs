@@ -140,6 +140,14 @@ impl Gpu {
         not_built()
     }
 
+    pub fn with_options(
+        ordinal: usize,
+        tuning: crate::DiffTuning,
+        high_priority: bool,
+    ) -> Result<Gpu> {
+        not_built()
+    }
+
     pub fn tuning(&self) -> crate::DiffTuning {
         match self.never {}
     }

@@ -406,9 +406,10 @@ struct SendTotals {
 
 /// The trainer side of a GPU sync.
 pub struct GpuSender {
+    /// Encodes and sends (its stream has the device's greatest priority).
     gpu: Gpu,
-    /// The same device with a stream and scratch of its own, for the diffs: the next
-    /// stage's diff runs there while this one is encoded on `gpu`.
+    /// The caller's handle of the same device, with a stream and scratch of its own, for
+    /// the diffs: the next stage's diff runs there while this one is encoded on `gpu`.
     diff_gpu: Arc<Gpu>,
     comm: NcclComm,
     config: GpuSenderConfig,
@@ -472,6 +473,12 @@ impl GpuSender {
         }
         check_tensors(&tensors)?;
         let table = slot_table(&tensors)?;
+        // The caller's handle runs the diffs; a second one, whose stream has the device's
+        // greatest priority, encodes and sends, so that its short kernels run ahead of the
+        // next stage's diff instead of queueing behind its blocks.
+        let encoder = Gpu::with_options(gpu.ordinal(), gpu.tuning(), true)?;
+        let diff_gpu = Arc::new(gpu);
+        let gpu = encoder;
         let snapshots = match snapshots {
             Some(ptrs) => {
                 if ptrs.len() != tensors.len() {
@@ -516,7 +523,6 @@ impl GpuSender {
             .map(|_| StageSet::new(&gpu, capacity, max_width, entropy))
             .collect::<Result<Vec<_>>>()?;
         let n = tensors.len();
-        let diff_gpu = Arc::new(Gpu::with_tuning(gpu.ordinal(), gpu.tuning())?);
         Ok(GpuSender {
             diff_gpu,
             sets,
