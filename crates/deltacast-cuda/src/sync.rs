@@ -196,20 +196,58 @@ pub struct GpuSyncReport {
     pub phases: Vec<(&'static str, f64)>,
 }
 
-/// Phase times, summed by name over the stages of a sync.
+/// Phase times, summed by name over the stages of a sync; with `DELTACAST_STAGE_TRACE=1`
+/// also every phase's end on the wall clock, printed to stderr when the sync ends (the
+/// sender's and receivers' lines line up across processes, to see where stages wait).
 #[derive(Debug, Default)]
-struct Phases(Vec<(&'static str, f64)>);
+struct Phases {
+    sums: Vec<(&'static str, f64)>,
+    trace: Option<Vec<(&'static str, f64)>>,
+}
+
+/// Milliseconds on the wall clock (within the last 1000 s, to stay readable).
+fn wall_ms() -> f64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_secs() % 1000) as f64 * 1e3 + t.subsec_nanos() as f64 / 1e6
+}
 
 impl Phases {
+    fn new() -> Self {
+        let traced = std::env::var("DELTACAST_STAGE_TRACE").is_ok_and(|v| v == "1");
+        Phases {
+            sums: Vec::new(),
+            trace: traced.then(Vec::new),
+        }
+    }
+
     /// Adds the time since `*mark` to phase `name` and moves the mark to now.
     fn lap(&mut self, name: &'static str, mark: &mut Instant) {
         let now = Instant::now();
         let span = (now - *mark).as_secs_f64() * 1e3;
         *mark = now;
-        match self.0.iter_mut().find(|(n, _)| *n == name) {
+        match self.sums.iter_mut().find(|(n, _)| *n == name) {
             Some((_, t)) => *t += span,
-            None => self.0.push((name, span)),
+            None => self.sums.push((name, span)),
         }
+        self.mark(name, wall_ms());
+    }
+
+    /// Records an event at wall-clock time `at` (traced syncs only).
+    fn mark(&mut self, name: &'static str, at: f64) {
+        if let Some(t) = &mut self.trace {
+            t.push((name, at));
+        }
+    }
+
+    /// The summed phases; prints the trace first, when there is one.
+    fn finish(self, who: &str) -> Vec<(&'static str, f64)> {
+        if let Some(t) = &self.trace {
+            let line: Vec<String> = t.iter().map(|(n, at)| format!("{n}@{at:.3}")).collect();
+            eprintln!("deltacast trace {who}: {}", line.join(" "));
+        }
+        self.sums
     }
 }
 
@@ -656,7 +694,7 @@ impl GpuSender {
         let version = self.version + 1;
         let mut after = self.digests.clone();
         let mut totals = SendTotals::default();
-        let mut phases = Phases::default();
+        let mut phases = Phases::new();
         let mut mark = started;
         let place = self.config.snapshot;
         // SAFETY: per this function's contract.
@@ -681,10 +719,12 @@ impl GpuSender {
             let (sent, next_diff) = std::thread::scope(|scope| {
                 let handle = next.map(|(inputs, out)| {
                     scope.spawn(move || {
+                        let begun = wall_ms();
                         // SAFETY: as the first stage's; this set's broadcasts completed
                         // (waited above), and no other work touches its buffers or these
                         // tensors' snapshots until the diff returns.
-                        unsafe { run_diff(&diff_gpu, place, &inputs, &out) }
+                        let diff = unsafe { run_diff(&diff_gpu, place, &inputs, &out) };
+                        (diff, begun, wall_ms())
                     })
                 });
                 let sent = self.send_stage(
@@ -699,13 +739,19 @@ impl GpuSender {
                 );
                 let next_diff = handle.map(|h| {
                     h.join().unwrap_or_else(|_| {
-                        Err(CudaError::Panicked("the diff thread panicked".into()))
+                        (
+                            Err(CudaError::Panicked("the diff thread panicked".into())),
+                            0.0,
+                            0.0,
+                        )
                     })
                 });
                 (sent, next_diff)
             });
             sent?;
-            if let Some(d) = next_diff {
+            if let Some((d, begun, ended)) = next_diff {
+                phases.mark("next-diff-begun", begun);
+                phases.mark("next-diff-ended", ended);
                 diff = d?;
             }
             phases.lap("diff", &mut mark);
@@ -734,7 +780,7 @@ impl GpuSender {
             entropy: use_entropy && any_delta,
             stages,
             dense_stages: totals.dense_stages,
-            phases: phases.0,
+            phases: phases.finish("sender"),
         })
     }
 
@@ -1337,7 +1383,7 @@ impl GpuReceiver {
     ) -> Result<Option<GpuSyncReport>> {
         let started = Instant::now();
         let mut mark = started;
-        let mut phases = Phases::default();
+        let mut phases = Phases::new();
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
         let mut got = Incoming {
@@ -1410,7 +1456,7 @@ impl GpuReceiver {
             entropy: got.entropy,
             stages: last.stages,
             dense_stages: got.dense_stages,
-            phases: phases.0,
+            phases: phases.finish("receiver"),
         }))
     }
 
