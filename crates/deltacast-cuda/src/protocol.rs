@@ -291,34 +291,36 @@ impl Header {
 /// Cuts slots of `slot_bytes` each into consecutive stages of whole slots: a last stage of
 /// the fewest trailing slots that hold half of `stage_bytes` (the receiver's work on it is
 /// what the sync waits for after the sender's last diff, so it is kept small), and before it
-/// stages closed once they hold `stage_bytes` (a remainder under half of that joins the stage
-/// before it). `stage_bytes` 0 gives one stage. Always at least one stage (`0..0` for no
-/// slots).
+/// as few stages of about equal size as keep each near `stage_bytes`: each closed once it
+/// holds its share (`ceil(bytes before the last stage / stage_bytes)` shares), a remainder
+/// under half a share joining the stage before it. `stage_bytes` 0 gives one stage. Always
+/// at least one stage (`0..0` for no slots).
 #[allow(clippy::single_range_in_vec_init)] // a list of one stage, not of its slots
 pub fn plan_stages(slot_bytes: &[u64], stage_bytes: u64) -> Vec<std::ops::Range<usize>> {
     let n = slot_bytes.len();
     if stage_bytes == 0 || n == 0 {
         return vec![0..n];
     }
-    let half = stage_bytes.div_ceil(2);
     let mut tail = n;
     let mut held = 0u64;
-    while tail > 0 && (held < half || tail == n) {
+    while tail > 0 && (held < stage_bytes.div_ceil(2) || tail == n) {
         tail -= 1;
         held += slot_bytes[tail];
     }
+    let before: u64 = slot_bytes[..tail].iter().sum();
+    let share = before.div_ceil(before.div_ceil(stage_bytes).max(1)).max(1);
     let mut stages: Vec<std::ops::Range<usize>> = Vec::new();
     let (mut start, mut held) = (0, 0u64);
     for (i, &b) in slot_bytes[..tail].iter().enumerate() {
         held += b;
-        if held >= stage_bytes {
+        if held >= share {
             stages.push(start..i + 1);
             (start, held) = (i + 1, 0);
         }
     }
     if start < tail {
         match stages.last_mut() {
-            Some(last) if held < half => last.end = tail,
+            Some(last) if held < share.div_ceil(2) => last.end = tail,
             _ => stages.push(start..tail),
         }
     }
@@ -759,7 +761,9 @@ mod tests {
         assert_eq!(plan_stages(&[], 10), vec![0..0]);
         assert_eq!(plan_stages(&[5, 5, 5], 0), vec![0..3]);
         assert_eq!(plan_stages(&[100], 10), vec![0..1]);
-        // The last stage: the fewest trailing slots with half a stage; before it, full ones.
+        // The last stage: the fewest trailing slots with half a stage; before it, equal
+        // shares (25 bytes in 3 shares of 9; 17 in 2 of 9; 30 in 3 of 10), a remainder of
+        // half a share or more a stage of its own.
         assert_eq!(
             plan_stages(&[5, 5, 5, 5, 5, 5], 10),
             vec![0..2, 2..4, 4..5, 5..6]
@@ -768,7 +772,8 @@ mod tests {
             plan_stages(&[4, 4, 4, 4, 1, 1, 4], 10),
             vec![0..3, 3..5, 5..7]
         );
-        // A remainder under half a stage joins the stage before it.
+        assert_eq!(plan_stages(&[3; 12], 10), vec![0..4, 4..8, 8..10, 10..12]);
+        // A remainder under half a share joins the stage before it.
         assert_eq!(plan_stages(&[6, 6, 1, 6], 10), vec![0..3, 3..4]);
         assert_eq!(plan_stages(&[1, 100, 1, 7], 10), vec![0..3, 3..4]);
         assert_eq!(plan_stages(&[100, 1, 1], 10), vec![0..3]);
@@ -794,22 +799,26 @@ mod tests {
                 continue;
             }
             let sum = |r: &std::ops::Range<usize>| bytes[r.clone()].iter().sum::<u64>();
-            let half = target.div_ceil(2);
-            // Every stage but the last holds at least half the target (but a first one that
-            // is all there is before the last); the last holds half (unless it is
-            // everything), and without its first slot it would not.
+            // The last stage holds half a stage (unless it is everything), and without its
+            // first slot it would not.
             let (last, rest) = stages.split_last().expect("a stage");
-            assert!(
-                rest.iter().all(|r| sum(r) >= half) || rest.len() == 1,
-                "{bytes:?} {target} {stages:?}"
-            );
-            assert!(sum(last) >= half || last.start == 0);
+            assert!(sum(last) >= target.div_ceil(2) || last.start == 0);
             if last.len() > 1 {
+                let without_first = sum(&(last.start + 1..n));
                 assert!(
-                    sum(&(last.start + 1..n)) < half,
+                    without_first < target.div_ceil(2),
                     "{bytes:?} {target} {stages:?}"
                 );
             }
+            // No more stages before it than shares, plus one for a remainder; none of them
+            // fuller than a stage and a half plus one slot.
+            let before: u64 = rest.iter().map(sum).sum();
+            assert!(
+                rest.len() as u64 <= before.div_ceil(target) + 1,
+                "{bytes:?} {target}"
+            );
+            let biggest = bytes.iter().copied().max().unwrap_or(0);
+            assert!(rest.iter().all(|r| sum(r) <= target + target / 2 + biggest));
         }
     }
 

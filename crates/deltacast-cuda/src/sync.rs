@@ -8,7 +8,9 @@
 //! digests it updates, fused), forms the core's chunks on the GPU with both abs32 and bitmap
 //! sections (and gaps / ulp with the entropy codecs), keeps the smallest per chunk, packs them,
 //! and broadcasts header, manifest, positions and values on a stream of its own, so that the
-//! broadcast and the receivers' work on one stage overlap the sender's diff of the next. When
+//! broadcast and the receivers' work on one stage overlap the sender's diff of the next. The
+//! diffs run back to back from a thread of their own, on a stream of their own (the caller's
+//! `Gpu`); the encoding runs on a second handle whose stream has the greatest priority. When
 //! a stage's delta would be as large as its tensors, or more elements changed than the delta
 //! buffers hold, that stage is sent whole instead (dense). Receivers check everything against
 //! their own slot table, check every chunk and compute their new digests on the GPU, and only
@@ -21,7 +23,7 @@
 //! and return only once their work is complete.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use deltacast::{DType, SlotInfo, SlotTable};
@@ -396,8 +398,9 @@ struct StageSet {
     packed_values: Growable,
     header: DeviceBuffer,
     manifest: Growable,
-    /// Recorded on the NCCL stream after this set's last broadcast.
-    sent: GpuEvent,
+    /// Recorded on the NCCL stream after this set's last broadcast (shared with the diff
+    /// thread, whose stream waits for it).
+    sent: Arc<GpuEvent>,
     in_flight: bool,
 }
 
@@ -418,7 +421,7 @@ impl StageSet {
             packed_values: Growable::new(),
             header: gpu.alloc(HEADER_BYTES)?,
             manifest: Growable::new(),
-            sent: gpu.new_event()?,
+            sent: Arc::new(gpu.new_event()?),
             in_flight: false,
         })
     }
@@ -699,63 +702,75 @@ impl GpuSender {
         let place = self.config.snapshot;
         // SAFETY: per this function's contract.
         unsafe { self.diff_gpu.wait_for_stream(wait_stream)? };
-        self.wait_set(0)?;
-        let (inputs, out) = self.diff_args(0, use_entropy);
-        // SAFETY: tensors and snapshots are valid (constructor contract); the outputs are
-        // the set's, sized for `capacity`, not in flight (waited above).
-        let mut diff = unsafe { run_diff(&self.diff_gpu, place, &inputs, &out)? };
-        phases.lap("diff", &mut mark);
+        let nsets = self.sets.len();
+        for set in 0..nsets {
+            self.wait_set(set)?;
+        }
         let stages = self.stages.len();
-        for s in 0..stages {
-            // The next stage's diff runs (on its own stream, from another thread) while this
-            // one is encoded and its broadcasts are started.
-            let next = if s + 1 < stages {
-                self.wait_set((s + 1) % self.sets.len())?;
-                Some(self.diff_args(s + 1, use_entropy))
-            } else {
-                None
-            };
-            let diff_gpu = Arc::clone(&self.diff_gpu);
-            let (sent, next_diff) = std::thread::scope(|scope| {
-                let handle = next.map(|(inputs, out)| {
-                    scope.spawn(move || {
-                        let begun = wall_ms();
-                        // SAFETY: as the first stage's; this set's broadcasts completed
-                        // (waited above), and no other work touches its buffers or these
-                        // tensors' snapshots until the diff returns.
-                        let diff = unsafe { run_diff(&diff_gpu, place, &inputs, &out) };
-                        (diff, begun, wall_ms())
-                    })
-                });
-                let sent = self.send_stage(
+        let args: Vec<_> = (0..stages)
+            .map(|s| self.diff_args(s, use_entropy))
+            .collect();
+        let sent_events: Vec<Arc<GpuEvent>> =
+            self.sets.iter().map(|b| Arc::clone(&b.sent)).collect();
+        let diff_gpu = Arc::clone(&self.diff_gpu);
+        // The diffs run back to back on their own stream, from a thread of their own, while
+        // this thread encodes and sends each stage as its diff arrives. A set's buffers are
+        // handed back (`freed`) once its stage's broadcasts are enqueued; the diff stream then
+        // waits, on the device, for those broadcasts before the next diff into that set.
+        let (freed_tx, freed_rx) = mpsc::channel::<()>();
+        let (diffed_tx, diffed_rx) = mpsc::channel::<(Result<DiffResult>, f64, f64)>();
+        std::thread::scope(|scope| -> Result<()> {
+            scope.spawn(move || {
+                for (s, (inputs, out)) in args.into_iter().enumerate() {
+                    if s >= nsets {
+                        if freed_rx.recv().is_err() {
+                            return; // the sync stopped
+                        }
+                        // SAFETY: our event, recorded after the set's last broadcasts.
+                        let waited =
+                            unsafe { diff_gpu.stream_wait_event(0, &sent_events[s % nsets]) };
+                        if let Err(e) = waited {
+                            let _ = diffed_tx.send((Err(e), 0.0, 0.0));
+                            return;
+                        }
+                    }
+                    let begun = wall_ms();
+                    // SAFETY: tensors and snapshots are valid (constructor contract); the
+                    // outputs are the set's, sized for `capacity`, and nothing else writes
+                    // them or these tensors' snapshots until the diff returns.
+                    let diff = unsafe { run_diff(&diff_gpu, place, &inputs, &out) };
+                    let failed = diff.is_err();
+                    if diffed_tx.send((diff, begun, wall_ms())).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            let sent = (0..stages).try_for_each(|s| {
+                let (diff, begun, ended) = diffed_rx
+                    .recv()
+                    .map_err(|_| CudaError::Panicked("the diff thread stopped".into()))?;
+                phases.mark("diff-begun", begun);
+                phases.mark("diff-ended", ended);
+                phases.lap("diff", &mut mark);
+                self.send_stage(
                     s,
-                    &diff,
+                    &diff?,
                     version,
                     use_entropy,
                     &mut after,
                     &mut totals,
                     &mut phases,
                     &mut mark,
-                );
-                let next_diff = handle.map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        (
-                            Err(CudaError::Panicked("the diff thread panicked".into())),
-                            0.0,
-                            0.0,
-                        )
-                    })
-                });
-                (sent, next_diff)
+                )?;
+                // The diff thread may now reuse this stage's set (a send fails only when
+                // the diff thread stopped, and then its result says why).
+                let _ = freed_tx.send(());
+                Ok(())
             });
-            sent?;
-            if let Some((d, begun, ended)) = next_diff {
-                phases.mark("next-diff-begun", begun);
-                phases.mark("next-diff-ended", ended);
-                diff = d?;
-            }
-            phases.lap("diff", &mut mark);
-        }
+            // Stops the diff thread if this one stopped early.
+            drop(freed_tx);
+            sent
+        })?;
         self.finish(version, after)?;
         phases.lap("ack", &mut mark);
         let time_ms = ms(started);
@@ -831,6 +846,8 @@ impl GpuSender {
         let range = self.stages[s].clone();
         let stages = self.stages.len() as u32;
         let set = s % self.sets.len();
+        // The encoder writes the set too: its last broadcasts must be over.
+        self.wait_set(set)?;
         let bufs = &self.sets[set];
         let positions = bufs.positions.ptr();
         let new_values = bufs.values.ptr();
