@@ -848,6 +848,7 @@ impl GpuSender {
         let set = s % self.sets.len();
         // The encoder writes the set too: its last broadcasts must be over.
         self.wait_set(set)?;
+        phases.mark("set-free", wall_ms());
         let bufs = &self.sets[set];
         let positions = bufs.positions.ptr();
         let new_values = bufs.values.ptr();
@@ -878,6 +879,7 @@ impl GpuSender {
             )?
         });
         after[range.clone()].copy_from_slice(&words);
+        phases.mark("digest-words", wall_ms());
         let encode: Vec<EncodeInput> = range
             .clone()
             .zip(&diff.tensors)
@@ -894,6 +896,7 @@ impl GpuSender {
             self.gpu
                 .encode_positions(positions, &encode, self.config.chunk_elems, None, None)?
         };
+        phases.mark("counted", wall_ms());
         let width_of = |local: usize| self.tensors[range.start + local].dtype.width();
         // Entropy codecs: every chunk sized exactly in gaps and ulp, on the GPU.
         let code_chunks: Vec<CodeChunk> = match entropy {
@@ -1011,6 +1014,7 @@ impl GpuSender {
         // SAFETY: positions hold every chunk's changes; each destination is a disjoint,
         // 4-aligned run of `packed` with room for its section in whole words.
         unsafe { self.gpu.encode_place(positions, &listed)? };
+        phases.mark("placed", wall_ms());
         if entropy.is_some() {
             let places: Vec<CodePlace> = placed
                 .iter()
