@@ -342,18 +342,25 @@ impl DeviceBuffer {
     }
 }
 
+/// Runs `release` (a driver call freeing a handle created in `ctx`) with `ctx` current, from
+/// a `Drop`: its errors (a context torn down) cannot be reported there, and a panic must not
+/// escape.
+fn release_in(ctx: sys::CUcontext, release: impl FnOnce()) {
+    let _ = guarded(|| {
+        // SAFETY: `ctx` is the context the handle was created in (each caller's own field).
+        let _ = unsafe { cu::ctx::set_current(ctx) };
+        release();
+        Ok(())
+    });
+}
+
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if self.ptr != 0 {
-            let (ptr, ctx) = (self.ptr, self.ctx);
-            // Errors on free (a context torn down) cannot be reported from drop.
-            let _ = guarded(|| {
-                // SAFETY: `ptr` came from `malloc_sync` in `ctx` and is freed once.
-                unsafe {
-                    let _ = cu::ctx::set_current(ctx);
-                    let _ = cu::free_sync(ptr);
-                }
-                Ok(())
+            let ptr = self.ptr;
+            release_in(self.ctx, || {
+                // SAFETY: `ptr` came from `malloc_sync` in this context and is freed once.
+                let _ = unsafe { cu::free_sync(ptr) };
             });
         }
     }
@@ -421,15 +428,10 @@ impl HostBuffer {
 impl Drop for HostBuffer {
     fn drop(&mut self) {
         if !self.host.is_null() {
-            let (host, ctx) = (self.host, self.ctx);
-            // Errors on free (a context torn down) cannot be reported from drop.
-            let _ = guarded(|| {
-                // SAFETY: `host` came from `cuMemHostAlloc` in `ctx` and is freed once.
-                unsafe {
-                    let _ = cu::ctx::set_current(ctx);
-                    let _ = cu::free_host(host as *mut c_void);
-                }
-                Ok(())
+            let host = self.host;
+            release_in(self.ctx, || {
+                // SAFETY: `host` came from `cuMemHostAlloc` in this context, freed once.
+                let _ = unsafe { cu::free_host(host as *mut c_void) };
             });
         }
     }
@@ -456,15 +458,13 @@ impl GpuStream {
 
 impl Drop for GpuStream {
     fn drop(&mut self) {
-        let (stream, ctx) = (self.stream, self.ctx);
-        let _ = guarded(|| {
-            // SAFETY: our stream, created in `ctx`, synchronised and destroyed once.
+        let stream = self.stream;
+        release_in(self.ctx, || {
+            // SAFETY: our stream, created in this context, synchronised and destroyed once.
             unsafe {
-                let _ = cu::ctx::set_current(ctx);
                 let _ = cu::stream::synchronize(stream);
                 let _ = cu::stream::destroy(stream);
             }
-            Ok(())
         });
     }
 }
@@ -489,14 +489,10 @@ impl GpuEvent {
 
 impl Drop for GpuEvent {
     fn drop(&mut self) {
-        let (event, ctx) = (self.event, self.ctx);
-        let _ = guarded(|| {
-            // SAFETY: our event, created in `ctx`, destroyed once.
-            unsafe {
-                let _ = cu::ctx::set_current(ctx);
-                let _ = cu::event::destroy(event);
-            }
-            Ok(())
+        let event = self.event;
+        release_in(self.ctx, || {
+            // SAFETY: our event, created in this context, destroyed once.
+            let _ = unsafe { cu::event::destroy(event) };
         });
     }
 }

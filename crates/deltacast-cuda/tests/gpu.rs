@@ -724,50 +724,95 @@ fn gpu_apply(
     unsafe { gpu.apply_verified(&sync.chunks, sync.seed, held, &sync.expected) }
 }
 
-#[test]
-fn journaled_apply_matches_the_receiver_and_undoes_to_the_previous_bytes() {
-    // Each delta applied with a journal, then undone (the bytes must be the previous
-    // version's again, byte for byte), then applied again (the receiver's bytes).
-    let Some(gpu) = gpu() else { return };
-    for (pos, chunk_elems) in [(PosCodec::Abs32, 1000u64), (PosCodec::Bitmap, 777)] {
-        let mut rng = Rng(60 + chunk_elems);
+/// The CPU side of the apply tests: a core sender and receiver over `table()` with random
+/// contents, and zeroed device slots for the GPU's copy of the receiver's state.
+struct ApplyRig {
+    table: SlotTable,
+    sender: Sender,
+    receiver: Receiver,
+    current: Vec<Vec<u8>>,
+    slots: Vec<DeviceBuffer>,
+    digests: Vec<u64>,
+    rng: Rng,
+}
+
+impl ApplyRig {
+    fn new(gpu: &Gpu, pos: PosCodec, chunk_elems: u64, seed: u64) -> ApplyRig {
+        let mut rng = Rng(seed);
         let table = table();
         let config = FlushConfig {
             bucket_size: 64 << 10,
             chunk_elems,
             codec: CodecChoice::Fixed(pos, ValCodec::Raw),
         };
-        let mut sender = Sender::new(table.clone(), config).unwrap();
-        let mut receiver = Receiver::new(table.clone());
-        let mut current: Vec<Vec<u8>> = table
+        let current = table
             .slots()
             .iter()
             .map(|s| fill_old(&mut rng, s.numel() as usize, s.dtype.width()))
             .collect();
-        let slots: Vec<DeviceBuffer> = table
+        let slots = table
             .slots()
             .iter()
             .map(|s| gpu.alloc_zeroed(s.nbytes() as usize).unwrap())
             .collect();
-        let mut digests = vec![0u64; table.len()];
+        ApplyRig {
+            sender: Sender::new(table.clone(), config).unwrap(),
+            receiver: Receiver::new(table.clone()),
+            digests: vec![0; table.len()],
+            table,
+            current,
+            slots,
+            rng,
+        }
+    }
+
+    /// The next sync's frames, applied by the CPU receiver too.
+    fn frames(&mut self) -> Vec<Vec<u8>> {
+        let mut frames = Vec::new();
+        let refs: Vec<&[u8]> = self.current.iter().map(Vec::as_slice).collect();
+        self.sender
+            .sync(&refs, |f| {
+                frames.push(f);
+                Ok(())
+            })
+            .unwrap();
+        for f in &frames {
+            self.receiver.receive(f).unwrap();
+        }
+        frames
+    }
+
+    /// Asserts the GPU slots hold `want` (one byte vector per slot).
+    fn assert_slots(&self, gpu: &Gpu, want: &[Vec<u8>], what: &str) {
+        for (id, s) in self.slots.iter().enumerate() {
+            assert_eq!(dl(gpu, s.ptr(), s.len()), want[id], "{what} slot {id}");
+        }
+    }
+
+    /// Changes `density` of every slot's elements.
+    fn mutate(&mut self, density: f64) {
+        for (c, s) in self.current.iter_mut().zip(self.table.slots()) {
+            *c = mutate(&mut self.rng, c, s.dtype.width(), density);
+        }
+    }
+}
+
+#[test]
+fn journaled_apply_matches_the_receiver_and_undoes_to_the_previous_bytes() {
+    // Each delta applied with a journal, then undone (the bytes must be the previous
+    // version's again, byte for byte), then applied again (the receiver's bytes).
+    let Some(gpu) = gpu() else { return };
+    for (pos, chunk_elems) in [(PosCodec::Abs32, 1000u64), (PosCodec::Bitmap, 777)] {
+        let mut rig = ApplyRig::new(&gpu, pos, chunk_elems, 60 + chunk_elems);
         for step in 0..6 {
-            let mut frames = Vec::new();
-            let refs: Vec<&[u8]> = current.iter().map(Vec::as_slice).collect();
-            sender
-                .sync(&refs, |f| {
-                    frames.push(f);
-                    Ok(())
-                })
-                .unwrap();
-            let before: Vec<Vec<u8>> = receiver.store().to_vec();
-            for f in &frames {
-                receiver.receive(f).unwrap();
-            }
-            let sync = device_sync(&gpu, &table, &slots, &frames);
+            let before: Vec<Vec<u8>> = rig.receiver.store().to_vec();
+            let frames = rig.frames();
+            let sync = device_sync(&gpu, &rig.table, &rig.slots, &frames);
+            let what = format!("{pos:?} step {step}");
             if sync.seed {
                 // SAFETY: chunk pointers are inside the uploaded frames and slots.
-                digests =
-                    unsafe { gpu.apply_verified(&sync.chunks, true, &digests, &sync.expected) }
+                rig.digests =
+                    unsafe { gpu.apply_verified(&sync.chunks, true, &rig.digests, &sync.expected) }
                         .unwrap();
             } else {
                 let (_, len) = deltacast_cuda::journal_layout(&sync.chunks);
@@ -777,41 +822,24 @@ fn journaled_apply_matches_the_receiver_and_undoes_to_the_previous_bytes() {
                     let got = unsafe {
                         gpu.apply_verified_journaled(
                             &sync.chunks,
-                            &digests,
+                            &rig.digests,
                             &sync.expected,
                             journal.ptr(),
                         )
                     }
-                    .unwrap_or_else(|e| panic!("{pos:?} step {step}: {e}"));
-                    assert_eq!(got, receiver.digests(), "{pos:?} step {step}");
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(got, rig.receiver.digests(), "{what}");
                     if round == 0 {
                         // SAFETY: the same chunks and the journal their scatter filled.
                         unsafe { gpu.apply_undo(&sync.chunks, journal.ptr()) }.unwrap();
-                        for (id, s) in slots.iter().enumerate() {
-                            assert_eq!(
-                                dl(&gpu, s.ptr(), s.len()),
-                                before[id],
-                                "{pos:?} step {step} slot {id}: undo"
-                            );
-                        }
+                        rig.assert_slots(&gpu, &before, &format!("{what}: undo"));
                     } else {
-                        digests = got;
+                        rig.digests = got;
                     }
                 }
             }
-            for (id, s) in slots.iter().enumerate() {
-                assert_eq!(
-                    dl(&gpu, s.ptr(), s.len()),
-                    receiver.store()[id],
-                    "{pos:?} step {step} slot {id}"
-                );
-            }
-            let density = [0.01, 0.3, 0.0005, 1.0, 0.05, 0.0][step % 6];
-            current = current
-                .iter()
-                .zip(table.slots())
-                .map(|(c, s)| mutate(&mut rng, c, s.dtype.width(), density))
-                .collect();
+            rig.assert_slots(&gpu, rig.receiver.store(), &what);
+            rig.mutate([0.01, 0.3, 0.0005, 1.0, 0.05, 0.0][step % 6]);
         }
     }
 }
@@ -825,54 +853,15 @@ fn apply_matches_the_receiver() {
         (PosCodec::Abs32, 1 << 20),
         (PosCodec::Bitmap, 1 << 16),
     ] {
-        let mut rng = Rng(6 + chunk_elems);
-        let table = table();
-        let config = FlushConfig {
-            bucket_size: 64 << 10,
-            chunk_elems,
-            codec: CodecChoice::Fixed(pos, ValCodec::Raw),
-        };
-        let mut sender = Sender::new(table.clone(), config).unwrap();
-        let mut receiver = Receiver::new(table.clone());
-        let mut current: Vec<Vec<u8>> = table
-            .slots()
-            .iter()
-            .map(|s| fill_old(&mut rng, s.numel() as usize, s.dtype.width()))
-            .collect();
-        let slots: Vec<DeviceBuffer> = table
-            .slots()
-            .iter()
-            .map(|s| gpu.alloc_zeroed(s.nbytes() as usize).unwrap())
-            .collect();
-        let mut digests = vec![0u64; table.len()];
+        let mut rig = ApplyRig::new(&gpu, pos, chunk_elems, 6 + chunk_elems);
         for step in 0..5 {
-            let mut frames = Vec::new();
-            let refs: Vec<&[u8]> = current.iter().map(Vec::as_slice).collect();
-            sender
-                .sync(&refs, |f| {
-                    frames.push(f);
-                    Ok(())
-                })
-                .unwrap();
-            for f in &frames {
-                receiver.receive(f).unwrap();
-            }
-            digests = gpu_apply(&gpu, &table, &slots, &frames, &digests)
-                .unwrap_or_else(|e| panic!("{pos:?} step {step}: {e}"));
-            assert_eq!(digests, receiver.digests(), "{pos:?} step {step}");
-            for (id, s) in slots.iter().enumerate() {
-                assert_eq!(
-                    dl(&gpu, s.ptr(), s.len()),
-                    receiver.store()[id],
-                    "{pos:?} step {step} slot {id}"
-                );
-            }
-            let density = [0.01, 0.3, 0.0005, 1.0][step % 4];
-            current = current
-                .iter()
-                .zip(table.slots())
-                .map(|(c, s)| mutate(&mut rng, c, s.dtype.width(), density))
-                .collect();
+            let frames = rig.frames();
+            let what = format!("{pos:?} step {step}");
+            rig.digests = gpu_apply(&gpu, &rig.table, &rig.slots, &frames, &rig.digests)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(rig.digests, rig.receiver.digests(), "{what}");
+            rig.assert_slots(&gpu, rig.receiver.store(), &what);
+            rig.mutate([0.01, 0.3, 0.0005, 1.0][step % 4]);
         }
     }
 }
