@@ -448,6 +448,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn journal_sections_are_aligned_disjoint_and_sized_by_their_chunks() {
+        let chunk = |count: u64, width: usize| ApplyInput {
+            dst: 0,
+            slot_numel: 1 << 20,
+            width,
+            slot: 0,
+            start: 0,
+            range: count.max(1),
+            count,
+            positions: ApplyPositions::Abs32,
+            pos_section: 0,
+            pos_len: count * 4,
+            val_section: 0,
+            val_len: count * width as u64,
+        };
+        assert_eq!(journal_layout(&[]), (vec![], 0));
+        let chunks = [
+            chunk(3, 2),
+            chunk(5, 1),
+            chunk(1, 4),
+            chunk(7, 2),
+            chunk(4, 1),
+        ];
+        let (offsets, total) = journal_layout(&chunks);
+        // 6 → 8, 5 → 8, 4, 14 → 16, 4.
+        assert_eq!(offsets, vec![0, 8, 16, 20, 36]);
+        assert_eq!(total, 40);
+        for (c, w) in chunks.iter().zip(offsets.windows(2)) {
+            assert_eq!(w[0] % 4, 0);
+            assert!(w[0] + c.count * c.width as u64 <= w[1], "sections overlap");
+        }
+    }
+
+    #[test]
     fn every_kernel_has_a_program() {
         for (name, _) in KERNELS {
             let program = kernel_program(name).expect("listed");
