@@ -35,7 +35,7 @@ def test_error_classes_form_one_tree():
     assert issubclass(dc.ReceiverRefusedError, dc.DeltacastError)
 
 
-def test_snapshot_place_and_entropy_are_checked_before_anything_runs():
+def test_snapshot_place_entropy_and_stages_are_checked_before_anything_runs():
     with pytest.raises(dc.InvalidArgumentError, match="pinned"):
         dcc.GpuSender(None, [], snapshot="host")
     with pytest.raises(dc.InvalidArgumentError, match="lend no snapshots"):
@@ -44,6 +44,9 @@ def test_snapshot_place_and_entropy_are_checked_before_anything_runs():
         dcc.GpuSender(None, [], entropy="sometimes")
     with pytest.raises(dc.InvalidArgumentError, match="auto"):
         dcc.GpuSender(None, [], entropy=2)
+    for bad in (-1, 1.5, "2G", True, 1 << 64):
+        with pytest.raises(dc.InvalidArgumentError, match="stage_bytes"):
+            dcc.GpuSender(None, [], stage_bytes=bad)
 
 
 def _two_gpus():

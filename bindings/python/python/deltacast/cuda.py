@@ -136,6 +136,12 @@ class GpuSender:
             raise _errors().InvalidArgumentError(
                 f'snapshot={snapshot!r}: "device" or "pinned" (pinned host memory)'
             )
+        if isinstance(stage_bytes, bool) or not isinstance(stage_bytes, int) or not (
+            0 <= stage_bytes < 1 << 64
+        ):
+            raise _errors().InvalidArgumentError(
+                f"stage_bytes={stage_bytes!r}: a whole number of bytes, 0 for one stage"
+            )
         if snapshot == "pinned" and snapshots is not None:
             raise _errors().InvalidArgumentError(
                 'snapshot="pinned" allocates the snapshot in host memory: lend no snapshots'
