@@ -1,0 +1,240 @@
+//! The GPU sync: a trainer rank ([`GpuSender`]) pushes its tensors to receivers
+//! ([`GpuReceiver`]) over NCCL, sending only the changed elements (message layout in
+//! [`crate::protocol`]).
+//!
+//! A sync runs in stages, each a consecutive run of tensors of about
+//! [`GpuSenderConfig::stage_bytes`]. Per stage the sender runs one batched diff over its
+//! tensors against their snapshot (which the diff refreshes in place, and whose per-slot
+//! digests it updates, fused), forms the core's chunks on the GPU with both abs32 and bitmap
+//! sections (and gaps / ulp with the entropy codecs), keeps the smallest per chunk, packs them,
+//! and broadcasts header, manifest, positions and values on a stream of its own, so that the
+//! broadcast and the receivers' work on one stage overlap the sender's diff of the next. The
+//! diffs run back to back from a thread of their own, on a stream of their own (the caller's
+//! `Gpu`); the encoding runs on a second handle whose stream has the greatest priority. When
+//! a stage's delta would be as large as its tensors, or more elements changed than the delta
+//! buffers hold, that stage is sent whole instead (dense). Receivers check everything against
+//! their own slot table, check every chunk and compute their new digests on the GPU, and only
+//! then scatter, keeping the overwritten bits of each stage until the last stage applied: a
+//! stage that fails undoes the ones before it, so a sync applies whole or not at all. An
+//! all-reduce of their status is the ack.
+//!
+//! Tensors are borrowed by device pointer (a torch tensor's `data_ptr()`), never freed; both
+//! sides make their own stream wait for the caller's stream (torch's current stream) first,
+//! and return only once their work is complete.
+//!
+//! Layout: `sender.rs` is the trainer's side ([`GpuSender`]), `receiver.rs` each rollout
+//! process's ([`GpuReceiver`]); this file holds what both use.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use deltacast::{DType, SlotInfo, SlotTable};
+
+use crate::error::{CudaError, Result};
+use crate::protocol::{SyncKind, TableLimits};
+use crate::{DeviceBuffer, DevicePtr, DigestInput, Gpu};
+
+mod receiver;
+mod sender;
+
+pub use receiver::GpuReceiver;
+pub use sender::{
+    EntropyMode, GpuSender, GpuSenderConfig, SnapshotPlace, AUTO_PROBE_EVERY, DEFAULT_STAGE_BYTES,
+};
+
+/// One tensor of a sync: a slot, by device pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuTensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Device address of its first element (contiguous, aligned to the element width).
+    pub ptr: DevicePtr,
+}
+
+impl GpuTensor {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    fn nbytes(&self) -> u64 {
+        self.numel() * self.dtype.width() as u64
+    }
+}
+
+/// What one sync did, for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSyncReport {
+    pub kind: SyncKind,
+    pub version: u64,
+    /// Elements that differ from the previous version (every element for a seed).
+    pub changed: u64,
+    pub numel: u64,
+    /// Bytes broadcast: header, manifest, positions and values (or the tensors).
+    pub payload_bytes: u64,
+    pub chunks: u64,
+    /// Wall time of the whole call, until every receiver acked.
+    pub time_ms: f64,
+    /// Device time of the diff kernels (senders; 0 for receivers and seeds).
+    pub diff_ms: f64,
+    /// Whether the delta was sized in the entropy codecs (senders; receivers: whether it
+    /// carried gaps or ulp sections).
+    pub entropy: bool,
+    /// Stages of the sync, and how many of them were sent whole.
+    pub stages: u32,
+    pub dense_stages: u32,
+    /// Wall time of each phase summed over the stages, in order of first appearance (sender:
+    /// diff, encode, send, ack; receiver: wait, manifest, payload, decode, apply, ack), in
+    /// milliseconds. On the sender the broadcasts overlap the next stage's diff, so the
+    /// phases add up to the call's time while the work they name overlaps.
+    pub phases: Vec<(&'static str, f64)>,
+}
+
+/// Phase times, summed by name over the stages of a sync; with `DELTACAST_STAGE_TRACE=1`
+/// also every phase's end on the wall clock, printed to stderr when the sync ends (the
+/// sender's and receivers' lines line up across processes, to see where stages wait).
+#[derive(Debug, Default)]
+struct Phases {
+    sums: Vec<(&'static str, f64)>,
+    trace: Option<Vec<(&'static str, f64)>>,
+}
+
+/// Milliseconds on the wall clock (within the last 1000 s, to stay readable).
+fn wall_ms() -> f64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_secs() % 1000) as f64 * 1e3 + t.subsec_nanos() as f64 / 1e6
+}
+
+impl Phases {
+    fn new() -> Self {
+        let traced = std::env::var("DELTACAST_STAGE_TRACE").is_ok_and(|v| v == "1");
+        Phases {
+            sums: Vec::new(),
+            trace: traced.then(Vec::new),
+        }
+    }
+
+    /// Adds the time since `*mark` to phase `name` and moves the mark to now.
+    fn lap(&mut self, name: &'static str, mark: &mut Instant) {
+        let now = Instant::now();
+        let span = (now - *mark).as_secs_f64() * 1e3;
+        *mark = now;
+        match self.sums.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, t)) => *t += span,
+            None => self.sums.push((name, span)),
+        }
+        self.mark(name, wall_ms());
+    }
+
+    /// Records an event at wall-clock time `at` (traced syncs only).
+    fn mark(&mut self, name: &'static str, at: f64) {
+        if let Some(t) = &mut self.trace {
+            t.push((name, at));
+        }
+    }
+
+    /// The summed phases; prints the trace first, when there is one.
+    fn finish(self, who: &str) -> Vec<(&'static str, f64)> {
+        if let Some(t) = &self.trace {
+            let line: Vec<String> = t.iter().map(|(n, at)| format!("{n}@{at:.3}")).collect();
+            eprintln!("deltacast trace {who}: {}", line.join(" "));
+        }
+        self.sums
+    }
+}
+
+/// A buffer that grows on demand (never past what the caller checked).
+struct Growable {
+    buf: Option<DeviceBuffer>,
+}
+
+impl Growable {
+    fn new() -> Self {
+        Growable { buf: None }
+    }
+
+    fn len(&self) -> u64 {
+        self.buf.as_ref().map_or(0, |b| b.len() as u64)
+    }
+
+    fn at_least(&mut self, gpu: &Gpu, len: u64) -> Result<DevicePtr> {
+        let len = (len.max(256) as usize).next_multiple_of(256);
+        if self.buf.as_ref().is_none_or(|b| b.len() < len) {
+            self.buf = None;
+            // An eighth more than asked: deltas grow a little from step to step, and each
+            // reallocation would cost a free (a device synchronisation) and an allocation.
+            self.buf = Some(gpu.alloc((len + len / 8).next_multiple_of(256))?);
+        }
+        Ok(self.buf.as_ref().map_or(0, |b| b.ptr()))
+    }
+}
+
+fn slot_table(tensors: &[GpuTensor]) -> Result<SlotTable> {
+    SlotTable::new(
+        tensors
+            .iter()
+            .map(|t| SlotInfo::new(t.name.clone(), t.dtype, t.shape.clone()))
+            .collect(),
+    )
+    .map_err(|e| CudaError::InvalidArgument(e.to_string()))
+}
+
+fn limits(table: &SlotTable) -> TableLimits {
+    TableLimits {
+        hash: table.hash(),
+        num_slots: table.len(),
+        total_elements: table.total_elements(),
+        total_bytes: table.total_bytes(),
+        slots: table
+            .slots()
+            .iter()
+            .map(|s| (s.numel(), s.dtype.width()))
+            .collect(),
+    }
+}
+
+fn check_tensors(tensors: &[GpuTensor]) -> Result<()> {
+    for t in tensors {
+        let w = t.dtype.width() as u64;
+        if t.numel() > 0 && t.ptr % w != 0 {
+            return Err(CudaError::InvalidArgument(format!(
+                "tensor `{}` is not aligned to its element width",
+                t.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The digest inputs of the tensors of slots `slots`.
+fn digest_inputs(tensors: &[GpuTensor], slots: Range<usize>) -> Vec<DigestInput> {
+    slots
+        .map(|i| {
+            let t = &tensors[i];
+            DigestInput {
+                ptr: t.ptr,
+                numel: t.numel(),
+                width: t.dtype.width(),
+                first_index: 0,
+                slot: i as u32,
+            }
+        })
+        .collect()
+}
+
+fn u64s(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect()
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
