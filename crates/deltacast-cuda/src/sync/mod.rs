@@ -125,7 +125,14 @@ impl Phases {
             Some((_, t)) => *t += span,
             None => self.sums.push((name, span)),
         }
-        self.mark(name, wall_ms());
+        self.mark_now(name);
+    }
+
+    /// Records an event now (traced syncs only; the clock is not read otherwise).
+    fn mark_now(&mut self, name: &'static str) {
+        if let Some(t) = &mut self.trace {
+            t.push((name, wall_ms()));
+        }
     }
 
     /// Records an event at wall-clock time `at` (traced syncs only).

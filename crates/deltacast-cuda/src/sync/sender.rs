@@ -634,7 +634,7 @@ impl GpuSender {
         let set = s % self.sets.len();
         // The encoder writes the set too: its last broadcasts must be over.
         self.wait_set(set)?;
-        phases.mark("set-free", wall_ms());
+        phases.mark_now("set-free");
         let bufs = &self.sets[set];
         let positions = bufs.positions.ptr();
         let new_values = bufs.values.ptr();
@@ -665,7 +665,7 @@ impl GpuSender {
             )?
         });
         after[range.clone()].copy_from_slice(&words);
-        phases.mark("digest-words", wall_ms());
+        phases.mark_now("digest-words");
         let encode: Vec<EncodeInput> = range
             .clone()
             .zip(&diff.tensors)
@@ -682,7 +682,7 @@ impl GpuSender {
             self.gpu
                 .encode_positions(positions, &encode, self.config.chunk_elems, None, None)?
         };
-        phases.mark("counted", wall_ms());
+        phases.mark_now("counted");
         let width_of = |local: usize| self.tensors[range.start + local].dtype.width();
         // Entropy codecs: every chunk sized exactly in gaps and ulp, on the GPU.
         let code_chunks: Vec<CodeChunk> = match entropy {
@@ -800,7 +800,7 @@ impl GpuSender {
         // SAFETY: positions hold every chunk's changes; each destination is a disjoint,
         // 4-aligned run of `packed` with room for its section in whole words.
         unsafe { self.gpu.encode_place(positions, &listed)? };
-        phases.mark("placed", wall_ms());
+        phases.mark_now("placed");
         if entropy.is_some() {
             let places: Vec<CodePlace> = placed
                 .iter()
