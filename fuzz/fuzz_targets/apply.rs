@@ -1,6 +1,8 @@
 //! Adversarial syncs applied to a receiver holding known data. After every frame that does not
 //! complete a sync, store, version and digests must be exactly as before (no half-applied
-//! sync); a completed sync must leave digests that match memory. Three input modes:
+//! sync; a receiver that writes flushes as they arrive may change its store mid-sync, but a
+//! refused frame must put back the state the sync started from); a completed sync must leave
+//! digests that match memory. Three input modes (each with and without in-place flushes):
 //!
 //! - starts with `DCST`: a `.dcast` stream as recorded (the golden files), frames as they are;
 //! - first byte ≡ 0 mod 4: the rest cut into frames, each resealed (right length and checksum);
@@ -18,7 +20,7 @@ use deltacast::dtype::{from_ordered, load_bits, store_bits, to_ordered};
 use deltacast::wire::{FrameWriter, SlotDigest};
 use deltacast::{FrameKind, Receiver};
 use deltacast_fuzz::{
-    cut_frames, feed, golden_entropy, golden_small, mixed, reseal, scenario_for, seal,
+    cut_frames, golden_entropy, golden_small, mixed, reseal, scenario_for, seal, Feeder,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -38,17 +40,21 @@ fn one_input(data: &[u8]) {
         None => {}
         Some(b'D') => {
             let mut r = scenario_for(data, 0).receiver();
+            r.set_apply_as_received(data.len() % 2 == 1);
+            let mut feeder = Feeder::default();
             for f in cut_frames(data) {
-                let _ = feed(&mut r, f);
+                let _ = feeder.feed(&mut r, f);
             }
         }
         Some(&m) if m % 4 == 0 => {
             let frames = cut_frames(&data[1..]);
             let mut r = scenario_for(frames.first().copied().unwrap_or(&[]), m >> 2).receiver();
+            r.set_apply_as_received(m & 0x40 != 0);
+            let mut feeder = Feeder::default();
             for f in frames {
                 let mut f = f.to_vec();
                 seal(&mut f);
-                let _ = feed(&mut r, &f);
+                let _ = feeder.feed(&mut r, &f);
             }
         }
         Some(_) => {
@@ -63,6 +69,8 @@ fn one_input(data: &[u8]) {
 struct Plan {
     scenario: u8,
     fresh: bool,
+    /// The receiver writes each flush of a delta as it arrives.
+    in_place: bool,
     syncs: Vec<SyncPlan>,
 }
 
@@ -144,12 +152,19 @@ fn run_plan(plan: &Plan) {
     } else {
         scenario.receiver()
     };
+    r.set_apply_as_received(plan.in_place);
+    let mut feeder = Feeder::default();
     for sync in plan.syncs.iter().take(4) {
-        run_sync(&mut r, sync);
+        run_sync(&mut r, &mut feeder, sync);
     }
 }
 
-fn run_sync(r: &mut Receiver, plan: &SyncPlan) {
+fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
+    if r.applies_as_received() && r.is_staging() {
+        // A sync left half received wrote into the store: put it back before modelling the
+        // next one from what the receiver holds (a client does this when its link drops).
+        r.abort_sync();
+    }
     let table = r.table().clone();
     let held = r.store().clone();
     let mut model = held.clone();
@@ -190,7 +205,7 @@ fn run_sync(r: &mut Receiver, plan: &SyncPlan) {
                     let a = load_bits(&held[slot as usize], w, index);
                     let b = if c.step % 2 == 0 {
                         let d = 1 + rng.next() % 4;
-                        let d = if rng.next() % 2 == 0 {
+                        let d = if rng.next().is_multiple_of(2) {
                             d
                         } else {
                             d.wrapping_neg()
@@ -391,7 +406,7 @@ fn run_sync(r: &mut Receiver, plan: &SyncPlan) {
 
     let mut last = None;
     for f in &frames {
-        let result = feed(r, f);
+        let result = feeder.feed(r, f);
         if honest {
             assert!(result.is_ok(), "honest {kind:?} sync refused: {result:?}");
         }

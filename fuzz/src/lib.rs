@@ -155,34 +155,65 @@ pub fn scenario_for(frame: &[u8], fallback: u8) -> Scenario {
     all.into_iter().nth(pick).unwrap()
 }
 
-/// Feeds one frame and checks the receiver's promises: a frame that does not complete a sync
-/// (refused, or not the last one) leaves store, version and digests exactly as they were; a
-/// completed sync leaves running digests that match memory. Returns the outcome.
-pub fn feed(r: &mut Receiver, frame: &[u8]) -> Result<Option<SyncOutcome>, deltacast::Error> {
-    let before = (r.store().clone(), r.version(), r.digests().to_vec());
-    let result = r.receive(frame);
-    match &result {
-        Ok(Some(outcome)) => {
-            assert_eq!(r.version(), Some(outcome.version));
-            assert_eq!(outcome.state_digest, r.state_digest());
-            assert!(
-                r.recompute_digests().is_empty(),
-                "applied sync left digests that do not match memory"
-            );
-            assert!(!r.is_staging());
-            if outcome.kind == deltacast::FrameKind::Verify {
-                assert_eq!(r.store(), &before.0, "a verify sync changed the store");
-                assert_eq!(r.digests(), &before.2[..]);
-            }
+/// What a receiver held: store, version, digests.
+type Held = (Vec<Vec<u8>>, Option<u64>, Vec<u64>);
+
+fn held(r: &Receiver) -> Held {
+    (r.store().clone(), r.version(), r.digests().to_vec())
+}
+
+/// Feeds frames to one receiver and checks its promises; remembers what the receiver held when
+/// the sync being received started.
+#[derive(Default)]
+pub struct Feeder {
+    start: Option<Held>,
+}
+
+impl Feeder {
+    /// Feeds one frame. A frame that does not complete a sync leaves version and digests as
+    /// they were, and the store too unless the receiver writes flushes as they arrive
+    /// (`set_apply_as_received`); a refused frame leaves everything as it was when the sync
+    /// started (what in-place flushes wrote goes back) and nothing staged; a completed sync
+    /// leaves running digests that match memory. Returns the outcome.
+    pub fn feed(
+        &mut self,
+        r: &mut Receiver,
+        frame: &[u8],
+    ) -> Result<Option<SyncOutcome>, deltacast::Error> {
+        let before = held(r);
+        if !r.is_staging() {
+            self.start = Some(before.clone());
         }
-        Ok(None) | Err(_) => {
-            assert!(r.store() == &before.0, "store changed: {result:?}");
-            assert_eq!(r.version(), before.1, "version changed: {result:?}");
-            assert_eq!(r.digests(), &before.2[..], "digests changed: {result:?}");
-            if result.is_err() {
+        let result = r.receive(frame);
+        match &result {
+            Ok(Some(outcome)) => {
+                assert_eq!(r.version(), Some(outcome.version));
+                assert_eq!(outcome.state_digest, r.state_digest());
+                assert!(
+                    r.recompute_digests().is_empty(),
+                    "applied sync left digests that do not match memory"
+                );
+                assert!(!r.is_staging());
+                if outcome.kind == deltacast::FrameKind::Verify {
+                    assert_eq!(r.store(), &before.0, "a verify sync changed the store");
+                    assert_eq!(r.digests(), &before.2[..]);
+                }
+            }
+            Ok(None) => {
+                if !r.applies_as_received() {
+                    assert!(r.store() == &before.0, "store changed mid-sync");
+                }
+                assert_eq!(r.version(), before.1, "version changed mid-sync");
+                assert_eq!(r.digests(), &before.2[..], "digests changed mid-sync");
+            }
+            Err(_) => {
+                let start = self.start.as_ref().unwrap_or(&before);
+                assert!(r.store() == &start.0, "store changed: {result:?}");
+                assert_eq!(r.version(), start.1, "version changed: {result:?}");
+                assert_eq!(r.digests(), &start.2[..], "digests changed: {result:?}");
                 assert!(!r.is_staging(), "an error left a sync staged");
             }
         }
+        result
     }
-    result
 }

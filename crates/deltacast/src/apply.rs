@@ -75,6 +75,13 @@ struct Staging {
     /// trainer ranks interleave); overlaps are caught by the digest check, see `finish_sync`.
     slot_count: Vec<u64>,
     wire_bytes: u64,
+    /// The chunks are already written to the store, with their old bits kept (a delta
+    /// received with [`Receiver::set_apply_as_received`]); undone if the sync fails.
+    in_place: bool,
+    /// Per slot, with `in_place`: the ranges written so far, sorted by start (a chunk that
+    /// overlaps one of them, which sharded senders may send, makes the sync go back to
+    /// staging).
+    written: Vec<Vec<(u64, u64)>>,
 }
 
 /// What a completed sync did.
@@ -96,6 +103,7 @@ pub struct Receiver<S: SlotStore = Vec<Vec<u8>>> {
     version: Option<u64>,
     digests: Vec<u64>,
     staging: Option<Staging>,
+    apply_as_received: bool,
 }
 
 impl Receiver<Vec<Vec<u8>>> {
@@ -114,6 +122,7 @@ impl Receiver<Vec<Vec<u8>>> {
             version: None,
             digests,
             staging: None,
+            apply_as_received: false,
         }
     }
 }
@@ -140,6 +149,7 @@ impl<S: SlotStore> Receiver<S> {
             version,
             digests,
             staging: None,
+            apply_as_received: false,
         })
     }
 
@@ -200,9 +210,58 @@ impl<S: SlotStore> Receiver<S> {
         self.staging.is_some()
     }
 
-    /// Drops a half-received sync (e.g. after a lost connection). The state is untouched.
+    /// Drops a half-received sync (e.g. after a lost connection). The state is as it was
+    /// before the sync (flushes already written in place are written back).
     pub fn abort_sync(&mut self) {
-        self.staging = None;
+        self.drop_staging();
+    }
+
+    /// Whether the flushes of a multi-flush delta are written into the store as they arrive
+    /// (keeping the bits they replace) instead of staged until the last one verified. On: no
+    /// pass over the state after the last flush, so the apply overlaps the link; but between
+    /// flushes the store holds parts of two versions, so nothing may read it while
+    /// [`is_staging`](Self::is_staging) (and a store that outlives a crash, such as a file,
+    /// can be left mixed). A sync that fails is still undone whole: any error, and
+    /// [`abort_sync`](Self::abort_sync), write the old bits back. Off by default. (A
+    /// single-flush delta is always written in one pass and undone on failure.)
+    pub fn set_apply_as_received(&mut self, on: bool) {
+        self.apply_as_received = on;
+    }
+
+    /// Whether flushes are written as they arrive ([`set_apply_as_received`](Self::set_apply_as_received)).
+    pub fn applies_as_received(&self) -> bool {
+        self.apply_as_received
+    }
+
+    /// Drops the sync being received, writing back what it wrote in place.
+    fn drop_staging(&mut self) {
+        if let Some(staging) = self.staging.take() {
+            if staging.in_place {
+                self.undo_in_place(&staging.chunks);
+            }
+        }
+    }
+
+    /// Writes the old bits of chunks written in place back (chunks never overlap there).
+    fn undo_in_place(&mut self, chunks: &[StagedChunk]) {
+        let widths: Vec<usize> = self.table.slots().iter().map(|s| s.dtype.width()).collect();
+        let mut by_slot: Vec<Vec<&StagedChunk>> = vec![Vec::new(); self.table.len()];
+        for c in chunks {
+            by_slot[c.slot as usize].push(c);
+        }
+        let Some(slots) = self.store.slots_mut() else {
+            // In place only ever runs on stores that lend all slots at once.
+            return;
+        };
+        let mut jobs = Vec::new();
+        for ((dst, list), width) in slots.into_iter().zip(&mut by_slot).zip(&widths) {
+            split_parts(dst, *width, list, &mut jobs);
+        }
+        jobs.into_par_iter().for_each(|p| {
+            for c in p.items.iter().rev() {
+                write_chunk(p.part, p.width, p.first, c, &c.old);
+            }
+        });
     }
 
     /// Takes one flush. Returns `Some` when it completed a sync that was verified and applied.
@@ -210,7 +269,7 @@ impl<S: SlotStore> Receiver<S> {
     pub fn receive(&mut self, frame: &[u8]) -> Result<Option<SyncOutcome>> {
         let result = self.receive_inner(frame);
         if result.is_err() {
-            self.staging = None;
+            self.drop_staging();
         }
         result
     }
@@ -243,6 +302,8 @@ impl<S: SlotStore> Receiver<S> {
                 }
                 FrameKind::Seed => {}
             }
+            // A new sync replaces one left half received (its in-place writes undone).
+            self.drop_staging();
             self.staging = Some(Staging {
                 kind: h.kind,
                 version: h.version,
@@ -251,6 +312,8 @@ impl<S: SlotStore> Receiver<S> {
                 sender_digests: vec![None; self.table.len()],
                 slot_count: vec![0; self.table.len()],
                 wire_bytes: 0,
+                in_place: self.apply_as_received && h.kind == FrameKind::Delta,
+                written: vec![Vec::new(); self.table.len()],
             });
         }
         let Some(staging) = self.staging.as_mut() else {
@@ -303,21 +366,37 @@ impl<S: SlotStore> Receiver<S> {
                 return Ok(Some(outcome));
             }
         }
+        if self.staging.as_ref().is_some_and(|s| s.in_place) && !self.write_in_place(&frame)? {
+            // Overlapping ranges: back to staging, from the bits before the sync.
+            if let Some(staging) = self.staging.as_mut() {
+                staging.in_place = false;
+                let chunks = std::mem::take(&mut staging.chunks);
+                self.undo_in_place(&chunks);
+                if let Some(staging) = self.staging.as_mut() {
+                    staging.chunks = chunks;
+                }
+            }
+        }
         let Some(staging) = self.staging.as_mut() else {
             return Err(Error::IncompleteSync("no staged sync".into()));
         };
+        let written_in_place = staging.in_place;
         let store = &self.store;
         let table = &self.table;
         let kind = staging.kind;
-        let decoded: Vec<Result<StagedChunk>> = frame
-            .entries
-            .par_iter()
-            .map(|e| {
-                let width = table.get(e.slot)?.dtype.width();
-                let held = chunk_bytes(store.slot(e.slot), width, e);
-                decode_entry(table, held, &frame, e, kind, false)
-            })
-            .collect();
+        let decoded: Vec<Result<StagedChunk>> = if written_in_place {
+            Vec::new()
+        } else {
+            frame
+                .entries
+                .par_iter()
+                .map(|e| {
+                    let width = table.get(e.slot)?.dtype.width();
+                    let held = chunk_bytes(store.slot(e.slot), width, e);
+                    decode_entry(table, held, &frame, e, kind, false)
+                })
+                .collect()
+        };
         for chunk in decoded {
             staging.chunks.push(chunk?);
         }
@@ -340,6 +419,79 @@ impl<S: SlotStore> Receiver<S> {
             .take()
             .ok_or_else(|| Error::IncompleteSync("no staged sync".into()))?;
         self.finish_sync(staging).map(Some)
+    }
+
+    /// Writes one flush of a delta received in place (see
+    /// [`set_apply_as_received`](Self::set_apply_as_received)): each chunk decoded against the
+    /// bits held and written at once, keeping its old bits, as the single-flush apply does.
+    /// `false`, before anything of this flush is written, when a chunk's range overlaps
+    /// another of this flush or one written before in this sync, or the store cannot lend all
+    /// slots at once. A decoding error writes this flush's chunks back and is returned (the
+    /// caller then writes back the flushes before it).
+    fn write_in_place(&mut self, frame: &Frame<'_>) -> Result<bool> {
+        let Some(staging) = self.staging.as_mut() else {
+            return Err(Error::IncompleteSync("no staged sync".into()));
+        };
+        for e in &frame.entries {
+            // The written range with the largest start below this chunk's end is the only
+            // one that can overlap it (they are disjoint and sorted).
+            let ranges = &staging.written[e.slot as usize];
+            let below = ranges.partition_point(|&(start, _)| start < e.start + e.range);
+            if below > 0 && ranges[below - 1].1 > e.start {
+                return Ok(false);
+            }
+        }
+        let table = &self.table;
+        let Some(slots) = self.store.slots_mut() else {
+            return Ok(false);
+        };
+        let mut by_slot: Vec<Vec<&ChunkEntry>> = vec![Vec::new(); table.len()];
+        for e in &frame.entries {
+            by_slot[e.slot as usize].push(e);
+        }
+        let mut jobs: Vec<SlotPart<'_, &ChunkEntry>> = Vec::new();
+        for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
+            split_parts(dst, slot.dtype.width(), list, &mut jobs);
+        }
+        if jobs.iter().any(|job| job.items.len() > 1) {
+            return Ok(false);
+        }
+        let mut results: Vec<(Vec<StagedChunk>, Option<Error>)> = jobs
+            .par_iter_mut()
+            .map(|job| {
+                let mut done = Vec::with_capacity(job.items.len());
+                for e in &job.items {
+                    let at = (e.start - job.first) as usize * job.width;
+                    let held = &job.part[at..at + e.range as usize * job.width];
+                    match decode_entry(table, held, frame, e, FrameKind::Delta, true) {
+                        Ok(c) => {
+                            write_chunk(job.part, job.width, job.first, &c, &c.values);
+                            done.push(c);
+                        }
+                        Err(err) => return (done, Some(err)),
+                    }
+                }
+                (done, None)
+            })
+            .collect();
+        if let Some(err) = results.iter_mut().find_map(|(_, e)| e.take()) {
+            jobs.par_iter_mut()
+                .zip(&results)
+                .for_each(|(job, (done, _))| {
+                    for c in done.iter().rev() {
+                        write_chunk(job.part, job.width, job.first, c, &c.old);
+                    }
+                });
+            return Err(err);
+        }
+        drop(jobs);
+        for c in results.into_iter().flat_map(|(done, _)| done) {
+            let ranges = &mut staging.written[c.slot as usize];
+            let at = ranges.partition_point(|&(start, _)| start < c.start);
+            ranges.insert(at, (c.start, c.start + c.range));
+            staging.chunks.push(c);
+        }
+        Ok(true)
     }
 
     /// A delta sync of a single flush (already checksummed and checked for structure):
@@ -470,8 +622,44 @@ impl<S: SlotStore> Receiver<S> {
         }))
     }
 
-    /// Verifies a fully staged sync and applies it.
+    /// Verifies a fully received sync and applies it (a sync written in place is only
+    /// verified, and written back if it does not verify).
     fn finish_sync(&mut self, staging: Staging) -> Result<SyncOutcome> {
+        let new_digests = match self.verify_staged(&staging) {
+            Ok(digests) => digests,
+            Err(e) => {
+                if staging.in_place {
+                    self.undo_in_place(&staging.chunks);
+                }
+                return Err(e);
+            }
+        };
+        let changed = if staging.in_place {
+            staging
+                .chunks
+                .iter()
+                .map(|c| if c.all { c.range } else { c.rel.len() as u64 })
+                .sum()
+        } else {
+            apply_chunks(&self.table, &mut self.store, &staging.chunks)
+        };
+        self.digests = new_digests;
+        self.version = Some(staging.version);
+        Ok(SyncOutcome {
+            kind: staging.kind,
+            version: staging.version,
+            flushes: staging.next_flush,
+            changed,
+            wire_bytes: staging.wire_bytes,
+            state_digest: self.state_digest(),
+        })
+    }
+
+    /// The digests after a fully received sync, computed from the bits held before it (its
+    /// chunks' digest changes were taken when they were decoded), once every check passed:
+    /// a digest record per slot, a seed's every element, the base digests, no no-op, and the
+    /// sender's new digests.
+    fn verify_staged(&self, staging: &Staging) -> Result<Vec<u64>> {
         let mut sender = Vec::with_capacity(self.table.len());
         for (id, record) in staging.sender_digests.iter().enumerate() {
             let slot = &self.table.slots()[id];
@@ -547,19 +735,7 @@ impl<S: SlotStore> Receiver<S> {
                 });
             }
         }
-
-        // Everything verified: apply.
-        let changed = apply_chunks(&self.table, &mut self.store, &staging.chunks);
-        self.digests = new_digests;
-        self.version = Some(staging.version);
-        Ok(SyncOutcome {
-            kind: staging.kind,
-            version: staging.version,
-            flushes: staging.next_flush,
-            changed,
-            wire_bytes: staging.wire_bytes,
-            state_digest: self.state_digest(),
-        })
+        Ok(new_digests)
     }
 }
 

@@ -16,9 +16,12 @@ struct Setup {
     next: Vec<Vec<u8>>,
 }
 
-/// A receiver at version 1 and the frames of version 2 (several frames).
-fn setup(seed: u64) -> (Setup, Vec<Vec<u8>>) {
-    let (s, frames) = setup_with(seed, 2048);
+/// A receiver at version 1 and the frames of version 2 (several frames); with `in_place` the
+/// receiver writes each flush as it arrives ([`Receiver::set_apply_as_received`]), so every
+/// refusal below must also write back what earlier flushes wrote.
+fn setup(seed: u64, in_place: bool) -> (Setup, Vec<Vec<u8>>) {
+    let (mut s, frames) = setup_with(seed, 2048);
+    s.receiver.set_apply_as_received(in_place);
     assert!(
         frames.len() >= 3,
         "want a multi-frame sync, got {}",
@@ -104,7 +107,13 @@ fn reseal(mut b: Vec<u8>) -> Vec<u8> {
 
 #[test]
 fn a_flipped_bit_anywhere_rejects_the_whole_sync() {
-    let (mut s, frames) = setup(1);
+    for in_place in [false, true] {
+        a_flipped_bit_anywhere_rejects_the_whole_sync_with(in_place);
+    }
+}
+
+fn a_flipped_bit_anywhere_rejects_the_whole_sync_with(in_place: bool) {
+    let (mut s, frames) = setup(1, in_place);
     let before = s.receiver.store().clone();
     let digest = s.receiver.state_digest();
     let mut rng = Rng(99);
@@ -129,7 +138,13 @@ fn a_flipped_bit_anywhere_rejects_the_whole_sync() {
 
 #[test]
 fn truncation_and_missing_or_reordered_frames_are_refused() {
-    let (mut s, frames) = setup(2);
+    for in_place in [false, true] {
+        truncation_and_missing_or_reordered_frames_are_refused_with(in_place);
+    }
+}
+
+fn truncation_and_missing_or_reordered_frames_are_refused_with(in_place: bool) {
+    let (mut s, frames) = setup(2, in_place);
     let before = s.receiver.store().clone();
     let digest = s.receiver.state_digest();
     for cut in [0, 1, HEADER_LEN - 1, HEADER_LEN, frames[1].len() - 1] {
@@ -164,7 +179,13 @@ fn truncation_and_missing_or_reordered_frames_are_refused() {
 
 #[test]
 fn wrong_version_and_wrong_slot_table_are_named() {
-    let (mut s, frames) = setup(3);
+    for in_place in [false, true] {
+        wrong_version_and_wrong_slot_table_are_named_with(in_place);
+    }
+}
+
+fn wrong_version_and_wrong_slot_table_are_named_with(in_place: bool) {
+    let (mut s, frames) = setup(3, in_place);
     let before = s.receiver.store().clone();
     let digest = s.receiver.state_digest();
     // Skip version 2: the delta for version 3 is refused.
@@ -204,7 +225,13 @@ fn wrong_version_and_wrong_slot_table_are_named() {
 
 #[test]
 fn lies_behind_a_valid_checksum_are_caught_before_anything_is_written() {
-    let (mut s, frames) = setup(4);
+    for in_place in [false, true] {
+        lies_behind_a_valid_checksum_are_caught_before_anything_is_written_with(in_place);
+    }
+}
+
+fn lies_behind_a_valid_checksum_are_caught_before_anything_is_written_with(in_place: bool) {
+    let (mut s, frames) = setup(4, in_place);
     let before = s.receiver.store().clone();
     let digest = s.receiver.state_digest();
     let last = frames.len() - 1;
@@ -277,7 +304,13 @@ fn lies_behind_a_valid_checksum_are_caught_before_anything_is_written() {
 
 #[test]
 fn random_bytes_and_absurd_stream_lengths_are_errors() {
-    let (mut s, _) = setup(5);
+    for in_place in [false, true] {
+        random_bytes_and_absurd_stream_lengths_are_errors_with(in_place);
+    }
+}
+
+fn random_bytes_and_absurd_stream_lengths_are_errors_with(in_place: bool) {
+    let (mut s, _) = setup(5, in_place);
     let before = s.receiver.store().clone();
     let digest = s.receiver.state_digest();
     let mut rng = Rng(7);
@@ -399,4 +432,123 @@ fn a_single_flush_delta_that_does_not_verify_is_undone() {
     assert_eq!(s.receiver.store(), &s.next);
     assert!(s.receiver.recompute_digests().is_empty());
     let _ = (&s.table, &s.sender);
+}
+
+#[test]
+fn flushes_written_as_they_arrive_are_undone_when_the_sync_does_not_complete() {
+    let (mut s, frames) = setup(10, true);
+    let before = s.receiver.store().clone();
+    let digest = s.receiver.state_digest();
+    let last = frames.len() - 1;
+    // The first flushes land in the store at once (that is the point of the mode)...
+    for f in &frames[..last] {
+        assert!(s.receiver.receive(f).unwrap().is_none());
+    }
+    assert!(s.receiver.is_staging());
+    assert_ne!(s.receiver.store(), &before, "nothing was written in place");
+    // ...and go back when the sync is abandoned, or when its last flush does not verify.
+    s.receiver.abort_sync();
+    assert_untouched(&before, digest, &s.receiver);
+    let mut bad = frames.clone();
+    let n = u32::from_le_bytes(bad[last][28..32].try_into().unwrap()) as usize;
+    bad[last][HEADER_LEN + n * 64 + 16] ^= 1;
+    bad[last] = reseal(bad[last].clone());
+    let errors = feed(&mut s.receiver, &bad);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_untouched(&before, digest, &s.receiver);
+    // A new sync that starts while one is half received replaces it from the old bits.
+    for f in &frames[..last] {
+        s.receiver.receive(f).unwrap();
+    }
+    let outcome = feed(&mut s.receiver, &frames);
+    assert!(outcome.is_empty(), "{outcome:?}");
+    assert_eq!(s.receiver.version(), Some(2));
+    assert_eq!(s.receiver.store(), &s.next);
+    assert!(s.receiver.recompute_digests().is_empty());
+}
+
+/// A delta of one BF16 slot whose changes come as two pieces with the same chunk range (as
+/// interleaved pieces of two sharded ranks do), in two flushes: even positions, then odd.
+/// Returns the receiver's base, the expected new state and the frames.
+fn interleaved_two_flush_delta() -> (SlotTable, Vec<u8>, Vec<u8>, Vec<Vec<u8>>) {
+    use deltacast::digest::digest_slot;
+    use deltacast::flush::SyncEncoder;
+    use deltacast::wire::{FrameKind, SlotDigest};
+
+    let n = 1000usize;
+    let table = SlotTable::new(vec![SlotInfo::new("w", DType::BF16, vec![n as u64])]).unwrap();
+    let mut rng = Rng(77);
+    let base: Vec<u8> = (0..2 * n).map(|_| rng.next_u64() as u8).collect();
+    let mut next = base.clone();
+    let cfg = FlushConfig {
+        bucket_size: 4096,
+        chunk_elems: n as u64,
+        codec: CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw),
+    };
+    let mut frames = Vec::new();
+    let mut enc = SyncEncoder::new(FrameKind::Delta, 2, table.hash(), cfg, |f| {
+        frames.push(f);
+        Ok(())
+    })
+    .unwrap();
+    for parity in [0u64, 1] {
+        let positions: Vec<u64> = (0..n as u64).filter(|i| i % 2 == parity).collect();
+        let mut old = Vec::new();
+        let mut new = Vec::new();
+        for &p in &positions {
+            let at = p as usize * 2;
+            old.extend_from_slice(&base[at..at + 2]);
+            next[at] ^= 1; // every changed element differs from what is held
+            new.extend_from_slice(&next[at..at + 2]);
+        }
+        enc.push_delta(0, n as u64, 2, &positions, &old, &new)
+            .unwrap();
+    }
+    enc.finish(&[SlotDigest {
+        slot: 0,
+        base: digest_slot(0, 2, &base),
+        new: digest_slot(0, 2, &next),
+    }])
+    .unwrap();
+    assert!(frames.len() >= 2, "want the pieces in separate flushes");
+    (table, base, next, frames)
+}
+
+#[test]
+fn a_flush_overlapping_one_written_in_place_sends_the_sync_back_to_staging() {
+    let (table, base, next, frames) = interleaved_two_flush_delta();
+    let fresh = || {
+        let mut r = Receiver::with_state(table.clone(), vec![base.clone()], Some(1)).unwrap();
+        r.set_apply_as_received(true);
+        r
+    };
+    // The first piece is written in place; the second overlaps its range, so the first is
+    // written back and both are staged (each computed from the bits before the sync).
+    let mut r = fresh();
+    assert!(r.receive(&frames[0]).unwrap().is_none());
+    assert_ne!(
+        r.store()[0],
+        base,
+        "the first flush was not written in place"
+    );
+    let mut outcome = None;
+    for f in &frames[1..] {
+        outcome = r.receive(f).unwrap();
+    }
+    assert_eq!(outcome.expect("complete").version, 2);
+    assert_eq!(r.store()[0], next);
+    assert!(r.recompute_digests().is_empty());
+    // The same sync with a lying digest: refused, and the store is the base again (the first
+    // piece's in-place write went back when the sync returned to staging).
+    let mut bad = frames.clone();
+    let last = bad.len() - 1;
+    let entries = u32::from_le_bytes(bad[last][28..32].try_into().unwrap()) as usize;
+    bad[last][HEADER_LEN + entries * 64 + 16] ^= 1;
+    bad[last] = reseal(bad[last].clone());
+    let mut r = fresh();
+    let errors = feed(&mut r, &bad);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(r.store()[0], base);
+    assert_eq!(r.version(), Some(1));
+    assert!(!r.is_staging());
 }

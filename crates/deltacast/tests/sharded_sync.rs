@@ -230,6 +230,10 @@ fn run_case(
         .map(|s| vec![0u8; s.nbytes() as usize])
         .collect();
     let mut plain = Receiver::with_state(table.clone(), OneAtATime(zeros), None).unwrap();
+    // And into one that writes each flush as it arrives (back to staging where pieces of
+    // different ranks interleave in a slot).
+    let mut in_place = Receiver::new(table.clone());
+    in_place.set_apply_as_received(true);
 
     for step in 0..4 {
         if step > 0 {
@@ -306,6 +310,9 @@ fn run_case(
             plain
                 .receive(f)
                 .unwrap_or_else(|e| panic!("step {step}, one slot at a time: {e}"));
+            in_place
+                .receive(f)
+                .unwrap_or_else(|e| panic!("step {step}, in place: {e}"));
         }
         let outcome = outcome.unwrap();
         assert_eq!(outcome.state_digest, report.state_digest);
@@ -316,6 +323,12 @@ fn run_case(
             "step {step}: receiver differs from the full model"
         );
         assert_eq!(plain.store().0, expected, "step {step}: one slot at a time");
+        assert_eq!(in_place.store(), &expected, "step {step}: in place");
+        assert_eq!(
+            in_place.digests(),
+            receiver.digests(),
+            "step {step}: in place"
+        );
         // The gather moves the encoded changes and a 48-byte header per chunk, nothing else.
         let g = &report.gather;
         assert!(g.gathered_bytes >= g.gathered_payload);
