@@ -78,14 +78,19 @@ impl Receiver {
     /// `slots`: the sender's table. `arrays`: a dict name → writable C-contiguous array (or a
     /// list in table order), bf16 as uint16, fp8 as uint8; CPU torch tensors are viewed
     /// without a copy. `version`: the version the arrays already hold (e.g. a checkpoint at
-    /// that version); None accepts only a seed.
+    /// that version); None accepts only a seed. `apply_as_received`: write each flush of a
+    /// multi-flush delta into the arrays as it arrives instead of staging the sync until its
+    /// last flush (no pass over the arrays after the last flush; but between flushes they hold
+    /// parts of two versions, so do not read them while `is_staging`); a sync that fails, or
+    /// `abort_sync`, still puts the arrays back as they were.
     #[new]
-    #[pyo3(signature = (slots, arrays, *, version = None))]
+    #[pyo3(signature = (slots, arrays, *, version = None, apply_as_received = false))]
     fn new(
         py: Python<'_>,
         slots: &Bound<'_, PyAny>,
         arrays: &Bound<'_, PyAny>,
         version: Option<u64>,
+        apply_as_received: bool,
     ) -> PyResult<Self> {
         let table = table_arg(slots)?;
         let names: Vec<&str> = table.slots().iter().map(|s| s.name.as_str()).collect();
@@ -104,9 +109,12 @@ impl Receiver {
             dict.set_item(name, arr)?;
         }
         let store = NumpyStore::new(held, views, &names)?;
-        let inner = py.detach(|| deltacast::Receiver::with_state(table, store, version));
+        let mut inner = py
+            .detach(|| deltacast::Receiver::with_state(table, store, version))
+            .py()?;
+        inner.set_apply_as_received(apply_as_received);
         Ok(Receiver {
-            inner: inner.py()?,
+            inner,
             arrays: dict.unbind(),
             staged_seconds: 0.0,
         })
@@ -157,7 +165,8 @@ impl Receiver {
             .collect()
     }
 
-    /// Drops a half-received sync (e.g. the connection to the sender broke).
+    /// Drops a half-received sync (e.g. the connection to the sender broke); flushes written
+    /// as they arrived are put back.
     fn abort_sync(&mut self) {
         self.inner.abort_sync();
     }
@@ -184,6 +193,12 @@ impl Receiver {
     #[getter]
     fn is_staging(&self) -> bool {
         self.inner.is_staging()
+    }
+
+    /// Whether flushes are written into the arrays as they arrive.
+    #[getter]
+    fn apply_as_received(&self) -> bool {
+        self.inner.applies_as_received()
     }
 
     #[getter]

@@ -19,13 +19,16 @@ def unchanged(before, arrays):
     return all(same_bits(before[k], arrays[k]) for k in before)
 
 
-@pytest.fixture
-def synced(rng):
-    """A sender and a receiver at version 1, and the next delta (several flushes)."""
+@pytest.fixture(params=[False, True], ids=["staged", "in-place"])
+def synced(rng, request):
+    """A sender and a receiver at version 1, and the next delta (several flushes); the
+    receiver stages a sync until its last flush, or writes each flush as it arrives (then a
+    failed sync must put back what the earlier flushes wrote)."""
     table, src = model(rng, dtypes=("bf16", "f32"))
     sender = dc.Sender(table, bucket_size=1024, chunk_elems=128)
     dst = table.zeros()
-    receiver = dc.Receiver(table, dst)
+    receiver = dc.Receiver(table, dst, apply_as_received=request.param)
+    assert receiver.apply_as_received == request.param
     deliver(receiver, sender.sync(src).frames)
     for a in src.values():
         perturb(rng, a, 0.2)
@@ -53,6 +56,8 @@ def test_corrupted_last_flush_applies_nothing(synced):
     for f in frames[:-1]:
         assert receiver.receive(f) is None
     assert receiver.is_staging
+    # Staged: nothing written yet; in place: the first flushes already are.
+    assert unchanged(before, dst) != receiver.apply_as_received
     with pytest.raises(dc.ChecksumError) as info:
         receiver.receive(frames[-1])
     assert info.value.expected != info.value.computed

@@ -90,6 +90,12 @@ pub struct BenchArgs {
     /// Elements per chunk.
     #[arg(long, default_value_t = DEFAULT_CHUNK_ELEMS)]
     chunk_elems: u64,
+    /// Receivers write each flush of a delta into their state as it arrives instead of
+    /// staging the sync until its last flush (their state holds parts of two versions
+    /// between flushes; a failed sync is still written back whole). Matters with several
+    /// flushes per sync (a small --bucket-size).
+    #[arg(long)]
+    apply_as_received: bool,
     /// Everything on 127.0.0.1 without namespaces or shaping (no root needed).
     #[arg(long)]
     loopback: bool,
@@ -556,6 +562,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         bucket_size: args.bucket_size,
         full_bucket_size: args.full_bucket_size,
         chunk_elems: args.chunk_elems,
+        apply_as_received: args.apply_as_received,
     };
     let shape = model.shape()?;
     let methods: Vec<String> = model.methods()?.iter().map(|m| m.name()).collect();

@@ -70,6 +70,9 @@ pub struct BenchModel {
     pub full_bucket_size: u64,
     #[arg(long)]
     pub chunk_elems: u64,
+    /// Receivers write each flush of a delta as it arrives (`Receiver::set_apply_as_received`).
+    #[arg(long)]
+    pub apply_as_received: bool,
 }
 
 impl BenchModel {
@@ -137,6 +140,9 @@ impl BenchModel {
         ];
         if let Some(l) = self.layers {
             a.push(format!("--layers={l}"));
+        }
+        if self.apply_as_received {
+            a.push("--apply-as-received".into());
         }
         a
     }
@@ -867,13 +873,14 @@ fn receiver(index: usize, frames: &str, args: &BenchModel) -> Result<()> {
         let cfg = args.net_config(m)?;
         let table = table.clone();
         let m = m.clone();
+        let in_place = args.apply_as_received;
         handles.push(thread::spawn(move || -> Result<Value> {
             let client = FrameClient::connect(addr, None, 0, cfg).with_context(|| {
                 format!("receiver {index} ({}): connecting to {addr}", m.name())
             })?;
             match m {
                 Method::Full => full_receiver(client, &table),
-                Method::Delta { .. } => delta_receiver(client, table),
+                Method::Delta { .. } => delta_receiver(client, table, in_place),
             }
             .with_context(|| format!("receiver {index} ({})", m.name()))
         }));
@@ -906,8 +913,9 @@ fn next_frame(client: &mut FrameClient) -> Result<Option<Vec<u8>>> {
     }
 }
 
-fn delta_receiver(mut client: FrameClient, table: SlotTable) -> Result<Value> {
+fn delta_receiver(mut client: FrameClient, table: SlotTable, in_place: bool) -> Result<Value> {
     let mut receiver = Receiver::new(table);
+    receiver.set_apply_as_received(in_place);
     let mut syncs = 0u64;
     // Time spent in `receive` for the current sync, and for its last flush.
     let mut busy = 0.0f64;
