@@ -280,3 +280,37 @@ fn bad_links_are_refused_before_anything_starts() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown link `lan`"), "{err}");
 }
+
+#[test]
+fn loopback_run_with_receivers_applying_flushes_as_they_arrive() {
+    // Small flushes, so that every delta comes in several and is written flush by flush.
+    let out = run_within(
+        bin().args([
+            "bench",
+            "--preset",
+            "tiny",
+            "--loopback",
+            "--steps",
+            "2",
+            "--bucket-size",
+            "2K",
+            "--apply-as-received",
+            "--json",
+        ]),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bench --apply-as-received failed: {stderr}"
+    );
+    let lines = json_lines(&out.stdout);
+    check_results(&lines, 2, "loopback");
+    let flushes_per_auto_step = lines
+        .iter()
+        .filter(|v| v["type"] == "step" && v["method"] == "auto")
+        .map(|v| v["wire_bytes"].as_u64().unwrap().div_ceil(2 << 10))
+        .min()
+        .unwrap();
+    assert!(flushes_per_auto_step > 1, "want multi-flush deltas");
+}
