@@ -149,7 +149,19 @@ fn spawn(c: SyncClient, hook: Hook) -> thread::JoinHandle<(Vec<Seen>, Receiver)>
 }
 
 fn client(t: &SlotTable, addr: SocketAddr, verify_every: u32) -> SyncClient {
-    SyncClient::new(addr, net(), Receiver::new(t.clone()), verify_every)
+    client_applying(t, addr, verify_every, false)
+}
+
+/// A client whose receiver writes each flush as it arrives when `in_place`.
+fn client_applying(
+    t: &SlotTable,
+    addr: SocketAddr,
+    verify_every: u32,
+    in_place: bool,
+) -> SyncClient {
+    let mut r = Receiver::new(t.clone());
+    r.set_apply_as_received(in_place);
+    SyncClient::new(addr, net(), r, verify_every)
 }
 
 /// The oracle: bytes, running digest, recomputed digest and version equal the trainer's.
@@ -176,12 +188,20 @@ fn applied(log: &[Seen]) -> Vec<(u64, FrameKind)> {
 
 #[test]
 fn dropped_connection_mid_sync_keeps_the_version_and_gets_the_sync_again() {
+    // Also with a receiver that wrote the delta's first flush before the cut: the drop
+    // must put it back.
+    for in_place in [false, true] {
+        dropped_connection_mid_sync(in_place);
+    }
+}
+
+fn dropped_connection_mid_sync(in_place: bool) {
     let t = table(1 << 17);
     let mut rng = Rng(1);
     let mut w = weights(&t, &mut rng);
     let mut s = server(&t, 2);
     let proxy = FaultProxy::start(s.local_addr(), 8 << 20).expect("proxy");
-    let a = spawn(client(&t, proxy.addr(), 0), no_hook());
+    let a = spawn(client_applying(&t, proxy.addr(), 0, in_place), no_hook());
     let b = spawn(client(&t, s.local_addr(), 0), no_hook());
     let r1 = sync_ok(&mut s, &w);
     assert!(r1.seed);
@@ -227,12 +247,18 @@ fn dropped_connection_mid_sync_keeps_the_version_and_gets_the_sync_again() {
 
 #[test]
 fn corrupted_flush_rejects_the_whole_sync_and_it_is_sent_again() {
+    for in_place in [false, true] {
+        corrupted_flush(in_place);
+    }
+}
+
+fn corrupted_flush(in_place: bool) {
     let t = table(1 << 17);
     let mut rng = Rng(2);
     let mut w = weights(&t, &mut rng);
     let mut s = server(&t, 1);
     let proxy = FaultProxy::start(s.local_addr(), 8 << 20).expect("proxy");
-    let a = spawn(client(&t, proxy.addr(), 0), no_hook());
+    let a = spawn(client_applying(&t, proxy.addr(), 0, in_place), no_hook());
     let r1 = sync_ok(&mut s, &w);
 
     step(&mut w, &mut rng);
