@@ -969,20 +969,26 @@ mod tests {
     #[test]
     fn every_single_byte_change_of_a_manifest_is_caught_or_harmless() {
         // Mutating any byte either fails the decode or yields a manifest whose chunks still
-        // satisfy every bound (the GPU check and the digest catch the rest).
-        let (h, m) = delta();
+        // satisfy every bound (the GPU check and the digest catch the rest): the whole delta's
+        // manifest, and each stage's (whose chunks must also stay in the stage's slots).
         let t = limits();
-        let good = m.encode();
+        let [first, second] = staged();
         let mut state = 0x1234_5678u64;
-        for i in 0..good.len() {
-            for _ in 0..8 {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let mut b = good.clone();
-                b[i] ^= ((state >> 33) as u8) | 1;
-                if let Ok(d) = Manifest::decode(&b, &h, &t) {
+        for (h, m) in [delta(), first, second] {
+            let good = m.encode();
+            for i in 0..good.len() {
+                for _ in 0..8 {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let mut b = good.clone();
+                    b[i] ^= ((state >> 33) as u8) | 1;
+                    let Ok(d) = Manifest::decode(&b, &h, &t) else {
+                        continue;
+                    };
+                    assert_eq!(d.digests.len(), h.stage_slots as usize);
                     for c in &d.chunks {
+                        assert!(h.slots().contains(&(c.slot as usize)), "{c:?} {h:?}");
                         let (numel, w) = t.slots[c.slot as usize];
                         assert!(c.start + c.range <= numel);
                         assert!(c.count >= 1 && c.count <= c.range);
