@@ -882,7 +882,18 @@ fn report(
         );
     }
     if let Some(dir) = &args.out {
-        let mut lines = String::new();
+        // First, how the run was made, so that the file can be read on its own later.
+        let mut lines = format!(
+            "{}\n",
+            json!({
+                "type": "run", "preset": args.preset, "layers": args.layers,
+                "steps": args.steps, "trainers": args.trainers, "receivers": args.receivers,
+                "methods": args.methods, "lr": args.lr, "seed": args.seed,
+                "bucket_size": args.bucket_size, "full_bucket_size": args.full_bucket_size,
+                "chunk_elems": args.chunk_elems, "apply_as_received": args.apply_as_received,
+                "loopback": args.loopback,
+            })
+        );
         for s in samples {
             lines.push_str(&format!("{}\n", s.json()));
         }

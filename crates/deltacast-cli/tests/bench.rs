@@ -284,19 +284,23 @@ fn bad_links_are_refused_before_anything_starts() {
 #[test]
 fn loopback_run_with_receivers_applying_flushes_as_they_arrive() {
     // Small flushes, so that every delta comes in several and is written flush by flush.
+    let out_dir = tempfile::tempdir().expect("tempdir");
     let out = run_within(
-        bin().args([
-            "bench",
-            "--preset",
-            "tiny",
-            "--loopback",
-            "--steps",
-            "2",
-            "--bucket-size",
-            "2K",
-            "--apply-as-received",
-            "--json",
-        ]),
+        bin()
+            .args([
+                "bench",
+                "--preset",
+                "tiny",
+                "--loopback",
+                "--steps",
+                "2",
+                "--bucket-size",
+                "2K",
+                "--apply-as-received",
+                "--json",
+                "--out",
+            ])
+            .arg(out_dir.path()),
         Duration::from_secs(60),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -313,4 +317,11 @@ fn loopback_run_with_receivers_applying_flushes_as_they_arrive() {
         .min()
         .unwrap();
     assert!(flushes_per_auto_step > 1, "want multi-flush deltas");
+    // The results file says first how the run was made.
+    let saved = std::fs::read_to_string(out_dir.path().join("results.jsonl")).expect("results");
+    let run = json_lines(saved.as_bytes()).remove(0);
+    assert_eq!(run["type"], "run", "{run}");
+    assert_eq!(run["apply_as_received"], true, "{run}");
+    assert_eq!(run["bucket_size"], 2048, "{run}");
+    assert_eq!(run["preset"], "tiny", "{run}");
 }
