@@ -901,7 +901,27 @@ fn report(
             lines.push_str(&format!("{}\n", s.json()));
         }
         std::fs::write(dir.join("results.jsonl"), lines)?;
-        std::fs::write(dir.join("summary.md"), &table)?;
+        let made = format!(
+            "\nRun: preset {}{}, {} steps, {} trainer ranks, {} receiver(s), methods {}, flushes \
+             of up to {} bytes, chunks of {} elements, receivers {}{}.\n",
+            args.preset,
+            args.layers
+                .map(|l| format!(" ({l} layers)"))
+                .unwrap_or_default(),
+            args.steps,
+            args.trainers,
+            args.receivers,
+            args.methods,
+            args.bucket_size,
+            args.chunk_elems,
+            if args.apply_as_received {
+                "applying flushes as they arrive"
+            } else {
+                "staging each sync"
+            },
+            if args.loopback { ", loopback" } else { "" },
+        );
+        std::fs::write(dir.join("summary.md"), format!("{table}{made}"))?;
         let png = dir.join("bench.png");
         let shape = format!(
             "{}{}",
