@@ -244,24 +244,7 @@ impl<S: SlotStore> Receiver<S> {
 
     /// Writes the old bits of chunks written in place back (chunks never overlap there).
     fn undo_in_place(&mut self, chunks: &[StagedChunk]) {
-        let widths: Vec<usize> = self.table.slots().iter().map(|s| s.dtype.width()).collect();
-        let mut by_slot: Vec<Vec<&StagedChunk>> = vec![Vec::new(); self.table.len()];
-        for c in chunks {
-            by_slot[c.slot as usize].push(c);
-        }
-        let Some(slots) = self.store.slots_mut() else {
-            // In place only ever runs on stores that lend all slots at once.
-            return;
-        };
-        let mut jobs = Vec::new();
-        for ((dst, list), width) in slots.into_iter().zip(&mut by_slot).zip(&widths) {
-            split_parts(dst, *width, list, &mut jobs);
-        }
-        jobs.into_par_iter().for_each(|p| {
-            for c in p.items.iter().rev() {
-                write_chunk(p.part, p.width, p.first, c, &c.old);
-            }
-        });
+        write_back(&self.table, &mut self.store, chunks);
     }
 
     /// Takes one flush. Returns `Some` when it completed a sync that was verified and applied.
@@ -441,51 +424,10 @@ impl<S: SlotStore> Receiver<S> {
                 return Ok(false);
             }
         }
-        let table = &self.table;
-        let Some(slots) = self.store.slots_mut() else {
+        let Some(chunks) = write_frame(&self.table, &mut self.store, frame)? else {
             return Ok(false);
         };
-        let mut by_slot: Vec<Vec<&ChunkEntry>> = vec![Vec::new(); table.len()];
-        for e in &frame.entries {
-            by_slot[e.slot as usize].push(e);
-        }
-        let mut jobs: Vec<SlotPart<'_, &ChunkEntry>> = Vec::new();
-        for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
-            split_parts(dst, slot.dtype.width(), list, &mut jobs);
-        }
-        if jobs.iter().any(|job| job.items.len() > 1) {
-            return Ok(false);
-        }
-        let mut results: Vec<(Vec<StagedChunk>, Option<Error>)> = jobs
-            .par_iter_mut()
-            .map(|job| {
-                let mut done = Vec::with_capacity(job.items.len());
-                for e in &job.items {
-                    let at = (e.start - job.first) as usize * job.width;
-                    let held = &job.part[at..at + e.range as usize * job.width];
-                    match decode_entry(table, held, frame, e, FrameKind::Delta, true) {
-                        Ok(c) => {
-                            write_chunk(job.part, job.width, job.first, &c, &c.values);
-                            done.push(c);
-                        }
-                        Err(err) => return (done, Some(err)),
-                    }
-                }
-                (done, None)
-            })
-            .collect();
-        if let Some(err) = results.iter_mut().find_map(|(_, e)| e.take()) {
-            jobs.par_iter_mut()
-                .zip(&results)
-                .for_each(|(job, (done, _))| {
-                    for c in done.iter().rev() {
-                        write_chunk(job.part, job.width, job.first, c, &c.old);
-                    }
-                });
-            return Err(err);
-        }
-        drop(jobs);
-        for c in results.into_iter().flat_map(|(done, _)| done) {
+        for c in chunks {
             let ranges = &mut staging.written[c.slot as usize];
             let at = ranges.partition_point(|&(start, _)| start < c.start);
             ranges.insert(at, (c.start, c.start + c.range));
@@ -537,48 +479,14 @@ impl<S: SlotStore> Receiver<S> {
             }
             expected.push(record.new);
         }
-        let table = &self.table;
-        let Some(slots) = self.store.slots_mut() else {
+        let Some(chunks) = write_frame(&self.table, &mut self.store, frame)? else {
             return Ok(None);
         };
-        let mut by_slot: Vec<Vec<&ChunkEntry>> = vec![Vec::new(); table.len()];
-        for e in &frame.entries {
-            by_slot[e.slot as usize].push(e);
-        }
-        let mut jobs: Vec<SlotPart<'_, &ChunkEntry>> = Vec::new();
-        for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
-            split_parts(dst, slot.dtype.width(), list, &mut jobs);
-        }
-        // Chunks whose ranges overlap (interleaved pieces of sharded ranks) are staged as usual:
-        // staging computes every digest change from the bits before the sync, which is what
-        // refuses an element sent twice (wire-format.md); applied in turn they would not.
-        if jobs.iter().any(|job| job.items.len() > 1) {
-            return Ok(None);
-        }
-        // Each part (one chunk): decoded against the bits held and written at once; a decoding
-        // error leaves its part untouched (what the other parts wrote is undone below).
-        let mut results: Vec<(Vec<StagedChunk>, Option<Error>)> = jobs
-            .par_iter_mut()
-            .map(|job| {
-                let mut done = Vec::with_capacity(job.items.len());
-                for e in &job.items {
-                    let at = (e.start - job.first) as usize * job.width;
-                    let held = &job.part[at..at + e.range as usize * job.width];
-                    match decode_entry(table, held, frame, e, FrameKind::Delta, true) {
-                        Ok(c) => {
-                            write_chunk(job.part, job.width, job.first, &c, &c.values);
-                            done.push(c);
-                        }
-                        Err(err) => return (done, Some(err)),
-                    }
-                }
-                (done, None)
-            })
-            .collect();
-        let mut failure = results.iter_mut().find_map(|(_, e)| e.take());
+        let table = &self.table;
+        let mut failure = None;
         let mut next = self.digests.clone();
         let mut changed = 0u64;
-        for c in results.iter().flat_map(|(done, _)| done) {
+        for c in &chunks {
             if failure.is_none() {
                 if let Some(index) = c.noop {
                     let slot = &table.slots()[c.slot as usize].name;
@@ -601,13 +509,7 @@ impl<S: SlotStore> Receiver<S> {
         }
         if let Some(err) = failure {
             // Undo: every written chunk gets its old bits back.
-            jobs.par_iter_mut()
-                .zip(&results)
-                .for_each(|(job, (done, _))| {
-                    for c in done.iter().rev() {
-                        write_chunk(job.part, job.width, job.first, c, &c.old);
-                    }
-                });
+            write_back(&self.table, &mut self.store, &chunks);
             return Err(err);
         }
         self.digests = next;
@@ -876,6 +778,86 @@ fn gather(width: usize, held: &[u8], positions: Option<&[u32]>, count: usize, ou
         (Some(rel), 2) => at::<2>(held, rel, out),
         (Some(rel), _) => at::<4>(held, rel, out),
     }
+}
+
+/// Decodes a delta frame's chunks against the bits held and writes each at once, one part per
+/// chunk in parallel, keeping each chunk's old bits (the one-pass apply, for a single-flush
+/// delta and for flushes applied as received). `None`, before anything is written, when the
+/// store cannot lend all slots at once or two chunks' ranges overlap (staging computes every
+/// digest change from the bits before the sync, which is what refuses an element sent twice,
+/// wire-format.md; applied in turn they would not). A decoding error leaves its part
+/// untouched, writes back what the other parts wrote, and is returned.
+fn write_frame<S: SlotStore>(
+    table: &SlotTable,
+    store: &mut S,
+    frame: &Frame<'_>,
+) -> Result<Option<Vec<StagedChunk>>> {
+    let Some(slots) = store.slots_mut() else {
+        return Ok(None);
+    };
+    let mut by_slot: Vec<Vec<&ChunkEntry>> = vec![Vec::new(); table.len()];
+    for e in &frame.entries {
+        by_slot[e.slot as usize].push(e);
+    }
+    let mut jobs: Vec<SlotPart<'_, &ChunkEntry>> = Vec::new();
+    for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
+        split_parts(dst, slot.dtype.width(), list, &mut jobs);
+    }
+    if jobs.iter().any(|job| job.items.len() > 1) {
+        return Ok(None);
+    }
+    let mut results: Vec<(Vec<StagedChunk>, Option<Error>)> = jobs
+        .par_iter_mut()
+        .map(|job| {
+            let mut done = Vec::with_capacity(job.items.len());
+            for e in &job.items {
+                let at = (e.start - job.first) as usize * job.width;
+                let held = &job.part[at..at + e.range as usize * job.width];
+                match decode_entry(table, held, frame, e, FrameKind::Delta, true) {
+                    Ok(c) => {
+                        write_chunk(job.part, job.width, job.first, &c, &c.values);
+                        done.push(c);
+                    }
+                    Err(err) => return (done, Some(err)),
+                }
+            }
+            (done, None)
+        })
+        .collect();
+    if let Some(err) = results.iter_mut().find_map(|(_, e)| e.take()) {
+        jobs.par_iter_mut()
+            .zip(&results)
+            .for_each(|(job, (done, _))| {
+                for c in done.iter().rev() {
+                    write_chunk(job.part, job.width, job.first, c, &c.old);
+                }
+            });
+        return Err(err);
+    }
+    Ok(Some(
+        results.into_iter().flat_map(|(done, _)| done).collect(),
+    ))
+}
+
+/// Writes the old bits of chunks written in place back (such chunks never overlap).
+fn write_back<S: SlotStore>(table: &SlotTable, store: &mut S, chunks: &[StagedChunk]) {
+    let mut by_slot: Vec<Vec<&StagedChunk>> = vec![Vec::new(); table.len()];
+    for c in chunks {
+        by_slot[c.slot as usize].push(c);
+    }
+    let Some(slots) = store.slots_mut() else {
+        // Chunks are only written in place into stores that lend all slots at once.
+        return;
+    };
+    let mut jobs = Vec::new();
+    for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
+        split_parts(dst, slot.dtype.width(), list, &mut jobs);
+    }
+    jobs.into_par_iter().for_each(|p| {
+        for c in p.items.iter().rev() {
+            write_chunk(p.part, p.width, p.first, c, &c.old);
+        }
+    });
 }
 
 /// Applies verified chunks: every slot's chunks in parallel, each into its own disjoint part
