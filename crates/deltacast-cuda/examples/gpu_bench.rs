@@ -2,9 +2,10 @@
 //! at several densities, plus digest and encoder throughput.
 //!
 //! `gpu_bench [GIB] [REPS] [TUNING...]` (default 4 GiB of BF16, 10 repetitions, median of
-//! device-event times; each TUNING `items,min_blocks,reload` also times the diff built
-//! that way).
-//! The diff at 1 % is checked bit for bit against `deltacast::diff::diff_and_refresh`.
+//! device-event times; each TUNING `items,min_blocks,reload[,stages]` also times the diff
+//! built that way).
+//! At 1 % every configuration that writes old bits is checked bit for bit (positions, new
+//! and old bits, refreshed snapshot) against `deltacast::diff::diff_and_refresh`.
 //!
 //! `gpu_bench pinned [GIB] [REPS]`: the snapshot in pinned host memory (what
 //! `SnapshotPlace::PinnedHost` does): the diff (`diff_batch` with the digest, as the GPU
@@ -306,19 +307,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         gpu.tuning()
     );
     // Variants share the primary context (and so the buffers) with `gpu`, kept alive throughout.
-    // TUNING `items,min_blocks,reload`.
+    // TUNING `items,min_blocks,reload[,stages]`.
     let mut variants = Vec::new();
     for t in args.iter().skip(3) {
-        let p: Vec<u32> = t.split(',').map(|x| x.parse()).collect::<Result<_, _>>()?;
-        if p.len() != 3 {
-            return Err(format!("tuning `{t}`: expected items,min_blocks,reload").into());
-        }
-        let tuning = DiffTuning {
-            items: p[0],
-            min_blocks: p[1],
-            reload: p[2] == 1,
-        };
-        variants.push(Gpu::with_tuning(0, tuning)?);
+        variants.push(Gpu::with_tuning(0, DiffTuning::parse(t)?)?);
     }
     let bytes = ((gib * (1u64 << 30) as f64) as usize) / 64 * 64;
     let numel = bytes / 2;
@@ -372,7 +364,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ];
         for v in &variants {
             let t = v.tuning();
-            let name = format!("{},{},{}", t.items, t.min_blocks, t.reload as u32);
+            let name = format!(
+                "{},{},{},{}",
+                t.items, t.min_blocks, t.reload as u32, t.stages
+            );
             configs.push((v, format!("[{name}] 1 tensor, new bits"), false, false, 1));
             configs.push((
                 v,
@@ -382,6 +377,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 1,
             ));
         }
+        // The CPU's diff at 1 %: every configuration writing old bits is checked against it.
+        let reference = (density == 0.01).then(|| cpu_reference(&old, &host_cur));
+        let mut checked = 0;
         for (g, label, with_old, with_digest, pieces) in configs {
             let label = label.as_str();
             let (ms, found) = timed_diff(reps, || {
@@ -407,32 +405,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 found
             );
             rows.push((density, label.to_string(), ms, found));
-        }
-        if density == 0.01 {
-            // Bit-exact check against the CPU diff (the last run above left its output).
-            let t = Instant::now();
-            let (ch, cpu_pos) = cpu_reference(&old, &host_cur);
-            let n = ch.len();
-            // SAFETY: the output buffers hold `found` changes.
-            let g_pos = unsafe { gpu.download(pos_d.ptr(), 8 * n)? };
-            let g_new = unsafe { gpu.download(new_d.ptr(), 2 * n)? };
-            let g_old = unsafe { gpu.download(oldv_d.ptr(), 2 * n)? };
-            let ok = g_pos == cpu_pos && g_new == ch.new_values && g_old == ch.old_values;
-            let g_snap = unsafe { gpu.download(snap_d.ptr(), bytes)? };
-            println!(
-                "check vs CPU diff_and_refresh at 1%: {} ({} changes, snapshot {}; {:.1} s)",
-                if ok { "identical" } else { "MISMATCH" },
-                n,
-                if g_snap == host_cur {
-                    "refreshed"
-                } else {
-                    "WRONG"
-                },
-                t.elapsed().as_secs_f64()
-            );
-            if !ok || g_snap != host_cur {
-                return Err("GPU diff differs from the CPU".into());
+            if let (Some((ch, cpu_pos)), true) = (&reference, with_old) {
+                // Bit-exact check against the CPU diff (the last repetition left its output).
+                let n = ch.len();
+                // SAFETY: the output buffers hold `found` changes.
+                let g_pos = unsafe { gpu.download(pos_d.ptr(), 8 * n)? };
+                let g_new = unsafe { gpu.download(new_d.ptr(), 2 * n)? };
+                let g_old = unsafe { gpu.download(oldv_d.ptr(), 2 * n)? };
+                let ok = found as usize == n
+                    && g_pos == *cpu_pos
+                    && g_new == ch.new_values
+                    && g_old == ch.old_values;
+                let g_snap = unsafe { gpu.download(snap_d.ptr(), bytes)? };
+                println!(
+                    "  check vs CPU diff_and_refresh: {} ({n} changes, snapshot {})",
+                    if ok { "identical" } else { "MISMATCH" },
+                    if g_snap == host_cur { "refreshed" } else { "WRONG" },
+                );
+                if !ok || g_snap != host_cur {
+                    return Err(format!("GPU diff [{label}] differs from the CPU").into());
+                }
+                checked += 1;
             }
+        }
+        if let Some((ch, _)) = &reference {
+            println!("{checked} configurations checked against the CPU diff at 1%");
+            let n = ch.len();
             // Encoders on the 1 % output, 1 Mi-element grid.
             let inputs = [EncodeInput {
                 change_offset: 0,

@@ -42,6 +42,13 @@ pub use sender::{
     EntropyMode, GpuSender, GpuSenderConfig, SnapshotPlace, AUTO_PROBE_EVERY, DEFAULT_STAGE_BYTES,
 };
 
+// The Python bindings hold both ends across threads: they must stay Send + Sync.
+const _: fn() = || {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<GpuSender>();
+    shareable::<GpuReceiver>();
+};
+
 /// One tensor of a sync: a slot, by device pointer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuTensor {

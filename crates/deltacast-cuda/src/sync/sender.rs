@@ -2,7 +2,7 @@
 //! against their snapshot, encodes each stage and broadcasts it (see the module above).
 
 use std::ops::Range;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use deltacast::SlotTable;
@@ -189,7 +189,9 @@ type DiffDone = (Result<DiffResult>, f64, f64);
 /// H200 machine: a one-stage sync's diff phase went from 1.22 to 1.55 ms for a 0.98 ms diff.)
 struct DiffWorker {
     jobs: Option<mpsc::Sender<DiffJob>>,
-    done: mpsc::Receiver<DiffDone>,
+    /// (In a mutex only so that the sender stays `Sync`, as Python objects must be; it is
+    /// reached through `&mut self`, never locked.)
+    done: Mutex<mpsc::Receiver<DiffDone>>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Diffs handed over whose results were not taken yet.
     pending: usize,
@@ -224,7 +226,7 @@ impl DiffWorker {
             .map_err(|e| CudaError::InvalidArgument(format!("no diff thread: {e}")))?;
         Ok(DiffWorker {
             jobs: Some(jobs),
-            done,
+            done: Mutex::new(done),
             thread: Some(thread),
             pending: 0,
         })
@@ -243,7 +245,12 @@ impl DiffWorker {
 
     /// The next result, in the order the diffs were handed over.
     fn next(&mut self) -> Result<DiffDone> {
-        let done = self.done.recv().map_err(|_| DiffWorker::stopped())?;
+        let done = self
+            .done
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .recv()
+            .map_err(|_| DiffWorker::stopped())?;
         self.pending -= 1;
         Ok(done)
     }
