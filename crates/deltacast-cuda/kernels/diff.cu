@@ -6,10 +6,10 @@
 // (`tile_begin`; each tensor starts a new tile).
 //
 //   1. dc_diff: one block per tile. Reads snapshot and current once, counts the changed
-//      elements and — when they fit the tile's slot (SLOT_BYTES of scratch) — writes them,
-//      compacted in element order, to the slot (u16 position inside the tile, new bits, old
-//      bits) and refreshes the snapshot's changed vectors while they are in registers. A tile
-//      with more changes leaves its snapshot as it is, for pass 3.
+//      elements and — when they fit the tile's slot (SLOT_BYTES of scratch) — compacts them
+//      in element order (u16 position inside the tile, new bits, old bits) in shared memory,
+//      copies that to the slot in whole words, and refreshes the snapshot's changed vectors.
+//      A tile with more changes leaves its snapshot as it is, for pass 3.
 //   2. dc_diff_scan_tiles / dc_diff_scan_groups: exclusive prefix of the tile counts (groups of
 //      DIFF_GROUP tiles, then the group totals; the grand total goes after the last group).
 //   3. dc_diff_place: one warp per tile, independent of the others. Copies the slot to the
@@ -41,12 +41,6 @@
 // blocks per multiprocessor) and read the changed vectors again, from L2, to write them.
 #ifndef DIFF_RELOAD
 #define DIFF_RELOAD 1
-#endif
-// DIFF_STAGES 2..4: pass 1 runs as dc_diff_staged, persistent blocks that copy each tile into
-// shared memory with cp.async DIFF_STAGES - 1 tiles ahead of the one they compact, so a block
-// keeps loading while it scans and writes (0: dc_diff, one block per tile).
-#ifndef DIFF_STAGES
-#define DIFF_STAGES 0
 #endif
 #define DIFF_THREADS 256
 #define DIFF_TILE_BYTES (DIFF_THREADS * DIFF_ITEMS * 16)
@@ -103,50 +97,34 @@ extern "C" __global__ void dc_diff_tile_tensor(const DiffTensor* __restrict__ te
         tile_tensor[t] = dc_diff_tensor_of(tensors, num_tensors, t);
 }
 
-// Where pass 1 reads a tile's vectors from.
-#define DC_SRC_RELOAD 0  // memory; the changed vectors read again (from L2) to be written
-#define DC_SRC_REGS 1    // memory, kept in registers (a snapshot in host memory: a second read
-                         // would cross PCIe)
-#define DC_SRC_STAGED 2  // the block's shared-memory stage, filled ahead by cp.async
-
-// Vector i of this thread in a stage buffer: current then snapshot, each row 16 bytes per
-// thread side by side (no bank conflicts).
-__device__ __forceinline__ uint4* dc_stage_cur(uint4* stage, u32 i) {
-    return stage + (2 * i) * DIFF_THREADS + threadIdx.x;
-}
-__device__ __forceinline__ uint4* dc_stage_snap(uint4* stage, u32 i) {
-    return stage + (2 * i + 1) * DIFF_THREADS + threadIdx.x;
-}
-
-// Pass 1 for one tile: counts its changes and, when they fit its slot, writes them there and
-// refreshes the snapshot. `stage` is the tile's stage buffer (DC_SRC_STAGED only);
-// `s_warp_tot` the block's scan scratch (DIFF_PACKS rows of a word per warp).
-template <int SRC>
+// Pass 1 for one tile. RELOAD: keep only the change masks across the block scan and read the
+// changed vectors again (from L2) to write them; without it they stay in registers (what a
+// snapshot in host memory wants: a second read would cross PCIe).
+template <bool RELOAD>
 __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tensors,
                                              const u32* __restrict__ tile_tensor,
                                              u32* __restrict__ tile_counts, u8* __restrict__ slots,
-                                             u32 want_old, u64 tile, uint4* stage,
-                                             u64 (*s_warp_tot)[DIFF_THREADS / 32]) {
+                                             u32 want_old) {
+    __shared__ u64 s_warp_tot[DIFF_PACKS][DIFF_THREADS / 32];
+    // The slot is built here first and copied out in whole words: written straight, each
+    // change cost a few partial-sector stores to L2, which bounded the diff at 1-10 %.
+    __shared__ __align__(16) u8 s_slot[SLOT_BYTES];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u64 tile = blockIdx.x;
     const DiffTensor T = tensors[tile_tensor[tile]];
     const u32 w = T.width;
     const bool vec = T.aligned16 != 0;
     const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
 
-    uint4 cv[DIFF_ITEMS], sv[DIFF_ITEMS];  // dead after the masks unless DC_SRC_REGS
+    uint4 cv[DIFF_ITEMS], sv[DIFF_ITEMS];  // dead after the masks when RELOAD
     u32 mask[DIFF_ITEMS];
     u64 packed[DIFF_PACKS];  // 4 counts of 16 bits per word (at most 16 per vector)
     {
 #pragma unroll
         for (u32 i = 0; i < DIFF_ITEMS; ++i) {
             const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-            if (SRC == DC_SRC_STAGED) {
-                cv[i] = *dc_stage_cur(stage, i);
-                sv[i] = *dc_stage_snap(stage, i);
-            } else {
-                cv[i] = dc_load16<SRC == DC_SRC_RELOAD>((const u8*)T.cur, off, T.nbytes, vec);
-                sv[i] = dc_load16<SRC == DC_SRC_RELOAD>((const u8*)T.snap, off, T.nbytes, vec);
-            }
+            cv[i] = dc_load16<RELOAD>((const u8*)T.cur, off, T.nbytes, vec);
+            sv[i] = dc_load16<RELOAD>((const u8*)T.snap, off, T.nbytes, vec);
         }
 #pragma unroll
         for (u32 p = 0; p < DIFF_PACKS; ++p) packed[p] = 0;
@@ -189,9 +167,8 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
     const u32 cap = dc_slot_cap(w);
     const bool fits = tile_total <= cap;  // uniform
     const bool keep_old = want_old || T.digest_out;  // pass 3 hashes old and new bits
-    u8* slot = slots + tile * SLOT_BYTES;
-    u16* slot_pos = (u16*)slot;
-    u8* slot_new = slot + 2 * cap;
+    u16* slot_pos = (u16*)s_slot;
+    u8* slot_new = s_slot + 2 * cap;
     u8* slot_old = slot_new + (u64)cap * w;
     u8* snap_w = (u8*)T.snap;
     u32 row_base = 0;
@@ -203,14 +180,8 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
         row_base += (u32)(rows[p] >> f) & 0xffffu;
         if (m == 0 || !fits) continue;
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-        uint4 cvi = cv[i], svi = sv[i];
-        if (SRC == DC_SRC_RELOAD) {
-            cvi = dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec);
-            svi = dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec);
-        } else if (SRC == DC_SRC_STAGED) {
-            cvi = *dc_stage_cur(stage, i);
-            svi = *dc_stage_snap(stage, i);
-        }
+        const uint4 cvi = RELOAD ? dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec) : cv[i];
+        const uint4 svi = RELOAD ? dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec) : sv[i];
         const bool whole = vec && off + 16 <= T.nbytes;
         // Refresh: the whole vector (its unchanged elements equal the snapshot's already).
         if (whole) *(uint4*)(snap_w + off) = cvi;
@@ -227,97 +198,36 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
             ++g;
         }
     }
+    if (!fits || tile_total == 0) return;  // uniform
+    __syncthreads();
+    // Copy the used part of each section (positions, new bits, old bits) out, a word a
+    // thread; sections start at multiples of 8 bytes (dc_slot_cap), so whole words never
+    // reach past a section.
+    const u32* from = (const u32*)s_slot;
+    u32* to = (u32*)(slots + tile * SLOT_BYTES);
+    const u32 pos_words = (2 * tile_total + 3) / 4;
+    const u32 val_words = (tile_total * w + 3) / 4;
+    const u32 new_at = 2 * cap / 4, old_at = new_at + cap * w / 4;
+    const u32 words = pos_words + val_words * (keep_old ? 2 : 1);
+    for (u32 k = threadIdx.x; k < words; k += DIFF_THREADS) {
+        const u32 at = k < pos_words ? k
+                       : k < pos_words + val_words ? new_at + (k - pos_words)
+                                                   : old_at + (k - pos_words - val_words);
+        to[at] = from[at];
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
         u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-    __shared__ u64 s_warp_tot[DIFF_PACKS][DIFF_THREADS / 32];
-    dc_diff_tile<DIFF_RELOAD ? DC_SRC_RELOAD : DC_SRC_REGS>(tensors, tile_tensor, tile_counts, slots,
-                                                            want_old, blockIdx.x, nullptr, s_warp_tot);
+    dc_diff_tile<DIFF_RELOAD != 0>(tensors, tile_tensor, tile_counts, slots, want_old);
 }
 
 // The same with the vectors kept in registers, for snapshots in host memory.
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff_resident(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
                  u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-    __shared__ u64 s_warp_tot[DIFF_PACKS][DIFF_THREADS / 32];
-    dc_diff_tile<DC_SRC_REGS>(tensors, tile_tensor, tile_counts, slots, want_old, blockIdx.x,
-                              nullptr, s_warp_tot);
-}
-
-// 16 bytes from global to shared memory without passing through registers (sm_80+).
-__device__ __forceinline__ void dc_cp_async16(uint4* dst, const void* src) {
-    const u32 to = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(src) : "memory");
-}
-__device__ __forceinline__ void dc_cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void dc_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Starts loading tile `tile` (nothing past the last) into a stage buffer: cp.async for whole
-// aligned vectors, plain loads for a tensor's last partial vector and unaligned tensors. Each
-// thread fills (and later reads) only its own vectors, so no barrier guards the buffer.
-__device__ __forceinline__ void dc_diff_stage_in(const DiffTensor* __restrict__ tensors,
-                                                 const u32* __restrict__ tile_tensor,
-                                                 u64 num_tiles, u64 tile, uint4* stage) {
-    if (tile >= num_tiles) return;
-    const DiffTensor T = tensors[tile_tensor[tile]];
-    const bool vec = T.aligned16 != 0;
-    const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
-#pragma unroll
-    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
-        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-        if (vec && off + 16 <= T.nbytes) {
-            dc_cp_async16(dc_stage_cur(stage, i), (const u8*)T.cur + off);
-            dc_cp_async16(dc_stage_snap(stage, i), (const u8*)T.snap + off);
-        } else {
-            *dc_stage_cur(stage, i) = dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec);
-            *dc_stage_snap(stage, i) = dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec);
-        }
-    }
-}
-
-// Pass 1 by persistent blocks (DIFF_STAGES >= 2): block b takes tiles b, b + grid, b + 2 grid,
-// ..., each loaded into one of DIFF_STAGES shared-memory buffers (2 * DIFF_TILE_BYTES each,
-// dynamic shared memory) DIFF_STAGES - 1 tiles before it is compacted. Same output as dc_diff.
-extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
-dc_diff_staged(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
-               u64 num_tiles, u32* __restrict__ tile_counts, u8* __restrict__ slots,
-               u32 want_old) {
-#if DIFF_STAGES >= 2
-    extern __shared__ uint4 s_stages[];
-    // Two scan scratches, alternating: a tile's scan never waits for the last one's readers.
-    __shared__ u64 s_warp_tot[2][DIFF_PACKS][DIFF_THREADS / 32];
-    const u32 stage_vecs = 2 * DIFF_ITEMS * DIFF_THREADS;
-    const u64 stride = gridDim.x;
-    u64 tile = blockIdx.x;
-#pragma unroll
-    for (u32 s = 0; s + 1 < DIFF_STAGES; ++s) {
-        dc_diff_stage_in(tensors, tile_tensor, num_tiles, tile + s * stride, s_stages + s * stage_vecs);
-        dc_cp_async_commit();
-    }
-    u32 stage = 0, parity = 0;
-    for (; tile < num_tiles; tile += stride) {
-        // The buffer the last tile used takes the tile DIFF_STAGES - 1 ahead (an empty group
-        // past the end keeps the count of groups in flight uniform).
-        const u32 ahead = stage == 0 ? DIFF_STAGES - 1 : stage - 1;
-        dc_diff_stage_in(tensors, tile_tensor, num_tiles, tile + (DIFF_STAGES - 1) * stride,
-                         s_stages + ahead * stage_vecs);
-        dc_cp_async_commit();
-        dc_cp_async_wait<DIFF_STAGES - 1>();
-        dc_diff_tile<DC_SRC_STAGED>(tensors, tile_tensor, tile_counts, slots, want_old, tile,
-                                    s_stages + stage * stage_vecs, s_warp_tot[parity]);
-        stage = stage + 1 == DIFF_STAGES ? 0 : stage + 1;
-        parity ^= 1;
-    }
-    dc_cp_async_wait<0>();
-#endif
+    dc_diff_tile<false>(tensors, tile_tensor, tile_counts, slots, want_old);
 }
 
 // Exclusive prefix of the tile counts within each group of DIFF_GROUP tiles (one block per

@@ -518,8 +518,6 @@ pub struct Gpu {
     name: String,
     tuning: DiffTuning,
     sm_count: u32,
-    /// Blocks the staged diff runs with: as many as fit on the device at once (0 unstaged).
-    staged_grid: u64,
     scratch: Mutex<Scratch>,
     /// The diff's per-tile slots (1/8 of the bytes diffed).
     slots: Mutex<Scratch>,
@@ -540,7 +538,6 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dc_diff_tile_tensor",
             "dc_diff",
             "dc_diff_resident",
-            "dc_diff_staged",
             "dc_diff_scan_tiles",
             "dc_diff_scan_groups",
             "dc_diff_place",
@@ -619,7 +616,6 @@ impl Gpu {
                 name,
                 tuning,
                 sm_count,
-                staged_grid: 0,
                 scratch: Mutex::new(Scratch { buf: None }),
                 slots: Mutex::new(Scratch { buf: None }),
                 download_staging: Mutex::new(None),
@@ -669,39 +665,8 @@ impl Gpu {
                     gpu.funcs.insert(k, f);
                 }
             }
-            if tuning.stages > 0 {
-                gpu.staged_grid = gpu.staged_diff_grid()?;
-            }
             Ok(gpu)
         })
-    }
-
-    /// Lets the staged diff use its shared memory and returns how many of its blocks fit on
-    /// the device at once (its persistent grid).
-    fn staged_diff_grid(&self) -> Result<u64> {
-        let f = self.func("dc_diff_staged");
-        let smem = self.tuning.stage_bytes() as i32;
-        // SAFETY: `f` is a loaded function; the size is at most DIFF_MAX_STAGE_BYTES.
-        unsafe {
-            cu::function::set_function_attribute(
-                f,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem,
-            )
-        }
-        .map_err(drv("cuFuncSetAttribute"))?;
-        // SAFETY: as above.
-        let per_sm = unsafe {
-            cu::occupancy::max_active_block_per_multiprocessor(f, DIFF_THREADS as i32, smem as usize)
-        }
-        .map_err(drv("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
-        if per_sm < 1 {
-            return Err(CudaError::InvalidArgument(format!(
-                "diff tuning {:?}: no block of the staged diff fits on {}",
-                self.tuning, self.name
-            )));
-        }
-        Ok(per_sm as u64 * self.sm_count as u64)
     }
 
     /// Number of devices (0 when there is no driver).
@@ -870,19 +835,7 @@ impl Gpu {
         self.funcs[name]
     }
 
-    fn launch(&self, name: &'static str, grid: u64, block: u32, args: Args) -> Result<()> {
-        self.launch_shared(name, grid, block, 0, args)
-    }
-
-    /// [`Gpu::launch`] with `shared` bytes of dynamic shared memory per block.
-    fn launch_shared(
-        &self,
-        name: &'static str,
-        grid: u64,
-        block: u32,
-        shared: u32,
-        mut args: Args,
-    ) -> Result<()> {
+    fn launch(&self, name: &'static str, grid: u64, block: u32, mut args: Args) -> Result<()> {
         if grid == 0 {
             return Ok(());
         }
@@ -898,7 +851,7 @@ impl Gpu {
                 self.func(name),
                 (grid, 1, 1),
                 (block, 1, 1),
-                shared,
+                0,
                 self.stream,
                 &mut ptrs,
             )
@@ -1252,13 +1205,8 @@ impl Gpu {
     /// `out` as documented on [`DiffOutput`]), snapshots must not overlap anything else, and
     /// the digest words must be valid u64.
     pub unsafe fn diff_batch(&self, inputs: &[DiffInput], out: &DiffOutput) -> Result<DiffResult> {
-        let pass1 = if self.tuning.stages > 0 {
-            "dc_diff_staged"
-        } else {
-            "dc_diff"
-        };
         // SAFETY: per this function's contract.
-        unsafe { self.diff_batch_with(pass1, inputs, out) }
+        unsafe { self.diff_batch_with("dc_diff", inputs, out) }
     }
 
     /// [`Gpu::diff_batch`] for snapshots in pinned host memory: keeps the changed vectors in
@@ -1316,34 +1264,17 @@ impl Gpu {
                     .push(tiles)
                     .push(base + tensor_of_off),
             )?;
-            let want_old = out.old_values.is_some() as u64;
-            if pass1 == "dc_diff_staged" {
-                self.launch_shared(
-                    pass1,
-                    tiles.min(self.staged_grid),
-                    DIFF_THREADS,
-                    self.tuning.stage_bytes() as u32,
-                    Args::new()
-                        .push(base)
-                        .push(base + tensor_of_off)
-                        .push(tiles)
-                        .push(base + counts_off)
-                        .push(slots.1)
-                        .push(want_old),
-                )?;
-            } else {
-                self.launch(
-                    pass1,
-                    tiles,
-                    DIFF_THREADS,
-                    Args::new()
-                        .push(base)
-                        .push(base + tensor_of_off)
-                        .push(base + counts_off)
-                        .push(slots.1)
-                        .push(want_old),
-                )?;
-            }
+            self.launch(
+                pass1,
+                tiles,
+                DIFF_THREADS,
+                Args::new()
+                    .push(base)
+                    .push(base + tensor_of_off)
+                    .push(base + counts_off)
+                    .push(slots.1)
+                    .push(out.old_values.is_some() as u64),
+            )?;
             self.launch(
                 "dc_diff_scan_tiles",
                 groups,

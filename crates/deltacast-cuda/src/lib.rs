@@ -91,8 +91,7 @@ pub fn kernel_program(name: &str) -> Option<String> {
 }
 
 /// Compile-time knobs of the diff kernel (kernels/diff.cu). The default is what measured
-/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload[,stages]` overrides it
-/// (benches).
+/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload` overrides it (benches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DiffTuning {
     /// 16-byte vectors per thread and array: a tile is `256 * 16 * items` bytes (1..=8:
@@ -102,15 +101,7 @@ pub struct DiffTuning {
     pub min_blocks: u32,
     /// Keep only change masks across the block scan; re-read changed vectors to write.
     pub reload: bool,
-    /// 0: one block per tile. 2..=4: persistent blocks that copy tiles into shared memory
-    /// (`stages` buffers of two tiles each) `stages - 1` tiles ahead of the one they compact,
-    /// for snapshots on the device.
-    pub stages: u32,
 }
-
-/// Shared memory one block may use on the GPUs we target (sm_80 and later allow 163–227 KiB;
-/// the staged diff asks for at most this much).
-pub const DIFF_MAX_STAGE_BYTES: u64 = 160 << 10;
 
 impl Default for DiffTuning {
     fn default() -> Self {
@@ -118,7 +109,6 @@ impl Default for DiffTuning {
             items: 4,
             min_blocks: 4,
             reload: true,
-            stages: 0,
         }
     }
 }
@@ -130,7 +120,6 @@ impl DiffTuning {
             format!("-DDIFF_ITEMS={}", self.items),
             format!("-DDIFF_MINBLOCKS={}", self.min_blocks),
             format!("-DDIFF_RELOAD={}", self.reload as u32),
-            format!("-DDIFF_STAGES={}", self.stages),
         ]
     }
 
@@ -139,29 +128,18 @@ impl DiffTuning {
         256 * 16 * self.items as u64
     }
 
-    /// Dynamic shared memory of one block of the staged diff (0 when not staged).
-    pub fn stage_bytes(&self) -> u64 {
-        self.stages as u64 * 2 * self.tile_bytes()
-    }
-
     /// Checks every knob's range.
     pub fn validate(&self) -> Result<()> {
-        let ok = (1..=8).contains(&self.items)
-            && (1..=8).contains(&self.min_blocks)
-            && (self.stages == 0 || (2..=4).contains(&self.stages))
-            && self.stage_bytes() <= DIFF_MAX_STAGE_BYTES;
-        if ok {
+        if (1..=8).contains(&self.items) && (1..=8).contains(&self.min_blocks) {
             Ok(())
         } else {
             Err(CudaError::InvalidArgument(format!(
-                "diff tuning {self:?}: items and min_blocks must lie in 1..=8, stages be 0 or \
-                 2..=4, and stages * 2 * tile bytes at most {DIFF_MAX_STAGE_BYTES}"
+                "diff tuning {self:?}: items and min_blocks must lie in 1..=8"
             )))
         }
     }
 
-    /// The tuning from `DELTACAST_DIFF_TUNING` (`items,min_blocks,reload[,stages]`), else the
-    /// default.
+    /// The tuning from `DELTACAST_DIFF_TUNING` (`items,min_blocks,reload`), else the default.
     pub fn from_env() -> Result<Self> {
         match std::env::var("DELTACAST_DIFF_TUNING") {
             Ok(text) => Self::parse(&text),
@@ -169,12 +147,11 @@ impl DiffTuning {
         }
     }
 
-    /// `items,min_blocks,reload[,stages]`, e.g. `4,4,1` or `4,2,1,3`.
+    /// `items,min_blocks,reload`, e.g. `4,4,1`.
     pub fn parse(text: &str) -> Result<Self> {
         let bad = || {
             CudaError::InvalidArgument(format!(
-                "DELTACAST_DIFF_TUNING={text}: expected items,min_blocks,reload[,stages] \
-                 (e.g. 4,4,1 or 4,2,1,3)"
+                "DELTACAST_DIFF_TUNING={text}: expected items,min_blocks,reload (e.g. 4,4,1)"
             ))
         };
         let parts: Vec<u32> = text
@@ -186,13 +163,6 @@ impl DiffTuning {
                 items,
                 min_blocks,
                 reload: reload == 1,
-                stages: 0,
-            },
-            [items, min_blocks, reload @ (0 | 1), stages] => DiffTuning {
-                items,
-                min_blocks,
-                reload: reload == 1,
-                stages,
             },
             _ => return Err(bad()),
         };
@@ -473,18 +443,12 @@ mod tests {
     use super::DiffTuning;
 
     #[test]
-    fn diff_tuning_parses_three_or_four_numbers_in_range() {
+    fn diff_tuning_parses_three_numbers_in_range() {
         let t = DiffTuning::parse("2, 8,0").unwrap();
-        assert_eq!((t.items, t.min_blocks, t.reload, t.stages), (2, 8, false, 0));
-        let t = DiffTuning::parse("4,2,1,3").unwrap();
-        assert_eq!((t.items, t.min_blocks, t.reload, t.stages), (4, 2, true, 3));
-        assert_eq!(t.stage_bytes(), 3 * 2 * 16384);
-        assert_eq!(DiffTuning::parse("4,4,1,0").unwrap().stages, 0);
-        // 4 stages of two 32 KiB tiles: 256 KiB of shared memory, more than a block may have.
-        assert!(DiffTuning::parse("8,1,1,2").is_ok());
+        assert_eq!((t.items, t.min_blocks, t.reload), (2, 8, false));
+        assert_eq!(DiffTuning::parse("4,4,1").unwrap(), DiffTuning::default());
         for bad in [
             "", "4,4", "4,4,2", "9,4,1", "0,4,1", "4,0,1", "4,9,1", "a,b,c", "4,4,1,1",
-            "4,4,1,5", "8,1,1,4", "4,4,1,3,1",
         ] {
             assert!(DiffTuning::parse(bad).is_err(), "{bad:?} accepted");
         }

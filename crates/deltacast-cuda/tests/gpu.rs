@@ -13,8 +13,8 @@ use deltacast::dtype::load_bits;
 use deltacast::wire::parse_frame;
 use deltacast::{CodecChoice, DType, FlushConfig, Receiver, Sender, SlotInfo, SlotTable};
 use deltacast_cuda::{
-    ApplyInput, ApplyPositions, CudaError, DeviceBuffer, DiffInput, DiffOutput, DiffTuning,
-    DigestInput, EncodeInput, Gpu, HostBuffer, UpdateInput,
+    ApplyInput, ApplyPositions, CudaError, DeviceBuffer, DiffInput, DiffOutput, DigestInput,
+    EncodeInput, Gpu, HostBuffer, UpdateInput,
 };
 
 /// The GPU, or `None` with the reason printed.
@@ -452,31 +452,6 @@ fn diff_matches_cpu_on_a_large_tensor_and_many_small_ones() {
     run_diff_batch(&gpu, &mut rng, &cases, 1.0);
     let many = many_cases(&mut rng, 3000, 5000, 13);
     run_diff_batch(&gpu, &mut rng, &many, 1.0);
-}
-
-#[test]
-fn staged_diff_matches_cpu_at_every_tuning() {
-    // The persistent, shared-memory pass 1 (DiffTuning::stages): a grid smaller than the tile
-    // count, so blocks take several tiles each, at tile sizes of 1, 2 and 4 vectors a thread.
-    let Some(plain) = gpu() else { return };
-    for text in ["4,2,1,3", "4,1,1,2", "2,4,1,4", "1,8,0,2"] {
-        let tuning = DiffTuning::parse(text).unwrap();
-        let gpu = Gpu::with_tuning(plain.ordinal(), tuning).unwrap();
-        let mut rng = Rng(41 + tuning.items as u64);
-        let mut cases = edge_cases(&mut rng, tuning.stages as usize, 3);
-        cases.push(DiffCase {
-            numel: (1 << 23) + 5,
-            width: 2,
-            density: 0.015,
-            misalign: false,
-            first_index: 9,
-            slot: 7,
-        });
-        run_diff_batch(&gpu, &mut rng, &cases, 1.0);
-        let many = many_cases(&mut rng, 2500, 5000, 7);
-        run_diff_batch(&gpu, &mut rng, &many, 1.0);
-        run_diff_batch(&gpu, &mut rng, &small_output_cases(Some(1)), 0.4);
-    }
 }
 
 #[test]
