@@ -312,6 +312,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for t in args.iter().skip(3) {
         variants.push(Gpu::with_tuning(0, DiffTuning::parse(t)?)?);
     }
+    for g in std::iter::once(&gpu).chain(&variants) {
+        let (regs, local, shared) = g.kernel_resources("dc_diff")?;
+        println!(
+            "dc_diff {:?}: {regs} registers, {local} bytes local (spills), {shared} bytes shared",
+            g.tuning()
+        );
+    }
+    for g in std::iter::once(&gpu).chain(&variants) {
+        let (regs, local, shared) = g.kernel_resources("dc_diff")?;
+        println!(
+            "dc_diff {:?}: {regs} registers, {local} bytes local (spills), {shared} bytes shared",
+            g.tuning()
+        );
+    }
     let bytes = ((gib * (1u64 << 30) as f64) as usize) / 64 * 64;
     let numel = bytes / 2;
     let t = Instant::now();

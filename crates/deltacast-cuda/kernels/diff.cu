@@ -6,10 +6,10 @@
 // (`tile_begin`; each tensor starts a new tile).
 //
 //   1. dc_diff: one block per tile. Reads snapshot and current once, counts the changed
-//      elements and — when they fit the tile's slot (SLOT_BYTES of scratch) — compacts them
-//      in element order (u16 position inside the tile, new bits, old bits) in shared memory,
-//      copies that to the slot in whole words, and refreshes the snapshot's changed vectors.
-//      A tile with more changes leaves its snapshot as it is, for pass 3.
+//      elements and — when they fit the tile's slot (SLOT_BYTES of scratch) — writes them,
+//      compacted in element order, to the slot (u16 position inside the tile, new bits, old
+//      bits) and refreshes the snapshot's changed vectors while they are in registers. A tile
+//      with more changes leaves its snapshot as it is, for pass 3.
 //   2. dc_diff_scan_tiles / dc_diff_scan_groups: exclusive prefix of the tile counts (groups of
 //      DIFF_GROUP tiles, then the group totals; the grand total goes after the last group).
 //   3. dc_diff_place: one warp per tile, independent of the others. Copies the slot to the
@@ -106,9 +106,6 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
                                              u32* __restrict__ tile_counts, u8* __restrict__ slots,
                                              u32 want_old) {
     __shared__ u64 s_warp_tot[DIFF_PACKS][DIFF_THREADS / 32];
-    // The slot is built here first and copied out in whole words: written straight, each
-    // change cost a few partial-sector stores to L2, which bounded the diff at 1-10 %.
-    __shared__ __align__(16) u8 s_slot[SLOT_BYTES];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 tile = blockIdx.x;
     const DiffTensor T = tensors[tile_tensor[tile]];
@@ -167,10 +164,27 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
     const u32 cap = dc_slot_cap(w);
     const bool fits = tile_total <= cap;  // uniform
     const bool keep_old = want_old || T.digest_out;  // pass 3 hashes old and new bits
-    u16* slot_pos = (u16*)s_slot;
-    u8* slot_new = s_slot + 2 * cap;
+    u8* slot = slots + tile * SLOT_BYTES;
+    u16* slot_pos = (u16*)slot;
+    u8* slot_new = slot + 2 * cap;
     u8* slot_old = slot_new + (u64)cap * w;
     u8* snap_w = (u8*)T.snap;
+    // The changed vectors again: with RELOAD all of them are read before any is written, so
+    // the reads go out together (the refresh below writes the snapshot they come from, so
+    // the compiler may not move a later row's read above an earlier row's writes: one L2
+    // round trip per row instead of one per tile). Rows without changes are never read.
+    uint4 cw[DIFF_ITEMS], sw[DIFF_ITEMS];
+#pragma unroll
+    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+        if (!RELOAD) {
+            cw[i] = cv[i];
+            sw[i] = sv[i];
+        } else if (mask[i] != 0 && fits) {
+            const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+            cw[i] = dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec);
+            sw[i] = dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec);
+        }
+    }
     u32 row_base = 0;
 #pragma unroll
     for (u32 i = 0; i < DIFF_ITEMS; ++i) {
@@ -180,8 +194,8 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
         row_base += (u32)(rows[p] >> f) & 0xffffu;
         if (m == 0 || !fits) continue;
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-        const uint4 cvi = RELOAD ? dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec) : cv[i];
-        const uint4 svi = RELOAD ? dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec) : sv[i];
+        const uint4 cvi = cw[i];
+        const uint4 svi = sw[i];
         const bool whole = vec && off + 16 <= T.nbytes;
         // Refresh: the whole vector (its unchanged elements equal the snapshot's already).
         if (whole) *(uint4*)(snap_w + off) = cvi;
@@ -197,23 +211,6 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
             if (!whole) dc_store_bits(snap_w, elem0 + e, w, nb);
             ++g;
         }
-    }
-    if (!fits || tile_total == 0) return;  // uniform
-    __syncthreads();
-    // Copy the used part of each section (positions, new bits, old bits) out, a word a
-    // thread; sections start at multiples of 8 bytes (dc_slot_cap), so whole words never
-    // reach past a section.
-    const u32* from = (const u32*)s_slot;
-    u32* to = (u32*)(slots + tile * SLOT_BYTES);
-    const u32 pos_words = (2 * tile_total + 3) / 4;
-    const u32 val_words = (tile_total * w + 3) / 4;
-    const u32 new_at = 2 * cap / 4, old_at = new_at + cap * w / 4;
-    const u32 words = pos_words + val_words * (keep_old ? 2 : 1);
-    for (u32 k = threadIdx.x; k < words; k += DIFF_THREADS) {
-        const u32 at = k < pos_words ? k
-                       : k < pos_words + val_words ? new_at + (k - pos_words)
-                                                   : old_at + (k - pos_words - val_words);
-        to[at] = from[at];
     }
 }
 

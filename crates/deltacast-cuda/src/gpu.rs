@@ -698,6 +698,31 @@ impl Gpu {
         self.sm_count
     }
 
+    /// What the driver gave kernel `name` when it loaded it: (registers per thread, local
+    /// memory bytes per thread (spills), static shared memory bytes per block). For benches.
+    pub fn kernel_resources(&self, name: &str) -> Result<(i32, i32, i32)> {
+        let f = *self
+            .funcs
+            .iter()
+            .find(|(k, _)| **k == name)
+            .map(|(_, f)| f)
+            .ok_or_else(|| CudaError::InvalidArgument(format!("no kernel `{name}`")))?;
+        use sys::CUfunction_attribute as A;
+        let attr = |a| {
+            // SAFETY: `f` is a function of a module this handle loaded and still holds.
+            unsafe { cu::function::get_function_attribute(f, a) }
+                .map_err(drv("cuFuncGetAttribute"))
+        };
+        guarded(|| {
+            self.bind()?;
+            Ok((
+                attr(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+                attr(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+                attr(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            ))
+        })
+    }
+
     /// How the diff kernel was built.
     pub fn tuning(&self) -> DiffTuning {
         self.tuning

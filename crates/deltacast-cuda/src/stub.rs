@@ -152,6 +152,10 @@ impl Gpu {
         match self.never {}
     }
 
+    pub fn kernel_resources(&self, _name: &str) -> Result<(i32, i32, i32)> {
+        match self.never {}
+    }
+
     pub fn device_count() -> Result<usize> {
         not_built()
     }
