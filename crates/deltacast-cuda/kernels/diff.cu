@@ -169,22 +169,6 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
     u8* slot_new = slot + 2 * cap;
     u8* slot_old = slot_new + (u64)cap * w;
     u8* snap_w = (u8*)T.snap;
-    // The changed vectors again: with RELOAD all of them are read before any is written, so
-    // the reads go out together (the refresh below writes the snapshot they come from, so
-    // the compiler may not move a later row's read above an earlier row's writes: one L2
-    // round trip per row instead of one per tile). Rows without changes are never read.
-    uint4 cw[DIFF_ITEMS], sw[DIFF_ITEMS];
-#pragma unroll
-    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
-        if (!RELOAD) {
-            cw[i] = cv[i];
-            sw[i] = sv[i];
-        } else if (mask[i] != 0 && fits) {
-            const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-            cw[i] = dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec);
-            sw[i] = dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec);
-        }
-    }
     u32 row_base = 0;
 #pragma unroll
     for (u32 i = 0; i < DIFF_ITEMS; ++i) {
@@ -194,8 +178,8 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
         row_base += (u32)(rows[p] >> f) & 0xffffu;
         if (m == 0 || !fits) continue;
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-        const uint4 cvi = cw[i];
-        const uint4 svi = sw[i];
+        const uint4 cvi = RELOAD ? dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec) : cv[i];
+        const uint4 svi = RELOAD ? dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec) : sv[i];
         const bool whole = vec && off + 16 <= T.nbytes;
         // Refresh: the whole vector (its unchanged elements equal the snapshot's already).
         if (whole) *(uint4*)(snap_w + off) = cvi;
