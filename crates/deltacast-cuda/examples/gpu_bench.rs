@@ -431,7 +431,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!(
                     "  check vs CPU diff_and_refresh: {} ({n} changes, snapshot {})",
                     if ok { "identical" } else { "MISMATCH" },
-                    if g_snap == host_cur { "refreshed" } else { "WRONG" },
+                    if g_snap == host_cur {
+                        "refreshed"
+                    } else {
+                        "WRONG"
+                    },
                 );
                 if !ok || g_snap != host_cur {
                     return Err(format!("GPU diff [{label}] differs from the CPU").into());

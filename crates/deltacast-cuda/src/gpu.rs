@@ -710,8 +710,7 @@ impl Gpu {
         use sys::CUfunction_attribute as A;
         let attr = |a| {
             // SAFETY: `f` is a function of a module this handle loaded and still holds.
-            unsafe { cu::function::get_function_attribute(f, a) }
-                .map_err(drv("cuFuncGetAttribute"))
+            unsafe { cu::function::get_function_attribute(f, a) }.map_err(drv("cuFuncGetAttribute"))
         };
         guarded(|| {
             self.bind()?;
