@@ -88,7 +88,14 @@ __device__ __forceinline__ u32 dc_change_mask(uint4 a, uint4 b, u32 w) {
     if (w == 4) {
         for (u32 k = 0; k < 4; ++k) m |= (x[k] != 0) << k;
     } else if (w == 2) {
-        for (u32 k = 0; k < 4; ++k) m |= (((x[k] & 0xffffu) != 0) | (((x[k] >> 16) != 0) << 1)) << (2 * k);
+        // Bit 15 / 31 of h[k]: the low / high half of word k differs ((v & 0x7fff) + 0x7fff
+        // sets a half's top bit when its low 15 bits are not all zero, with no carry out of
+        // the half; `| x` adds its own top bit). Then the top bits, gathered: element 2k is
+        // the low half of word k, element 2k + 1 the high half.
+        u32 h[4];
+        for (u32 k = 0; k < 4; ++k) h[k] = (((x[k] & 0x7fff7fffu) + 0x7fff7fffu) | x[k]) & 0x80008000u;
+        const u32 u = (h[0] >> 15) | (h[1] >> 13) | (h[2] >> 11) | (h[3] >> 9);
+        m = (u & 0x55u) | ((u >> 15) & 0xaau);
     } else {
         for (u32 k = 0; k < 4; ++k)
             for (u32 b = 0; b < 4; ++b) m |= (((x[k] >> (8 * b)) & 0xffu) != 0) << (4 * k + b);

@@ -100,7 +100,9 @@ extern "C" __global__ void dc_diff_tile_tensor(const DiffTensor* __restrict__ te
 // Pass 1 for one tile. RELOAD: keep only the change masks across the block scan and read the
 // changed vectors again (from L2) to write them; without it they stay in registers (what a
 // snapshot in host memory wants: a second read would cross PCIe).
-template <bool RELOAD>
+// W: the tensor's element width, a constant so that the masks, extractions and stores
+// compile to their one case (the kernel is bound by its integer instructions at 1 %).
+template <bool RELOAD, u32 W>
 __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tensors,
                                              const u32* __restrict__ tile_tensor,
                                              u32* __restrict__ tile_counts, u8* __restrict__ slots,
@@ -109,7 +111,7 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 tile = blockIdx.x;
     const DiffTensor T = tensors[tile_tensor[tile]];
-    const u32 w = T.width;
+    const u32 w = W;
     const bool vec = T.aligned16 != 0;
     const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
 
@@ -198,17 +200,32 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
     }
 }
 
+// Pass 1 for the block's tile, at its tensor's width.
+template <bool RELOAD>
+__device__ __forceinline__ void dc_diff_tile_at_width(const DiffTensor* __restrict__ tensors,
+                                                      const u32* __restrict__ tile_tensor,
+                                                      u32* __restrict__ tile_counts,
+                                                      u8* __restrict__ slots, u32 want_old) {
+    const u32 w = tensors[tile_tensor[blockIdx.x]].width;
+    if (w == 2)
+        dc_diff_tile<RELOAD, 2>(tensors, tile_tensor, tile_counts, slots, want_old);
+    else if (w == 4)
+        dc_diff_tile<RELOAD, 4>(tensors, tile_tensor, tile_counts, slots, want_old);
+    else
+        dc_diff_tile<RELOAD, 1>(tensors, tile_tensor, tile_counts, slots, want_old);
+}
+
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
         u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-    dc_diff_tile<DIFF_RELOAD != 0>(tensors, tile_tensor, tile_counts, slots, want_old);
+    dc_diff_tile_at_width<DIFF_RELOAD != 0>(tensors, tile_tensor, tile_counts, slots, want_old);
 }
 
 // The same with the vectors kept in registers, for snapshots in host memory.
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff_resident(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
                  u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-    dc_diff_tile<false>(tensors, tile_tensor, tile_counts, slots, want_old);
+    dc_diff_tile_at_width<false>(tensors, tile_tensor, tile_counts, slots, want_old);
 }
 
 // Exclusive prefix of the tile counts within each group of DIFF_GROUP tiles (one block per
