@@ -334,6 +334,18 @@ struct SendTotals {
     dense_stages: u32,
 }
 
+/// One delta sync in progress (sender): what its stages share and add up.
+struct SyncRun {
+    version: u64,
+    use_entropy: bool,
+    /// Every slot's digest after the sync, filled stage by stage.
+    after: Vec<u64>,
+    totals: SendTotals,
+    phases: Phases,
+    /// The end of the last phase timed.
+    mark: Instant,
+}
+
 /// The trainer side of a GPU sync.
 pub struct GpuSender {
     /// Encodes and sends (its stream has the device's greatest priority).
@@ -586,29 +598,33 @@ impl GpuSender {
             EntropyMode::On => true,
             EntropyMode::Auto => self.auto.choose(),
         };
-        let version = self.version + 1;
-        let mut after = self.digests.clone();
-        let mut totals = SendTotals::default();
-        let mut phases = Phases::new();
-        let mut mark = started;
+        let mut run = SyncRun {
+            version: self.version + 1,
+            use_entropy,
+            after: self.digests.clone(),
+            totals: SendTotals::default(),
+            phases: Phases::new(),
+            mark: started,
+        };
         // SAFETY: per this function's contract.
         unsafe { self.diff_gpu.wait_for_stream(wait_stream)? };
         for set in 0..self.sets.len() {
             self.wait_set(set)?;
         }
-        if let Err(e) = self.send_stages(
-            version,
-            use_entropy,
-            &mut after,
-            &mut totals,
-            &mut phases,
-            &mut mark,
-        ) {
+        if let Err(e) = self.send_stages(&mut run) {
             // No diff may still run once the sync has failed: the next call reseeds, and
             // its copies into the snapshots must not race one.
             self.diff_worker.drain();
             return Err(e);
         }
+        let SyncRun {
+            version,
+            after,
+            totals,
+            mut phases,
+            mut mark,
+            ..
+        } = run;
         self.finish(version, after)?;
         phases.lap("ack", &mut mark);
         let time_ms = ms(started);
@@ -641,31 +657,23 @@ impl GpuSender {
     /// thread encodes and sends each stage as its diff arrives. The first diffs go to the free
     /// sets; the diff for stage `s + sets` is handed over once stage `s`'s broadcasts are
     /// enqueued, and its stream waits on the device for them before writing that set.
-    fn send_stages(
-        &mut self,
-        version: u64,
-        use_entropy: bool,
-        after: &mut [u64],
-        totals: &mut SendTotals,
-        phases: &mut Phases,
-        mark: &mut Instant,
-    ) -> Result<()> {
+    fn send_stages(&mut self, run: &mut SyncRun) -> Result<()> {
         let stages = self.stages.len();
         let nsets = self.sets.len();
         let mut submitted = 0;
         while submitted < stages.min(nsets) {
-            self.submit_diff(submitted, use_entropy, None)?;
+            self.submit_diff(submitted, run.use_entropy, None)?;
             submitted += 1;
         }
         for s in 0..stages {
             let (diff, begun, ended) = self.diff_worker.next()?;
-            phases.mark("diff-begun", begun);
-            phases.mark("diff-ended", ended);
-            phases.lap("diff", mark);
-            self.send_stage(s, &diff?, version, use_entropy, after, totals, phases, mark)?;
+            run.phases.mark("diff-begun", begun);
+            run.phases.mark("diff-ended", ended);
+            run.phases.lap("diff", &mut run.mark);
+            self.send_stage(s, &diff?, run)?;
             if submitted < stages {
                 let sent = Arc::clone(&self.sets[s % nsets].sent);
-                self.submit_diff(submitted, use_entropy, Some(sent))?;
+                self.submit_diff(submitted, run.use_entropy, Some(sent))?;
                 submitted += 1;
             }
         }
@@ -721,18 +729,16 @@ impl GpuSender {
 
     /// Encodes stage `s` from its diff and starts its broadcasts (delta, or dense when that
     /// is smaller or the delta did not fit); `after` gets the stage's new digests.
-    #[allow(clippy::too_many_arguments)]
-    fn send_stage(
-        &mut self,
-        s: usize,
-        diff: &DiffResult,
-        version: u64,
-        use_entropy: bool,
-        after: &mut [u64],
-        totals: &mut SendTotals,
-        phases: &mut Phases,
-        mark: &mut Instant,
-    ) -> Result<()> {
+    fn send_stage(&mut self, s: usize, diff: &DiffResult, run: &mut SyncRun) -> Result<()> {
+        let SyncRun {
+            version,
+            use_entropy,
+            after,
+            totals,
+            phases,
+            mark,
+        } = run;
+        let (version, use_entropy) = (*version, *use_entropy);
         let range = self.stages[s].clone();
         let stages = self.stages.len() as u32;
         let set = s % self.sets.len();
