@@ -3,7 +3,8 @@
 # machine (no Rust there), carrying the built folder.
 #
 #   scripts/gpu-tests.sh build [DIR]   # default DIR .devbin: the test binaries of
-#                                      # crates/deltacast-cuda (tests/gpu.rs, tests/gpu_sync.rs),
+#                                      # crates/deltacast-cuda (tests/gpu.rs, tests/gpu_sync.rs)
+#                                      # and its gpu_bench example (scripts/gpu-profile.sh),
 #                                      # built with --features cuda, and the Python wheel in .whl/
 #   scripts/gpu-tests.sh run [DIR]     # on the GPU machine: both binaries one test at a time,
 #                                      # then bindings/python/tests/test_cuda.py against the wheel
@@ -30,7 +31,7 @@ build)
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu", "gpu_sync"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu", "gpu_sync", "gpu_bench"):
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do
         cp "$exe" "$dir/$name"
