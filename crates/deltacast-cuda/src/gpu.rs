@@ -703,9 +703,7 @@ impl Gpu {
     pub fn kernel_resources(&self, name: &str) -> Result<(i32, i32, i32)> {
         let f = *self
             .funcs
-            .iter()
-            .find(|(k, _)| **k == name)
-            .map(|(_, f)| f)
+            .get(name)
             .ok_or_else(|| CudaError::InvalidArgument(format!("no kernel `{name}`")))?;
         use sys::CUfunction_attribute as A;
         let attr = |a| {
