@@ -16,15 +16,8 @@ cd "$(dirname "$0")/.."
 
 gib=${1:-1}
 dir=${2:-.devbin}
-[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
-if [ -z "${DELTACAST_NVRTC_PATH:-}" ]; then
-    nv=$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so.* 2>/dev/null |
-        grep -v builtins | head -1)
-    if [ -n "$nv" ]; then
-        export DELTACAST_NVRTC_PATH=$nv
-        export LD_LIBRARY_PATH=$(dirname "$nv")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    fi
-fi
+# shellcheck source=scripts/gpu-env.sh
+. scripts/gpu-env.sh
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 if [ ! -x "$ncu" ]; then
     echo "gpu-profile: no ncu on this machine" >&2

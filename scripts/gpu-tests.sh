@@ -44,17 +44,9 @@ for line in sys.stdin:
     ls .whl/deltacast-*.whl
     ;;
 run)
-    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    # shellcheck source=scripts/gpu-env.sh
+    . scripts/gpu-env.sh
     export DELTACAST_REQUIRE_GPU=1
-    [ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
-    if [ -z "${DELTACAST_NVRTC_PATH:-}" ]; then
-        nv=$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu*/lib/libnvrtc.so.* 2>/dev/null |
-            grep -v builtins | head -1)
-        if [ -n "$nv" ]; then
-            export DELTACAST_NVRTC_PATH=$nv
-            export LD_LIBRARY_PATH=$(dirname "$nv")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-        fi
-    fi
     out=${OUT:-gpu-tests-out}
     mkdir -p "$out"
     status=0
