@@ -42,6 +42,14 @@
 #ifndef DIFF_RELOAD
 #define DIFF_RELOAD 1
 #endif
+// DIFF_PREFETCH > 0: each block of dc_diff asks the L2 for the lines of the tile that many
+// tiles ahead (both arrays), so that the block which diffs it later finds them there. A block
+// waits for its loads all at once and then computes; the prefetches keep the memory busy
+// meanwhile (on an H200 at 1 %: 59 -> 68 % of a device copy). Too far ahead (about a third of
+// the L2 in flight) and lines are evicted before use.
+#ifndef DIFF_PREFETCH
+#define DIFF_PREFETCH 264
+#endif
 #define DIFF_THREADS 256
 #define DIFF_TILE_BYTES (DIFF_THREADS * DIFF_ITEMS * 16)
 #define DIFF_TILE_VECS (DIFF_THREADS * DIFF_ITEMS)
@@ -77,6 +85,22 @@ __device__ __forceinline__ uint4 dc_load16(const u8* base, u64 off, u64 nbytes, 
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// Asks the L2 for the 128-byte lines of tile `t` of this launch (snapshot and current), one
+// or more lines per thread; nothing past the tile's tensor.
+__device__ __forceinline__ void dc_diff_prefetch(const DiffTensor* __restrict__ tensors,
+                                                 const u32* __restrict__ tile_tensor, u64 t) {
+    if (t >= gridDim.x) return;
+    const DiffTensor P = tensors[tile_tensor[t]];
+    const u64 byte0 = (t - P.tile_begin) * DIFF_TILE_BYTES;
+    for (u32 l = threadIdx.x; l < 2 * DIFF_TILE_BYTES / 128; l += DIFF_THREADS) {
+        const u64 off = byte0 + (u64)(l >> 1) * 128;
+        if (off < P.nbytes) {
+            const u8* p = (const u8*)((l & 1) ? P.snap : P.cur) + off;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+        }
+    }
+}
+
 // The tensor holding global tile t: the largest j with tile_begin <= t.
 __device__ __forceinline__ u32 dc_diff_tensor_of(const DiffTensor* tensors, u32 n, u64 t) {
     u32 lo = 0, hi = n;
@@ -102,7 +126,7 @@ extern "C" __global__ void dc_diff_tile_tensor(const DiffTensor* __restrict__ te
 // snapshot in host memory wants: a second read would cross PCIe).
 // W: the tensor's element width, a constant so that the masks, extractions and stores
 // compile to their one case (the kernel is bound by its integer instructions at 1 %).
-template <bool RELOAD, u32 W>
+template <bool RELOAD, bool PREFETCH, u32 W>
 __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tensors,
                                              const u32* __restrict__ tile_tensor,
                                              u32* __restrict__ tile_counts, u8* __restrict__ slots,
@@ -125,6 +149,8 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
             cv[i] = dc_load16<RELOAD>((const u8*)T.cur, off, T.nbytes, vec);
             sv[i] = dc_load16<RELOAD>((const u8*)T.snap, off, T.nbytes, vec);
         }
+        // After this tile's loads are issued, so that they do not wait behind its lookups.
+        if (PREFETCH) dc_diff_prefetch(tensors, tile_tensor, tile + DIFF_PREFETCH);
 #pragma unroll
         for (u32 p = 0; p < DIFF_PACKS; ++p) packed[p] = 0;
 #pragma unroll
@@ -201,31 +227,32 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
 }
 
 // Pass 1 for the block's tile, at its tensor's width.
-template <bool RELOAD>
+template <bool RELOAD, bool PREFETCH>
 __device__ __forceinline__ void dc_diff_tile_at_width(const DiffTensor* __restrict__ tensors,
                                                       const u32* __restrict__ tile_tensor,
                                                       u32* __restrict__ tile_counts,
                                                       u8* __restrict__ slots, u32 want_old) {
     const u32 w = tensors[tile_tensor[blockIdx.x]].width;
     if (w == 2)
-        dc_diff_tile<RELOAD, 2>(tensors, tile_tensor, tile_counts, slots, want_old);
+        dc_diff_tile<RELOAD, PREFETCH, 2>(tensors, tile_tensor, tile_counts, slots, want_old);
     else if (w == 4)
-        dc_diff_tile<RELOAD, 4>(tensors, tile_tensor, tile_counts, slots, want_old);
+        dc_diff_tile<RELOAD, PREFETCH, 4>(tensors, tile_tensor, tile_counts, slots, want_old);
     else
-        dc_diff_tile<RELOAD, 1>(tensors, tile_tensor, tile_counts, slots, want_old);
+        dc_diff_tile<RELOAD, PREFETCH, 1>(tensors, tile_tensor, tile_counts, slots, want_old);
 }
 
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
         u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-    dc_diff_tile_at_width<DIFF_RELOAD != 0>(tensors, tile_tensor, tile_counts, slots, want_old);
+    dc_diff_tile_at_width<DIFF_RELOAD != 0, (DIFF_PREFETCH > 0)>(tensors, tile_tensor, tile_counts,
+                                                                 slots, want_old);
 }
 
 // The same with the vectors kept in registers, for snapshots in host memory.
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff_resident(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
                  u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-    dc_diff_tile_at_width<false>(tensors, tile_tensor, tile_counts, slots, want_old);
+    dc_diff_tile_at_width<false, false>(tensors, tile_tensor, tile_counts, slots, want_old);
 }
 
 // Exclusive prefix of the tile counts within each group of DIFF_GROUP tiles (one block per

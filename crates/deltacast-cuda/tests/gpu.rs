@@ -13,8 +13,8 @@ use deltacast::dtype::load_bits;
 use deltacast::wire::parse_frame;
 use deltacast::{CodecChoice, DType, FlushConfig, Receiver, Sender, SlotInfo, SlotTable};
 use deltacast_cuda::{
-    ApplyInput, ApplyPositions, CudaError, DeviceBuffer, DiffInput, DiffOutput, DigestInput,
-    EncodeInput, Gpu, HostBuffer, UpdateInput,
+    ApplyInput, ApplyPositions, CudaError, DeviceBuffer, DiffInput, DiffOutput, DiffTuning,
+    DigestInput, EncodeInput, Gpu, HostBuffer, UpdateInput,
 };
 
 /// The GPU, or `None` with the reason printed.
@@ -452,6 +452,31 @@ fn diff_matches_cpu_on_a_large_tensor_and_many_small_ones() {
     run_diff_batch(&gpu, &mut rng, &cases, 1.0);
     let many = many_cases(&mut rng, 3000, 5000, 13);
     run_diff_batch(&gpu, &mut rng, &many, 1.0);
+}
+
+#[test]
+fn diff_matches_cpu_at_other_tunings() {
+    // Other tile sizes, occupancies and prefetch distances (1 and 3 tiles ahead reach tiles
+    // of other tensors in these small launches; 0 turns the prefetch off): same output.
+    let Some(plain) = gpu() else { return };
+    for text in ["4,4,1,0", "4,4,1,1", "8,2,1,3", "2,8,1,528", "1,8,0,0"] {
+        let tuning = DiffTuning::parse(text).unwrap();
+        let gpu = Gpu::with_tuning(plain.ordinal(), tuning).unwrap();
+        let mut rng = Rng(51 + tuning.items as u64 + tuning.prefetch as u64);
+        let mut cases = edge_cases(&mut rng, tuning.items as usize, 3);
+        cases.push(DiffCase {
+            numel: (1 << 22) + 5,
+            width: 2,
+            density: 0.015,
+            misalign: false,
+            first_index: 9,
+            slot: 7,
+        });
+        run_diff_batch(&gpu, &mut rng, &cases, 1.0);
+        let many = many_cases(&mut rng, 2000, 5000, 7);
+        run_diff_batch(&gpu, &mut rng, &many, 1.0);
+        run_diff_batch(&gpu, &mut rng, &small_output_cases(Some(1)), 0.4);
+    }
 }
 
 #[test]
