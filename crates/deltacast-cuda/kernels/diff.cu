@@ -13,10 +13,11 @@
 //   2. dc_diff_scan_tiles / dc_diff_scan_groups: exclusive prefix of the tile counts (groups of
 //      DIFF_GROUP tiles, then the group totals; the grand total goes after the last group).
 //   3. dc_diff_place: one warp per tile, independent of the others. Copies the slot to the
-//      tile's place in the output (positions widened to slot indices) and adds the tile's
-//      digest change Σ h(new) − h(old) to the tensor's digest word, the lanes hashing side by
-//      side; a tile that overflowed its slot is diffed again by the warp, written straight to
-//      its place and refreshed. A tile whose changes would pass `capacity` writes nothing.
+//      tile's place in the output (positions widened to slot indices) and computes the tile's
+//      digest change Σ h(new) − h(old), the lanes hashing side by side; the block adds its
+//      tiles' changes to each tensor's digest word (one atomic per block and tensor). A tile
+//      that overflowed its slot is diffed again by the warp, written straight to its place
+//      and refreshed. A tile whose changes would pass `capacity` writes nothing.
 //   4. dc_diff_finish: per-tensor offsets and counts.
 //   (0. dc_diff_tile_tensor: the tensor of every tile, so that pass 1 starts loading at once.)
 //
@@ -398,47 +399,78 @@ extern "C" __global__ void dc_diff_finish(const DiffTensor* __restrict__ tensors
     }
 }
 
+// Pass 3 for one tile, by its warp: copies the slot to its place (or diffs an overflowed
+// tile again) and returns this lane's share of the digest change (0 without a digest).
+__device__ __forceinline__ u64 dc_diff_place_tile(const DiffTensor& T, u64 tile, u32 count,
+                                                  u64 first, const u8* __restrict__ slots,
+                                                  u64* __restrict__ pos_out,
+                                                  u8* __restrict__ new_out,
+                                                  u8* __restrict__ old_out) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 w = T.width;
+    const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
+    const u64 index0 = T.first_index + byte0 / w;
+    const u32 cap = dc_slot_cap(w);
+    if (count > cap) return dc_diff_tile_warp(T, byte0, first, pos_out, new_out, old_out);
+    u64 dsum = 0;
+    const u8* slot = slots + tile * SLOT_BYTES;
+    const u16* slot_pos = (const u16*)slot;
+    const u8* slot_new = slot + 2 * cap;
+    const u8* slot_old = slot_new + (u64)cap * w;
+    for (u32 k = lane; k < count; k += 32) {
+        const u64 index = index0 + slot_pos[k];
+        const u32 nb = dc_load_bits(slot_new, k, w);
+        pos_out[first + k] = index;
+        dc_store_bits(new_out, first + k, w, nb);
+        if (old_out || T.digest_out) {
+            const u32 ob = dc_load_bits(slot_old, k, w);
+            if (old_out) dc_store_bits(old_out, first + k, w, ob);
+            if (T.digest_out)
+                dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
+        }
+    }
+    return dsum;
+}
+
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS)
 dc_diff_place(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
               u64 num_tiles, const u32* __restrict__ tile_counts, const u8* __restrict__ slots,
               const u32* __restrict__ tile_offsets, const u64* __restrict__ group_sums,
               u64 capacity, u64* __restrict__ pos_out, u8* __restrict__ new_out,
               u8* __restrict__ old_out) {
-    const u32 lane = threadIdx.x & 31;
+    // The block's warps (consecutive tiles) add their digest changes up here, so that one
+    // atomic per block and tensor reaches the digest word instead of one per tile: with a
+    // single large tensor every tile's atomic went to the same word, ~70 us per 2 GiB.
+    __shared__ u32 s_tensor[DIFF_THREADS / 32];
+    __shared__ u64 s_sum[DIFF_THREADS / 32];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 tile = ((u64)blockIdx.x * DIFF_THREADS + threadIdx.x) >> 5;
-    if (tile >= num_tiles) return;  // whole warps
-    const u32 count = tile_counts[tile];
-    const u64 first = dc_diff_prefix(tile_offsets, group_sums, num_tiles, tile);
-    const u32 tt = tile_tensor[tile];
-    if (count == 0 || first + count > capacity) return;
-    const DiffTensor& T = tensors[tt];
-    const u32 w = T.width;
-    const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
-    const u64 index0 = T.first_index + byte0 / w;
-    const u32 cap = dc_slot_cap(w);
+    const bool in_range = tile < num_tiles;  // whole warps
+    const u32 tt = in_range ? tile_tensor[tile] : 0xffffffffu;
     u64 dsum = 0;  // Σ h(new) − h(old) of this lane's changes
-    if (count <= cap) {
-        const u8* slot = slots + tile * SLOT_BYTES;
-        const u16* slot_pos = (const u16*)slot;
-        const u8* slot_new = slot + 2 * cap;
-        const u8* slot_old = slot_new + (u64)cap * w;
-        for (u32 k = lane; k < count; k += 32) {
-            const u64 index = index0 + slot_pos[k];
-            const u32 nb = dc_load_bits(slot_new, k, w);
-            pos_out[first + k] = index;
-            dc_store_bits(new_out, first + k, w, nb);
-            if (old_out || T.digest_out) {
-                const u32 ob = dc_load_bits(slot_old, k, w);
-                if (old_out) dc_store_bits(old_out, first + k, w, ob);
-                if (T.digest_out)
-                    dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
+    if (in_range) {
+        const u32 count = tile_counts[tile];
+        const u64 first = dc_diff_prefix(tile_offsets, group_sums, num_tiles, tile);
+        if (count != 0 && first + count <= capacity)
+            dsum = dc_diff_place_tile(tensors[tt], tile, count, first, slots, pos_out, new_out,
+                                      old_out);
+    }
+    dsum = dc_warp_sum(dsum);
+    if (lane == 0) {
+        s_tensor[warp] = tt;
+        s_sum[warp] = dsum;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 run = 0;
+        for (u32 k = 0; k < DIFF_THREADS / 32; ++k) {
+            run += s_sum[k];
+            const bool last = k + 1 == DIFF_THREADS / 32 || s_tensor[k + 1] != s_tensor[k];
+            if (last) {
+                if (s_tensor[k] != 0xffffffffu && run != 0 && tensors[s_tensor[k]].digest_out)
+                    atomicAdd((u64*)tensors[s_tensor[k]].digest_out, run);
+                run = 0;
             }
         }
-    } else {
-        dsum = dc_diff_tile_warp(T, byte0, first, pos_out, new_out, old_out);
-    }
-    if (T.digest_out) {
-        dsum = dc_warp_sum(dsum);
-        if (lane == 0) atomicAdd((u64*)T.digest_out, dsum);
     }
 }
