@@ -29,6 +29,8 @@
 //! bits, then applies the steps to the old bits in a vectorized loop; 4-byte elements
 //! decode one value at a time.
 
+#[cfg(target_arch = "x86_64")]
+use super::bits::put_words;
 use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter, BlockWriter};
 use crate::dtype::{from_ordered, to_ordered};
 use crate::error::CodecError;
@@ -427,8 +429,10 @@ fn encode_codes<const W: usize, C: Code, const LANES: bool>(
     let mut dir = Vec::with_capacity(blocks * DIR_ENTRY);
     let mut codes = [C::of(0); BLOCK];
     let mut table = SmallCodes::new();
+    // The lane writer needs the AVX2 build's features: checked once here, so that calling
+    // the lane build on a CPU without them stays sound.
     #[cfg(target_arch = "x86_64")]
-    let mut lanes = Lanes::new();
+    let (use_lanes, mut lanes) = (LANES && super::bits::x86_wide(), Lanes::new());
     let mut writer = BitWriter::new(out);
     let mut total_bits = 0u64;
     for (old, new) in old.chunks(BLOCK * W).zip(new.chunks(BLOCK * W)) {
@@ -445,12 +449,11 @@ fn encode_codes<const W: usize, C: Code, const LANES: bool>(
         dir.push(c as u8);
         total_bits += bits as u64;
         #[cfg(target_arch = "x86_64")]
-        if LANES && W <= 2 && c <= nb {
+        if use_lanes && W <= 2 && c <= nb {
             writer.block(
                 bits as u64,
                 #[inline(always)]
-                // SAFETY: `LANES` is set only by the AVX2 build, which runs only where
-                // `x86_wide` detected its features.
+                // SAFETY: `use_lanes` says that `x86_wide` detected the features it needs.
                 |out| unsafe { write_lanes::<W, C>(out, &mut lanes, codes, new, k, c) },
             );
             continue;
@@ -647,90 +650,8 @@ unsafe fn write_lanes<const W: usize, C: Code>(
         *w = (le(b) << c) & raw | coded & !raw;
         *l = (c + nb) & raw | coded_len & !raw;
     }
-    let octets = m / 8;
-    put_octets(out, &word[..8 * octets], &len[..8 * octets]);
-    for i in 8 * octets..m {
-        out.put(word[i] as u64, len[i]);
-    }
-}
-
-/// Writes code words of at most 32 bits (`word`, `len`: a multiple of 8 of them), eight at a
-/// time: joined pairwise in the 64-bit lanes of a vector (a pair always fits), then pairs of
-/// pairs, then the two quads, and the octet written by one store when it has at most 56 bits;
-/// otherwise its quads (or pairs) one by one. A joined word longer than 64 bits is never
-/// written (its shift drops bits, and a shift by 64 or more gives zero).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-#[inline]
-fn put_octets(out: &mut BlockWriter<'_>, word: &[u32], len: &[u32]) {
-    use std::arch::x86_64::*;
-    let low = _mm256_set1_epi64x(0xffff_ffff);
-    for (w, l) in word.chunks_exact(8).zip(len.chunks_exact(8)) {
-        let (w, l): (&[u32; 8], &[u32; 8]) = (w.try_into().unwrap(), l.try_into().unwrap());
-        // SAFETY: each load reads the 32 bytes of an 8-element u32 array (unaligned loads).
-        let (w, l) = unsafe {
-            (
-                _mm256_loadu_si256(w.as_ptr().cast()),
-                _mm256_loadu_si256(l.as_ptr().cast()),
-            )
-        };
-        // Pairs: the even value's word, then the odd one's above it.
-        let (even_len, odd_len) = (_mm256_and_si256(l, low), _mm256_srli_epi64::<32>(l));
-        let pair = _mm256_or_si256(
-            _mm256_and_si256(w, low),
-            _mm256_sllv_epi64(_mm256_srli_epi64::<32>(w), even_len),
-        );
-        let pair_len = _mm256_add_epi64(even_len, odd_len);
-        // Quads in 64-bit lanes 0 and 2: each 128-bit half's two pairs.
-        let quad = _mm256_or_si256(
-            pair,
-            _mm256_sllv_epi64(_mm256_srli_si256::<8>(pair), pair_len),
-        );
-        let quad_len = _mm256_add_epi64(pair_len, _mm256_srli_si256::<8>(pair_len));
-        let (quad0, quad1) = (
-            _mm256_castsi256_si128(quad),
-            _mm256_extracti128_si256::<1>(quad),
-        );
-        let (len0, len1) = (
-            _mm256_castsi256_si128(quad_len),
-            _mm256_extracti128_si256::<1>(quad_len),
-        );
-        let octet = _mm_or_si128(quad0, _mm_sllv_epi64(quad1, len0));
-        let octet_len = _mm_cvtsi128_si64(_mm_add_epi64(len0, len1)) as u32;
-        if octet_len <= 56 {
-            out.put(_mm_cvtsi128_si64(octet) as u64, octet_len);
-        } else {
-            let quads = [
-                (
-                    _mm_cvtsi128_si64(quad0) as u64,
-                    _mm_cvtsi128_si64(len0) as u32,
-                ),
-                (
-                    _mm_cvtsi128_si64(quad1) as u64,
-                    _mm_cvtsi128_si64(len1) as u32,
-                ),
-            ];
-            let mut pairs = [0u64; 4];
-            let mut pair_lens = [0u64; 4];
-            // SAFETY: each store writes the 32 bytes of a 4-element u64 array.
-            unsafe {
-                _mm256_storeu_si256(pairs.as_mut_ptr().cast(), pair);
-                _mm256_storeu_si256(pair_lens.as_mut_ptr().cast(), pair_len);
-            }
-            for (j, (quad, quad_len)) in quads.into_iter().enumerate() {
-                if quad_len <= 56 {
-                    out.put(quad, quad_len);
-                } else {
-                    for p in 2 * j..2 * j + 2 {
-                        // At most 64 bits: in two stores.
-                        let (pair, pair_len) = (pairs[p], pair_lens[p] as u32);
-                        out.put(pair & mask(32), pair_len.min(32));
-                        out.put(pair >> 32, pair_len.saturating_sub(32));
-                    }
-                }
-            }
-        }
-    }
+    // Every code word has at most 32 bits here: no value for the general path.
+    put_words(out, &word[..m], &len[..m], |_, _| unreachable!());
 }
 
 /// Marks a decoded raw value (narrow elements: code numbers of an accepted code word have
