@@ -300,13 +300,23 @@ fn holes_directory_impl<const VECTOR: bool>(changed: &[u8], range: u32) -> (Vec<
     let mut block = [0u32; BLOCK + 64 + SET_BITS_SLACK];
     let mut gaps = [0u32; BLOCK];
     let mut n = 0;
-    let mut close = |block: &[u32]| {
-        let (k, bits) = best_k::<VECTOR>(block_gaps(block, &mut gaps), w);
+    // A function, not a closure: inlined, so that it is compiled with the target features of
+    // the caller's build (the closure this was, called twice, was not inlined, and so got
+    // none of them).
+    #[inline(always)]
+    fn close<const VECTOR: bool>(
+        block: &[u32],
+        gaps: &mut [u32; BLOCK],
+        w: u32,
+        dir: &mut Vec<u8>,
+        total_bits: &mut u64,
+    ) {
+        let (k, bits) = best_k::<VECTOR>(block_gaps(block, gaps), w);
         dir.extend_from_slice(&block[0].to_le_bytes());
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
         dir.push(k as u8);
-        total_bits += bits as u64;
-    };
+        *total_bits += bits as u64;
+    }
     for (i, bytes) in changed.chunks(8).enumerate() {
         let mut padded = [0u8; 8];
         padded[..bytes.len()].copy_from_slice(bytes);
@@ -320,13 +330,13 @@ fn holes_directory_impl<const VECTOR: bool>(changed: &[u8], range: u32) -> (Vec<
         };
         n = set_bits(!word & valid, base, &mut block, n);
         if n >= BLOCK {
-            close(&block[..BLOCK]);
+            close::<VECTOR>(&block[..BLOCK], &mut gaps, w, &mut dir, &mut total_bits);
             block.copy_within(BLOCK..n, 0);
             n -= BLOCK;
         }
     }
     if n > 0 {
-        close(&block[..n]);
+        close::<VECTOR>(&block[..n], &mut gaps, w, &mut dir, &mut total_bits);
     }
     let len = dir.len() as u64 + total_bits.div_ceil(8);
     (dir, len)
