@@ -753,85 +753,164 @@ impl StepTable {
     }
 }
 
-/// Decodes the steps of one block of narrow elements (`old`: its old bits) from bit `*pos`
-/// on into `steps[..old.len()]`, moving `*pos` past its code words. Fails with the index in
-/// the block of an invalid code number.
-fn decode_steps<const W: usize>(
+/// The step of one code word decoded into `t` (see [`narrow_word`]) for value `i` of a
+/// block with old bits `old`: raw values become the step from the old bits. Fails with `i`
+/// for an invalid code number.
+#[inline(always)]
+fn step_from<const W: usize>(t: u32, i: usize, old: &[[u8; W]]) -> Result<u16, usize> {
+    if t & TAG != 0 {
+        Ok((ord16::<W>(t as u16)).wrapping_sub(ord16::<W>(le(&old[i]) as u16)))
+    } else if valid_code(t as u64, nbits::<W>()) {
+        Ok(step_of(t) as u16)
+    } else {
+        Err(i)
+    }
+}
+
+/// The decoding of one block of narrow elements in progress: `steps[..i]` decoded, the next
+/// stream bits (from `pos`) in a register, `avail` of them the stream's.
+///
+/// The register is refilled by a load when fewer are left than a lookup needs (every ~7
+/// lookups), or than the 33 bits a long or raw code word may need on that path, so the
+/// chain from one lookup to the next is the entry's load and a shift.
+struct StepCursor {
+    buf: u64,
+    avail: u32,
+    /// Stream position just past the bits of `buf` that are the stream's: the next bit is at
+    /// `top - avail` (so consuming bits updates `avail` only).
+    top: usize,
+    i: usize,
+}
+
+impl StepCursor {
+    #[inline(always)]
+    fn new(reader: BitReader<'_>, pos: usize) -> Self {
+        let mut cursor = StepCursor {
+            buf: 0,
+            avail: 0,
+            top: pos,
+            i: 0,
+        };
+        cursor.reload(reader);
+        cursor
+    }
+
+    /// Stream position of the next bit.
+    #[inline(always)]
+    fn pos(&self) -> usize {
+        self.top - self.avail as usize
+    }
+
+    #[inline(always)]
+    fn reload(&mut self, reader: BitReader<'_>) {
+        let pos = self.pos();
+        self.buf = reader.peek(pos);
+        self.avail = 64 - (pos & 7) as u32;
+        self.top = pos + self.avail as usize;
+    }
+
+    /// One lookup in `table` (the block's `k`), or one code word the table does not hold
+    /// (long, raw). Needs room for 8 more steps in the block.
+    #[inline(always)]
+    fn table_step<const W: usize>(
+        &mut self,
+        reader: BitReader<'_>,
+        table: &StepTable,
+        (k, c): (u32, u32),
+        old: &[[u8; W]],
+        steps: &mut [u16; BLOCK + 8],
+    ) -> Result<(), usize> {
+        if self.avail < LOOKUP {
+            self.reload(reader);
+        }
+        let x = (self.buf & mask(LOOKUP)) as usize;
+        let meta = table.meta[x];
+        let i = self.i;
+        if meta >> 16 > c {
+            // At most c + nb <= 33 bits.
+            if self.avail < 33 {
+                self.reload(reader);
+            }
+            let (t, len) = narrow_word::<W>(self.buf, k, c);
+            steps[i] = step_from::<W>(t, i, old)?;
+            self.i = i + 1;
+            self.buf >>= len;
+            self.avail -= len;
+            return Ok(());
+        }
+        steps[i..i + 8].copy_from_slice(&table.steps[x]);
+        self.i = i + (meta >> 8 & 0xff) as usize;
+        let bits = meta & 0xff;
+        self.buf >>= bits;
+        self.avail -= bits;
+        Ok(())
+    }
+
+    /// Decodes the rest of the block (`old`: its old bits) into `steps[..old.len()]`,
+    /// moving `pos` past its code words. Fails with the index in the block of an invalid
+    /// code number.
+    fn finish<const W: usize>(
+        &mut self,
+        reader: BitReader<'_>,
+        (k, c): (u32, u32),
+        old: &[[u8; W]],
+        steps: &mut [u16; BLOCK + 8],
+    ) -> Result<(), usize> {
+        let m = old.len().min(BLOCK);
+        if k <= TABLE_K && c > 0 {
+            let table = StepTable::get(k);
+            while self.i + 8 <= m {
+                self.table_step(reader, table, (k, c), old, steps)?;
+            }
+        }
+        // The rest (and blocks without a table) a few code words per load.
+        let mut i = self.i;
+        let mut pos = self.pos();
+        while i + 4 <= m {
+            let words: [(u32, u32); 4] = reader.read_n(&mut pos, |word| {
+                let (t, len) = narrow_word::<W>(word, k, c);
+                ((t, len), len)
+            });
+            for (j, (t, _)) in words.into_iter().enumerate() {
+                steps[i + j] = step_from::<W>(t, i + j, old)?;
+            }
+            i += 4;
+        }
+        while i < m {
+            let (t, len) = narrow_word::<W>(reader.peek(pos), k, c);
+            pos += len as usize;
+            steps[i] = step_from::<W>(t, i, old)?;
+            i += 1;
+        }
+        self.i = i;
+        // Where the block's code words end.
+        self.top = pos;
+        self.avail = 0;
+        Ok(())
+    }
+}
+
+/// Table steps of two blocks with the same `k` (caps `c_a`, `c_b`) in turn while both have
+/// room: their chains of lookups are independent, so the CPU overlaps them. Stops at the
+/// first error of either. Not inlined: on its own, the loop keeps both cursors in registers.
+#[inline(never)]
+fn lockstep<const W: usize>(
     reader: BitReader<'_>,
-    pos: &mut usize,
-    k: u32,
-    c: u32,
-    old: &[[u8; W]],
-    steps: &mut [u16; BLOCK + 8],
-) -> Result<(), usize> {
-    let nb = nbits::<W>();
-    let m = old.len().min(BLOCK);
-    let mut i = 0;
-    // One step from one code word: raw values become the step from the old bits.
-    let step = |t: u32, i: usize| -> Result<u16, usize> {
-        if t & TAG != 0 {
-            Ok((ord16::<W>(t as u16)).wrapping_sub(ord16::<W>(le(&old[i]) as u16)))
-        } else if valid_code(t as u64, nb) {
-            Ok(step_of(t) as u16)
-        } else {
-            Err(i)
+    table: &StepTable,
+    (k, c_a, c_b): (u32, u32, u32),
+    (a, b): (&mut StepCursor, &mut StepCursor),
+    (old_a, old_b): (&[[u8; W]], &[[u8; W]]),
+    (steps_a, steps_b): (&mut [u16; BLOCK + 8], &mut [u16; BLOCK + 8]),
+) -> (Result<(), usize>, Result<(), usize>) {
+    while a.i + 8 <= old_a.len().min(BLOCK) && b.i + 8 <= old_b.len().min(BLOCK) {
+        if let Err(i) = a.table_step(reader, table, (k, c_a), old_a, steps_a) {
+            return (Err(i), Ok(()));
         }
-    };
-    if k <= TABLE_K && c > 0 {
-        let table = StepTable::get(k);
-        // One lookup of the next 8 bits at a time, from a register that a load refills when
-        // fewer than 8 of its bits are the stream's (every ~7 lookups), so the chain from
-        // one lookup to the next is the entry's load and a shift. A code word the table does
-        // not hold (long, raw) is decoded on its own from a load at its position.
-        let mut buf = reader.peek(*pos);
-        let mut avail = 64 - (*pos & 7) as u32;
-        while i + 8 <= m {
-            if avail < LOOKUP {
-                buf = reader.peek(*pos);
-                avail = 64 - (*pos & 7) as u32;
-            }
-            let x = (buf & mask(LOOKUP)) as usize;
-            let meta = table.meta[x];
-            if meta >> 16 > c {
-                // At most c + nb <= 33 bits.
-                if avail < 33 {
-                    buf = reader.peek(*pos);
-                    avail = 64 - (*pos & 7) as u32;
-                }
-                let (t, len) = narrow_word::<W>(buf, k, c);
-                *pos += len as usize;
-                steps[i] = step(t, i)?;
-                i += 1;
-                buf >>= len;
-                avail -= len;
-                continue;
-            }
-            steps[i..i + 8].copy_from_slice(&table.steps[x]);
-            i += (meta >> 8 & 0xff) as usize;
-            let bits = meta & 0xff;
-            buf >>= bits;
-            avail -= bits;
-            *pos += bits as usize;
+        if let Err(i) = b.table_step(reader, table, (k, c_b), old_b, steps_b) {
+            return (Ok(()), Err(i));
         }
     }
-    // The rest (and blocks without a table) a few code words per load.
-    while i + 4 <= m {
-        let words: [(u32, u32); 4] = reader.read_n(pos, |word| {
-            let (t, len) = narrow_word::<W>(word, k, c);
-            ((t, len), len)
-        });
-        for (j, (t, _)) in words.into_iter().enumerate() {
-            steps[i + j] = step(t, i + j)?;
-        }
-        i += 4;
-    }
-    while i < m {
-        let (t, len) = narrow_word::<W>(reader.peek(*pos), k, c);
-        *pos += len as usize;
-        steps[i] = step(t, i)?;
-        i += 1;
-    }
-    Ok(())
+    (Ok(()), Ok(()))
 }
 
 /// `TABLES`: decode narrow elements through the [`StepTable`]s (else one value at a time, as
@@ -885,18 +964,18 @@ fn decode_width<const W: usize, const TABLES: bool>(
         return decode_wide::<W>(reader, dir, old, out);
     }
     let all = mask(nb) as u16;
-    let mut steps = [0u16; BLOCK + 8];
-    let mut pos = 0usize;
-    let blocks = old
-        .as_chunks::<W>()
-        .0
-        .chunks(BLOCK)
-        .zip(out.as_chunks_mut::<W>().0.chunks_mut(BLOCK));
-    for (b, (entry, (old, out))) in dir.chunks_exact(DIR_ENTRY).zip(blocks).enumerate() {
-        let (bits, k, c) = read_entry(entry);
-        let end = pos + bits as usize;
-        decode_steps::<W>(reader, &mut pos, k, c, old, &mut steps)
-            .map_err(|i| bad_code(b * BLOCK + i, nb))?;
+    let (mut steps_a, mut steps_b) = ([0u16; BLOCK + 8], [0u16; BLOCK + 8]);
+    let (old, out) = (old.as_chunks::<W>().0, out.as_chunks_mut::<W>().0);
+    let block = |b: usize| b * BLOCK..((b + 1) * BLOCK).min(n);
+    let entry = |b: usize| read_entry(&dir[b * DIR_ENTRY..(b + 1) * DIR_ENTRY]);
+    // New bits from the steps (a loop the compiler vectorizes).
+    let apply = |steps: &[u16; BLOCK + 8], old: &[[u8; W]], out: &mut [[u8; W]]| {
+        for ((&d, a), o) in steps.iter().zip(old).zip(out) {
+            let stepped = ord16::<W>(le(a) as u16).wrapping_add(d) & all;
+            *o = to_le(unord16::<W>(stepped) as u32);
+        }
+    };
+    let end_check = |b: usize, pos: usize, end: usize| {
         if pos != end {
             return Err(CodecError::Malformed {
                 codec: "ulp",
@@ -905,11 +984,55 @@ fn decode_width<const W: usize, const TABLES: bool>(
                 ),
             });
         }
-        // New bits from the steps (a loop the compiler vectorizes).
-        for ((&d, a), o) in steps.iter().zip(old).zip(out) {
-            let stepped = ord16::<W>(le(a) as u16).wrapping_add(d) & all;
-            *o = to_le(unord16::<W>(stepped) as u32);
+        Ok(())
+    };
+    let mut pos = 0usize;
+    let mut b = 0;
+    while b < blocks {
+        let (bits, k, c) = entry(b);
+        let end = pos + bits as usize;
+        let old_a = &old[block(b)];
+        let mut first = StepCursor::new(reader, pos);
+        let (_, k_b, c_b) = entry((b + 1).min(blocks - 1));
+        if b + 1 < blocks && k <= TABLE_K && c > 0 && k_b == k && c_b > 0 {
+            // Two blocks with the same table: their chains of lookups are
+            // independent, so the CPU overlaps them. The second starts where its directory
+            // entry puts it, which is where the first must end; it is checked after the
+            // first, and its first error (if any) reported only then, as if decoded after it.
+            let end_b = end + entry(b + 1).0 as usize;
+            let old_b = &old[block(b + 1)];
+            let table = StepTable::get(k);
+            let mut second = StepCursor::new(reader, end);
+            let (first_err, second_err) = lockstep::<W>(
+                reader,
+                table,
+                (k, c, c_b),
+                (&mut first, &mut second),
+                (old_a, old_b),
+                (&mut steps_a, &mut steps_b),
+            );
+            first_err.map_err(|i| bad_code(b * BLOCK + i, nb))?;
+            first
+                .finish(reader, (k, c), old_a, &mut steps_a)
+                .map_err(|i| bad_code(b * BLOCK + i, nb))?;
+            end_check(b, first.pos(), end)?;
+            apply(&steps_a, old_a, &mut out[block(b)]);
+            second_err
+                .and_then(|()| second.finish(reader, (k, c_b), old_b, &mut steps_b))
+                .map_err(|i| bad_code((b + 1) * BLOCK + i, nb))?;
+            end_check(b + 1, second.pos(), end_b)?;
+            apply(&steps_b, old_b, &mut out[block(b + 1)]);
+            pos = end_b;
+            b += 2;
+            continue;
         }
+        first
+            .finish(reader, (k, c), old_a, &mut steps_a)
+            .map_err(|i| bad_code(b * BLOCK + i, nb))?;
+        end_check(b, first.pos(), end)?;
+        apply(&steps_a, old_a, &mut out[block(b)]);
+        pos = end;
+        b += 1;
     }
     Ok(())
 }
@@ -1419,14 +1542,15 @@ mod tests {
         }
     }
 
-    /// The narrow decoder (table lookups from a register of stream bits) and the one value at
-    /// a time decoder agree on intact and damaged sections: same values, same errors.
+    /// The narrow decoder (table lookups from a register of stream bits, pairs of blocks in
+    /// lockstep) and the one value at a time decoder agree on intact and damaged sections:
+    /// same values, same errors.
     #[test]
     fn table_and_one_at_a_time_decoders_agree() {
         fn check<const W: usize>(rng: &mut Rng) {
             let nb = 8 * W as u32;
             for scale in [0u32, 1, 3, 6, 10, nb] {
-                for n in [1usize, 9, 40, 1024, 1500, 2100] {
+                for n in [1usize, 9, 40, 1024, 1500, 2100, 4113] {
                     let old: Vec<u32> = (0..n)
                         .map(|_| rng.next_u64() as u32 & mask(nb) as u32)
                         .collect();
