@@ -753,17 +753,61 @@ impl StepTable {
     }
 }
 
-/// The step of one code word decoded into `t` (see [`narrow_word`]) for value `i` of a
-/// block with old bits `old`: raw values become the step from the old bits. Fails with `i`
-/// for an invalid code number.
-#[inline(always)]
-fn step_from<const W: usize>(t: u32, i: usize, old: &[[u8; W]]) -> Result<u16, usize> {
-    if t & TAG != 0 {
-        Ok((ord16::<W>(t as u16)).wrapping_sub(ord16::<W>(le(&old[i]) as u16)))
-    } else if valid_code(t as u64, nbits::<W>()) {
-        Ok(step_of(t) as u16)
-    } else {
-        Err(i)
+/// The steps of one block of narrow elements being decoded, and its raw values apart: those
+/// are written over the stepped values afterwards, so decoding them does not read the old
+/// bits (a cache miss on data as large as a real chunk's, in the chain of lookups).
+struct BlockSteps {
+    /// The steps (0 at raw values), room for 8 past the block.
+    d: [u16; BLOCK + 8],
+    /// Index in the block and new bits of each raw value.
+    raw_at: [u16; BLOCK],
+    raw_bits: [u16; BLOCK],
+    raws: usize,
+}
+
+impl BlockSteps {
+    fn new() -> Box<Self> {
+        Box::new(BlockSteps {
+            d: [0; BLOCK + 8],
+            raw_at: [0; BLOCK],
+            raw_bits: [0; BLOCK],
+            raws: 0,
+        })
+    }
+
+    /// Records value `i` of the block from one code word decoded into `t` (see
+    /// [`narrow_word`]). Fails with `i` for an invalid code number.
+    #[inline(always)]
+    fn word<const W: usize>(&mut self, t: u32, i: usize) -> Result<(), usize> {
+        if t & TAG != 0 {
+            // At most one per value of the block, so fewer than BLOCK.
+            let r = self.raws % BLOCK;
+            (self.raw_at[r], self.raw_bits[r]) = (i as u16, t as u16);
+            self.raws += 1;
+            self.d[i] = 0;
+            Ok(())
+        } else if valid_code(t as u64, nbits::<W>()) {
+            self.d[i] = step_of(t) as u16;
+            Ok(())
+        } else {
+            Err(i)
+        }
+    }
+
+    /// The new bits of the block's values from their old bits: stepped (a loop the compiler
+    /// vectorizes), then the raw values written.
+    #[inline(always)]
+    fn apply<const W: usize>(&self, old: &[[u8; W]], out: &mut [[u8; W]]) {
+        let all = mask(nbits::<W>()) as u16;
+        for ((&d, a), o) in self.d.iter().zip(old).zip(out.iter_mut()) {
+            let stepped = ord16::<W>(le(a) as u16).wrapping_add(d) & all;
+            *o = to_le(unord16::<W>(stepped) as u32);
+        }
+        for (&at, &bits) in self.raw_at.iter().zip(&self.raw_bits).take(self.raws) {
+            if let Some(o) = out.get_mut(at as usize) {
+                *o = to_le(bits as u32);
+            }
+        }
     }
 }
 
@@ -817,8 +861,7 @@ impl StepCursor {
         reader: BitReader<'_>,
         table: &StepTable,
         (k, c): (u32, u32),
-        old: &[[u8; W]],
-        steps: &mut [u16; BLOCK + 8],
+        steps: &mut BlockSteps,
     ) -> Result<(), usize> {
         if self.avail < LOOKUP {
             self.reload(reader);
@@ -832,13 +875,13 @@ impl StepCursor {
                 self.reload(reader);
             }
             let (t, len) = narrow_word::<W>(self.buf, k, c);
-            steps[i] = step_from::<W>(t, i, old)?;
+            steps.word::<W>(t, i)?;
             self.i = i + 1;
             self.buf >>= len;
             self.avail -= len;
             return Ok(());
         }
-        steps[i..i + 8].copy_from_slice(&table.steps[x]);
+        steps.d[i..i + 8].copy_from_slice(&table.steps[x]);
         self.i = i + (meta >> 8 & 0xff) as usize;
         let bits = meta & 0xff;
         self.buf >>= bits;
@@ -854,13 +897,13 @@ impl StepCursor {
         reader: BitReader<'_>,
         (k, c): (u32, u32),
         old: &[[u8; W]],
-        steps: &mut [u16; BLOCK + 8],
+        steps: &mut BlockSteps,
     ) -> Result<(), usize> {
         let m = old.len().min(BLOCK);
         if k <= TABLE_K && c > 0 {
             let table = StepTable::get(k);
             while self.i + 8 <= m {
-                self.table_step(reader, table, (k, c), old, steps)?;
+                self.table_step::<W>(reader, table, (k, c), steps)?;
             }
         }
         // The rest (and blocks without a table) a few code words per load.
@@ -872,14 +915,14 @@ impl StepCursor {
                 ((t, len), len)
             });
             for (j, (t, _)) in words.into_iter().enumerate() {
-                steps[i + j] = step_from::<W>(t, i + j, old)?;
+                steps.word::<W>(t, i + j)?;
             }
             i += 4;
         }
         while i < m {
             let (t, len) = narrow_word::<W>(reader.peek(pos), k, c);
             pos += len as usize;
-            steps[i] = step_from::<W>(t, i, old)?;
+            steps.word::<W>(t, i)?;
             i += 1;
         }
         self.i = i;
@@ -900,13 +943,13 @@ fn lockstep<const W: usize>(
     (k, c_a, c_b): (u32, u32, u32),
     (a, b): (&mut StepCursor, &mut StepCursor),
     (old_a, old_b): (&[[u8; W]], &[[u8; W]]),
-    (steps_a, steps_b): (&mut [u16; BLOCK + 8], &mut [u16; BLOCK + 8]),
+    (steps_a, steps_b): (&mut BlockSteps, &mut BlockSteps),
 ) -> (Result<(), usize>, Result<(), usize>) {
     while a.i + 8 <= old_a.len().min(BLOCK) && b.i + 8 <= old_b.len().min(BLOCK) {
-        if let Err(i) = a.table_step(reader, table, (k, c_a), old_a, steps_a) {
+        if let Err(i) = a.table_step::<W>(reader, table, (k, c_a), steps_a) {
             return (Err(i), Ok(()));
         }
-        if let Err(i) = b.table_step(reader, table, (k, c_b), old_b, steps_b) {
+        if let Err(i) = b.table_step::<W>(reader, table, (k, c_b), steps_b) {
             return (Ok(()), Err(i));
         }
     }
@@ -963,18 +1006,10 @@ fn decode_width<const W: usize, const TABLES: bool>(
     if W > 2 || !TABLES {
         return decode_wide::<W>(reader, dir, old, out);
     }
-    let all = mask(nb) as u16;
-    let (mut steps_a, mut steps_b) = ([0u16; BLOCK + 8], [0u16; BLOCK + 8]);
+    let (mut steps_a, mut steps_b) = (BlockSteps::new(), BlockSteps::new());
     let (old, out) = (old.as_chunks::<W>().0, out.as_chunks_mut::<W>().0);
     let block = |b: usize| b * BLOCK..((b + 1) * BLOCK).min(n);
     let entry = |b: usize| read_entry(&dir[b * DIR_ENTRY..(b + 1) * DIR_ENTRY]);
-    // New bits from the steps (a loop the compiler vectorizes).
-    let apply = |steps: &[u16; BLOCK + 8], old: &[[u8; W]], out: &mut [[u8; W]]| {
-        for ((&d, a), o) in steps.iter().zip(old).zip(out) {
-            let stepped = ord16::<W>(le(a) as u16).wrapping_add(d) & all;
-            *o = to_le(unord16::<W>(stepped) as u32);
-        }
-    };
     let end_check = |b: usize, pos: usize, end: usize| {
         if pos != end {
             return Err(CodecError::Malformed {
@@ -992,6 +1027,7 @@ fn decode_width<const W: usize, const TABLES: bool>(
         let (bits, k, c) = entry(b);
         let end = pos + bits as usize;
         let old_a = &old[block(b)];
+        (steps_a.raws, steps_b.raws) = (0, 0);
         let mut first = StepCursor::new(reader, pos);
         let (_, k_b, c_b) = entry((b + 1).min(blocks - 1));
         if b + 1 < blocks && k <= TABLE_K && c > 0 && k_b == k && c_b > 0 {
@@ -1009,19 +1045,19 @@ fn decode_width<const W: usize, const TABLES: bool>(
                 (k, c, c_b),
                 (&mut first, &mut second),
                 (old_a, old_b),
-                (&mut steps_a, &mut steps_b),
+                (&mut *steps_a, &mut *steps_b),
             );
             first_err.map_err(|i| bad_code(b * BLOCK + i, nb))?;
             first
                 .finish(reader, (k, c), old_a, &mut steps_a)
                 .map_err(|i| bad_code(b * BLOCK + i, nb))?;
             end_check(b, first.pos(), end)?;
-            apply(&steps_a, old_a, &mut out[block(b)]);
+            steps_a.apply(old_a, &mut out[block(b)]);
             second_err
                 .and_then(|()| second.finish(reader, (k, c_b), old_b, &mut steps_b))
                 .map_err(|i| bad_code((b + 1) * BLOCK + i, nb))?;
             end_check(b + 1, second.pos(), end_b)?;
-            apply(&steps_b, old_b, &mut out[block(b + 1)]);
+            steps_b.apply(old_b, &mut out[block(b + 1)]);
             pos = end_b;
             b += 2;
             continue;
@@ -1030,7 +1066,7 @@ fn decode_width<const W: usize, const TABLES: bool>(
             .finish(reader, (k, c), old_a, &mut steps_a)
             .map_err(|i| bad_code(b * BLOCK + i, nb))?;
         end_check(b, first.pos(), end)?;
-        apply(&steps_a, old_a, &mut out[block(b)]);
+        steps_a.apply(old_a, &mut out[block(b)]);
         pos = end;
         b += 1;
     }
