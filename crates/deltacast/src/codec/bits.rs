@@ -132,6 +132,115 @@ impl BlockWriter<'_> {
     }
 }
 
+/// Writes code words given as lanes: `word[i]` of `len[i] <= 32` bits, or, for a length of 64
+/// or more (a mark, `word[i]` is then ignored), whatever `general(out, i)` writes. Eight words at a time in the AVX2 build: joined
+/// pairwise in the 64-bit lanes of a vector (a pair of short words always fits), then pairs of
+/// pairs, then the two quads, and the octet written by one store when it has at most 56
+/// bits; otherwise its quads, pairs or words one by one. A joined word longer than 64 bits is
+/// never written (its shift drops bits; a shift by 64 or more gives zero), so a long value
+/// marked for the general path makes its octet, quad and pair too long.
+///
+/// # Safety
+///
+/// The CPU must have the features of [`x86_wide`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+pub(crate) fn put_words(
+    out: &mut BlockWriter<'_>,
+    word: &[u32],
+    len: &[u32],
+    mut general: impl FnMut(&mut BlockWriter<'_>, usize),
+) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(word.len(), len.len());
+    debug_assert!(len.iter().all(|&l| l <= 32 || l >= 64));
+    let mut one = |out: &mut BlockWriter<'_>, i: usize| {
+        if len[i] <= 32 {
+            out.put(word[i] as u64, len[i]);
+        } else {
+            general(out, i);
+        }
+    };
+    let low = _mm256_set1_epi64x(0xffff_ffff);
+    let octets = word.len() / 8;
+    for (o, (w, l)) in word.chunks_exact(8).zip(len.chunks_exact(8)).enumerate() {
+        let (w, l): (&[u32; 8], &[u32; 8]) = (w.try_into().unwrap(), l.try_into().unwrap());
+        // SAFETY: each load reads the 32 bytes of an 8-element u32 array (unaligned loads).
+        let (w, l) = unsafe {
+            (
+                _mm256_loadu_si256(w.as_ptr().cast()),
+                _mm256_loadu_si256(l.as_ptr().cast()),
+            )
+        };
+        // Pairs: the even value's word, then the odd one's above it.
+        let (even_len, odd_len) = (_mm256_and_si256(l, low), _mm256_srli_epi64::<32>(l));
+        let pair = _mm256_or_si256(
+            _mm256_and_si256(w, low),
+            _mm256_sllv_epi64(_mm256_srli_epi64::<32>(w), even_len),
+        );
+        let pair_len = _mm256_add_epi64(even_len, odd_len);
+        // Quads in 64-bit lanes 0 and 2: each 128-bit half's two pairs.
+        let quad = _mm256_or_si256(
+            pair,
+            _mm256_sllv_epi64(_mm256_srli_si256::<8>(pair), pair_len),
+        );
+        let quad_len = _mm256_add_epi64(pair_len, _mm256_srli_si256::<8>(pair_len));
+        let (quad0, quad1) = (
+            _mm256_castsi256_si128(quad),
+            _mm256_extracti128_si256::<1>(quad),
+        );
+        let (len0, len1) = (
+            _mm256_castsi256_si128(quad_len),
+            _mm256_extracti128_si256::<1>(quad_len),
+        );
+        let octet = _mm_or_si128(quad0, _mm_sllv_epi64(quad1, len0));
+        let octet_len = _mm_cvtsi128_si64(_mm_add_epi64(len0, len1)) as u64;
+        if octet_len <= 56 {
+            out.put(_mm_cvtsi128_si64(octet) as u64, octet_len as u32);
+            continue;
+        }
+        let quads = [
+            (
+                _mm_cvtsi128_si64(quad0) as u64,
+                _mm_cvtsi128_si64(len0) as u64,
+            ),
+            (
+                _mm_cvtsi128_si64(quad1) as u64,
+                _mm_cvtsi128_si64(len1) as u64,
+            ),
+        ];
+        let mut pairs = [0u64; 4];
+        let mut pair_lens = [0u64; 4];
+        // SAFETY: each store writes the 32 bytes of a 4-element u64 array.
+        unsafe {
+            _mm256_storeu_si256(pairs.as_mut_ptr().cast(), pair);
+            _mm256_storeu_si256(pair_lens.as_mut_ptr().cast(), pair_len);
+        }
+        for (j, (quad, quad_len)) in quads.into_iter().enumerate() {
+            if quad_len <= 56 {
+                out.put(quad, quad_len as u32);
+                continue;
+            }
+            for p in 2 * j..2 * j + 2 {
+                let (pair, pair_len) = (pairs[p], pair_lens[p]);
+                if pair_len <= 56 {
+                    out.put(pair, pair_len as u32);
+                } else if pair_len <= 64 {
+                    out.put(pair & mask(32), 32);
+                    out.put(pair >> 32, pair_len as u32 - 32);
+                } else {
+                    one(out, 8 * o + 2 * p);
+                    one(out, 8 * o + 2 * p + 1);
+                }
+            }
+        }
+    }
+    for i in 8 * octets..word.len() {
+        one(out, i);
+    }
+}
+
 /// Reads bit fields from any bit position of a byte slice.
 #[derive(Clone, Copy)]
 pub(crate) struct BitReader<'a> {

@@ -289,6 +289,9 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     } else if rel.len() <= range as usize / 3 {
         gaps::encode(rel, range, &mut out);
         out.len() as u64
+    } else if gaps::lower_bound(rel, range) > abs32.min(bitmap) {
+        // Dense: gaps cannot even tie (ties go to gaps), as its exact size would show.
+        u64::MAX
     } else {
         let (dir, len) = gaps::directory(rel, range);
         gaps_dir = Some(dir);

@@ -23,12 +23,15 @@
 //! Speed: the encoder computes a block's code numbers in a vectorized loop (16-bit lanes
 //! for narrow elements), takes their length histogram from vectorized counts below each
 //! power of two (narrow elements, in a build for AVX2 where the CPU has it: 16 lanes; 4-byte
-//! elements count small code numbers by value), and writes the code words of code
-//! numbers below 256 (~97% of AdamW steps) from a table, three per store. The decoder of
-//! narrow elements reads up to eight code words per lookup in a table of the next 8 stream
-//! bits, then applies the steps to the old bits in a vectorized loop; 4-byte elements
-//! decode one value at a time.
+//! elements count small code numbers by value), and writes the code words: in the AVX2
+//! build of narrow elements computed in vector lanes and joined eight to a store, otherwise
+//! those of code numbers below 1024 (~99% of AdamW steps) from a table, three per store. The
+//! decoder of narrow elements reads up to eight code words per lookup in a table of the next
+//! 10 stream bits, kept in a register between loads, then applies the steps to the old bits
+//! in a vectorized loop; 4-byte elements decode one value at a time.
 
+#[cfg(target_arch = "x86_64")]
+use super::bits::put_words;
 use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter, BlockWriter};
 use crate::dtype::{from_ordered, to_ordered};
 use crate::error::CodecError;
@@ -58,9 +61,9 @@ pub fn encode(width: usize, old: &[u8], new: &[u8], out: &mut Vec<u8>) {
 
 pub fn decode(width: usize, input: &[u8], old: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
     match width {
-        1 => decode_width::<1>(input, old, out),
-        2 => decode_width::<2>(input, old, out),
-        4 => decode_width::<4>(input, old, out),
+        1 => decode_width::<1, true>(input, old, out),
+        2 => decode_width::<2, true>(input, old, out),
+        4 => decode_width::<4, true>(input, old, out),
         _ => Err(CodecError::Unsupported {
             codec: "ulp",
             what: "elements of this width",
@@ -395,9 +398,9 @@ fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
             // `x86_wide` detected just above on this CPU.
             return unsafe { encode_narrow_avx2::<W>(old, new, out) };
         }
-        encode_codes::<W, u16>(old, new, out)
+        encode_codes::<W, u16, false>(old, new, out)
     } else {
-        encode_codes::<W, u32>(old, new, out)
+        encode_codes::<W, u32, false>(old, new, out)
     }
 }
 
@@ -406,11 +409,15 @@ fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 fn encode_narrow_avx2<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
-    encode_codes::<W, u16>(old, new, out)
+    encode_codes::<W, u16, true>(old, new, out)
 }
 
 #[inline(always)]
-fn encode_codes<const W: usize, C: Code>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
+fn encode_codes<const W: usize, C: Code, const LANES: bool>(
+    old: &[u8],
+    new: &[u8],
+    out: &mut Vec<u8>,
+) {
     debug_assert_eq!(old.len(), new.len());
     let n = new.len() / W;
     if n == 0 {
@@ -423,6 +430,10 @@ fn encode_codes<const W: usize, C: Code>(old: &[u8], new: &[u8], out: &mut Vec<u
     let mut dir = Vec::with_capacity(blocks * DIR_ENTRY);
     let mut codes = [C::of(0); BLOCK];
     let mut table = SmallCodes::new();
+    // The lane writer needs the AVX2 build's features: checked once here, so that calling
+    // the lane build on a CPU without them stays sound.
+    #[cfg(target_arch = "x86_64")]
+    let (use_lanes, mut lanes) = (LANES && super::bits::x86_wide(), Lanes::new());
     let mut writer = BitWriter::new(out);
     let mut total_bits = 0u64;
     for (old, new) in old.chunks(BLOCK * W).zip(new.chunks(BLOCK * W)) {
@@ -438,13 +449,24 @@ fn encode_codes<const W: usize, C: Code>(old: &[u8], new: &[u8], out: &mut Vec<u
         dir.push(k as u8);
         dir.push(c as u8);
         total_bits += bits as u64;
-        table.set(k, c);
-        // Inlined, so that it is compiled with the target features of the caller's build.
-        writer.block(
-            bits as u64,
-            #[inline(always)]
-            |out| write_values::<W, C>(out, &table, codes, new, k, c),
-        );
+        #[cfg(target_arch = "x86_64")]
+        if use_lanes && W <= 2 && c <= nb {
+            writer.block(
+                bits as u64,
+                #[inline(always)]
+                // SAFETY: `use_lanes` says that `x86_wide` detected the features it needs.
+                |out| unsafe { write_lanes::<W, C>(out, &mut lanes, codes, new, k, c) },
+            );
+            continue;
+        }
+        {
+            table.set(k, c);
+            writer.block(
+                bits as u64,
+                #[inline(always)]
+                |out| write_values::<W, C>(out, &table, codes, new, k, c),
+            );
+        }
     }
     debug_assert_eq!(writer.bits_since(dir_start + dir.len()), total_bits);
     writer.finish();
@@ -555,6 +577,84 @@ fn write_values<const W: usize, C: Code>(
     }
 }
 
+/// Scratch of [`write_lanes`] for one block: every value's code word and its length.
+#[cfg(target_arch = "x86_64")]
+struct Lanes {
+    word: [u32; BLOCK],
+    len: [u32; BLOCK],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes {
+    fn new() -> Self {
+        Lanes {
+            word: [0; BLOCK],
+            len: [0; BLOCK],
+        }
+    }
+}
+
+/// Bit length of `u < 2^24` from the exponent of its exact `f32` conversion: one vector
+/// conversion and two integer operations per lane where `leading_zeros` has no vector
+/// instruction (AVX2).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn bit_len_f32(u: u32) -> u32 {
+    debug_assert!(u < 1 << 24);
+    // 1 <= u: the exponent is 127 + floor(log2 u), so the length is exponent - 126; 0 has
+    // exponent 0 and length 0.
+    ((u as i32 as f32).to_bits() >> 23).max(126) - 126
+}
+
+/// [`write_values`] of narrow elements with a cap `c <= nb` (every code word then fits 32
+/// bits) in the AVX2 build: each value's code word and length in one loop the compiler
+/// vectorizes (no table, no branch), then the words of eight consecutive values joined in
+/// vector lanes and written by one store when they fit 56 bits together (nearly always at
+/// `k = 0`). Same bits as [`write_values`].
+///
+/// # Safety
+///
+/// The CPU must have the features of [`super::bits::x86_wide`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+unsafe fn write_lanes<const W: usize, C: Code>(
+    out: &mut BlockWriter<'_>,
+    lanes: &mut Lanes,
+    codes: &[C],
+    new: &[[u8; W]],
+    k: u32,
+    c: u32,
+) {
+    let nb = nbits::<W>();
+    debug_assert!(W <= 2 && c <= nb && k < nb);
+    let m = codes.len().min(BLOCK);
+    let Lanes { word, len } = lanes;
+    for (((w, l), &u), b) in word[..m]
+        .iter_mut()
+        .zip(&mut len[..m])
+        .zip(&codes[..m])
+        .zip(&new[..m])
+    {
+        let u: u32 = u.into();
+        let bits = bit_len_f32(u);
+        // Unary prefix (0 for a short word), and whether the value goes raw.
+        let z = bits.max(k) - k;
+        // All ones when raw (`|` of bools, not `||`: no branch, so the loop vectorizes).
+        let raw = (((u == unchanged::<W>()) | (z >= c)) as u32).wrapping_neg();
+        // Short (bits <= k): a one, then u in k bits. Long: z zeros, a one, then u below its
+        // leading one. Both are `((u without its leading one if long) << 1 | 1) << z`.
+        let lead = ((1 << bits) >> 1) & ((bits > k) as u32).wrapping_neg();
+        let coded = (((u ^ lead) << 1) | 1) << z;
+        let coded_len = z + bits.max(k + 1);
+        // Raw: c zeros, then the new bits (c + nb <= 2 nb <= 32 bits).
+        *w = (le(b) << c) & raw | coded & !raw;
+        *l = (c + nb) & raw | coded_len & !raw;
+    }
+    // Every code word has at most 32 bits here: no value for the general path.
+    put_words(out, &word[..m], &len[..m], |_, _| unreachable!());
+}
+
 /// Marks a decoded raw value (narrow elements: code numbers of an accepted code word have
 /// at most 30 bits, so bit 31 is free).
 const TAG: u32 = 1 << 31;
@@ -578,35 +678,44 @@ fn narrow_word<const W: usize>(word: u64, k: u32, c: u32) -> (u32, u32) {
 }
 
 /// Multi-symbol decoding table for blocks with parameter `k` (narrow elements): for each
-/// value of the next 8 stream bits, the steps of the code words that lie wholly inside them
-/// (at most 8), their total length, and the smallest cap `c` under which none of them is
-/// raw. On AdamW steps (k = 0, mostly 1- and 2-bit code words) one lookup yields ~3 steps.
+/// value of the next [`LOOKUP`] stream bits, the steps of the code words that lie wholly
+/// inside them (at most 8), their total length, and the smallest cap `c` under which none of
+/// them is raw. On AdamW steps (k = 0, mostly 1- and 2-bit code words) one lookup yields
+/// ~4.5 steps.
 struct StepTable {
     /// The steps `d`, wrapping in 16 bits, padded to 8.
-    steps: [[u16; 8]; 256],
-    count: [u8; 256],
-    bits: [u8; 256],
+    steps: [[u16; 8]; LOOKUP_SIZE],
+    count: [u8; LOOKUP_SIZE],
+    bits: [u8; LOOKUP_SIZE],
     /// Smallest `c` the entry holds for; 255 when it holds no code word.
-    min_c: [u8; 256],
+    min_c: [u8; LOOKUP_SIZE],
+    /// `bits | count << 8 | min_c << 16` of each entry: one load for all three.
+    meta: [u32; LOOKUP_SIZE],
 }
 
-/// Largest `k` with a [`StepTable`]: above it no code word is shorter than 9 bits.
+/// Largest `k` with a [`StepTable`] (code words of larger ones are long: few per lookup).
 const TABLE_K: u32 = 7;
+
+/// Stream bits a [`StepTable`] lookup reads: 10, so that one lookup yields ~4.5 AdamW steps
+/// (~3.3 with 8) while the table (20 KiB read in the loop) stays in the L1 cache.
+const LOOKUP: u32 = 10;
+const LOOKUP_SIZE: usize = 1 << LOOKUP;
 
 impl StepTable {
     fn new(k: u32) -> Self {
         let mut table = StepTable {
-            steps: [[0; 8]; 256],
-            count: [0; 256],
-            bits: [0; 256],
-            min_c: [255; 256],
+            steps: [[0; 8]; LOOKUP_SIZE],
+            count: [0; LOOKUP_SIZE],
+            bits: [0; LOOKUP_SIZE],
+            min_c: [255; LOOKUP_SIZE],
+            meta: [0; LOOKUP_SIZE],
         };
-        for x in 0..256u32 {
+        for x in 0..LOOKUP_SIZE as u32 {
             let (mut at, mut count, mut min_c) = (0, 0, 0);
             while count < 8 {
-                // The code word at bit `at`, if it ends by bit 8: only bits below 8 are known.
+                // The code word at bit `at`, if it ends by bit LOOKUP: only bits below are known.
                 let rest = x >> at;
-                let z = (rest | 1 << (8 - at)).trailing_zeros();
+                let z = (rest | 1 << (LOOKUP - at)).trailing_zeros();
                 let (len, u) = if z == 0 {
                     (k + 1, (rest >> 1) & mask(k) as u32)
                 } else {
@@ -616,7 +725,7 @@ impl StepTable {
                         (rest >> (z + 1)) & mask(l - 1) as u32 | 1 << (l - 1),
                     )
                 };
-                if z >= 8 - at || at + len > 8 {
+                if z >= LOOKUP - at || at + len > LOOKUP {
                     break;
                 }
                 table.steps[x as usize][count] = step_of(u) as u16;
@@ -629,6 +738,9 @@ impl StepTable {
                 (table.count[x], table.bits[x], table.min_c[x]) =
                     (count as u8, at as u8, min_c as u8);
             }
+            let x = x as usize;
+            table.meta[x] =
+                table.bits[x] as u32 | (table.count[x] as u32) << 8 | (table.min_c[x] as u32) << 16;
         }
         table
     }
@@ -641,76 +753,212 @@ impl StepTable {
     }
 }
 
-/// Decodes the steps of one block of narrow elements (`old`: its old bits) from bit `*pos`
-/// on into `steps[..old.len()]`, moving `*pos` past its code words. Fails with the index in
-/// the block of an invalid code number.
-fn decode_steps<const W: usize>(
-    reader: BitReader<'_>,
-    pos: &mut usize,
-    k: u32,
-    c: u32,
-    old: &[[u8; W]],
-    steps: &mut [u16; BLOCK + 8],
-) -> Result<(), usize> {
-    let nb = nbits::<W>();
-    let m = old.len().min(BLOCK);
-    let mut i = 0;
-    // One step from one code word: raw values become the step from the old bits.
-    let step = |t: u32, i: usize| -> Result<u16, usize> {
+/// The steps of one block of narrow elements being decoded, and its raw values apart: those
+/// are written over the stepped values afterwards, so decoding them does not read the old
+/// bits (a cache miss on data as large as a real chunk's, in the chain of lookups).
+struct BlockSteps {
+    /// The steps (0 at raw values), room for 8 past the block.
+    d: [u16; BLOCK + 8],
+    /// Index in the block and new bits of each raw value.
+    raw_at: [u16; BLOCK],
+    raw_bits: [u16; BLOCK],
+    raws: usize,
+}
+
+impl BlockSteps {
+    fn new() -> Box<Self> {
+        Box::new(BlockSteps {
+            d: [0; BLOCK + 8],
+            raw_at: [0; BLOCK],
+            raw_bits: [0; BLOCK],
+            raws: 0,
+        })
+    }
+
+    /// Records value `i` of the block from one code word decoded into `t` (see
+    /// [`narrow_word`]). Fails with `i` for an invalid code number.
+    #[inline(always)]
+    fn word<const W: usize>(&mut self, t: u32, i: usize) -> Result<(), usize> {
         if t & TAG != 0 {
-            Ok((ord16::<W>(t as u16)).wrapping_sub(ord16::<W>(le(&old[i]) as u16)))
-        } else if valid_code(t as u64, nb) {
-            Ok(step_of(t) as u16)
+            // At most one per value of the block, so fewer than BLOCK.
+            let r = self.raws % BLOCK;
+            (self.raw_at[r], self.raw_bits[r]) = (i as u16, t as u16);
+            self.raws += 1;
+            self.d[i] = 0;
+            Ok(())
+        } else if valid_code(t as u64, nbits::<W>()) {
+            self.d[i] = step_of(t) as u16;
+            Ok(())
         } else {
             Err(i)
         }
-    };
-    if k <= TABLE_K && c > 0 {
-        let table = StepTable::get(k);
-        // Up to three lookups (24 bits, 24 steps) per load; a code word the table does not
-        // hold (long, raw) is decoded on its own.
-        while i + 24 <= m {
-            let word = reader.peek(*pos);
-            let mut used = 0;
-            for _ in 0..3 {
-                let x = (word >> used) as u8 as usize;
-                if table.min_c[x] as u32 > c {
-                    break;
-                }
-                steps[i..i + 8].copy_from_slice(&table.steps[x]);
-                i += table.count[x] as usize;
-                used += table.bits[x] as u32;
-            }
-            *pos += used as usize;
-            if used == 0 {
-                let (t, len) = narrow_word::<W>(word, k, c);
-                *pos += len as usize;
-                steps[i] = step(t, i)?;
-                i += 1;
+    }
+
+    /// The new bits of the block's values from their old bits: stepped (a loop the compiler
+    /// vectorizes), then the raw values written.
+    #[inline(always)]
+    fn apply<const W: usize>(&self, old: &[[u8; W]], out: &mut [[u8; W]]) {
+        let all = mask(nbits::<W>()) as u16;
+        for ((&d, a), o) in self.d.iter().zip(old).zip(out.iter_mut()) {
+            let stepped = ord16::<W>(le(a) as u16).wrapping_add(d) & all;
+            *o = to_le(unord16::<W>(stepped) as u32);
+        }
+        for (&at, &bits) in self.raw_at.iter().zip(&self.raw_bits).take(self.raws) {
+            if let Some(o) = out.get_mut(at as usize) {
+                *o = to_le(bits as u32);
             }
         }
     }
-    // The rest (and blocks without a table) a few code words per load.
-    while i + 4 <= m {
-        let words: [(u32, u32); 4] = reader.read_n(pos, |word| {
-            let (t, len) = narrow_word::<W>(word, k, c);
-            ((t, len), len)
-        });
-        for (j, (t, _)) in words.into_iter().enumerate() {
-            steps[i + j] = step(t, i + j)?;
-        }
-        i += 4;
-    }
-    while i < m {
-        let (t, len) = narrow_word::<W>(reader.peek(*pos), k, c);
-        *pos += len as usize;
-        steps[i] = step(t, i)?;
-        i += 1;
-    }
-    Ok(())
 }
 
-fn decode_width<const W: usize>(
+/// The decoding of one block of narrow elements in progress: `steps[..i]` decoded, the next
+/// stream bits (from `pos`) in a register, `avail` of them the stream's.
+///
+/// The register is refilled by a load when fewer are left than a lookup needs (every ~7
+/// lookups), or than the 33 bits a long or raw code word may need on that path, so the
+/// chain from one lookup to the next is the entry's load and a shift.
+struct StepCursor {
+    buf: u64,
+    avail: u32,
+    /// Stream position just past the bits of `buf` that are the stream's: the next bit is at
+    /// `top - avail` (so consuming bits updates `avail` only).
+    top: usize,
+    i: usize,
+}
+
+impl StepCursor {
+    #[inline(always)]
+    fn new(reader: BitReader<'_>, pos: usize) -> Self {
+        let mut cursor = StepCursor {
+            buf: 0,
+            avail: 0,
+            top: pos,
+            i: 0,
+        };
+        cursor.reload(reader);
+        cursor
+    }
+
+    /// Stream position of the next bit.
+    #[inline(always)]
+    fn pos(&self) -> usize {
+        self.top - self.avail as usize
+    }
+
+    #[inline(always)]
+    fn reload(&mut self, reader: BitReader<'_>) {
+        let pos = self.pos();
+        self.buf = reader.peek(pos);
+        self.avail = 64 - (pos & 7) as u32;
+        self.top = pos + self.avail as usize;
+    }
+
+    /// One lookup in `table` (the block's `k`), or one code word the table does not hold
+    /// (long, raw). Needs room for 8 more steps in the block.
+    #[inline(always)]
+    fn table_step<const W: usize>(
+        &mut self,
+        reader: BitReader<'_>,
+        table: &StepTable,
+        (k, c): (u32, u32),
+        steps: &mut BlockSteps,
+    ) -> Result<(), usize> {
+        if self.avail < LOOKUP {
+            self.reload(reader);
+        }
+        let x = (self.buf & mask(LOOKUP)) as usize;
+        let meta = table.meta[x];
+        let i = self.i;
+        if meta >> 16 > c {
+            // At most c + nb <= 33 bits.
+            if self.avail < 33 {
+                self.reload(reader);
+            }
+            let (t, len) = narrow_word::<W>(self.buf, k, c);
+            steps.word::<W>(t, i)?;
+            self.i = i + 1;
+            self.buf >>= len;
+            self.avail -= len;
+            return Ok(());
+        }
+        steps.d[i..i + 8].copy_from_slice(&table.steps[x]);
+        self.i = i + (meta >> 8 & 0xff) as usize;
+        let bits = meta & 0xff;
+        self.buf >>= bits;
+        self.avail -= bits;
+        Ok(())
+    }
+
+    /// Decodes the rest of the block (`old`: its old bits) into `steps[..old.len()]`,
+    /// moving `pos` past its code words. Fails with the index in the block of an invalid
+    /// code number.
+    fn finish<const W: usize>(
+        &mut self,
+        reader: BitReader<'_>,
+        (k, c): (u32, u32),
+        old: &[[u8; W]],
+        steps: &mut BlockSteps,
+    ) -> Result<(), usize> {
+        let m = old.len().min(BLOCK);
+        if k <= TABLE_K && c > 0 {
+            let table = StepTable::get(k);
+            while self.i + 8 <= m {
+                self.table_step::<W>(reader, table, (k, c), steps)?;
+            }
+        }
+        // The rest (and blocks without a table) a few code words per load.
+        let mut i = self.i;
+        let mut pos = self.pos();
+        while i + 4 <= m {
+            let words: [(u32, u32); 4] = reader.read_n(&mut pos, |word| {
+                let (t, len) = narrow_word::<W>(word, k, c);
+                ((t, len), len)
+            });
+            for (j, (t, _)) in words.into_iter().enumerate() {
+                steps.word::<W>(t, i + j)?;
+            }
+            i += 4;
+        }
+        while i < m {
+            let (t, len) = narrow_word::<W>(reader.peek(pos), k, c);
+            pos += len as usize;
+            steps.word::<W>(t, i)?;
+            i += 1;
+        }
+        self.i = i;
+        // Where the block's code words end.
+        self.top = pos;
+        self.avail = 0;
+        Ok(())
+    }
+}
+
+/// Table steps of two blocks with the same `k` (caps `c_a`, `c_b`) in turn while both have
+/// room: their chains of lookups are independent, so the CPU overlaps them. Stops at the
+/// first error of either. Not inlined: on its own, the loop keeps both cursors in registers.
+#[inline(never)]
+fn lockstep<const W: usize>(
+    reader: BitReader<'_>,
+    table: &StepTable,
+    (k, c_a, c_b): (u32, u32, u32),
+    (a, b): (&mut StepCursor, &mut StepCursor),
+    (old_a, old_b): (&[[u8; W]], &[[u8; W]]),
+    (steps_a, steps_b): (&mut BlockSteps, &mut BlockSteps),
+) -> (Result<(), usize>, Result<(), usize>) {
+    while a.i + 8 <= old_a.len().min(BLOCK) && b.i + 8 <= old_b.len().min(BLOCK) {
+        if let Err(i) = a.table_step::<W>(reader, table, (k, c_a), steps_a) {
+            return (Err(i), Ok(()));
+        }
+        if let Err(i) = b.table_step::<W>(reader, table, (k, c_b), steps_b) {
+            return (Ok(()), Err(i));
+        }
+    }
+    (Ok(()), Ok(()))
+}
+
+/// `TABLES`: decode narrow elements through the [`StepTable`]s (else one value at a time, as
+/// 4-byte elements always are: the tests' second decoder).
+fn decode_width<const W: usize, const TABLES: bool>(
     input: &[u8],
     old: &[u8],
     out: &mut Vec<u8>,
@@ -755,22 +1003,14 @@ fn decode_width<const W: usize>(
 
     out.resize(n * W, 0);
     let reader = BitReader::new(stream);
-    if W > 2 {
+    if W > 2 || !TABLES {
         return decode_wide::<W>(reader, dir, old, out);
     }
-    let all = mask(nb) as u16;
-    let mut steps = [0u16; BLOCK + 8];
-    let mut pos = 0usize;
-    let blocks = old
-        .as_chunks::<W>()
-        .0
-        .chunks(BLOCK)
-        .zip(out.as_chunks_mut::<W>().0.chunks_mut(BLOCK));
-    for (b, (entry, (old, out))) in dir.chunks_exact(DIR_ENTRY).zip(blocks).enumerate() {
-        let (bits, k, c) = read_entry(entry);
-        let end = pos + bits as usize;
-        decode_steps::<W>(reader, &mut pos, k, c, old, &mut steps)
-            .map_err(|i| bad_code(b * BLOCK + i, nb))?;
+    let (mut steps_a, mut steps_b) = (BlockSteps::new(), BlockSteps::new());
+    let (old, out) = (old.as_chunks::<W>().0, out.as_chunks_mut::<W>().0);
+    let block = |b: usize| b * BLOCK..((b + 1) * BLOCK).min(n);
+    let entry = |b: usize| read_entry(&dir[b * DIR_ENTRY..(b + 1) * DIR_ENTRY]);
+    let end_check = |b: usize, pos: usize, end: usize| {
         if pos != end {
             return Err(CodecError::Malformed {
                 codec: "ulp",
@@ -779,11 +1019,56 @@ fn decode_width<const W: usize>(
                 ),
             });
         }
-        // New bits from the steps (a loop the compiler vectorizes).
-        for ((&d, a), o) in steps.iter().zip(old).zip(out) {
-            let stepped = ord16::<W>(le(a) as u16).wrapping_add(d) & all;
-            *o = to_le(unord16::<W>(stepped) as u32);
+        Ok(())
+    };
+    let mut pos = 0usize;
+    let mut b = 0;
+    while b < blocks {
+        let (bits, k, c) = entry(b);
+        let end = pos + bits as usize;
+        let old_a = &old[block(b)];
+        (steps_a.raws, steps_b.raws) = (0, 0);
+        let mut first = StepCursor::new(reader, pos);
+        let (_, k_b, c_b) = entry((b + 1).min(blocks - 1));
+        if b + 1 < blocks && k <= TABLE_K && c > 0 && k_b == k && c_b > 0 {
+            // Two blocks with the same table: their chains of lookups are
+            // independent, so the CPU overlaps them. The second starts where its directory
+            // entry puts it, which is where the first must end; it is checked after the
+            // first, and its first error (if any) reported only then, as if decoded after it.
+            let end_b = end + entry(b + 1).0 as usize;
+            let old_b = &old[block(b + 1)];
+            let table = StepTable::get(k);
+            let mut second = StepCursor::new(reader, end);
+            let (first_err, second_err) = lockstep::<W>(
+                reader,
+                table,
+                (k, c, c_b),
+                (&mut first, &mut second),
+                (old_a, old_b),
+                (&mut *steps_a, &mut *steps_b),
+            );
+            first_err.map_err(|i| bad_code(b * BLOCK + i, nb))?;
+            first
+                .finish(reader, (k, c), old_a, &mut steps_a)
+                .map_err(|i| bad_code(b * BLOCK + i, nb))?;
+            end_check(b, first.pos(), end)?;
+            steps_a.apply(old_a, &mut out[block(b)]);
+            second_err
+                .and_then(|()| second.finish(reader, (k, c_b), old_b, &mut steps_b))
+                .map_err(|i| bad_code((b + 1) * BLOCK + i, nb))?;
+            end_check(b + 1, second.pos(), end_b)?;
+            steps_b.apply(old_b, &mut out[block(b + 1)]);
+            pos = end_b;
+            b += 2;
+            continue;
         }
+        first
+            .finish(reader, (k, c), old_a, &mut steps_a)
+            .map_err(|i| bad_code(b * BLOCK + i, nb))?;
+        end_check(b, first.pos(), end)?;
+        steps_a.apply(old_a, &mut out[block(b)]);
+        pos = end;
+        b += 1;
     }
     Ok(())
 }
@@ -1280,8 +1565,8 @@ mod tests {
                 };
                 let mut portable = Vec::new();
                 match width {
-                    1 => encode_codes::<1, u16>(&old, &new, &mut portable),
-                    _ => encode_codes::<2, u16>(&old, &new, &mut portable),
+                    1 => encode_codes::<1, u16, false>(&old, &new, &mut portable),
+                    _ => encode_codes::<2, u16, false>(&old, &new, &mut portable),
                 }
                 let mut dispatched = Vec::new();
                 encode(width, &old, &new, &mut dispatched);
@@ -1289,6 +1574,119 @@ mod tests {
                 let mut dec = Vec::new();
                 decode(width, &portable, &old, &mut dec).unwrap();
                 assert_eq!(dec, new);
+            }
+        }
+    }
+
+    /// The narrow decoder (table lookups from a register of stream bits, pairs of blocks in
+    /// lockstep) and the one value at a time decoder agree on intact and damaged sections:
+    /// same values, same errors.
+    #[test]
+    fn table_and_one_at_a_time_decoders_agree() {
+        fn check<const W: usize>(rng: &mut Rng) {
+            let nb = 8 * W as u32;
+            for scale in [0u32, 1, 3, 6, 10, nb] {
+                for n in [1usize, 9, 40, 1024, 1500, 2100, 4113] {
+                    let old: Vec<u32> = (0..n)
+                        .map(|_| rng.next_u64() as u32 & mask(nb) as u32)
+                        .collect();
+                    let new: Vec<u32> = old
+                        .iter()
+                        .map(|&a| {
+                            let step = match rng.below(10) {
+                                0..=6 => rng.below(3) as i64 - 1,
+                                7 => (rng.next_u64() >> 40) as i64,
+                                _ => rng.below(1 << scale) as i64 - (1 << scale) / 2,
+                            };
+                            from_ordered(
+                                (to_ordered(a, W) as i64 + step).rem_euclid(1 << nb) as u32,
+                                W,
+                            )
+                        })
+                        .collect();
+                    let (old, new) = (patterns(W, &old), patterns(W, &new));
+                    let mut enc = Vec::new();
+                    encode(W, &old, &new, &mut enc);
+                    for damage in 0..30 {
+                        let mut bad = enc.clone();
+                        if damage > 0 {
+                            let i = rng.below(bad.len() as u64) as usize;
+                            bad[i] ^= 1 << rng.below(8);
+                        }
+                        let (mut a, mut b) = (Vec::new(), Vec::new());
+                        let ra = decode_width::<W, true>(&bad, &old, &mut a);
+                        let rb = decode_width::<W, false>(&bad, &old, &mut b);
+                        assert_eq!(ra, rb, "width {W} scale {scale} n {n} damage {damage}");
+                        if ra.is_ok() {
+                            assert_eq!(a, b);
+                        }
+                        if damage == 0 {
+                            assert_eq!(a, new);
+                        }
+                    }
+                }
+            }
+        }
+        let mut rng = Rng(30);
+        check::<1>(&mut rng);
+        check::<2>(&mut rng);
+    }
+
+    /// The dispatched narrow encoder (the lane writer where the CPU has AVX2) against the
+    /// portable one (the table writer) on steps of every scale, so blocks get every `k` and
+    /// cap, with unchanged elements, special patterns, and odd lengths (partial octets).
+    #[test]
+    fn lane_writer_matches_table_writer() {
+        let mut rng = Rng(29);
+        for width in [1usize, 2] {
+            let nb = 8 * width as u32;
+            let sp = specials(width);
+            for scale in 0..=nb {
+                for n in [1usize, 2, 7, 8, 9, 15, 16, 17, 63, 1000, 1024, 1031, 2053] {
+                    let old: Vec<u32> = (0..n)
+                        .map(|_| match rng.below(8) {
+                            0 => sp[rng.below(sp.len() as u64) as usize],
+                            _ => rng.next_u64() as u32 & mask(nb) as u32,
+                        })
+                        .collect();
+                    let new: Vec<u32> = old
+                        .iter()
+                        .map(|&a| {
+                            let step = match rng.below(16) {
+                                0 => 0,
+                                1 => return sp[rng.below(sp.len() as u64) as usize],
+                                2..=8 => rng.below(3) as i64 - 1,
+                                _ => {
+                                    let m = rng.below(1 << scale) as i64 + 1;
+                                    if rng.below(2) == 0 {
+                                        m
+                                    } else {
+                                        -m
+                                    }
+                                }
+                            };
+                            from_ordered(
+                                (to_ordered(a, width) as i64 + step).rem_euclid(1 << nb) as u32,
+                                width,
+                            )
+                        })
+                        .collect();
+                    let (old, new) = (patterns(width, &old), patterns(width, &new));
+                    let mut portable = Vec::new();
+                    match width {
+                        1 => encode_codes::<1, u16, false>(&old, &new, &mut portable),
+                        _ => encode_codes::<2, u16, false>(&old, &new, &mut portable),
+                    }
+                    let mut dispatched = Vec::new();
+                    encode(width, &old, &new, &mut dispatched);
+                    assert_eq!(
+                        portable, dispatched,
+                        "width {width}, scale {scale}, {n} values"
+                    );
+                    if n <= 1031 {
+                        assert_eq!(portable, reference_encode(width, &old, &new));
+                    }
+                }
             }
         }
     }
@@ -1330,13 +1728,13 @@ mod tests {
         let mut rng = Rng(26);
         for k in 0..=TABLE_K {
             let table = StepTable::get(k);
-            for x in 0..256usize {
+            for x in 0..LOOKUP_SIZE {
                 for c in 1..=17 {
                     if (table.min_c[x] as u32) > c {
                         continue;
                     }
-                    // Whatever follows the 8 bits, the words decode as the table says.
-                    let word = x as u64 | (rng.next_u64() << 8);
+                    // Whatever follows the LOOKUP bits, the words decode as the table says.
+                    let word = x as u64 | (rng.next_u64() << LOOKUP);
                     let mut used = 0;
                     for &step in &table.steps[x][..table.count[x] as usize] {
                         let (u, len) = narrow_word::<2>(word >> used, k, c);
@@ -1345,7 +1743,11 @@ mod tests {
                         used += len;
                     }
                     assert_eq!(used, table.bits[x] as u32, "k {k} x {x:#b} c {c}");
-                    assert!(used <= 8 && table.count[x] > 0);
+                    assert!(used <= LOOKUP && table.count[x] > 0);
+                    let meta = table.meta[x];
+                    assert_eq!(meta & 0xff, used);
+                    assert_eq!(meta >> 8 & 0xff, table.count[x] as u32);
+                    assert_eq!(meta >> 16, table.min_c[x] as u32);
                 }
             }
         }

@@ -1,0 +1,224 @@
+//! A/B harness for the codecs per core: the chunk of `benches/codecs.rs` (2^20 BF16 elements,
+//! AdamW-like steps; `RANGE=n` for another size) and the serial diff on 64 MiB BF16 with the
+//! best kernel, each timed `rounds` times, the best run printed as M changes/s. Built once per
+//! commit and run alternately, two builds compare under the same machine load (criterion's
+//! runs drift 10-20 % on a shared VM).
+//!
+//! `cargo run --release -p deltacast --example codec_ab -- [rounds] [densities] [only]`:
+//! `densities` comma separated (default 0.1,0.5); `only` one of diff, auto, genc, uenc, pdec,
+//! udec (a substring of the measurement) or dir (the chunk's ulp and gaps parameters).
+//!
+//! The chunk is the same in every round, so a predictor can learn the decoders' branches: on
+//! a larger range (`RANGE=5242880`) the ulp decoder's figure at 10 % is about half the
+//! 2^20 one (fresh data in a real sync is never the same twice).
+use deltacast::codec::{
+    decode_positions, decode_values, encode_chunk, encode_positions, encode_values, CodecChoice,
+    PosCodec, ValCodec,
+};
+use deltacast::diff::{best_impl, diff_serial_with, Changes};
+use deltacast::dtype::{from_ordered, to_ordered};
+use std::hint::black_box;
+use std::time::Instant;
+
+static RANGE_CELL: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+#[allow(non_snake_case)]
+fn RANGE() -> u32 {
+    *RANGE_CELL.get_or_init(|| {
+        std::env::var("RANGE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1 << 20)
+    })
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+}
+
+fn chunk(density: f64) -> (Vec<u32>, Vec<u8>, Vec<u8>) {
+    let mut rng = Rng(density.to_bits());
+    let rel: Vec<u32> = (0..RANGE()).filter(|_| rng.unit() < density).collect();
+    let (mut old, mut new) = (Vec::new(), Vec::new());
+    for _ in &rel {
+        let w = ((rng.unit() * 2.0 - 1.0) * 0.05) as f32;
+        let bits = w.to_bits() >> 16;
+        let r = rng.unit();
+        let mag = if r < 0.87 {
+            1
+        } else if r < 0.99 {
+            let b = 1 + rng.below(7);
+            (1 << b) + rng.below(1 << b)
+        } else {
+            let b = 8 + rng.below(8);
+            (1 << b) + rng.below(1 << b)
+        } as i64;
+        let step = if rng.next_u64() & 1 == 0 { mag } else { -mag };
+        let after = from_ordered(
+            (to_ordered(bits, 2) as i64 + step).rem_euclid(1 << 16) as u32,
+            2,
+        );
+        old.extend_from_slice(&(bits as u16).to_le_bytes());
+        new.extend_from_slice(&(after as u16).to_le_bytes());
+    }
+    (rel, old, new)
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn best<F: FnMut()>(rounds: usize, mut f: F) -> f64 {
+    let mut b = f64::MAX;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        f();
+        b = b.min(t.elapsed().as_secs_f64());
+    }
+    b
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rounds: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(40);
+    let densities: Vec<f64> = args
+        .get(2)
+        .map(|s| s.split(',').filter_map(|d| d.parse().ok()).collect())
+        .unwrap_or(vec![0.1, 0.5]);
+    let only: Option<&str> = args.get(3).map(|s| s.as_str());
+    let want = |name: &str| only.is_none_or(|o| name.contains(o));
+    for &density in &densities {
+        let (rel, old, new) = chunk(density);
+        let n = rel.len() as f64;
+        let rate = |t: f64| n / t / 1e6;
+        let mut line = format!("d={density}");
+        if want("diff") {
+            // Serial diff on 64 MiB BF16, alternating snapshot as in benches/diff.rs.
+            let bytes = 64usize << 20;
+            let mut s = 1u64;
+            let p: Vec<u8> = (0..bytes).map(|_| splitmix(&mut s) as u8).collect();
+            let threshold = (density * u64::MAX as f64) as u64;
+            let mut c = p.clone();
+            let mut s = 7u64;
+            for e in c.chunks_exact_mut(2) {
+                if splitmix(&mut s) < threshold {
+                    e[0] ^= (splitmix(&mut s) as u8 & 7) | 1;
+                }
+            }
+            let mut snap = p.clone();
+            let mut is_p = true;
+            let mut out = Changes::default();
+            let kind = best_impl();
+            let mut count = 0;
+            let t = best(rounds.div_ceil(4).max(5), || {
+                out.clear();
+                let cur = if is_p { &c[..] } else { &p[..] };
+                diff_serial_with(kind, &mut snap, cur, 2, 0, &mut out);
+                is_p = !is_p;
+                count = out.positions.len();
+            });
+            line += &format!(" diff={:.0}", count as f64 / t / 1e6);
+        }
+        if want("auto") {
+            let t = best(rounds, || {
+                black_box(encode_chunk(
+                    CodecChoice::Auto,
+                    2,
+                    black_box(&rel),
+                    RANGE(),
+                    &old,
+                    &new,
+                ));
+            });
+            line += &format!(" auto={:.0}", rate(t));
+        }
+        let chosen = encode_chunk(CodecChoice::Auto, 2, &rel, RANGE(), &old, &new);
+        let (Some(pos), Some(val)) = (chosen.pos_codec, chosen.val_codec) else {
+            continue;
+        };
+        if only == Some("dir") {
+            let blocks = rel.len().div_ceil(1024);
+            let kc: Vec<(u8, u8)> = chosen.values[..4 * blocks]
+                .chunks(4)
+                .map(|e| (e[2], e[3]))
+                .collect();
+            let mut counts = std::collections::BTreeMap::new();
+            for x in &kc {
+                *counts.entry(*x).or_insert(0) += 1;
+            }
+            let same = kc.windows(2).filter(|w| w[0] == w[1]).count();
+            println!(
+                "{density}: (k,c) counts {counts:?}, neighbours equal {same}/{}",
+                blocks - 1
+            );
+            let mut g = Vec::new();
+            encode_positions(PosCodec::Gaps, &rel, RANGE(), &mut g);
+            let ks: Vec<u8> = g[..7 * blocks].chunks(7).map(|e| e[6]).collect();
+            let mut counts = std::collections::BTreeMap::new();
+            for x in &ks {
+                *counts.entry(*x).or_insert(0) += 1;
+            }
+            let same = ks.windows(2).filter(|w| w[0] == w[1]).count();
+            println!("gaps k counts {counts:?}, neighbours equal {same}");
+        }
+        if want("genc") {
+            let mut enc = Vec::new();
+            let t = best(rounds, || {
+                enc.clear();
+                encode_positions(PosCodec::Gaps, black_box(&rel), RANGE(), &mut enc)
+            });
+            line += &format!(" gaps_enc={:.0}", rate(t));
+        }
+        if want("uenc") {
+            let mut enc = Vec::new();
+            let t = best(rounds, || {
+                enc.clear();
+                encode_values(ValCodec::Ulp, 2, black_box(&old), &new, &mut enc)
+            });
+            line += &format!(" ulp_enc={:.0}", rate(t));
+        }
+        let mut tp = 0.0;
+        if want("pdec") {
+            let mut out = Vec::new();
+            tp = best(rounds, || {
+                decode_positions(
+                    pos,
+                    black_box(&chosen.positions),
+                    rel.len() as u32,
+                    RANGE(),
+                    &mut out,
+                )
+                .expect("the chunk's own positions decode")
+            });
+            line += &format!(" {}_dec={:.0}", pos.name(), rate(tp));
+        }
+        if want("udec") {
+            let mut out = Vec::new();
+            let tv = best(rounds, || {
+                decode_values(val, 2, black_box(&chosen.values), &old, &mut out)
+                    .expect("the chunk's own values decode")
+            });
+            line += &format!(" {}_dec={:.0}", val.name(), rate(tv));
+            if tp > 0.0 {
+                line += &format!(" chunk_dec={:.0}", rate(tp + tv));
+            }
+        }
+        println!("{line}");
+    }
+}
