@@ -21,8 +21,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 static RANGE_CELL: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-#[allow(non_snake_case)]
-fn RANGE() -> u32 {
+fn range() -> u32 {
     *RANGE_CELL.get_or_init(|| {
         std::env::var("RANGE")
             .ok()
@@ -50,7 +49,7 @@ impl Rng {
 
 fn chunk(density: f64) -> (Vec<u32>, Vec<u8>, Vec<u8>) {
     let mut rng = Rng(density.to_bits());
-    let rel: Vec<u32> = (0..RANGE()).filter(|_| rng.unit() < density).collect();
+    let rel: Vec<u32> = (0..range()).filter(|_| rng.unit() < density).collect();
     let (mut old, mut new) = (Vec::new(), Vec::new());
     for _ in &rel {
         let w = ((rng.unit() * 2.0 - 1.0) * 0.05) as f32;
@@ -141,14 +140,14 @@ fn main() {
                     CodecChoice::Auto,
                     2,
                     black_box(&rel),
-                    RANGE(),
+                    range(),
                     &old,
                     &new,
                 ));
             });
             line += &format!(" auto={:.0}", rate(t));
         }
-        let chosen = encode_chunk(CodecChoice::Auto, 2, &rel, RANGE(), &old, &new);
+        let chosen = encode_chunk(CodecChoice::Auto, 2, &rel, range(), &old, &new);
         let (Some(pos), Some(val)) = (chosen.pos_codec, chosen.val_codec) else {
             continue;
         };
@@ -168,7 +167,7 @@ fn main() {
                 blocks - 1
             );
             let mut g = Vec::new();
-            encode_positions(PosCodec::Gaps, &rel, RANGE(), &mut g);
+            encode_positions(PosCodec::Gaps, &rel, range(), &mut g);
             let ks: Vec<u8> = g[..7 * blocks].chunks(7).map(|e| e[6]).collect();
             let mut counts = std::collections::BTreeMap::new();
             for x in &ks {
@@ -181,7 +180,7 @@ fn main() {
             let mut enc = Vec::new();
             let t = best(rounds, || {
                 enc.clear();
-                encode_positions(PosCodec::Gaps, black_box(&rel), RANGE(), &mut enc)
+                encode_positions(PosCodec::Gaps, black_box(&rel), range(), &mut enc)
             });
             line += &format!(" gaps_enc={:.0}", rate(t));
         }
@@ -201,7 +200,7 @@ fn main() {
                     pos,
                     black_box(&chosen.positions),
                     rel.len() as u32,
-                    RANGE(),
+                    range(),
                     &mut out,
                 )
                 .expect("the chunk's own positions decode")
