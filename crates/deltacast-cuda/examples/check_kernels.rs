@@ -41,19 +41,24 @@ fn main() {
     // The diff kernel's tuning knobs must compile in every combination the benches use.
     for arch in &archs {
         for items in [1u32, 2, 3, 4, 5, 8] {
-            for (min_blocks, reload, prefetch) in [
-                (1u32, false, 0u32),
-                (4, true, 0),
-                (8, true, 0),
-                (4, true, 264),
-                (2, true, 8192),
+            for (min_blocks, reload, prefetch, stash) in [
+                (1u32, false, 0u32, false),
+                (4, true, 0, false),
+                (8, true, 0, false),
+                (4, true, 264, false),
+                (2, true, 8192, false),
+                (4, true, 264, true),
             ] {
                 let tuning = deltacast_cuda::DiffTuning {
                     items,
                     min_blocks,
                     reload,
                     prefetch,
+                    stash,
                 };
+                if tuning.validate().is_err() {
+                    continue;
+                }
                 if let Err(e) = deltacast_cuda::compile_kernel_tuned("diff", arch, tuning) {
                     failed = true;
                     println!("FAIL diff.cu for {arch} with {tuning:?}:\n{e}");

@@ -2,7 +2,7 @@
 //! at several densities, plus digest and encoder throughput.
 //!
 //! `gpu_bench [GIB] [REPS] [TUNING...]` (default 4 GiB of BF16, 10 repetitions, median of
-//! device-event times; each TUNING `items,min_blocks,reload[,prefetch]` also times the diff
+//! device-event times; each TUNING `items,min_blocks,reload[,prefetch[,stash]]` also times the diff
 //! built that way).
 //! At 1 % every configuration that writes old bits is checked bit for bit (positions, new
 //! and old bits, refreshed snapshot) against `deltacast::diff::diff_and_refresh`.
@@ -379,8 +379,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for v in &variants {
             let t = v.tuning();
             let name = format!(
-                "{},{},{},{}",
-                t.items, t.min_blocks, t.reload as u32, t.prefetch
+                "{},{},{},{},{}",
+                t.items, t.min_blocks, t.reload as u32, t.prefetch, t.stash as u32
             );
             configs.push((v, format!("[{name}] 1 tensor, new bits"), false, false, 1));
             configs.push((

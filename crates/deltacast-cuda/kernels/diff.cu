@@ -51,6 +51,12 @@
 #ifndef DIFF_PREFETCH
 #define DIFF_PREFETCH 264
 #endif
+// DIFF_STASH 1 (with DIFF_RELOAD, DIFF_ITEMS <= 4): each warp keeps its changed vectors (both
+// arrays) in shared memory, listed in order, and the write phase reads them there instead of
+// again from L2 (pass 1 is bound by L2 traffic once the prefetch keeps DRAM busy).
+#ifndef DIFF_STASH
+#define DIFF_STASH 0
+#endif
 #define DIFF_THREADS 256
 #define DIFF_TILE_BYTES (DIFF_THREADS * DIFF_ITEMS * 16)
 #define DIFF_TILE_VECS (DIFF_THREADS * DIFF_ITEMS)
@@ -127,11 +133,13 @@ extern "C" __global__ void dc_diff_tile_tensor(const DiffTensor* __restrict__ te
 // snapshot in host memory wants: a second read would cross PCIe).
 // W: the tensor's element width, a constant so that the masks, extractions and stores
 // compile to their one case (the kernel is bound by its integer instructions at 1 %).
-template <bool RELOAD, bool PREFETCH, u32 W>
+// STASH: `stash` holds 2 * DIFF_THREADS * DIFF_ITEMS vectors of shared memory (current, then
+// snapshot, DIFF_ITEMS * 32 per warp each).
+template <bool RELOAD, bool PREFETCH, bool STASH, u32 W>
 __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tensors,
                                              const u32* __restrict__ tile_tensor,
                                              u32* __restrict__ tile_counts, u8* __restrict__ slots,
-                                             u32 want_old) {
+                                             u32 want_old, uint4* __restrict__ stash) {
     __shared__ u64 s_warp_tot[DIFF_PACKS][DIFF_THREADS / 32];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 tile = blockIdx.x;
@@ -158,6 +166,24 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
         for (u32 i = 0; i < DIFF_ITEMS; ++i) {
             mask[i] = dc_change_mask(cv[i], sv[i], w);
             packed[i / 4] |= (u64)__popc(mask[i]) << (16 * (i % 4));
+        }
+    }
+    // STASH: item i's place in the warp's list, 8 bits per item (at most 4 * 32 places).
+    u32 stash_at = 0;
+    uint4* stash_cur = STASH ? stash + warp * (DIFF_ITEMS * 32) : nullptr;
+    uint4* stash_snap = STASH ? stash_cur + DIFF_THREADS * DIFF_ITEMS : nullptr;
+    if (STASH) {
+        u32 listed = 0;
+#pragma unroll
+        for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+            const u32 has = __ballot_sync(DC_FULL_MASK, mask[i] != 0);
+            if (mask[i] != 0) {
+                const u32 at = listed + __popc(has & ((1u << lane) - 1));
+                stash_cur[at] = cv[i];
+                stash_snap[at] = sv[i];
+                stash_at |= at << (8 * i);
+            }
+            listed += __popc(has);
         }
     }
     // Warp inclusive scan of the packed counts (each field stays below 2^16: at most 32*16).
@@ -207,8 +233,13 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
         row_base += (u32)(rows[p] >> f) & 0xffffu;
         if (m == 0 || !fits) continue;
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-        const uint4 cvi = RELOAD ? dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec) : cv[i];
-        const uint4 svi = RELOAD ? dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec) : sv[i];
+        const u32 at = (stash_at >> (8 * i)) & 0xffu;
+        const uint4 cvi = STASH    ? stash_cur[at]
+                          : RELOAD ? dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec)
+                                   : cv[i];
+        const uint4 svi = STASH    ? stash_snap[at]
+                          : RELOAD ? dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec)
+                                   : sv[i];
         const bool whole = vec && off + 16 <= T.nbytes;
         // Refresh: the whole vector (its unchanged elements equal the snapshot's already).
         if (whole) *(uint4*)(snap_w + off) = cvi;
@@ -228,32 +259,43 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
 }
 
 // Pass 1 for the block's tile, at its tensor's width.
-template <bool RELOAD, bool PREFETCH>
+template <bool RELOAD, bool PREFETCH, bool STASH>
 __device__ __forceinline__ void dc_diff_tile_at_width(const DiffTensor* __restrict__ tensors,
                                                       const u32* __restrict__ tile_tensor,
                                                       u32* __restrict__ tile_counts,
-                                                      u8* __restrict__ slots, u32 want_old) {
+                                                      u8* __restrict__ slots, u32 want_old,
+                                                      uint4* __restrict__ stash) {
     const u32 w = tensors[tile_tensor[blockIdx.x]].width;
     if (w == 2)
-        dc_diff_tile<RELOAD, PREFETCH, 2>(tensors, tile_tensor, tile_counts, slots, want_old);
+        dc_diff_tile<RELOAD, PREFETCH, STASH, 2>(tensors, tile_tensor, tile_counts, slots,
+                                                 want_old, stash);
     else if (w == 4)
-        dc_diff_tile<RELOAD, PREFETCH, 4>(tensors, tile_tensor, tile_counts, slots, want_old);
+        dc_diff_tile<RELOAD, PREFETCH, STASH, 4>(tensors, tile_tensor, tile_counts, slots,
+                                                 want_old, stash);
     else
-        dc_diff_tile<RELOAD, PREFETCH, 1>(tensors, tile_tensor, tile_counts, slots, want_old);
+        dc_diff_tile<RELOAD, PREFETCH, STASH, 1>(tensors, tile_tensor, tile_counts, slots,
+                                                 want_old, stash);
 }
 
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
         u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-    dc_diff_tile_at_width<DIFF_RELOAD != 0, (DIFF_PREFETCH > 0)>(tensors, tile_tensor, tile_counts,
-                                                                 slots, want_old);
+#if DIFF_STASH && DIFF_RELOAD && DIFF_ITEMS <= 4
+    __shared__ uint4 s_stash[2 * DIFF_THREADS * DIFF_ITEMS];
+    dc_diff_tile_at_width<true, (DIFF_PREFETCH > 0), true>(tensors, tile_tensor, tile_counts,
+                                                           slots, want_old, s_stash);
+#else
+    dc_diff_tile_at_width<DIFF_RELOAD != 0, (DIFF_PREFETCH > 0), false>(
+        tensors, tile_tensor, tile_counts, slots, want_old, nullptr);
+#endif
 }
 
 // The same with the vectors kept in registers, for snapshots in host memory.
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff_resident(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
                  u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-    dc_diff_tile_at_width<false, false>(tensors, tile_tensor, tile_counts, slots, want_old);
+    dc_diff_tile_at_width<false, false, false>(tensors, tile_tensor, tile_counts, slots, want_old,
+                                               nullptr);
 }
 
 // Exclusive prefix of the tile counts within each group of DIFF_GROUP tiles (one block per

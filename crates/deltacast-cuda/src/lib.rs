@@ -91,7 +91,7 @@ pub fn kernel_program(name: &str) -> Option<String> {
 }
 
 /// Compile-time knobs of the diff kernel (kernels/diff.cu). The default is what measured
-/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload[,prefetch]` overrides it
+/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload[,prefetch[,stash]]` overrides it
 /// (benches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DiffTuning {
@@ -107,6 +107,9 @@ pub struct DiffTuning {
     /// The default, 264, is two tiles per multiprocessor of an H200 (132 of them): on the
     /// H200 at 1 % it took the diff from 59 to 68 % of a device copy; at 1056 it fell to 46 %.
     pub prefetch: u32,
+    /// With `reload` and at most 4 items: the write phase reads each warp's changed vectors
+    /// from shared memory, stashed there as they were compared, instead of again from L2.
+    pub stash: bool,
 }
 
 impl Default for DiffTuning {
@@ -116,6 +119,7 @@ impl Default for DiffTuning {
             min_blocks: 4,
             reload: true,
             prefetch: 264,
+            stash: false,
         }
     }
 }
@@ -128,6 +132,7 @@ impl DiffTuning {
             format!("-DDIFF_MINBLOCKS={}", self.min_blocks),
             format!("-DDIFF_RELOAD={}", self.reload as u32),
             format!("-DDIFF_PREFETCH={}", self.prefetch),
+            format!("-DDIFF_STASH={}", self.stash as u32),
         ]
     }
 
@@ -141,17 +146,18 @@ impl DiffTuning {
         if (1..=8).contains(&self.items)
             && (1..=8).contains(&self.min_blocks)
             && self.prefetch <= 8192
+            && (!self.stash || (self.reload && self.items <= 4))
         {
             Ok(())
         } else {
             Err(CudaError::InvalidArgument(format!(
                 "diff tuning {self:?}: items and min_blocks must lie in 1..=8, prefetch in \
-                 0..=8192"
+                 0..=8192; stash needs reload and at most 4 items"
             )))
         }
     }
 
-    /// The tuning from `DELTACAST_DIFF_TUNING` (`items,min_blocks,reload[,prefetch]`), else
+    /// The tuning from `DELTACAST_DIFF_TUNING` (`items,min_blocks,reload[,prefetch[,stash]]`), else
     /// the default.
     pub fn from_env() -> Result<Self> {
         match std::env::var("DELTACAST_DIFF_TUNING") {
@@ -160,13 +166,13 @@ impl DiffTuning {
         }
     }
 
-    /// `items,min_blocks,reload[,prefetch]`, e.g. `4,4,1,264`; without `prefetch`, the
-    /// default's.
+    /// `items,min_blocks,reload[,prefetch[,stash]]`, e.g. `4,4,1,264` or `4,4,1,264,1`;
+    /// without `prefetch`, the default's.
     pub fn parse(text: &str) -> Result<Self> {
         let bad = || {
             CudaError::InvalidArgument(format!(
-                "DELTACAST_DIFF_TUNING={text}: expected items,min_blocks,reload[,prefetch] \
-                 (e.g. 4,4,1,264)"
+                "DELTACAST_DIFF_TUNING={text}: expected \
+                 items,min_blocks,reload[,prefetch[,stash]] (e.g. 4,4,1,264)"
             ))
         };
         let parts: Vec<u32> = text
@@ -185,6 +191,14 @@ impl DiffTuning {
                 min_blocks,
                 reload: reload == 1,
                 prefetch,
+                ..DiffTuning::default()
+            },
+            [items, min_blocks, reload @ (0 | 1), prefetch, stash @ (0 | 1)] => DiffTuning {
+                items,
+                min_blocks,
+                reload: reload == 1,
+                prefetch,
+                stash: stash == 1,
             },
             _ => return Err(bad()),
         };
@@ -472,6 +486,8 @@ mod tests {
         assert_eq!(DiffTuning::parse("4,4,1").unwrap(), DiffTuning::default());
         assert_eq!(DiffTuning::parse("4,4,1,0").unwrap().prefetch, 0);
         assert_eq!(DiffTuning::parse("4,4,1,8192").unwrap().prefetch, 8192);
+        assert!(DiffTuning::parse("4,4,1,264,1").unwrap().stash);
+        assert!(!DiffTuning::parse("4,4,1,264,0").unwrap().stash);
         for bad in [
             "",
             "4,4",
@@ -483,7 +499,10 @@ mod tests {
             "a,b,c",
             "4,4,1,8193",
             "4,4,1,-1",
-            "4,4,1,1,1",
+            "4,4,1,1,2",
+            "4,4,0,264,1",
+            "5,4,1,264,1",
+            "4,4,1,1,1,1",
         ] {
             assert!(DiffTuning::parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -459,7 +459,15 @@ fn diff_matches_cpu_at_other_tunings() {
     // Other tile sizes, occupancies and prefetch distances (1 and 3 tiles ahead reach tiles
     // of other tensors in these small launches; 0 turns the prefetch off): same output.
     let Some(plain) = gpu() else { return };
-    for text in ["4,4,1,0", "4,4,1,1", "8,2,1,3", "2,8,1,528", "1,8,0,0"] {
+    for text in [
+        "4,4,1,0",
+        "4,4,1,1",
+        "8,2,1,3",
+        "2,8,1,528",
+        "1,8,0,0",
+        "4,4,1,264,1",
+        "2,8,1,3,1",
+    ] {
         let tuning = DiffTuning::parse(text).unwrap();
         let gpu = Gpu::with_tuning(plain.ordinal(), tuning).unwrap();
         let mut rng = Rng(51 + tuning.items as u64 + tuning.prefetch as u64);
