@@ -55,7 +55,7 @@
 // arrays) in shared memory, listed in order, and the write phase reads them there instead of
 // again from L2 (pass 1 is bound by L2 traffic once the prefetch keeps DRAM busy).
 #ifndef DIFF_STASH
-#define DIFF_STASH 0
+#define DIFF_STASH 1
 #endif
 #define DIFF_THREADS 256
 #define DIFF_TILE_BYTES (DIFF_THREADS * DIFF_ITEMS * 16)
