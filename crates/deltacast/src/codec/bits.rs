@@ -132,6 +132,28 @@ impl BlockWriter<'_> {
     }
 }
 
+/// Values a [`Lanes`] scratch holds: the gaps and ulp blocks (1024 each).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const LANES_MAX: usize = 1024;
+
+/// Scratch of the lane writers (`gaps` and `ulp`) for one block: every value's code word and
+/// its length, filled by a loop the compiler vectorizes, then joined by [`put_words`].
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Lanes {
+    pub(crate) word: [u32; LANES_MAX],
+    pub(crate) len: [u32; LANES_MAX],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes {
+    pub(crate) fn new() -> Self {
+        Lanes {
+            word: [0; LANES_MAX],
+            len: [0; LANES_MAX],
+        }
+    }
+}
+
 /// Writes code words given as lanes: `word[i]` of `len[i] <= 32` bits, or, for a length of 64
 /// or more (a mark, `word[i]` is then ignored), whatever `general(out, i)` writes. Eight words at a time in the AVX2 build: joined
 /// pairwise in the 64-bit lanes of a vector (a pair of short words always fits), then pairs of

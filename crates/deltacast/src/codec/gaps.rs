@@ -16,9 +16,9 @@
 //! remain than a plain code word needs.
 
 use super::bitmap::{set_bits, SET_BITS_SLACK};
-#[cfg(target_arch = "x86_64")]
-use super::bits::put_words;
 use super::bits::{bit_len, check_stream_len, mask, BitReader, BitWriter, BlockWriter};
+#[cfg(target_arch = "x86_64")]
+use super::bits::{put_words, Lanes};
 use crate::error::CodecError;
 use std::sync::OnceLock;
 
@@ -440,22 +440,9 @@ fn write_block(
 #[cfg(target_arch = "x86_64")]
 const LANES_K: u32 = 32 - ESC;
 
-/// Scratch of [`write_lanes`] for one block: every gap's code word and its length.
+// The lane writer's scratch holds a whole block.
 #[cfg(target_arch = "x86_64")]
-struct Lanes {
-    word: [u32; BLOCK],
-    len: [u32; BLOCK],
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Lanes {
-    fn new() -> Self {
-        Lanes {
-            word: [0; BLOCK],
-            len: [0; BLOCK],
-        }
-    }
-}
+const _: () = assert!(BLOCK <= super::bits::LANES_MAX);
 
 /// [`write_block`] for `k <= LANES_K` in the AVX2 build: every gap's code word and length in
 /// one branch-free loop the compiler vectorizes, then written eight per store where they fit

@@ -30,9 +30,9 @@
 //! 10 stream bits, kept in a register between loads, then applies the steps to the old bits
 //! in a vectorized loop; 4-byte elements decode one value at a time.
 
-#[cfg(target_arch = "x86_64")]
-use super::bits::put_words;
 use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter, BlockWriter};
+#[cfg(target_arch = "x86_64")]
+use super::bits::{put_words, Lanes};
 use crate::dtype::{from_ordered, to_ordered};
 use crate::error::CodecError;
 use std::sync::OnceLock;
@@ -577,22 +577,9 @@ fn write_values<const W: usize, C: Code>(
     }
 }
 
-/// Scratch of [`write_lanes`] for one block: every value's code word and its length.
+// The lane writer's scratch holds a whole block.
 #[cfg(target_arch = "x86_64")]
-struct Lanes {
-    word: [u32; BLOCK],
-    len: [u32; BLOCK],
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Lanes {
-    fn new() -> Self {
-        Lanes {
-            word: [0; BLOCK],
-            len: [0; BLOCK],
-        }
-    }
-}
+const _: () = assert!(BLOCK <= super::bits::LANES_MAX);
 
 /// Bit length of `u < 2^24` from the exponent of its exact `f32` conversion: one vector
 /// conversion and two integer operations per lane where `leading_zeros` has no vector
