@@ -200,20 +200,151 @@ pub(crate) fn lower_bound(rel: &[u32], range: u32) -> u64 {
             .iter()
             .zip(block)
             .fold(0u32, |m, (&b, &a)| m.max(b - a)) as u64;
-        let g_max = max_step - 1;
-        let mut best = u64::MAX;
-        for k in 0..=MAX_K as u64 {
-            let bound = if g_max < (ESC as u64) << k {
-                let scale = 1u64 << k;
-                s.saturating_sub(n * (scale - 1)).div_ceil(scale) + n * (1 + k)
-            } else {
-                n * (1 + k).min(ESC as u64 + w)
-            };
-            best = best.min(bound);
-        }
-        bits += best;
+        bits += block_bound(n, s, max_step - 1, w);
     }
     (blocks * DIR_ENTRY) as u64 + bits.div_ceil(8)
+}
+
+/// A lower bound on the bits of one block of `n` gaps summing to `s`, none larger than
+/// `g_max` (any upper bound on the largest gap will do: a larger one only weakens the bound),
+/// with escapes `w` bits wide: the smallest over `k` of the bounds in [`lower_bound`].
+///
+/// The bound from the sum holds for every gap `g` whose code word has at least
+/// `(g + 1) / 2^k + k` bits: all that are not escaped, and the escaped ones too when
+/// `ESC + w >= (g_max + 1) / 2^k + k` (a few escaped gaps, each below 32, at `k = 0` in a
+/// half-dense chunk's holes).
+#[inline(always)]
+fn block_bound(n: u64, s: u64, g_max: u64, w: u64) -> u64 {
+    let mut best = u64::MAX;
+    for k in 0..=MAX_K as u64 {
+        let scale = 1u64 << k;
+        let escapes_cost_more = (ESC as u64 + w) << k >= g_max.saturating_add(1 + k * scale);
+        let bound = if g_max < (ESC as u64) << k || escapes_cost_more {
+            s.saturating_sub(n * (scale - 1)).div_ceil(scale) + n * (1 + k)
+        } else {
+            n * (1 + k).min(ESC as u64 + w)
+        };
+        best = best.min(bound);
+    }
+    best
+}
+
+/// A lower bound on the size of [`holes_directory`]'s section (the gaps of the elements whose
+/// bit is clear in `changed`, the bitmap section of the changed positions), from one pass over
+/// the bitmap's words without listing the holes: each block's first and last hole come from
+/// the words' hole counts, its largest gap is bounded by whether a run of 16 or 32 set bits
+/// (changed elements) starts in one of its words, and the block is bounded as in
+/// [`lower_bound`]. Tight on half-dense chunks, where a run that long is rare (the bound at
+/// `k = 0`, exact without escapes, needs every gap below 16; at `k = 1` below 32), so the
+/// chooser can skip the exact holes sizing when the bitmap is already smaller.
+pub(crate) fn holes_lower_bound(changed: &[u8], range: u32) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if super::bits::x86_wide() {
+        // SAFETY: as in `encode`.
+        return unsafe { avx2::holes_lower_bound(changed, range) };
+    }
+    holes_lower_bound_impl(changed, range)
+}
+
+/// An upper bound on the largest run of set bits that starts in `word` (`next` is the word
+/// after it, zero past the end), within the precision the bounds need: 15, 31, or `u64::MAX`.
+#[inline(always)]
+fn run_bound(word: u64, next: u64) -> u64 {
+    // A run of 16 set bits within `word`: bit j survives when bits j..j+15 are all set.
+    let mut r = word & word >> 1;
+    r &= r >> 2;
+    r &= r >> 4;
+    r &= r >> 8;
+    if r == 0 && word.leading_ones() + next.trailing_ones() < 16 {
+        return 15;
+    }
+    // Rare on a half-dense chunk: the same test for 32 over both words.
+    let x = (next as u128) << 64 | word as u128;
+    let mut r = x & x >> 1;
+    r &= r >> 2;
+    r &= r >> 4;
+    r &= r >> 8;
+    r &= r >> 16;
+    if r as u64 == 0 {
+        31
+    } else {
+        u64::MAX
+    }
+}
+
+#[inline(always)]
+fn holes_lower_bound_impl(changed: &[u8], range: u32) -> u64 {
+    debug_assert_eq!(changed.len(), range.div_ceil(8) as usize);
+    let w = escape_width(range) as u64;
+    let word_at = |i: usize| -> u64 {
+        let bytes = changed.get(i * 8..).unwrap_or(&[]);
+        match bytes.first_chunk::<8>() {
+            Some(full) => u64::from_le_bytes(*full),
+            None => {
+                let mut padded = [0u8; 8];
+                padded[..bytes.len()].copy_from_slice(bytes);
+                u64::from_le_bytes(padded)
+            }
+        }
+    };
+    let words = changed.len().div_ceil(8);
+    let (mut bits, mut total) = (0u64, 0u64);
+    // The open block: holes so far, its first and last, and the bound on its largest gap.
+    let (mut count, mut first, mut last, mut g_max) = (0u64, 0u64, 0u64, 0u64);
+    let mut next = word_at(0);
+    for i in 0..words {
+        let word = next;
+        next = word_at(i + 1);
+        let base = i as u64 * 64;
+        // Bits at or past the range are not holes (the bitmap keeps them clear).
+        let valid = if range as u64 - base >= 64 {
+            !0
+        } else {
+            mask((range as u64 - base) as u32)
+        };
+        let mut holes = !word & valid;
+        if holes == 0 {
+            if count > 0 {
+                g_max = g_max.max(run_bound(word, next));
+            }
+            continue;
+        }
+        if count == 0 {
+            first = base + holes.trailing_zeros() as u64;
+            g_max = 0;
+        }
+        // Every gap of the block that starts in this word is a run that starts in it.
+        g_max = g_max.max(run_bound(word, next));
+        let mut here = holes.count_ones() as u64;
+        total += here;
+        while count + here >= BLOCK as u64 {
+            // The block's last hole is the `take`-th of this word's remaining ones.
+            let take = BLOCK as u64 - count;
+            for _ in 1..take {
+                holes &= holes - 1;
+            }
+            let at = holes.trailing_zeros() as u64;
+            holes &= holes - 1;
+            let n = BLOCK as u64 - 1;
+            bits += block_bound(n, base + at - first - n, g_max, w);
+            here -= take;
+            count = 0;
+            if here > 0 {
+                first = base + holes.trailing_zeros() as u64;
+                g_max = run_bound(word, next);
+            }
+        }
+        if here > 0 {
+            count += here;
+            last = base + 63 - holes.leading_zeros() as u64;
+        }
+    }
+    if count > 1 {
+        let n = count - 1;
+        bits += block_bound(n, last - first - n, g_max, w);
+    }
+    let blocks = total.div_ceil(BLOCK as u64);
+    blocks * DIR_ENTRY as u64 + bits.div_ceil(8)
 }
 
 pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
@@ -238,6 +369,11 @@ mod avx2 {
     #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
     pub(super) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
         super::directory_impl::<true>(rel, range)
+    }
+
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) fn holes_lower_bound(changed: &[u8], range: u32) -> u64 {
+        super::holes_lower_bound_impl(changed, range)
     }
 
     #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
@@ -1181,6 +1317,77 @@ mod tests {
                 directory(&holes, range),
                 "run {run}"
             );
+        }
+    }
+
+    /// The holes' lower bound never exceeds their exact size (portable and dispatched builds
+    /// alike), at every density, odd ranges, runs long enough to escape, runs across block
+    /// and word boundaries; and it is tight on half-dense chunks.
+    #[test]
+    fn holes_lower_bound_is_below_the_exact_size() {
+        let check = |rel: &[u32], range: u32, what: &str| {
+            let map = bitmap_of(rel, range);
+            let exact = holes_directory(&map, range).1;
+            let bound = holes_lower_bound(&map, range);
+            assert_eq!(bound, holes_lower_bound_impl(&map, range), "{what}");
+            assert!(bound <= exact, "{what}: {bound} > {exact}");
+            (bound, exact)
+        };
+        let mut rng = Rng(36);
+        for range in [
+            1u32,
+            2,
+            3,
+            63,
+            64,
+            65,
+            1023,
+            1025,
+            2049,
+            5001,
+            70_001,
+            1 << 20,
+        ] {
+            for density in [
+                0.0, 0.01, 0.1, 0.3, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999,
+                1.0,
+            ] {
+                let rel = bernoulli_positions(&mut rng, range, density);
+                let (bound, exact) = check(&rel, range, &format!("{range} {density}"));
+                if density == 0.5 && range == 1 << 20 {
+                    assert!(bound * 100 >= exact * 99, "{bound} vs {exact}");
+                }
+            }
+        }
+        // Runs of changed elements of every length around the escape thresholds (16 and 32
+        // at k = 0 and 1, 64 and more), placed at random so they cross words and blocks.
+        for long in [8u64, 15, 16, 17, 31, 32, 33, 63, 64, 65, 200, 5000] {
+            for every in [3u64, 50, 1000] {
+                let range = 100_000 + rng.below(200) as u32;
+                let mut rel = Vec::new();
+                let mut p = 0u32;
+                while p < range {
+                    let run = if rng.below(every) == 0 {
+                        long
+                    } else {
+                        rng.below(3)
+                    };
+                    for _ in 0..run {
+                        if p < range {
+                            rel.push(p);
+                        }
+                        p += 1;
+                    }
+                    p += 1 + rng.below(2) as u32;
+                }
+                check(&rel, range, &format!("runs {long} every {every}"));
+            }
+        }
+        // Alternating runs crossing block boundaries in every way.
+        for run in [1u32, 2, 15, 16, 31, 32, 1023, 1024, 1025, 3000] {
+            let range = 20_000;
+            let rel: Vec<u32> = (0..range).filter(|p| (p / run) % 2 == 1).collect();
+            check(&rel, range, &format!("alternating {run}"));
         }
     }
 
