@@ -229,6 +229,10 @@ fn lower_bound_impl(rel: &[u32], range: u32) -> u64 {
 fn block_bound(n: u64, s: u64, g_max: u64, w: u64) -> u64 {
     let mut best = u64::MAX;
     for k in 0..=MAX_K as u64 {
+        // No bound at this `k` or above is below `n` times the shortest code word there.
+        if n * (1 + k).min(ESC as u64 + w) >= best {
+            break;
+        }
         let scale = 1u64 << k;
         let escapes_cost_more = (ESC as u64 + w) << k >= g_max.saturating_add(1 + k * scale);
         let bound = if g_max < (ESC as u64) << k || escapes_cost_more {
@@ -1405,6 +1409,45 @@ mod tests {
             let range = 20_000;
             let rel: Vec<u32> = (0..range).filter(|p| (p / run) % 2 == 1).collect();
             check(&rel, range, &format!("alternating {run}"));
+        }
+    }
+
+    /// `block_bound`'s early exit gives the minimum over every `k`.
+    #[test]
+    fn block_bound_is_the_minimum_over_every_k() {
+        let every_k = |n: u64, s: u64, g_max: u64, w: u64| {
+            (0..=MAX_K as u64)
+                .map(|k| {
+                    let scale = 1u64 << k;
+                    if g_max < (ESC as u64) << k
+                        || (ESC as u64 + w) << k >= g_max.saturating_add(1 + k * scale)
+                    {
+                        s.saturating_sub(n * (scale - 1)).div_ceil(scale) + n * (1 + k)
+                    } else {
+                        n * (1 + k).min(ESC as u64 + w)
+                    }
+                })
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        let mut rng = Rng(38);
+        for _ in 0..20_000 {
+            let below_power = |rng: &mut Rng| {
+                let bits = rng.below(33);
+                rng.below(1 << bits)
+            };
+            let n = rng.below(BLOCK as u64);
+            let s = below_power(&mut rng);
+            let g_max = match rng.below(4) {
+                0 => u64::MAX,
+                _ => below_power(&mut rng),
+            };
+            let w = 1 + rng.below(32);
+            assert_eq!(
+                block_bound(n, s, g_max, w),
+                every_k(n, s, g_max, w),
+                "{n} {s} {g_max} {w}"
+            );
         }
     }
 
