@@ -33,34 +33,45 @@ fn encode_sparse(rel: &[u32], map: &mut [u8]) {
 const WINDOW: usize = 1 << 13;
 
 /// A window of the range at a time: one flag byte stored per position (independent stores,
-/// no read), then the flags packed eight to a bitmap byte by one multiply, and cleared.
+/// no read), then the flags packed eight to a bitmap byte and cleared.
 fn encode_dense(rel: &[u32], map: &mut [u8]) {
     let mut flags = [0u8; WINDOW];
     let mut rest = rel;
-    for (w, bytes) in map.chunks_mut(WINDOW / 8).enumerate() {
-        let base = (w * WINDOW) as u32;
-        let end = base.saturating_add(WINDOW as u32);
-        let n = rest.partition_point(|&p| p < end);
+    for window in 0..map.len().div_ceil(WINDOW / 8) {
+        let end = ((window + 1) * WINDOW).min(u32::MAX as usize) as u32;
+        // A window holds at most `WINDOW` positions: the search for its end reads only
+        // lines that are read next anyway (over all the rest of the positions, its loads
+        // missed the cache: 13 % of this encoder at 50 %).
+        let n = rest[..rest.len().min(WINDOW)].partition_point(|&p| p < end);
         let (here, later) = rest.split_at(n);
         rest = later;
         for &p in here {
-            // Every position here is in `base..end`: the mask only drops the bounds check.
-            flags[(p - base) as usize & (WINDOW - 1)] = FLAG;
+            // Every position here is in this window: the mask only drops the bounds check.
+            flags[p as usize % WINDOW] = FLAG;
         }
-        let (pairs, odd) = bytes.as_chunks_mut::<2>();
-        let (sixteens, _) = flags.as_chunks_mut::<16>();
-        for (pair, sixteen) in pairs.iter_mut().zip(sixteens.iter_mut()) {
-            let lo = u64::from_le_bytes(sixteen[..8].try_into().unwrap_or_default());
-            let hi = u64::from_le_bytes(sixteen[8..].try_into().unwrap_or_default());
-            *pair = pack16(lo, hi).to_le_bytes();
-            *sixteen = [0; 16];
-        }
-        if let Some(byte) = odd.first_mut() {
-            let at = pairs.len() * 16;
-            let eight = &mut flags[at..at + 8];
-            *byte = pack8(u64::from_le_bytes(eight.try_into().unwrap_or_default()));
-            eight.fill(0);
-        }
+        pack_window(&mut flags, map, window);
+    }
+}
+
+/// Packs `flags` into window `window`'s bytes of `map` and clears them.
+#[inline(always)]
+fn pack_window(flags: &mut [u8; WINDOW], map: &mut [u8], window: usize) {
+    let start = (window * (WINDOW / 8)).min(map.len());
+    let end = (start + WINDOW / 8).min(map.len());
+    let bytes = &mut map[start..end];
+    let (pairs, odd) = bytes.as_chunks_mut::<2>();
+    let (sixteens, _) = flags.as_chunks_mut::<16>();
+    for (pair, sixteen) in pairs.iter_mut().zip(sixteens.iter_mut()) {
+        let lo = u64::from_le_bytes(sixteen[..8].try_into().unwrap_or_default());
+        let hi = u64::from_le_bytes(sixteen[8..].try_into().unwrap_or_default());
+        *pair = pack16(lo, hi).to_le_bytes();
+        *sixteen = [0; 16];
+    }
+    if let Some(byte) = odd.first_mut() {
+        let at = pairs.len() * 16;
+        let eight = &mut flags[at..at + 8];
+        *byte = pack8(u64::from_le_bytes(eight.try_into().unwrap_or_default()));
+        eight.fill(0);
     }
 }
 
