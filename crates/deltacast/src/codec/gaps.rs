@@ -292,74 +292,83 @@ fn run_bound(word: u64, next: u64) -> u64 {
 fn holes_lower_bound_impl(changed: &[u8], range: u32) -> u64 {
     debug_assert_eq!(changed.len(), range.div_ceil(8) as usize);
     let w = escape_width(range) as u64;
-    let word_at = |i: usize| -> u64 {
-        let bytes = changed.get(i * 8..).unwrap_or(&[]);
-        match bytes.first_chunk::<8>() {
-            Some(full) => u64::from_le_bytes(*full),
-            None => {
-                let mut padded = [0u8; 8];
-                padded[..bytes.len()].copy_from_slice(bytes);
-                u64::from_le_bytes(padded)
-            }
-        }
-    };
+    // The words, the last one padded with zeros, then a zero word to read past the end.
+    let (full, tail) = changed.as_chunks::<8>();
+    let mut padded = [0u8; 8];
+    padded[..tail.len()].copy_from_slice(tail);
+    let tail_word = u64::from_le_bytes(padded);
     let words = changed.len().div_ceil(8);
-    let (mut bits, mut total) = (0u64, 0u64);
-    // The open block: holes so far, its first and last, and the bound on its largest gap.
-    let (mut count, mut first, mut last, mut g_max) = (0u64, 0u64, 0u64, 0u64);
+    let word_at = |i: usize| match full.get(i) {
+        Some(bytes) => u64::from_le_bytes(*bytes),
+        None if i == full.len() => tail_word,
+        None => 0,
+    };
+    // Bits at or past the range are not holes (the bitmap keeps them clear): only the last
+    // word has such bits.
+    let last_valid = if range.is_multiple_of(64) {
+        !0
+    } else {
+        mask(range % 64)
+    };
+    let mut bits = 0u64;
+    let mut full_blocks = 0u64;
+    // The open block: holes so far, its first, and the bound on its largest gap.
+    let (mut count, mut first, mut g_max) = (0u64, 0u64, 0u64);
     let mut next = word_at(0);
     for i in 0..words {
         let word = next;
         next = word_at(i + 1);
-        let base = i as u64 * 64;
-        // Bits at or past the range are not holes (the bitmap keeps them clear).
-        let valid = if range as u64 - base >= 64 {
-            !0
-        } else {
-            mask((range as u64 - base) as u32)
-        };
-        let mut holes = !word & valid;
-        if holes == 0 {
-            if count > 0 {
-                g_max = g_max.max(run_bound(word, next));
-            }
+        let mut holes = !word & if i + 1 == words { last_valid } else { !0 };
+        let mut here = holes.count_ones() as u64;
+        // Every gap of the block that starts in this word is a run that starts in it.
+        let runs = run_bound(word, next);
+        if count > 0 && count + here < BLOCK as u64 {
+            // The common word: the open block goes on.
+            count += here;
+            g_max = g_max.max(runs);
+            continue;
+        }
+        if here == 0 {
             continue;
         }
         if count == 0 {
-            first = base + holes.trailing_zeros() as u64;
+            first = i as u64 * 64 + holes.trailing_zeros() as u64;
             g_max = 0;
         }
-        // Every gap of the block that starts in this word is a run that starts in it.
-        g_max = g_max.max(run_bound(word, next));
-        let mut here = holes.count_ones() as u64;
-        total += here;
+        g_max = g_max.max(runs);
         while count + here >= BLOCK as u64 {
             // The block's last hole is the `take`-th of this word's remaining ones.
             let take = BLOCK as u64 - count;
             for _ in 1..take {
                 holes &= holes - 1;
             }
-            let at = holes.trailing_zeros() as u64;
+            let at = i as u64 * 64 + holes.trailing_zeros() as u64;
             holes &= holes - 1;
             let n = BLOCK as u64 - 1;
-            bits += block_bound(n, base + at - first - n, g_max, w);
+            bits += block_bound(n, at - first - n, g_max, w);
+            full_blocks += 1;
             here -= take;
             count = 0;
             if here > 0 {
-                first = base + holes.trailing_zeros() as u64;
-                g_max = run_bound(word, next);
+                first = i as u64 * 64 + holes.trailing_zeros() as u64;
+                g_max = runs;
             }
         }
-        if here > 0 {
-            count += here;
-            last = base + 63 - holes.leading_zeros() as u64;
-        }
+        count += here;
     }
     if count > 1 {
+        // The last hole is in the last word that has one.
+        let last = (0..words)
+            .rev()
+            .find_map(|i| {
+                let holes = !word_at(i) & if i + 1 == words { last_valid } else { !0 };
+                (holes != 0).then(|| i as u64 * 64 + 63 - holes.leading_zeros() as u64)
+            })
+            .unwrap_or(first);
         let n = count - 1;
         bits += block_bound(n, last - first - n, g_max, w);
     }
-    let blocks = total.div_ceil(BLOCK as u64);
+    let blocks = full_blocks + (count > 0) as u64;
     blocks * DIR_ENTRY as u64 + bits.div_ceil(8)
 }
 
