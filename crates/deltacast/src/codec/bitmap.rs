@@ -38,7 +38,7 @@ fn encode_dense(rel: &[u32], map: &mut [u8]) {
     let mut flags = [0u8; WINDOW];
     let mut rest = rel;
     for window in 0..map.len().div_ceil(WINDOW / 8) {
-        let end = ((window + 1) * WINDOW).min(u32::MAX as usize) as u32;
+        let end = ((window as u64 + 1) * WINDOW as u64).min(u32::MAX as u64) as u32;
         // A window holds at most `WINDOW` positions: the search for its end reads only
         // lines that are read next anyway (over all the rest of the positions, its loads
         // missed the cache: 13 % of this encoder at 50 %).
