@@ -5,7 +5,7 @@
 //! runs drift 10-20 % on a shared VM).
 //!
 //! `cargo run --release -p deltacast --example codec_ab -- [rounds] [densities] [only]`:
-//! `densities` comma separated (default 0.1,0.5); `only` one of diff, auto, genc, uenc, pdec,
+//! `densities` comma separated (default 0.1,0.5); `only` one of diff, auto, genc, benc, uenc, pdec,
 //! udec (a substring of the measurement) or dir (the chunk's ulp and gaps parameters).
 //!
 //! The chunk is the same in every round, so a predictor can learn the decoders' branches: on
@@ -146,6 +146,14 @@ fn main() {
                 encode_positions(PosCodec::Gaps, black_box(&rel), range(), &mut enc)
             });
             line += &format!(" gaps_enc={:.0}", rate(t));
+        }
+        if want("benc") {
+            let mut enc = Vec::new();
+            let t = best(rounds, || {
+                enc.clear();
+                encode_positions(PosCodec::Bitmap, black_box(&rel), range(), &mut enc)
+            });
+            line += &format!(" bitmap_enc={:.0}", rate(t));
         }
         if want("uenc") {
             let mut enc = Vec::new();

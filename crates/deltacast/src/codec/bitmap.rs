@@ -10,9 +10,98 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     let start = out.len();
     out.resize(start + range.div_ceil(8) as usize, 0);
     let map = &mut out[start..];
+    if (rel.len() as u64) * DENSE_BELOW < range as u64 {
+        encode_sparse(rel, map);
+    } else {
+        encode_dense(rel, map);
+    }
+}
+
+/// Below one change in this many elements the bits are or-ed in one at a time; above it
+/// [`encode_dense`]'s passes over the whole range cost less.
+const DENSE_BELOW: u64 = 8;
+
+/// One read-modify-write of the position's byte per position. At high density the or-s to
+/// one byte wait on each other through memory (~1.7 cycles a position at 50 %).
+fn encode_sparse(rel: &[u32], map: &mut [u8]) {
     for &p in rel {
         map[(p / 8) as usize] |= 1 << (p % 8);
     }
+}
+
+/// Elements per window of [`encode_dense`]: its flag bytes stay in the L1 cache.
+const WINDOW: usize = 1 << 13;
+
+/// A window of the range at a time: one flag byte stored per position (independent stores,
+/// no read), then the flags packed eight to a bitmap byte and cleared.
+fn encode_dense(rel: &[u32], map: &mut [u8]) {
+    let mut flags = [0u8; WINDOW];
+    let mut rest = rel;
+    for window in 0..map.len().div_ceil(WINDOW / 8) {
+        let end = ((window as u64 + 1) * WINDOW as u64).min(u32::MAX as u64) as u32;
+        // A window holds at most `WINDOW` positions: the search for its end reads only
+        // lines that are read next anyway (over all the rest of the positions, its loads
+        // missed the cache: 13 % of this encoder at 50 %).
+        let n = rest[..rest.len().min(WINDOW)].partition_point(|&p| p < end);
+        let (here, later) = rest.split_at(n);
+        rest = later;
+        for &p in here {
+            // Every position here is in this window: the mask only drops the bounds check.
+            flags[p as usize % WINDOW] = FLAG;
+        }
+        pack_window(&mut flags, map, window);
+    }
+}
+
+/// Packs `flags` into window `window`'s bytes of `map` and clears them.
+#[inline(always)]
+fn pack_window(flags: &mut [u8; WINDOW], map: &mut [u8], window: usize) {
+    let start = (window * (WINDOW / 8)).min(map.len());
+    let end = (start + WINDOW / 8).min(map.len());
+    let bytes = &mut map[start..end];
+    let (pairs, odd) = bytes.as_chunks_mut::<2>();
+    let (sixteens, _) = flags.as_chunks_mut::<16>();
+    for (pair, sixteen) in pairs.iter_mut().zip(sixteens.iter_mut()) {
+        let lo = u64::from_le_bytes(sixteen[..8].try_into().unwrap_or_default());
+        let hi = u64::from_le_bytes(sixteen[8..].try_into().unwrap_or_default());
+        *pair = pack16(lo, hi).to_le_bytes();
+        *sixteen = [0; 16];
+    }
+    if let Some(byte) = odd.first_mut() {
+        let at = pairs.len() * 16;
+        let eight = &mut flags[at..at + 8];
+        *byte = pack8(u64::from_le_bytes(eight.try_into().unwrap_or_default()));
+        eight.fill(0);
+    }
+}
+
+/// A position's flag in [`encode_dense`]'s window: the low bit for [`pack8`], the high bit
+/// for SSE2's byte mask.
+const FLAG: u8 = 0x81;
+
+/// Sixteen flags (the little-endian bytes of `lo`, then `hi`) as two bitmap bytes.
+#[inline(always)]
+fn pack16(lo: u64, hi: u64) -> u16 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // One byte mask of the flags' high bits.
+        use std::arch::x86_64::{_mm_movemask_epi8, _mm_set_epi64x};
+        // SAFETY: both only need SSE2, which every x86_64 CPU has (it is part of the
+        // target's baseline); neither touches memory.
+        unsafe { _mm_movemask_epi8(_mm_set_epi64x(hi as i64, lo as i64)) as u16 }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        pack8(lo) as u16 | (pack8(hi) as u16) << 8
+    }
+}
+
+/// The low bits of eight bytes, each 0 or 1, as the bits of one byte (byte `i` to bit `i`):
+/// the multiply moves byte `i`'s bit from `8 i` to `56 + i`, and no two of its partial
+/// products meet (so nothing carries).
+#[inline(always)]
+fn pack8(bytes: u64) -> u8 {
+    ((bytes & 0x0101_0101_0101_0101).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
 }
 
 pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Result<(), CodecError> {
@@ -141,7 +230,7 @@ mod tests {
         (0..range.div_ceil(8))
             .map(|byte| {
                 (0..8)
-                    .filter(|bit| rel.contains(&(byte * 8 + bit)))
+                    .filter(|bit| rel.binary_search(&(byte * 8 + bit)).is_ok())
                     .fold(0u8, |acc, bit| acc | 1 << bit)
             })
             .collect()
@@ -170,6 +259,33 @@ mod tests {
         }
         let rel = bernoulli_positions(&mut rng, 1 << 20, 0.3);
         round_trip(&rel, 1 << 20);
+    }
+
+    /// Both encoders against the bit-by-bit oracle on either side of the switch between
+    /// them, over several windows and odd ranges; `pack8` on every byte.
+    #[test]
+    fn sparse_and_dense_encoders_agree() {
+        for byte in 0..=255u8 {
+            let spread = (0..8).fold(0u64, |x, i| x | ((byte >> i & 1) as u64) << (8 * i));
+            assert_eq!(pack8(spread), byte);
+        }
+        let mut rng = Rng(13);
+        for range in [1u32, 7, 64, 65, 8191, 8192, 8193, 3 * 8192 + 77, 100_003] {
+            for density in [0.0, 0.01, 0.05, 0.0625, 0.07, 0.3, 0.5, 0.9, 1.0] {
+                let rel = bernoulli_positions(&mut rng, range, density);
+                let expected = reference(&rel, range);
+                let mut sparse = vec![0; range.div_ceil(8) as usize];
+                encode_sparse(&rel, &mut sparse);
+                let mut dense = vec![0; range.div_ceil(8) as usize];
+                encode_dense(&rel, &mut dense);
+                assert_eq!(sparse, expected, "range {range} density {density}");
+                assert_eq!(dense, expected, "range {range} density {density}");
+                // After bytes already in the output.
+                let mut out = vec![0xa5];
+                encode(&rel, range, &mut out);
+                assert_eq!(out[1..], expected[..], "range {range} density {density}");
+            }
+        }
     }
 
     #[test]

@@ -186,6 +186,18 @@ pub(crate) fn min_len(count: usize) -> u64 {
 /// shortest code word, `min(1 + k, ESC + w)`. The block's best `k` costs at least the
 /// smallest of these. On a half-dense chunk the bound at k = 0 is the exact size (`s + n`).
 pub(crate) fn lower_bound(rel: &[u32], range: u32) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if super::bits::x86_wide() {
+        // SAFETY: as in `encode`.
+        return unsafe { avx2::lower_bound(rel, range) };
+    }
+    lower_bound_impl(rel, range)
+}
+
+/// [`lower_bound`], inlined into its builds (the largest step per block is a max over
+/// lanes: one instruction per 8 with AVX2, none for u32 in plain x86_64's SSE2).
+#[inline(always)]
+fn lower_bound_impl(rel: &[u32], range: u32) -> u64 {
     let w = escape_width(range) as u64;
     let blocks = rel.len().div_ceil(BLOCK);
     let mut bits = 0u64;
@@ -200,20 +212,164 @@ pub(crate) fn lower_bound(rel: &[u32], range: u32) -> u64 {
             .iter()
             .zip(block)
             .fold(0u32, |m, (&b, &a)| m.max(b - a)) as u64;
-        let g_max = max_step - 1;
-        let mut best = u64::MAX;
-        for k in 0..=MAX_K as u64 {
-            let bound = if g_max < (ESC as u64) << k {
-                let scale = 1u64 << k;
-                s.saturating_sub(n * (scale - 1)).div_ceil(scale) + n * (1 + k)
-            } else {
-                n * (1 + k).min(ESC as u64 + w)
-            };
-            best = best.min(bound);
-        }
-        bits += best;
+        bits += block_bound(n, s, max_step - 1, w);
     }
     (blocks * DIR_ENTRY) as u64 + bits.div_ceil(8)
+}
+
+/// A lower bound on the bits of one block of `n` gaps summing to `s`, none larger than
+/// `g_max` (any upper bound on the largest gap will do: a larger one only weakens the bound),
+/// with escapes `w` bits wide: the smallest over `k` of the bounds in [`lower_bound`].
+///
+/// The bound from the sum holds for every gap `g` whose code word has at least
+/// `(g + 1) / 2^k + k` bits: all that are not escaped, and the escaped ones too when
+/// `ESC + w >= (g_max + 1) / 2^k + k` (a few escaped gaps, each below 32, at `k = 0` in a
+/// half-dense chunk's holes).
+#[inline(always)]
+fn block_bound(n: u64, s: u64, g_max: u64, w: u64) -> u64 {
+    let mut best = u64::MAX;
+    for k in 0..=MAX_K as u64 {
+        // No bound at this `k` or above is below `n` times the shortest code word there.
+        if n * (1 + k).min(ESC as u64 + w) >= best {
+            break;
+        }
+        let scale = 1u64 << k;
+        let escapes_cost_more = (ESC as u64 + w) << k >= g_max.saturating_add(1 + k * scale);
+        let bound = if g_max < (ESC as u64) << k || escapes_cost_more {
+            s.saturating_sub(n * (scale - 1)).div_ceil(scale) + n * (1 + k)
+        } else {
+            n * (1 + k).min(ESC as u64 + w)
+        };
+        best = best.min(bound);
+    }
+    best
+}
+
+/// A lower bound on the size of [`holes_directory`]'s section (the gaps of the elements whose
+/// bit is clear in `changed`, the bitmap section of the changed positions), from one pass over
+/// the bitmap's words without listing the holes: each block's first and last hole come from
+/// the words' hole counts, its largest gap is bounded by whether a run of 16 or 32 set bits
+/// (changed elements) starts in one of its words, and the block is bounded as in
+/// [`lower_bound`]. Tight on half-dense chunks, where a run that long is rare (the bound at
+/// `k = 0`, exact without escapes, needs every gap below 16; at `k = 1` below 32), so the
+/// chooser can skip the exact holes sizing when the bitmap is already smaller.
+pub(crate) fn holes_lower_bound(changed: &[u8], range: u32) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if super::bits::x86_wide() {
+        // SAFETY: as in `encode`.
+        return unsafe { avx2::holes_lower_bound(changed, range) };
+    }
+    holes_lower_bound_impl(changed, range)
+}
+
+/// An upper bound on the largest run of set bits that starts in `word` (`next` is the word
+/// after it, zero past the end), within the precision the bounds need: 15, 31, or `u64::MAX`.
+#[inline(always)]
+fn run_bound(word: u64, next: u64) -> u64 {
+    // A run of 16 set bits within `word`: bit j survives when bits j..j+15 are all set.
+    let mut r = word & word >> 1;
+    r &= r >> 2;
+    r &= r >> 4;
+    r &= r >> 8;
+    if r == 0 && word.leading_ones() + next.trailing_ones() < 16 {
+        return 15;
+    }
+    // Rare on a half-dense chunk: the same test for 32 over both words.
+    let x = (next as u128) << 64 | word as u128;
+    let mut r = x & x >> 1;
+    r &= r >> 2;
+    r &= r >> 4;
+    r &= r >> 8;
+    r &= r >> 16;
+    if r as u64 == 0 {
+        31
+    } else {
+        u64::MAX
+    }
+}
+
+#[inline(always)]
+fn holes_lower_bound_impl(changed: &[u8], range: u32) -> u64 {
+    debug_assert_eq!(changed.len(), range.div_ceil(8) as usize);
+    let w = escape_width(range) as u64;
+    // The words, the last one padded with zeros, then a zero word to read past the end.
+    let (full, tail) = changed.as_chunks::<8>();
+    let mut padded = [0u8; 8];
+    padded[..tail.len()].copy_from_slice(tail);
+    let tail_word = u64::from_le_bytes(padded);
+    let words = changed.len().div_ceil(8);
+    let word_at = |i: usize| match full.get(i) {
+        Some(bytes) => u64::from_le_bytes(*bytes),
+        None if i == full.len() => tail_word,
+        None => 0,
+    };
+    // Bits at or past the range are not holes (the bitmap keeps them clear): only the last
+    // word has such bits.
+    let last_valid = if range.is_multiple_of(64) {
+        !0
+    } else {
+        mask(range % 64)
+    };
+    let mut bits = 0u64;
+    let mut full_blocks = 0u64;
+    // The open block: holes so far, its first, and the bound on its largest gap.
+    let (mut count, mut first, mut g_max) = (0u64, 0u64, 0u64);
+    let mut next = word_at(0);
+    for i in 0..words {
+        let word = next;
+        next = word_at(i + 1);
+        let mut holes = !word & if i + 1 == words { last_valid } else { !0 };
+        let mut here = holes.count_ones() as u64;
+        // Every gap of the block that starts in this word is a run that starts in it.
+        let runs = run_bound(word, next);
+        if count > 0 && count + here < BLOCK as u64 {
+            // The common word: the open block goes on.
+            count += here;
+            g_max = g_max.max(runs);
+            continue;
+        }
+        if here == 0 {
+            continue;
+        }
+        if count == 0 {
+            first = i as u64 * 64 + holes.trailing_zeros() as u64;
+            g_max = 0;
+        }
+        g_max = g_max.max(runs);
+        while count + here >= BLOCK as u64 {
+            // The block's last hole is the `take`-th of this word's remaining ones.
+            let take = BLOCK as u64 - count;
+            for _ in 1..take {
+                holes &= holes - 1;
+            }
+            let at = i as u64 * 64 + holes.trailing_zeros() as u64;
+            holes &= holes - 1;
+            let n = BLOCK as u64 - 1;
+            bits += block_bound(n, at - first - n, g_max, w);
+            full_blocks += 1;
+            here -= take;
+            count = 0;
+            if here > 0 {
+                first = i as u64 * 64 + holes.trailing_zeros() as u64;
+                g_max = runs;
+            }
+        }
+        count += here;
+    }
+    if count > 1 {
+        // The last hole is in the last word that has one.
+        let last = (0..words)
+            .rev()
+            .find_map(|i| {
+                let holes = !word_at(i) & if i + 1 == words { last_valid } else { !0 };
+                (holes != 0).then(|| i as u64 * 64 + 63 - holes.leading_zeros() as u64)
+            })
+            .unwrap_or(first);
+        let n = count - 1;
+        bits += block_bound(n, last - first - n, g_max, w);
+    }
+    let blocks = full_blocks + (count > 0) as u64;
+    blocks * DIR_ENTRY as u64 + bits.div_ceil(8)
 }
 
 pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
@@ -238,6 +394,16 @@ mod avx2 {
     #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
     pub(super) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
         super::directory_impl::<true>(rel, range)
+    }
+
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) fn lower_bound(rel: &[u32], range: u32) -> u64 {
+        super::lower_bound_impl(rel, range)
+    }
+
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) fn holes_lower_bound(changed: &[u8], range: u32) -> u64 {
+        super::holes_lower_bound_impl(changed, range)
     }
 
     #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
@@ -1184,6 +1350,116 @@ mod tests {
         }
     }
 
+    /// The holes' lower bound never exceeds their exact size (portable and dispatched builds
+    /// alike), at every density, odd ranges, runs long enough to escape, runs across block
+    /// and word boundaries; and it is tight on half-dense chunks.
+    #[test]
+    fn holes_lower_bound_is_below_the_exact_size() {
+        let check = |rel: &[u32], range: u32, what: &str| {
+            let map = bitmap_of(rel, range);
+            let exact = holes_directory(&map, range).1;
+            let bound = holes_lower_bound(&map, range);
+            assert_eq!(bound, holes_lower_bound_impl(&map, range), "{what}");
+            assert!(bound <= exact, "{what}: {bound} > {exact}");
+            (bound, exact)
+        };
+        let mut rng = Rng(36);
+        for range in [
+            1u32,
+            2,
+            3,
+            63,
+            64,
+            65,
+            1023,
+            1025,
+            2049,
+            5001,
+            70_001,
+            1 << 20,
+        ] {
+            for density in [
+                0.0, 0.01, 0.1, 0.3, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999,
+                1.0,
+            ] {
+                let rel = bernoulli_positions(&mut rng, range, density);
+                let (bound, exact) = check(&rel, range, &format!("{range} {density}"));
+                if density == 0.5 && range == 1 << 20 {
+                    assert!(bound * 100 >= exact * 99, "{bound} vs {exact}");
+                }
+            }
+        }
+        // Runs of changed elements of every length around the escape thresholds (16 and 32
+        // at k = 0 and 1, 64 and more), placed at random so they cross words and blocks.
+        for long in [8u64, 15, 16, 17, 31, 32, 33, 63, 64, 65, 200, 5000] {
+            for every in [3u64, 50, 1000] {
+                let range = 100_000 + rng.below(200) as u32;
+                let mut rel = Vec::new();
+                let mut p = 0u32;
+                while p < range {
+                    let run = if rng.below(every) == 0 {
+                        long
+                    } else {
+                        rng.below(3)
+                    };
+                    for _ in 0..run {
+                        if p < range {
+                            rel.push(p);
+                        }
+                        p += 1;
+                    }
+                    p += 1 + rng.below(2) as u32;
+                }
+                check(&rel, range, &format!("runs {long} every {every}"));
+            }
+        }
+        // Alternating runs crossing block boundaries in every way.
+        for run in [1u32, 2, 15, 16, 31, 32, 1023, 1024, 1025, 3000] {
+            let range = 20_000;
+            let rel: Vec<u32> = (0..range).filter(|p| (p / run) % 2 == 1).collect();
+            check(&rel, range, &format!("alternating {run}"));
+        }
+    }
+
+    /// `block_bound`'s early exit gives the minimum over every `k`.
+    #[test]
+    fn block_bound_is_the_minimum_over_every_k() {
+        let every_k = |n: u64, s: u64, g_max: u64, w: u64| {
+            (0..=MAX_K as u64)
+                .map(|k| {
+                    let scale = 1u64 << k;
+                    if g_max < (ESC as u64) << k
+                        || (ESC as u64 + w) << k >= g_max.saturating_add(1 + k * scale)
+                    {
+                        s.saturating_sub(n * (scale - 1)).div_ceil(scale) + n * (1 + k)
+                    } else {
+                        n * (1 + k).min(ESC as u64 + w)
+                    }
+                })
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        let mut rng = Rng(38);
+        for _ in 0..20_000 {
+            let below_power = |rng: &mut Rng| {
+                let bits = rng.below(33);
+                rng.below(1 << bits)
+            };
+            let n = rng.below(BLOCK as u64);
+            let s = below_power(&mut rng);
+            let g_max = match rng.below(4) {
+                0 => u64::MAX,
+                _ => below_power(&mut rng),
+            };
+            let w = 1 + rng.below(32);
+            assert_eq!(
+                block_bound(n, s, g_max, w),
+                every_k(n, s, g_max, w),
+                "{n} {s} {g_max} {w}"
+            );
+        }
+    }
+
     #[test]
     fn both_length_histograms_agree() {
         let mut rng = Rng(31);
@@ -1224,6 +1500,7 @@ mod tests {
                 let rel = bernoulli_positions(&mut rng, range, density);
                 let exact = directory(&rel, range).1;
                 let bound = lower_bound(&rel, range);
+                assert_eq!(bound, lower_bound_impl(&rel, range));
                 assert!(
                     bound <= exact,
                     "range {range} density {density}: {bound} > {exact}"

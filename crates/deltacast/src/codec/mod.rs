@@ -306,12 +306,16 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     if holes_count < rel.len() && gaps::min_len(holes_count) < best {
         let mut map = Vec::new();
         bitmap::encode(rel, range, &mut map);
-        let (dir, len) = gaps::holes_directory(&map, range);
-        if len < best {
-            let holes = complement(rel, range);
-            out.clear();
-            gaps::encode_with(&holes, range, &dir, &mut out);
-            return (PosCodec::Holes, out);
+        // Half-dense chunks: a one-pass lower bound on the holes' size often shows they
+        // cannot be strictly smaller, as their exact size would (holes win only when smaller).
+        if gaps::holes_lower_bound(&map, range) < best {
+            let (dir, len) = gaps::holes_directory(&map, range);
+            if len < best {
+                let holes = complement(rel, range);
+                out.clear();
+                gaps::encode_with(&holes, range, &dir, &mut out);
+                return (PosCodec::Holes, out);
+            }
         }
         bitmap_section = Some(map);
     }

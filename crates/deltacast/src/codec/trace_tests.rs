@@ -309,6 +309,25 @@ fn exhaustive_values(width: usize, old: &[u8], new: &[u8]) -> (ValCodec, Vec<u8>
     best.unwrap()
 }
 
+/// The chooser against encoding every codec on chunks of many blocks around and above half
+/// density, where the holes' lower bound decides whether they are sized at all.
+#[test]
+fn chooser_matches_encoding_every_codec_when_dense() {
+    let mut rng = Rng(37);
+    for range in [4099u32, 65_537, 300_001] {
+        for density in [
+            0.45, 0.5, 0.52, 0.55, 0.58, 0.6, 0.62, 0.65, 0.7, 0.8, 0.9, 0.99,
+        ] {
+            let rel = bernoulli_positions(&mut rng, range, density);
+            assert_eq!(
+                crate::codec::choose_positions(&rel, range),
+                exhaustive_positions(&rel, range),
+                "range {range} density {density}"
+            );
+        }
+    }
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
 
