@@ -180,30 +180,27 @@ impl DiffTuning {
             .split(',')
             .map(|p| p.trim().parse().map_err(|_| bad()))
             .collect::<Result<_>>()?;
-        let tuning = match parts[..] {
-            // Without `stash`: on wherever it applies, as in the default.
-            [items, min_blocks, reload @ (0 | 1)] => DiffTuning {
-                items,
-                min_blocks,
-                reload: reload == 1,
-                stash: reload == 1 && items <= 4,
-                ..DiffTuning::default()
-            },
-            [items, min_blocks, reload @ (0 | 1), prefetch] => DiffTuning {
-                items,
-                min_blocks,
-                reload: reload == 1,
-                prefetch,
-                stash: reload == 1 && items <= 4,
-            },
-            [items, min_blocks, reload @ (0 | 1), prefetch, stash @ (0 | 1)] => DiffTuning {
-                items,
-                min_blocks,
-                reload: reload == 1,
-                prefetch,
-                stash: stash == 1,
-            },
+        let (items, min_blocks, reload, rest) = match parts[..] {
+            [items, min_blocks, reload @ (0 | 1), ref rest @ ..] if rest.len() <= 2 => {
+                (items, min_blocks, reload == 1, rest)
+            }
             _ => return Err(bad()),
+        };
+        let tuning = DiffTuning {
+            items,
+            min_blocks,
+            reload,
+            prefetch: rest
+                .first()
+                .copied()
+                .unwrap_or(DiffTuning::default().prefetch),
+            // Without the field: on wherever it applies, as in the default.
+            stash: match rest.get(1) {
+                None => reload && items <= 4,
+                Some(0) => false,
+                Some(1) => true,
+                Some(_) => return Err(bad()),
+            },
         };
         tuning.validate().map_err(|_| bad())?;
         Ok(tuning)

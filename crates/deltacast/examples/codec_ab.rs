@@ -120,11 +120,7 @@ fn main() {
                 .chunks(4)
                 .map(|e| (e[2], e[3]))
                 .collect();
-            let mut counts = std::collections::BTreeMap::new();
-            for x in &kc {
-                *counts.entry(*x).or_insert(0) += 1;
-            }
-            let same = kc.windows(2).filter(|w| w[0] == w[1]).count();
+            let (counts, same) = params_summary(&kc);
             println!(
                 "{density}: (k,c) counts {counts:?}, neighbours equal {same}/{}",
                 blocks - 1
@@ -132,28 +128,18 @@ fn main() {
             let mut g = Vec::new();
             encode_positions(PosCodec::Gaps, &rel, range(), &mut g);
             let ks: Vec<u8> = g[..7 * blocks].chunks(7).map(|e| e[6]).collect();
-            let mut counts = std::collections::BTreeMap::new();
-            for x in &ks {
-                *counts.entry(*x).or_insert(0) += 1;
-            }
-            let same = ks.windows(2).filter(|w| w[0] == w[1]).count();
+            let (counts, same) = params_summary(&ks);
             println!("gaps k counts {counts:?}, neighbours equal {same}");
         }
-        if want("genc") {
-            let mut enc = Vec::new();
-            let t = best(rounds, || {
-                enc.clear();
-                encode_positions(PosCodec::Gaps, black_box(&rel), range(), &mut enc)
-            });
-            line += &format!(" gaps_enc={:.0}", rate(t));
-        }
-        if want("benc") {
-            let mut enc = Vec::new();
-            let t = best(rounds, || {
-                enc.clear();
-                encode_positions(PosCodec::Bitmap, black_box(&rel), range(), &mut enc)
-            });
-            line += &format!(" bitmap_enc={:.0}", rate(t));
+        for (key, codec) in [("genc", PosCodec::Gaps), ("benc", PosCodec::Bitmap)] {
+            if want(key) {
+                let mut enc = Vec::new();
+                let t = best(rounds, || {
+                    enc.clear();
+                    encode_positions(codec, black_box(&rel), range(), &mut enc)
+                });
+                line += &format!(" {}_enc={:.0}", codec.name(), rate(t));
+            }
         }
         if want("uenc") {
             let mut enc = Vec::new();
@@ -191,4 +177,14 @@ fn main() {
         }
         println!("{line}");
     }
+}
+
+/// How often each block parameter occurs, and how many neighbouring blocks share theirs.
+fn params_summary<T: Ord + Copy>(params: &[T]) -> (std::collections::BTreeMap<T, usize>, usize) {
+    let mut counts = std::collections::BTreeMap::new();
+    for &x in params {
+        *counts.entry(x).or_insert(0) += 1;
+    }
+    let same = params.windows(2).filter(|w| w[0] == w[1]).count();
+    (counts, same)
 }
