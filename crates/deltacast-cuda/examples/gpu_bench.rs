@@ -198,7 +198,7 @@ fn pinned_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
 
     let mut rows = Vec::new();
     let mut host_cur = vec![0u8; bytes];
-    for density in [0.001f64, 0.01, 0.02, 0.1] {
+    for density in [0.001f64, 0.01, 0.015, 0.02, 0.1] {
         fill_changed(&mut host_cur, &old, density);
         // SAFETY: `cur_d` is `bytes` long.
         unsafe { gpu.copy_to_device(cur_d.ptr(), &host_cur)? };
@@ -357,7 +357,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut rows = Vec::new();
     let mut host_cur = vec![0u8; bytes];
-    for density in [0.001f64, 0.01, 0.02, 0.1] {
+    for density in [0.001f64, 0.01, 0.015, 0.02, 0.1] {
         fill_changed(&mut host_cur, &old, density);
         // SAFETY: `cur_d` is `bytes` long.
         unsafe { gpu.copy_to_device(cur_d.ptr(), &host_cur)? };
