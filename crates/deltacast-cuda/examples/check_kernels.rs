@@ -55,6 +55,7 @@ fn main() {
                     reload,
                     prefetch,
                     stash,
+                    direct: false, // both forms are in every build
                 };
                 if tuning.validate().is_err() {
                     continue;

@@ -307,24 +307,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         gpu.tuning()
     );
     // Variants share the primary context (and so the buffers) with `gpu`, kept alive throughout.
-    // TUNING `items,min_blocks,reload`.
+    // TUNING as DELTACAST_DIFF_TUNING.
     let mut variants = Vec::new();
     for t in args.iter().skip(3) {
         variants.push(Gpu::with_tuning(0, DiffTuning::parse(t)?)?);
     }
     for g in std::iter::once(&gpu).chain(&variants) {
-        let (regs, local, shared) = g.kernel_resources("dc_diff")?;
-        println!(
-            "dc_diff {:?}: {regs} registers, {local} bytes local (spills), {shared} bytes shared",
-            g.tuning()
-        );
-    }
-    for g in std::iter::once(&gpu).chain(&variants) {
-        let (regs, local, shared) = g.kernel_resources("dc_diff")?;
-        println!(
-            "dc_diff {:?}: {regs} registers, {local} bytes local (spills), {shared} bytes shared",
-            g.tuning()
-        );
+        for kernel in ["dc_diff", "dc_diff_direct"] {
+            let (regs, local, shared) = g.kernel_resources(kernel)?;
+            println!(
+                "{kernel} {:?}: {regs} registers, {local} bytes local (spills), {shared} bytes shared",
+                g.tuning()
+            );
+        }
     }
     let bytes = ((gib * (1u64 << 30) as f64) as usize) / 64 * 64;
     let numel = bytes / 2;
@@ -379,8 +374,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for v in &variants {
             let t = v.tuning();
             let name = format!(
-                "{},{},{},{},{}",
-                t.items, t.min_blocks, t.reload as u32, t.prefetch, t.stash as u32
+                "{},{},{},{},{},{}",
+                t.items, t.min_blocks, t.reload as u32, t.prefetch, t.stash as u32, t.direct as u32
             );
             configs.push((v, format!("[{name}] 1 tensor, new bits"), false, false, 1));
             configs.push((

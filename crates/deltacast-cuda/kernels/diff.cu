@@ -21,6 +21,13 @@
 //   4. dc_diff_finish: per-tensor offsets and counts.
 //   (0. dc_diff_tile_tensor: the tensor of every tile, so that pass 1 starts loading at once.)
 //
+// The one-pass form (dc_diff_direct, dc_diff_resident_direct, dc_diff_finish_direct): one pass
+// instead of passes 1-3. After its block scan a tile learns its place in the output from its
+// predecessors by a decoupled look-back (each tile publishes its count, then its inclusive
+// prefix, in one status word; a tile adds up the counts behind it until it meets a prefix),
+// and writes its changes straight there, digest included: no slot, no second read of them, no
+// place pass. The look-back relies on blocks starting in index order, as CUB's scans do.
+//
 // Output layout: change g (global, in order) has its position (slot index = first_index +
 // element) at pos_out[g] and its bits at new_out + g * width (old_out likewise, when given).
 // The host orders tensors by non-decreasing width, so these byte ranges never overlap.
@@ -119,14 +126,75 @@ __device__ __forceinline__ u32 dc_diff_tensor_of(const DiffTensor* tensors, u32 
 }
 
 // tile_tensor[t] = the tensor holding tile t, so that the passes below start loading at once
-// (one broadcast load instead of a chain of dependent ones per block).
+// (one broadcast load instead of a chain of dependent ones per block); and, for the one-pass
+// form, status[t] = 0 (status null otherwise).
 extern "C" __global__ void dc_diff_tile_tensor(const DiffTensor* __restrict__ tensors,
                                                u32 num_tensors, u64 num_tiles,
-                                               u32* __restrict__ tile_tensor) {
+                                               u32* __restrict__ tile_tensor,
+                                               u64* __restrict__ status) {
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < num_tiles;
-         t += (u64)gridDim.x * blockDim.x)
+         t += (u64)gridDim.x * blockDim.x) {
         tile_tensor[t] = dc_diff_tensor_of(tensors, num_tensors, t);
+        if (status) status[t] = 0;
+    }
 }
+
+// The one-pass form's status word per tile: count or inclusive prefix << 2 | flag.
+#define DC_STATUS_COUNT 1u
+#define DC_STATUS_PREFIX 2u
+
+__device__ __forceinline__ u64 dc_load_status(const u64* p) {
+    u64 v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void dc_store_status(u64* p, u64 v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Decoupled look-back, by warp 0: publishes the tile's count, adds up the counts of the tiles
+// behind it (32 at a time) until one has published its inclusive prefix, publishes its own
+// prefix. Returns the changes before the tile, in every thread of the block.
+__device__ __forceinline__ u64 dc_diff_lookback(u64* __restrict__ status, u64 tile, u32 total) {
+    __shared__ u64 s_before;
+    const u32 lane = threadIdx.x & 31;
+    if (threadIdx.x < 32) {
+        u64 before = 0;
+        if (tile == 0) {
+            if (lane == 0) dc_store_status(status, ((u64)total << 2) | DC_STATUS_PREFIX);
+        } else {
+            if (lane == 0) dc_store_status(status + tile, ((u64)total << 2) | DC_STATUS_COUNT);
+            i64 nearest = (i64)tile - 1;
+            while (true) {
+                const i64 at = nearest - (i64)lane;
+                // Before tile 0: a prefix of 0, so that the walk ends there.
+                u64 s = at >= 0 ? dc_load_status(status + at) : DC_STATUS_PREFIX;
+                while (__any_sync(DC_FULL_MASK, (s & 3) == 0))
+                    if ((s & 3) == 0) s = dc_load_status(status + at);
+                const u32 prefixes = __ballot_sync(DC_FULL_MASK, (s & 3) == DC_STATUS_PREFIX);
+                const u32 upto = prefixes ? __ffs(prefixes) - 1 : 31;
+                before += dc_warp_sum(lane <= upto ? s >> 2 : 0);
+                if (prefixes) break;
+                nearest -= 32;
+            }
+            if (lane == 0)
+                dc_store_status(status + tile, ((before + total) << 2) | DC_STATUS_PREFIX);
+        }
+        if (lane == 0) s_before = before;
+    }
+    __syncthreads();
+    return s_before;
+}
+
+// Where the one-pass form writes (pass 3's arguments).
+struct DiffDirect {
+    u64* status;  // one word per tile, zeroed by dc_diff_tile_tensor
+    u64 capacity;
+    u64* pos_out;
+    u8* new_out;
+    u8* old_out;  // or null
+};
 
 // Pass 1 for one tile. RELOAD: keep only the change masks across the block scan and read the
 // changed vectors again (from L2) to write them; without it they stay in registers (what a
@@ -135,12 +203,16 @@ extern "C" __global__ void dc_diff_tile_tensor(const DiffTensor* __restrict__ te
 // compile to their one case (the kernel is bound by its integer instructions at 1 %).
 // STASH: `stash` holds 2 * DIFF_THREADS * DIFF_ITEMS vectors of shared memory (current, then
 // snapshot, DIFF_ITEMS * 32 per warp each).
-template <bool RELOAD, bool PREFETCH, bool STASH, u32 W>
+// DIRECT: the one-pass form: writes to `D`'s output at the place the look-back gives (and
+// adds the digest change) instead of to the tile's slot; `tile_counts`, `slots` unused.
+template <bool RELOAD, bool PREFETCH, bool STASH, bool DIRECT, u32 W>
 __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tensors,
                                              const u32* __restrict__ tile_tensor,
                                              u32* __restrict__ tile_counts, u8* __restrict__ slots,
-                                             u32 want_old, uint4* __restrict__ stash) {
+                                             u32 want_old, uint4* __restrict__ stash,
+                                             const DiffDirect& D) {
     __shared__ u64 s_warp_tot[DIFF_PACKS][DIFF_THREADS / 32];
+    __shared__ u64 s_digest[DIFF_THREADS / 32];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 tile = blockIdx.x;
     const DiffTensor T = tensors[tile_tensor[tile]];
@@ -214,10 +286,13 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
 #pragma unroll
         for (u32 f = 0; f < 4; ++f) tile_total += (u32)(rows[p] >> (16 * f)) & 0xffffu;
     }
-    if (threadIdx.x == 0) tile_counts[tile] = tile_total;
+    if (!DIRECT && threadIdx.x == 0) tile_counts[tile] = tile_total;
+    const u64 before = DIRECT ? dc_diff_lookback(D.status, tile, tile_total) : 0;
 
     const u32 cap = dc_slot_cap(w);
-    const bool fits = tile_total <= cap;  // uniform
+    // Uniform: the changes fit the slot, or (DIRECT) the output.
+    const bool fits = DIRECT ? before + tile_total <= D.capacity : tile_total <= cap;
+    u64 dsum = 0;  // DIRECT: Σ h(new) − h(old) of this thread's changes
     const bool keep_old = want_old || T.digest_out;  // pass 3 hashes old and new bits
     u8* slot = slots + tile * SLOT_BYTES;
     u16* slot_pos = (u16*)slot;
@@ -231,7 +306,8 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
         u32 m = mask[i];
         u32 g = row_base + (u32)((warp_excl[p] >> f) & 0xffffu) + (u32)(((incl[p] - packed[p]) >> f) & 0xffffu);
         row_base += (u32)(rows[p] >> f) & 0xffffu;
-        if (m == 0 || !fits) continue;
+        // DIRECT refreshes the snapshot even when the output is full (pass 3 would not).
+        if (m == 0 || (!DIRECT && !fits)) continue;
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
         const u32 at = (stash_at >> (8 * i)) & 0xffu;
         const uint4 cvi = STASH    ? stash_cur[at]
@@ -245,6 +321,26 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
         if (whole) *(uint4*)(snap_w + off) = cvi;
         const u32 rel0 = (u32)(((u64)i * DIFF_THREADS + threadIdx.x) * 16 / w);
         const u64 elem0 = off / w;
+        if (DIRECT) {
+            const u64 index0 = T.first_index + elem0;
+            u64 at = before + g;
+            while (m) {
+                const u32 e = __ffs(m) - 1;
+                m &= m - 1;
+                const u32 nb = dc_extract(cvi, e, w);
+                if (!whole) dc_store_bits(snap_w, elem0 + e, w, nb);
+                if (!fits) continue;
+                const u32 ob = dc_extract(svi, e, w);
+                D.pos_out[at] = index0 + e;
+                dc_store_bits(D.new_out, at, w, nb);
+                if (D.old_out) dc_store_bits(D.old_out, at, w, ob);
+                if (T.digest_out)
+                    dsum += dc_element_hash(T.salt, index0 + e, nb) -
+                            dc_element_hash(T.salt, index0 + e, ob);
+                ++at;
+            }
+            continue;
+        }
         while (m) {
             const u32 e = __ffs(m) - 1;
             m &= m - 1;
@@ -256,46 +352,87 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
             ++g;
         }
     }
+    if (DIRECT && T.digest_out && fits && tile_total != 0) {  // uniform
+        dsum = dc_warp_sum(dsum);
+        if (lane == 0) s_digest[warp] = dsum;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u64 sum = 0;
+#pragma unroll
+            for (u32 k = 0; k < DIFF_THREADS / 32; ++k) sum += s_digest[k];
+            if (sum != 0) atomicAdd((u64*)T.digest_out, sum);
+        }
+    }
 }
 
 // Pass 1 for the block's tile, at its tensor's width.
-template <bool RELOAD, bool PREFETCH, bool STASH>
+template <bool RELOAD, bool PREFETCH, bool STASH, bool DIRECT>
 __device__ __forceinline__ void dc_diff_tile_at_width(const DiffTensor* __restrict__ tensors,
                                                       const u32* __restrict__ tile_tensor,
                                                       u32* __restrict__ tile_counts,
                                                       u8* __restrict__ slots, u32 want_old,
-                                                      uint4* __restrict__ stash) {
+                                                      uint4* __restrict__ stash,
+                                                      const DiffDirect& D) {
     const u32 w = tensors[tile_tensor[blockIdx.x]].width;
     if (w == 2)
-        dc_diff_tile<RELOAD, PREFETCH, STASH, 2>(tensors, tile_tensor, tile_counts, slots,
-                                                 want_old, stash);
+        dc_diff_tile<RELOAD, PREFETCH, STASH, DIRECT, 2>(tensors, tile_tensor, tile_counts,
+                                                         slots, want_old, stash, D);
     else if (w == 4)
-        dc_diff_tile<RELOAD, PREFETCH, STASH, 4>(tensors, tile_tensor, tile_counts, slots,
-                                                 want_old, stash);
+        dc_diff_tile<RELOAD, PREFETCH, STASH, DIRECT, 4>(tensors, tile_tensor, tile_counts,
+                                                         slots, want_old, stash, D);
     else
-        dc_diff_tile<RELOAD, PREFETCH, STASH, 1>(tensors, tile_tensor, tile_counts, slots,
-                                                 want_old, stash);
+        dc_diff_tile<RELOAD, PREFETCH, STASH, DIRECT, 1>(tensors, tile_tensor, tile_counts,
+                                                         slots, want_old, stash, D);
+}
+
+template <bool DIRECT>
+__device__ __forceinline__ void dc_diff_device_snapshot(const DiffTensor* __restrict__ tensors,
+                                                        const u32* __restrict__ tile_tensor,
+                                                        u32* __restrict__ tile_counts,
+                                                        u8* __restrict__ slots, u32 want_old,
+                                                        const DiffDirect& D) {
+#if DIFF_STASH && DIFF_RELOAD && DIFF_ITEMS <= 4
+    __shared__ uint4 s_stash[2 * DIFF_THREADS * DIFF_ITEMS];
+    dc_diff_tile_at_width<true, (DIFF_PREFETCH > 0), true, DIRECT>(
+        tensors, tile_tensor, tile_counts, slots, want_old, s_stash, D);
+#else
+    dc_diff_tile_at_width<DIFF_RELOAD != 0, (DIFF_PREFETCH > 0), false, DIRECT>(
+        tensors, tile_tensor, tile_counts, slots, want_old, nullptr, D);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
         u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-#if DIFF_STASH && DIFF_RELOAD && DIFF_ITEMS <= 4
-    __shared__ uint4 s_stash[2 * DIFF_THREADS * DIFF_ITEMS];
-    dc_diff_tile_at_width<true, (DIFF_PREFETCH > 0), true>(tensors, tile_tensor, tile_counts,
-                                                           slots, want_old, s_stash);
-#else
-    dc_diff_tile_at_width<DIFF_RELOAD != 0, (DIFF_PREFETCH > 0), false>(
-        tensors, tile_tensor, tile_counts, slots, want_old, nullptr);
-#endif
+    dc_diff_device_snapshot<false>(tensors, tile_tensor, tile_counts, slots, want_old,
+                                   DiffDirect{});
 }
 
 // The same with the vectors kept in registers, for snapshots in host memory.
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff_resident(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
                  u32* __restrict__ tile_counts, u8* __restrict__ slots, u32 want_old) {
-    dc_diff_tile_at_width<false, false, false>(tensors, tile_tensor, tile_counts, slots, want_old,
-                                               nullptr);
+    dc_diff_tile_at_width<false, false, false, false>(tensors, tile_tensor, tile_counts, slots,
+                                                      want_old, nullptr, DiffDirect{});
+}
+
+// The one-pass forms (DiffTuning::direct): passes 1-3 in one, then dc_diff_finish_direct.
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
+dc_diff_direct(const DiffTensor* __restrict__ tensors, const u32* __restrict__ tile_tensor,
+               u64* __restrict__ status, u64 capacity, u64* __restrict__ pos_out,
+               u8* __restrict__ new_out, u8* __restrict__ old_out) {
+    const DiffDirect D{status, capacity, pos_out, new_out, old_out};
+    dc_diff_device_snapshot<true>(tensors, tile_tensor, nullptr, nullptr, old_out != nullptr, D);
+}
+
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
+dc_diff_resident_direct(const DiffTensor* __restrict__ tensors,
+                        const u32* __restrict__ tile_tensor, u64* __restrict__ status,
+                        u64 capacity, u64* __restrict__ pos_out, u8* __restrict__ new_out,
+                        u8* __restrict__ old_out) {
+    const DiffDirect D{status, capacity, pos_out, new_out, old_out};
+    dc_diff_tile_at_width<false, false, false, true>(tensors, tile_tensor, nullptr, nullptr,
+                                                     old_out != nullptr, nullptr, D);
 }
 
 // Exclusive prefix of the tile counts within each group of DIFF_GROUP tiles (one block per
@@ -412,24 +549,25 @@ __device__ u64 dc_diff_tile_warp(const DiffTensor& T, u64 byte0, u64 first, u64*
 }
 
 // Per tensor: [offset of its first change, changes written, changes found]; then
-// [total found, total written]. Over the two-level prefix of the counts.
-extern "C" __global__ void dc_diff_finish(const DiffTensor* __restrict__ tensors, u32 num_tensors,
-                                          const u32* __restrict__ tile_offsets,
-                                          const u64* __restrict__ group_sums, u64 num_tiles,
-                                          u64 capacity, u64* __restrict__ result) {
-    const u64 total = dc_diff_prefix(tile_offsets, group_sums, num_tiles, num_tiles);
+// [total found, total written]. `prefix(t)`: the changes of the tiles before t.
+template <typename Prefix>
+__device__ __forceinline__ void dc_diff_finish_with(const DiffTensor* __restrict__ tensors,
+                                                    u32 num_tensors, u64 num_tiles,
+                                                    u64 capacity, u64* __restrict__ result,
+                                                    Prefix prefix) {
+    const u64 total = prefix(num_tiles);
     // Written: the changes of the longest run of whole tiles, from the first, that fits.
     u64 lo = 0, hi = num_tiles;  // the largest t with prefix(t) <= capacity
     while (lo < hi) {
         const u64 mid = (lo + hi + 1) >> 1;
-        if (dc_diff_prefix(tile_offsets, group_sums, num_tiles, mid) <= capacity) lo = mid; else hi = mid - 1;
+        if (prefix(mid) <= capacity) lo = mid; else hi = mid - 1;
     }
-    const u64 written = dc_diff_prefix(tile_offsets, group_sums, num_tiles, lo);
+    const u64 written = prefix(lo);
     for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < num_tensors; j += gridDim.x * blockDim.x) {
         const u64 b = tensors[j].tile_begin;
         const u64 e = j + 1 < num_tensors ? tensors[j + 1].tile_begin : num_tiles;
-        const u64 first = dc_diff_prefix(tile_offsets, group_sums, num_tiles, b);
-        const u64 end = dc_diff_prefix(tile_offsets, group_sums, num_tiles, e);
+        const u64 first = prefix(b);
+        const u64 end = prefix(e);
         const u64 upto = end < written ? end : written;
         result[3 * j] = first;
         result[3 * j + 1] = upto > first ? upto - first : 0;
@@ -439,6 +577,25 @@ extern "C" __global__ void dc_diff_finish(const DiffTensor* __restrict__ tensors
         result[3 * num_tensors] = total;
         result[3 * num_tensors + 1] = written;
     }
+}
+
+// Over the two-level prefix of the counts (passes 1-3).
+extern "C" __global__ void dc_diff_finish(const DiffTensor* __restrict__ tensors, u32 num_tensors,
+                                          const u32* __restrict__ tile_offsets,
+                                          const u64* __restrict__ group_sums, u64 num_tiles,
+                                          u64 capacity, u64* __restrict__ result) {
+    dc_diff_finish_with(tensors, num_tensors, num_tiles, capacity, result, [&](u64 t) {
+        return dc_diff_prefix(tile_offsets, group_sums, num_tiles, t);
+    });
+}
+
+// Over the inclusive prefixes the one-pass form left in the status words.
+extern "C" __global__ void dc_diff_finish_direct(const DiffTensor* __restrict__ tensors,
+                                                 u32 num_tensors,
+                                                 const u64* __restrict__ status, u64 num_tiles,
+                                                 u64 capacity, u64* __restrict__ result) {
+    dc_diff_finish_with(tensors, num_tensors, num_tiles, capacity, result,
+                        [&](u64 t) { return t == 0 ? 0 : status[t - 1] >> 2; });
 }
 
 // Pass 3 for one tile, by its warp: copies the slot to its place (or diffs an overflowed

@@ -542,6 +542,9 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dc_diff_scan_groups",
             "dc_diff_place",
             "dc_diff_finish",
+            "dc_diff_direct",
+            "dc_diff_resident_direct",
+            "dc_diff_finish_direct",
         ],
     ),
     ("encode", &["dc_encode_cells", "dc_encode_place"]),
@@ -1228,7 +1231,7 @@ impl Gpu {
     /// the digest words must be valid u64.
     pub unsafe fn diff_batch(&self, inputs: &[DiffInput], out: &DiffOutput) -> Result<DiffResult> {
         // SAFETY: per this function's contract.
-        unsafe { self.diff_batch_with("dc_diff", inputs, out) }
+        unsafe { self.diff_batch_with(false, inputs, out) }
     }
 
     /// [`Gpu::diff_batch`] for snapshots in pinned host memory: keeps the changed vectors in
@@ -1242,12 +1245,14 @@ impl Gpu {
         out: &DiffOutput,
     ) -> Result<DiffResult> {
         // SAFETY: per this function's contract.
-        unsafe { self.diff_batch_with("dc_diff_resident", inputs, out) }
+        unsafe { self.diff_batch_with(true, inputs, out) }
     }
 
+    /// The batched diff's kernels: passes 1-3 (kernels/diff.cu), or the one-pass form when the
+    /// tuning asks for it; `host_snapshot` picks the pass 1 that keeps vectors in registers.
     unsafe fn diff_batch_with(
         &self,
-        pass1: &'static str,
+        host_snapshot: bool,
         inputs: &[DiffInput],
         out: &DiffOutput,
     ) -> Result<DiffResult> {
@@ -1257,21 +1262,32 @@ impl Gpu {
             if n == 0 {
                 return Ok(DiffResult::default());
             }
+            let direct = self.tuning.direct;
             let tile_bytes = self.tuning.tile_bytes();
             let (order, table, tiles) = diff_table(inputs, tile_bytes)?;
             let groups = tiles.div_ceil(DIFF_GROUP);
             // Scratch: [table n*64][tile tensors tiles*4][tile counts tiles*4]
             //          [tile offsets tiles*4][group sums (groups+1)*8][result (3n+2)*8],
-            //          each 8-aligned; the tiles' slots (an eighth of each tile) apart.
+            //          each 8-aligned; the tiles' slots (an eighth of each tile) apart. The
+            //          one-pass form: [table][tile tensors][status tiles*8][result].
             let table_len = (n * std::mem::size_of::<KDiffTensor>()) as u64;
             let tensor_of_off = table_len;
             let counts_off = tensor_of_off + (tiles * 4).next_multiple_of(8);
-            let offsets_off = counts_off + (tiles * 4).next_multiple_of(8);
-            let groups_off = offsets_off + (tiles * 4).next_multiple_of(8);
-            let result_off = groups_off + (groups + 1) * 8;
+            let (offsets_off, groups_off, status_off, result_off) = if direct {
+                let status_off = counts_off;
+                (0, 0, status_off, status_off + tiles * 8)
+            } else {
+                let offsets_off = counts_off + (tiles * 4).next_multiple_of(8);
+                let groups_off = offsets_off + (tiles * 4).next_multiple_of(8);
+                (offsets_off, groups_off, 0, groups_off + (groups + 1) * 8)
+            };
             let len = result_off + (3 * n as u64 + 2) * 8;
             let (_guard, base) = self.scratch(len as usize)?;
-            let slots = self.slots(tiles * (tile_bytes / 8))?;
+            let slots = if direct {
+                None
+            } else {
+                Some(self.slots(tiles * (tile_bytes / 8))?)
+            };
             self.upload_typed(base, &table)?;
             let start = self.events.0;
             // SAFETY: our event and stream.
@@ -1284,66 +1300,103 @@ impl Gpu {
                     .push(base)
                     .push(n as u64)
                     .push(tiles)
-                    .push(base + tensor_of_off),
-            )?;
-            self.launch(
-                pass1,
-                tiles,
-                DIFF_THREADS,
-                Args::new()
-                    .push(base)
                     .push(base + tensor_of_off)
-                    .push(base + counts_off)
-                    .push(slots.1)
-                    .push(out.old_values.is_some() as u64),
+                    .push(if direct { base + status_off } else { 0 }),
             )?;
-            self.launch(
-                "dc_diff_scan_tiles",
-                groups,
-                DIFF_THREADS,
-                Args::new()
-                    .push(base + counts_off)
-                    .push(tiles)
-                    .push(base + offsets_off)
-                    .push(base + groups_off),
-            )?;
-            self.launch(
-                "dc_diff_scan_groups",
-                1,
-                1024,
-                Args::new().push(base + groups_off).push(groups),
-            )?;
-            // A warp per tile.
-            self.launch(
-                "dc_diff_place",
-                tiles.div_ceil((DIFF_THREADS / 32) as u64),
-                DIFF_THREADS,
-                Args::new()
-                    .push(base)
-                    .push(base + tensor_of_off)
-                    .push(tiles)
-                    .push(base + counts_off)
-                    .push(slots.1)
-                    .push(base + offsets_off)
-                    .push(base + groups_off)
-                    .push(out.capacity)
-                    .push(out.positions)
-                    .push(out.new_values)
-                    .push(out.old_values.unwrap_or(0)),
-            )?;
-            self.launch(
-                "dc_diff_finish",
-                (n as u64).div_ceil(THREADS as u64).min(MAX_GRID),
-                THREADS,
-                Args::new()
-                    .push(base)
-                    .push(n as u64)
-                    .push(base + offsets_off)
-                    .push(base + groups_off)
-                    .push(tiles)
-                    .push(out.capacity)
-                    .push(base + result_off),
-            )?;
+            if let Some((_, slots)) = &slots {
+                self.launch(
+                    if host_snapshot {
+                        "dc_diff_resident"
+                    } else {
+                        "dc_diff"
+                    },
+                    tiles,
+                    DIFF_THREADS,
+                    Args::new()
+                        .push(base)
+                        .push(base + tensor_of_off)
+                        .push(base + counts_off)
+                        .push(*slots)
+                        .push(out.old_values.is_some() as u64),
+                )?;
+                self.launch(
+                    "dc_diff_scan_tiles",
+                    groups,
+                    DIFF_THREADS,
+                    Args::new()
+                        .push(base + counts_off)
+                        .push(tiles)
+                        .push(base + offsets_off)
+                        .push(base + groups_off),
+                )?;
+                self.launch(
+                    "dc_diff_scan_groups",
+                    1,
+                    1024,
+                    Args::new().push(base + groups_off).push(groups),
+                )?;
+                // A warp per tile.
+                self.launch(
+                    "dc_diff_place",
+                    tiles.div_ceil((DIFF_THREADS / 32) as u64),
+                    DIFF_THREADS,
+                    Args::new()
+                        .push(base)
+                        .push(base + tensor_of_off)
+                        .push(tiles)
+                        .push(base + counts_off)
+                        .push(*slots)
+                        .push(base + offsets_off)
+                        .push(base + groups_off)
+                        .push(out.capacity)
+                        .push(out.positions)
+                        .push(out.new_values)
+                        .push(out.old_values.unwrap_or(0)),
+                )?;
+                self.launch(
+                    "dc_diff_finish",
+                    (n as u64).div_ceil(THREADS as u64).min(MAX_GRID),
+                    THREADS,
+                    Args::new()
+                        .push(base)
+                        .push(n as u64)
+                        .push(base + offsets_off)
+                        .push(base + groups_off)
+                        .push(tiles)
+                        .push(out.capacity)
+                        .push(base + result_off),
+                )?;
+            } else {
+                self.launch(
+                    if host_snapshot {
+                        "dc_diff_resident_direct"
+                    } else {
+                        "dc_diff_direct"
+                    },
+                    tiles,
+                    DIFF_THREADS,
+                    Args::new()
+                        .push(base)
+                        .push(base + tensor_of_off)
+                        .push(base + status_off)
+                        .push(out.capacity)
+                        .push(out.positions)
+                        .push(out.new_values)
+                        .push(out.old_values.unwrap_or(0)),
+                )?;
+                self.launch(
+                    "dc_diff_finish_direct",
+                    (n as u64).div_ceil(THREADS as u64).min(MAX_GRID),
+                    THREADS,
+                    Args::new()
+                        .push(base)
+                        .push(n as u64)
+                        .push(base + status_off)
+                        .push(tiles)
+                        .push(out.capacity)
+                        .push(base + result_off),
+                )?;
+            }
             // SAFETY: our event and stream.
             unsafe { cu::event::record(self.events.1, self.stream) }
                 .map_err(drv("cuEventRecord"))?;

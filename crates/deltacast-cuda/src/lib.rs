@@ -91,8 +91,8 @@ pub fn kernel_program(name: &str) -> Option<String> {
 }
 
 /// Compile-time knobs of the diff kernel (kernels/diff.cu). The default is what measured
-/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload[,prefetch[,stash]]` overrides it
-/// (benches).
+/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload[,prefetch[,stash[,direct]]]`
+/// overrides it (benches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DiffTuning {
     /// 16-byte vectors per thread and array: a tile is `256 * 16 * items` bytes (1..=8:
@@ -111,6 +111,10 @@ pub struct DiffTuning {
     /// from shared memory, stashed there as they were compared, instead of again from L2
     /// (on the H200 at 1 %: 72 -> 75 % of a device copy, 68 -> 71 % with old bits and digest).
     pub stash: bool,
+    /// One pass instead of three: each tile finds its place in the output by a decoupled
+    /// look-back over the tiles before it and writes its changes (and digest change) there,
+    /// instead of to a scratch slot that a second kernel copies out.
+    pub direct: bool,
 }
 
 impl Default for DiffTuning {
@@ -121,6 +125,7 @@ impl Default for DiffTuning {
             reload: true,
             prefetch: 264,
             stash: true,
+            direct: false,
         }
     }
 }
@@ -158,8 +163,8 @@ impl DiffTuning {
         }
     }
 
-    /// The tuning from `DELTACAST_DIFF_TUNING` (`items,min_blocks,reload[,prefetch[,stash]]`), else
-    /// the default.
+    /// The tuning from `DELTACAST_DIFF_TUNING`
+    /// (`items,min_blocks,reload[,prefetch[,stash[,direct]]]`), else the default.
     pub fn from_env() -> Result<Self> {
         match std::env::var("DELTACAST_DIFF_TUNING") {
             Ok(text) => Self::parse(&text),
@@ -167,13 +172,13 @@ impl DiffTuning {
         }
     }
 
-    /// `items,min_blocks,reload[,prefetch[,stash]]`, e.g. `4,4,1,264` or `4,4,1,264,1`;
-    /// without `prefetch`, the default's.
+    /// `items,min_blocks,reload[,prefetch[,stash[,direct]]]`, e.g. `4,4,1,264` or
+    /// `4,4,1,264,1,1`; without `prefetch` or `direct`, the default's.
     pub fn parse(text: &str) -> Result<Self> {
         let bad = || {
             CudaError::InvalidArgument(format!(
                 "DELTACAST_DIFF_TUNING={text}: expected \
-                 items,min_blocks,reload[,prefetch[,stash]] (e.g. 4,4,1,264)"
+                 items,min_blocks,reload[,prefetch[,stash[,direct]]] (e.g. 4,4,1,264)"
             ))
         };
         let parts: Vec<u32> = text
@@ -181,7 +186,7 @@ impl DiffTuning {
             .map(|p| p.trim().parse().map_err(|_| bad()))
             .collect::<Result<_>>()?;
         let (items, min_blocks, reload, rest) = match parts[..] {
-            [items, min_blocks, reload @ (0 | 1), ref rest @ ..] if rest.len() <= 2 => {
+            [items, min_blocks, reload @ (0 | 1), ref rest @ ..] if rest.len() <= 3 => {
                 (items, min_blocks, reload == 1, rest)
             }
             _ => return Err(bad()),
@@ -197,6 +202,12 @@ impl DiffTuning {
             // Without the field: on wherever it applies, as in the default.
             stash: match rest.get(1) {
                 None => reload && items <= 4,
+                Some(0) => false,
+                Some(1) => true,
+                Some(_) => return Err(bad()),
+            },
+            direct: match rest.get(2) {
+                None => DiffTuning::default().direct,
                 Some(0) => false,
                 Some(1) => true,
                 Some(_) => return Err(bad()),
@@ -490,6 +501,12 @@ mod tests {
         assert!(!DiffTuning::parse("4,4,1,264,0").unwrap().stash);
         assert!(!DiffTuning::parse("8,2,1").unwrap().stash);
         assert!(!DiffTuning::parse("4,4,0,264").unwrap().stash);
+        assert!(DiffTuning::parse("4,4,1,264,1,1").unwrap().direct);
+        assert!(!DiffTuning::parse("4,4,1,264,1,0").unwrap().direct);
+        assert_eq!(
+            DiffTuning::parse("4,4,1,264,1").unwrap().direct,
+            DiffTuning::default().direct
+        );
         for bad in [
             "",
             "4,4",
@@ -504,7 +521,8 @@ mod tests {
             "4,4,1,1,2",
             "4,4,0,264,1",
             "5,4,1,264,1",
-            "4,4,1,1,1,1",
+            "4,4,1,1,1,2",
+            "4,4,1,1,1,1,1",
         ] {
             assert!(DiffTuning::parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -458,7 +458,7 @@ fn diff_matches_cpu_on_a_large_tensor_and_many_small_ones() {
 fn diff_matches_cpu_at_other_tunings() {
     // Other tile sizes, occupancies, prefetch distances (1 and 3 tiles ahead reach tiles of
     // other tensors in these small launches; 0 turns the prefetch off), with and without the
-    // stash: same output.
+    // stash, in three passes or in one (the look-back): same output.
     let Some(plain) = gpu() else { return };
     for text in [
         "4,4,1,0",
@@ -468,6 +468,11 @@ fn diff_matches_cpu_at_other_tunings() {
         "1,8,0,0",
         "4,4,1,264,0",
         "2,8,1,3,1",
+        "4,4,1,264,1,0",
+        "4,4,1,264,1,1",
+        "2,8,1,3,1,1",
+        "8,2,1,3,0,1",
+        "1,8,0,0,0,1",
     ] {
         let tuning = DiffTuning::parse(text).unwrap();
         let gpu = Gpu::with_tuning(plain.ordinal(), tuning).unwrap();
@@ -530,23 +535,29 @@ fn pinned_buffer_round_trips() {
 fn diff_with_pinned_snapshot_matches_cpu() {
     // The snapshot in page-locked host memory: the kernels read it over PCIe and refresh it
     // in place; outputs, digests and the host bytes must be the CPU's, bit for bit.
-    let Some(gpu) = gpu() else { return };
-    let mut rng = Rng(31);
-    let mut cases = edge_cases(&mut rng, 3, 4);
-    cases.push(DiffCase {
-        numel: (1 << 22) + 3,
-        width: 2,
-        density: 0.01,
-        misalign: false,
-        first_index: 0,
-        slot: 2,
-    });
-    run_diff_batch_at(&gpu, &mut rng, &cases, 1.0, true);
-    let many = many_cases(&mut rng, 1500, 5000, 13);
-    run_diff_batch_at(&gpu, &mut rng, &many, 1.0, true);
-    // Output too small (and tiles past their slots): a prefix written.
-    let small = small_output_cases(Some(3));
-    run_diff_batch_at(&gpu, &mut rng, &small, 0.4, true);
+    let Some(plain) = gpu() else { return };
+    // The default form and the other one (three passes or one).
+    let mut other = plain.tuning();
+    other.direct = !other.direct;
+    let other = Gpu::with_tuning(plain.ordinal(), other).unwrap();
+    for gpu in [&plain, &other] {
+        let mut rng = Rng(31);
+        let mut cases = edge_cases(&mut rng, 3, 4);
+        cases.push(DiffCase {
+            numel: (1 << 22) + 3,
+            width: 2,
+            density: 0.01,
+            misalign: false,
+            first_index: 0,
+            slot: 2,
+        });
+        run_diff_batch_at(gpu, &mut rng, &cases, 1.0, true);
+        let many = many_cases(&mut rng, 1500, 5000, 13);
+        run_diff_batch_at(gpu, &mut rng, &many, 1.0, true);
+        // Output too small (and tiles past their slots): a prefix written.
+        let small = small_output_cases(Some(3));
+        run_diff_batch_at(gpu, &mut rng, &small, 0.4, true);
+    }
 }
 
 #[test]
