@@ -65,6 +65,10 @@
 #define DIFF_STASH 1
 #endif
 #define DIFF_THREADS 256
+// Pass 3: rounds of 32 changes whose slot loads a warp issues together.
+#ifndef PLACE_ROUNDS
+#define PLACE_ROUNDS 4
+#endif
 #define DIFF_TILE_BYTES (DIFF_THREADS * DIFF_ITEMS * 16)
 #define DIFF_TILE_VECS (DIFF_THREADS * DIFF_ITEMS)
 #define DIFF_PACKS ((DIFF_ITEMS + 3) / 4)
@@ -170,8 +174,12 @@ __device__ __forceinline__ u64 dc_diff_lookback(u64* __restrict__ status, u64 ti
                 const i64 at = nearest - (i64)lane;
                 // Before tile 0: a prefix of 0, so that the walk ends there.
                 u64 s = at >= 0 ? dc_load_status(status + at) : DC_STATUS_PREFIX;
-                while (__any_sync(DC_FULL_MASK, (s & 3) == 0))
+                // Not yet published: ask again after a pause (the spin's loads compete for the
+                // L2 the diff is bound by).
+                while (__any_sync(DC_FULL_MASK, (s & 3) == 0)) {
+                    __nanosleep(64);
                     if ((s & 3) == 0) s = dc_load_status(status + at);
+                }
                 const u32 prefixes = __ballot_sync(DC_FULL_MASK, (s & 3) == DC_STATUS_PREFIX);
                 const u32 upto = prefixes ? __ffs(prefixes) - 1 : 31;
                 before += dc_warp_sum(lane <= upto ? s >> 2 : 0);
@@ -616,16 +624,32 @@ __device__ __forceinline__ u64 dc_diff_place_tile(const DiffTensor& T, u64 tile,
     const u16* slot_pos = (const u16*)slot;
     const u8* slot_new = slot + 2 * cap;
     const u8* slot_old = slot_new + (u64)cap * w;
-    for (u32 k = lane; k < count; k += 32) {
-        const u64 index = index0 + slot_pos[k];
-        const u32 nb = dc_load_bits(slot_new, k, w);
-        pos_out[first + k] = index;
-        dc_store_bits(new_out, first + k, w, nb);
-        if (old_out || T.digest_out) {
-            const u32 ob = dc_load_bits(slot_old, k, w);
-            if (old_out) dc_store_bits(old_out, first + k, w, ob);
+    const bool with_old = old_out || T.digest_out;  // uniform
+    // PLACE_ROUNDS rounds of 32 changes at a time, all their loads issued before the first
+    // store: the pass is bound by the latency of these loads, not by bandwidth.
+    for (u32 base = 0; base < count; base += 32 * PLACE_ROUNDS) {
+        u32 rel[PLACE_ROUNDS], nb[PLACE_ROUNDS], ob[PLACE_ROUNDS];
+#pragma unroll
+        for (u32 r = 0; r < PLACE_ROUNDS; ++r) {
+            const u32 k = base + 32 * r + lane;
+            rel[r] = nb[r] = ob[r] = 0;
+            if (k < count) {
+                rel[r] = slot_pos[k];
+                nb[r] = dc_load_bits(slot_new, k, w);
+                if (with_old) ob[r] = dc_load_bits(slot_old, k, w);
+            }
+        }
+#pragma unroll
+        for (u32 r = 0; r < PLACE_ROUNDS; ++r) {
+            const u32 k = base + 32 * r + lane;
+            if (k >= count) break;
+            const u64 index = index0 + rel[r];
+            pos_out[first + k] = index;
+            dc_store_bits(new_out, first + k, w, nb[r]);
+            if (old_out) dc_store_bits(old_out, first + k, w, ob[r]);
             if (T.digest_out)
-                dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
+                dsum += dc_element_hash(T.salt, index, nb[r]) -
+                        dc_element_hash(T.salt, index, ob[r]);
         }
     }
     return dsum;
