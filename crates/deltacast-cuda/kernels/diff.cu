@@ -67,7 +67,7 @@
 #define DIFF_THREADS 256
 // Pass 3: rounds of 32 changes whose slot loads a warp issues together.
 #ifndef PLACE_ROUNDS
-#define PLACE_ROUNDS 8
+#define PLACE_ROUNDS 4
 #endif
 #define DIFF_TILE_BYTES (DIFF_THREADS * DIFF_ITEMS * 16)
 #define DIFF_TILE_VECS (DIFF_THREADS * DIFF_ITEMS)
