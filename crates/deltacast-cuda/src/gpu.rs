@@ -307,6 +307,15 @@ impl Args {
         self
     }
 
+    /// The diff's output, as its writing kernels take it: capacity, positions, new bits, old
+    /// bits (0: none).
+    fn push_output(self, out: &DiffOutput) -> Self {
+        self.push(out.capacity)
+            .push(out.positions)
+            .push(out.new_values)
+            .push(out.old_values.unwrap_or(0))
+    }
+
     fn ptrs(&mut self) -> Vec<*mut c_void> {
         let base = self.slots.as_mut_ptr();
         // SAFETY: every index is below `len` <= 16.
@@ -1348,10 +1357,7 @@ impl Gpu {
                         .push(*slots)
                         .push(base + offsets_off)
                         .push(base + groups_off)
-                        .push(out.capacity)
-                        .push(out.positions)
-                        .push(out.new_values)
-                        .push(out.old_values.unwrap_or(0)),
+                        .push_output(out),
                 )?;
                 self.launch(
                     "dc_diff_finish",
@@ -1379,10 +1385,7 @@ impl Gpu {
                         .push(base)
                         .push(base + tensor_of_off)
                         .push(base + status_off)
-                        .push(out.capacity)
-                        .push(out.positions)
-                        .push(out.new_values)
-                        .push(out.old_values.unwrap_or(0)),
+                        .push_output(out),
                 )?;
                 self.launch(
                     "dc_diff_finish_direct",
