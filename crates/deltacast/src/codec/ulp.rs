@@ -27,8 +27,10 @@
 //! build of narrow elements computed in vector lanes and joined eight to a store, otherwise
 //! those of code numbers below 1024 (~99% of AdamW steps) from a table, three per store. The
 //! decoder of narrow elements reads up to eight code words per lookup in a table of the next
-//! 10 stream bits, kept in a register between loads, then applies the steps to the old bits
-//! in a vectorized loop; 4-byte elements decode one value at a time.
+//! 10 stream bits, two lookups and then one code word of any kind by arithmetic per step
+//! (no branch on the data: long and raw words cost no misprediction on fresh data), two
+//! blocks in turn, then applies the steps to the old bits in a vectorized loop; 4-byte
+//! elements decode one value at a time.
 
 use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter, BlockWriter};
 #[cfg(target_arch = "x86_64")]
@@ -61,9 +63,9 @@ pub fn encode(width: usize, old: &[u8], new: &[u8], out: &mut Vec<u8>) {
 
 pub fn decode(width: usize, input: &[u8], old: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
     match width {
-        1 => decode_width::<1, true>(input, old, out),
-        2 => decode_width::<2, true>(input, old, out),
-        4 => decode_width::<4, true>(input, old, out),
+        1 => decode_width::<1, FAST>(input, old, out),
+        2 => decode_width::<2, FAST>(input, old, out),
+        4 => decode_width::<4, FAST>(input, old, out),
         _ => Err(CodecError::Unsupported {
             codec: "ulp",
             what: "elements of this width",
@@ -678,6 +680,9 @@ struct StepTable {
     min_c: [u8; LOOKUP_SIZE],
     /// `bits | count << 8 | min_c << 16` of each entry: one load for all three.
     meta: [u32; LOOKUP_SIZE],
+    /// The largest `min_c` of an entry that holds code words: under a cap at least this,
+    /// every entry holds (see [`fast_step`]).
+    max_c: u32,
 }
 
 /// Largest `k` with a [`StepTable`] (code words of larger ones are long: few per lookup).
@@ -689,13 +694,14 @@ const LOOKUP: u32 = 10;
 const LOOKUP_SIZE: usize = 1 << LOOKUP;
 
 impl StepTable {
-    fn new(k: u32) -> Self {
+    fn new(k: u32, nb: u32) -> Self {
         let mut table = StepTable {
             steps: [[0; 8]; LOOKUP_SIZE],
             count: [0; LOOKUP_SIZE],
             bits: [0; LOOKUP_SIZE],
             min_c: [255; LOOKUP_SIZE],
             meta: [0; LOOKUP_SIZE],
+            max_c: 0,
         };
         for x in 0..LOOKUP_SIZE as u32 {
             let (mut at, mut count, mut min_c) = (0, 0, 0);
@@ -712,7 +718,9 @@ impl StepTable {
                         (rest >> (z + 1)) & mask(l - 1) as u32 | 1 << (l - 1),
                     )
                 };
-                if z >= LOOKUP - at || at + len > LOOKUP {
+                // An invalid code number (FP8: 254, at k >= 6) is left to the path that
+                // reports it.
+                if z >= LOOKUP - at || at + len > LOOKUP || !valid_code(u as u64, nb) {
                     break;
                 }
                 table.steps[x as usize][count] = step_of(u) as u16;
@@ -724,6 +732,7 @@ impl StepTable {
                 let x = x as usize;
                 (table.count[x], table.bits[x], table.min_c[x]) =
                     (count as u8, at as u8, min_c as u8);
+                table.max_c = table.max_c.max(min_c);
             }
             let x = x as usize;
             table.meta[x] =
@@ -732,11 +741,13 @@ impl StepTable {
         table
     }
 
-    /// The table for `k <= TABLE_K`, built once per process.
-    fn get(k: u32) -> &'static StepTable {
-        static TABLES: [OnceLock<Box<StepTable>>; TABLE_K as usize + 1] =
-            [const { OnceLock::new() }; TABLE_K as usize + 1];
-        TABLES[k as usize].get_or_init(|| Box::new(StepTable::new(k)))
+    /// The table for `W`-byte elements (`W <= 2`) and `k <= TABLE_K`, built once per
+    /// process.
+    fn get<const W: usize>(k: u32) -> &'static StepTable {
+        type Tables = [OnceLock<Box<StepTable>>; TABLE_K as usize + 1];
+        static TABLES: [Tables; 2] =
+            [const { [const { OnceLock::new() }; TABLE_K as usize + 1] }; 2];
+        TABLES[(W - 1) % 2][k as usize].get_or_init(|| Box::new(StepTable::new(k, nbits::<W>())))
     }
 }
 
@@ -888,7 +899,7 @@ impl StepCursor {
     ) -> Result<(), usize> {
         let m = old.len().min(BLOCK);
         if k <= TABLE_K && c > 0 {
-            let table = StepTable::get(k);
+            let table = StepTable::get::<W>(k);
             while self.i + 8 <= m {
                 self.table_step::<W>(reader, table, (k, c), steps)?;
             }
@@ -943,9 +954,163 @@ fn lockstep<const W: usize>(
     (Ok(()), Ok(()))
 }
 
-/// `TABLES`: decode narrow elements through the [`StepTable`]s (else one value at a time, as
-/// 4-byte elements always are: the tests' second decoder).
-fn decode_width<const W: usize, const TABLES: bool>(
+/// The state of one block in the branch-free decoding loop: stream bit `pos` next, values
+/// `..i` decoded, `raws` of them raw.
+#[derive(Clone, Copy)]
+struct Fast {
+    pos: usize,
+    i: usize,
+    raws: usize,
+}
+
+/// Stream bits one [`fast_step`] with `lookups` lookups may read for a block with parameters
+/// `(k, c)` (narrow elements): the lookups, then the longest code word (raw: `c` zeros and
+/// `nb` bits; long: `z < c` zeros, a one, and `z + k - 1` bits).
+fn fast_bits(lookups: u32, nb: u32, (k, c): (u32, u32)) -> u32 {
+    lookups * LOOKUP + (c + nb).max(2 * c.saturating_sub(1) + k)
+}
+
+/// One branch-free step of a block of narrow elements: `N` [`StepTable`] lookups in turn
+/// (the code words each holds), then always one more code word (whatever its kind: short,
+/// long or raw) decoded by arithmetic. No branch depends on the data but the one for an
+/// invalid code number (never taken on intact sections), so long and raw words cost no
+/// misprediction; the chain from one step to the next is a load of the stream, the lookups,
+/// and the last word's length. Needs `k <= TABLE_K`, `table.max_c <= c <= nb + 1` (every
+/// entry holds under the cap), `fast_bits(N, nb, (k, c)) <= 57` (one load holds the step)
+/// and room for `8 N + 1` more values in the block; decodes exactly the words of
+/// [`StepCursor::table_step`]s.
+#[inline(always)]
+fn fast_step<const W: usize, const N: usize>(
+    reader: BitReader<'_>,
+    table: &StepTable,
+    (k, c): (u32, u32),
+    state: &mut Fast,
+    steps: &mut BlockSteps,
+) -> Result<(), usize> {
+    let nb = nbits::<W>();
+    debug_assert!(k <= TABLE_K && table.max_c <= c && c <= nb + 1);
+    debug_assert!(fast_bits(N as u32, nb, (k, c)) <= 57);
+    // At least 57 stream bits.
+    let mut rest = reader.peek(state.pos);
+    let (mut used, mut j) = (0, state.i);
+    for _ in 0..N {
+        let x = (rest & mask(LOOKUP)) as usize;
+        let meta = table.meta[x];
+        let bits = meta & 0xff;
+        // The room: j + 9 <= BLOCK, and `d` has 8 slots past the block.
+        steps.d[j % BLOCK..j % BLOCK + 8].copy_from_slice(&table.steps[x]);
+        j += (meta >> 8 & 0xff) as usize;
+        rest >>= bits;
+        used += bits;
+    }
+    let z = rest.trailing_zeros();
+    let raw = z >= c;
+    // The coded reading, discarded when raw (z clamped below c keeps its shifts in range).
+    let zc = z.min(c);
+    let long = (zc != 0) as u32;
+    let len = zc + k - long;
+    let u = ((rest >> (zc + 1)) & mask(len)) | ((long as u64) << len);
+    if !raw && !valid_code(u, nb) {
+        return Err(j);
+    }
+    let new_bits = (rest >> c) & mask(nb);
+    steps.d[j % BLOCK] = if raw { 0 } else { step_of(u as u32) as u16 };
+    let r = state.raws % BLOCK;
+    (steps.raw_at[r], steps.raw_bits[r]) = (j as u16, new_bits as u16);
+    state.raws += raw as usize;
+    state.pos += (used + if raw { c + nb } else { zc + 1 + len }) as usize;
+    state.i = j + 1;
+    Ok(())
+}
+
+/// [`fast_pair`] compiled for BMI1/2 (shifts by a register without the `cl` shuffle, one
+/// instruction masks): the same code.
+///
+/// # Safety
+///
+/// The CPU must have the features of [`super::bits::x86_wide`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline(never)]
+unsafe fn fast_pair_bmi<const W: usize>(
+    reader: BitReader<'_>,
+    table: &StepTable,
+    params: (u32, u32, u32),
+    cursors: (&mut Fast, &mut Fast),
+    ends: (usize, usize),
+    steps: (&mut BlockSteps, &mut BlockSteps),
+) -> (Result<(), usize>, Result<(), usize>) {
+    fast_pair::<W>(reader, table, params, cursors, ends, steps)
+}
+
+/// [`fast_pair`] in the portable build.
+#[inline(never)]
+fn fast_pair_outlined<const W: usize>(
+    reader: BitReader<'_>,
+    table: &StepTable,
+    params: (u32, u32, u32),
+    cursors: (&mut Fast, &mut Fast),
+    ends: (usize, usize),
+    steps: (&mut BlockSteps, &mut BlockSteps),
+) -> (Result<(), usize>, Result<(), usize>) {
+    fast_pair::<W>(reader, table, params, cursors, ends, steps)
+}
+
+/// [`fast_step`]s of two blocks with the same `k` in turn while both have room: their
+/// chains are independent, so the CPU overlaps them. Stops at the first error of either.
+#[inline(always)]
+fn fast_pair<const W: usize>(
+    reader: BitReader<'_>,
+    table: &StepTable,
+    (k, c_a, c_b): (u32, u32, u32),
+    (a, b): (&mut Fast, &mut Fast),
+    (m_a, m_b): (usize, usize),
+    (steps_a, steps_b): (&mut BlockSteps, &mut BlockSteps),
+) -> (Result<(), usize>, Result<(), usize>) {
+    let nb = nbits::<W>();
+    let (mut fa, mut fb) = (*a, *b);
+    let mut result = (Ok(()), Ok(()));
+    // Two lookups a step where one load holds them and any code word after them (caps up
+    // to 16 or 17 at k = 0: nearly always), so the last word's arithmetic serves ~10 values.
+    if fast_bits(2, nb, (k, c_a)).max(fast_bits(2, nb, (k, c_b))) <= 57 {
+        while fa.i + 17 <= m_a && fb.i + 17 <= m_b {
+            if let Err(e) = fast_step::<W, 2>(reader, table, (k, c_a), &mut fa, steps_a) {
+                result = (Err(e), Ok(()));
+                break;
+            }
+            if let Err(e) = fast_step::<W, 2>(reader, table, (k, c_b), &mut fb, steps_b) {
+                result = (Ok(()), Err(e));
+                break;
+            }
+        }
+    }
+    if result == (Ok(()), Ok(())) {
+        while fa.i + 9 <= m_a && fb.i + 9 <= m_b {
+            if let Err(e) = fast_step::<W, 1>(reader, table, (k, c_a), &mut fa, steps_a) {
+                result = (Err(e), Ok(()));
+                break;
+            }
+            if let Err(e) = fast_step::<W, 1>(reader, table, (k, c_b), &mut fb, steps_b) {
+                result = (Ok(()), Err(e));
+                break;
+            }
+        }
+    }
+    (*a, *b) = (fa, fb);
+    result
+}
+
+/// How [`decode_width`] decodes narrow elements: one value at a time (as 4-byte elements
+/// always are), through [`StepTable`] lookups with a branch to the one value path at each
+/// code word the table does not hold, or (the decoder in use) through branch-free
+/// [`fast_step`]s where the block's cap allows (else the lookups). The first two are the
+/// tests' reference decoders.
+const ONE_AT_A_TIME: u8 = 0;
+#[cfg(test)]
+const LOOKUPS: u8 = 1;
+const FAST: u8 = 2;
+
+fn decode_width<const W: usize, const HOW: u8>(
     input: &[u8],
     old: &[u8],
     out: &mut Vec<u8>,
@@ -990,7 +1155,7 @@ fn decode_width<const W: usize, const TABLES: bool>(
 
     out.resize(n * W, 0);
     let reader = BitReader::new(stream);
-    if W > 2 || !TABLES {
+    if W > 2 || HOW == ONE_AT_A_TIME {
         return decode_wide::<W>(reader, dir, old, out);
     }
     let (mut steps_a, mut steps_b) = (BlockSteps::new(), BlockSteps::new());
@@ -1008,6 +1173,8 @@ fn decode_width<const W: usize, const TABLES: bool>(
         }
         Ok(())
     };
+    #[cfg(target_arch = "x86_64")]
+    let bmi = super::bits::x86_wide();
     let mut pos = 0usize;
     let mut b = 0;
     while b < blocks {
@@ -1024,16 +1191,53 @@ fn decode_width<const W: usize, const TABLES: bool>(
             // first, and its first error (if any) reported only then, as if decoded after it.
             let end_b = end + entry(b + 1).0 as usize;
             let old_b = &old[block(b + 1)];
-            let table = StepTable::get(k);
-            let mut second = StepCursor::new(reader, end);
-            let (first_err, second_err) = lockstep::<W>(
-                reader,
-                table,
-                (k, c, c_b),
-                (&mut first, &mut second),
-                (old_a, old_b),
-                (&mut *steps_a, &mut *steps_b),
-            );
+            let table = StepTable::get::<W>(k);
+            let (first_err, second_err, mut second);
+            if HOW == FAST && table.max_c <= c.min(c_b) {
+                // Branch free: no misprediction at long or raw words.
+                let (mut fa, mut fb) = (
+                    Fast { pos, i: 0, raws: 0 },
+                    Fast {
+                        pos: end,
+                        i: 0,
+                        raws: 0,
+                    },
+                );
+                let cursors = (&mut fa, &mut fb);
+                let ends = (old_a.len().min(BLOCK), old_b.len().min(BLOCK));
+                let steps = (&mut *steps_a, &mut *steps_b);
+                #[cfg(target_arch = "x86_64")]
+                if bmi {
+                    // SAFETY: `bmi` says that `x86_wide` detected the features it needs.
+                    (first_err, second_err) = unsafe {
+                        fast_pair_bmi::<W>(reader, table, (k, c, c_b), cursors, ends, steps)
+                    };
+                } else {
+                    (first_err, second_err) =
+                        fast_pair_outlined::<W>(reader, table, (k, c, c_b), cursors, ends, steps);
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                {
+                    (first_err, second_err) =
+                        fast_pair_outlined::<W>(reader, table, (k, c, c_b), cursors, ends, steps);
+                }
+                (first, second) = (
+                    StepCursor::new(reader, fa.pos),
+                    StepCursor::new(reader, fb.pos),
+                );
+                (first.i, second.i) = (fa.i, fb.i);
+                (steps_a.raws, steps_b.raws) = (fa.raws, fb.raws);
+            } else {
+                second = StepCursor::new(reader, end);
+                (first_err, second_err) = lockstep::<W>(
+                    reader,
+                    table,
+                    (k, c, c_b),
+                    (&mut first, &mut second),
+                    (old_a, old_b),
+                    (&mut *steps_a, &mut *steps_b),
+                );
+            }
             first_err.map_err(|i| bad_code(b * BLOCK + i, nb))?;
             first
                 .finish(reader, (k, c), old_a, &mut steps_a)
@@ -1601,8 +1805,8 @@ mod tests {
                             bad[i] ^= 1 << rng.below(8);
                         }
                         let (mut a, mut b) = (Vec::new(), Vec::new());
-                        let ra = decode_width::<W, true>(&bad, &old, &mut a);
-                        let rb = decode_width::<W, false>(&bad, &old, &mut b);
+                        let ra = decode_width::<W, FAST>(&bad, &old, &mut a);
+                        let rb = decode_width::<W, ONE_AT_A_TIME>(&bad, &old, &mut b);
                         assert_eq!(ra, rb, "width {W} scale {scale} n {n} damage {damage}");
                         if ra.is_ok() {
                             assert_eq!(a, b);
@@ -1615,6 +1819,92 @@ mod tests {
             }
         }
         let mut rng = Rng(30);
+        check::<1>(&mut rng);
+        check::<2>(&mut rng);
+    }
+
+    /// The branch-free decoder (the one in use) against the table lookups with a branch at
+    /// each code word they do not hold, and both against the one value at a time decoder,
+    /// on blocks of every `k` up to past the tables' (steps of every scale), every cap (also
+    /// set in the directory by hand, below the tables' holding ones and above what a block
+    /// needs), raw and unchanged values, special patterns, odd lengths, and damaged bits
+    /// anywhere: same values, same errors.
+    #[test]
+    fn fast_and_lookup_decoders_agree() {
+        fn check<const W: usize>(rng: &mut Rng) {
+            let nb = 8 * W as u32;
+            let sp = specials(W);
+            let agree = |bad: &[u8], old: &[u8], what: &str| {
+                let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+                let ra = decode_width::<W, FAST>(bad, old, &mut a);
+                let rb = decode_width::<W, LOOKUPS>(bad, old, &mut b);
+                let rc = decode_width::<W, ONE_AT_A_TIME>(bad, old, &mut c);
+                assert_eq!(ra, rb, "width {W}: {what}");
+                assert_eq!(ra, rc, "width {W}: {what}");
+                if ra.is_ok() {
+                    assert_eq!(a, b, "width {W}: {what}");
+                    assert_eq!(a, c, "width {W}: {what}");
+                }
+                a
+            };
+            for scale in 0..=nb {
+                for n in [1usize, 9, 17, 18, 40, 1024, 1025, 2048, 2100, 3090, 4113] {
+                    let old: Vec<u32> = (0..n)
+                        .map(|_| match rng.below(8) {
+                            0 => sp[rng.below(sp.len() as u64) as usize],
+                            _ => rng.next_u64() as u32 & mask(nb) as u32,
+                        })
+                        .collect();
+                    let new: Vec<u32> = old
+                        .iter()
+                        .map(|&a| {
+                            let step = match rng.below(20) {
+                                0 => 0,
+                                1 => return sp[rng.below(sp.len() as u64) as usize],
+                                2 => (rng.next_u64() >> 40) as i64,
+                                3..=12 => rng.below(3) as i64 - 1,
+                                _ => {
+                                    let m = rng.below(1 << scale) as i64 + 1;
+                                    if rng.below(2) == 0 {
+                                        m
+                                    } else {
+                                        -m
+                                    }
+                                }
+                            };
+                            from_ordered(
+                                (to_ordered(a, W) as i64 + step).rem_euclid(1 << nb) as u32,
+                                W,
+                            )
+                        })
+                        .collect();
+                    let (old, new) = (patterns(W, &old), patterns(W, &new));
+                    let mut enc = Vec::new();
+                    encode(W, &old, &new, &mut enc);
+                    assert_eq!(agree(&enc, &old, "intact"), new);
+                    let dir_len = n.div_ceil(BLOCK) * DIR_ENTRY;
+                    for damage in 0..40 {
+                        let mut bad = enc.clone();
+                        if damage < 10 {
+                            // A block's k or cap set to anything it may hold.
+                            let b = rng.below(dir_len as u64 / 4) as usize;
+                            if damage % 2 == 0 {
+                                bad[4 * b + 3] = rng.below(nb as u64 + 2) as u8;
+                            } else {
+                                bad[4 * b + 2] = rng.below(TABLE_K as u64 + 2) as u8;
+                            }
+                        } else {
+                            for _ in 0..1 + damage % 3 {
+                                let i = rng.below(bad.len() as u64) as usize;
+                                bad[i] ^= 1 << rng.below(8);
+                            }
+                        }
+                        agree(&bad, &old, &format!("scale {scale} n {n} damage {damage}"));
+                    }
+                }
+            }
+        }
+        let mut rng = Rng(31);
         check::<1>(&mut rng);
         check::<2>(&mut rng);
     }
@@ -1712,32 +2002,43 @@ mod tests {
 
     #[test]
     fn step_tables_agree_with_code_words() {
-        let mut rng = Rng(26);
-        for k in 0..=TABLE_K {
-            let table = StepTable::get(k);
-            for x in 0..LOOKUP_SIZE {
-                for c in 1..=17 {
-                    if (table.min_c[x] as u32) > c {
-                        continue;
+        fn check<const W: usize>(rng: &mut Rng) {
+            let nb = 8 * W as u32;
+            for k in 0..=TABLE_K {
+                let table = StepTable::get::<W>(k);
+                let mut max_c = 0;
+                for x in 0..LOOKUP_SIZE {
+                    if table.count[x] > 0 {
+                        max_c = max_c.max(table.min_c[x] as u32);
                     }
-                    // Whatever follows the LOOKUP bits, the words decode as the table says.
-                    let word = x as u64 | (rng.next_u64() << LOOKUP);
-                    let mut used = 0;
-                    for &step in &table.steps[x][..table.count[x] as usize] {
-                        let (u, len) = narrow_word::<2>(word >> used, k, c);
-                        assert!(u & TAG == 0, "k {k} x {x:#b} c {c}: raw word");
-                        assert_eq!(step_of(u) as u16, step, "k {k} x {x:#b} c {c}");
-                        used += len;
+                    for c in 1..=nb + 1 {
+                        if (table.min_c[x] as u32) > c {
+                            continue;
+                        }
+                        // Whatever follows the LOOKUP bits, the words decode as the table says.
+                        let word = x as u64 | (rng.next_u64() << LOOKUP);
+                        let mut used = 0;
+                        for &step in &table.steps[x][..table.count[x] as usize] {
+                            let (u, len) = narrow_word::<W>(word >> used, k, c);
+                            assert!(u & TAG == 0, "k {k} x {x:#b} c {c}: raw word");
+                            assert!(valid_code(u as u64, nb), "k {k} x {x:#b}: code {u}");
+                            assert_eq!(step_of(u) as u16, step, "k {k} x {x:#b} c {c}");
+                            used += len;
+                        }
+                        assert_eq!(used, table.bits[x] as u32, "k {k} x {x:#b} c {c}");
+                        assert!(used <= LOOKUP && table.count[x] > 0);
+                        let meta = table.meta[x];
+                        assert_eq!(meta & 0xff, used);
+                        assert_eq!(meta >> 8 & 0xff, table.count[x] as u32);
+                        assert_eq!(meta >> 16, table.min_c[x] as u32);
                     }
-                    assert_eq!(used, table.bits[x] as u32, "k {k} x {x:#b} c {c}");
-                    assert!(used <= LOOKUP && table.count[x] > 0);
-                    let meta = table.meta[x];
-                    assert_eq!(meta & 0xff, used);
-                    assert_eq!(meta >> 8 & 0xff, table.count[x] as u32);
-                    assert_eq!(meta >> 16, table.min_c[x] as u32);
                 }
+                assert_eq!(table.max_c, max_c, "width {W}, k {k}");
             }
         }
+        let mut rng = Rng(26);
+        check::<1>(&mut rng);
+        check::<2>(&mut rng);
     }
 
     proptest! {
