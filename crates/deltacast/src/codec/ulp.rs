@@ -980,7 +980,7 @@ fn fast_bits(lookups: u32, nb: u32, (k, c): (u32, u32)) -> u32 {
 /// and room for `8 N + 1` more values in the block; decodes exactly the words of
 /// [`StepCursor::table_step`]s.
 #[inline(always)]
-fn fast_step<const W: usize, const N: usize>(
+fn fast_step<const W: usize, const N: usize, const K0: bool>(
     reader: BitReader<'_>,
     table: &StepTable,
     (k, c): (u32, u32),
@@ -988,6 +988,8 @@ fn fast_step<const W: usize, const N: usize>(
     steps: &mut BlockSteps,
 ) -> Result<(), usize> {
     let nb = nbits::<W>();
+    debug_assert!(!K0 || k == 0);
+    let k = if K0 { 0 } else { k };
     debug_assert!(k <= TABLE_K && table.max_c <= c && c <= nb + 1);
     debug_assert!(fast_bits(N as u32, nb, (k, c)) <= 57);
     // At least 57 stream bits.
@@ -1007,9 +1009,19 @@ fn fast_step<const W: usize, const N: usize>(
     let raw = z >= c;
     // The coded reading, discarded when raw (z clamped below c keeps its shifts in range).
     let zc = z.min(c);
-    let long = (zc != 0) as u32;
-    let len = zc + k - long;
-    let u = ((rest >> (zc + 1)) & mask(len)) | ((long as u64) << len);
+    let (u, coded_len) = if K0 {
+        // k = 0: the one and the z − 1 bits after it are `2 (u − 2^(z−1)) + 1` in z bits, so
+        // adding 2^z and halving gives u (0 for z = 0); the word has 2z bits (1 for z = 0).
+        let u = (((rest >> zc) & mask(zc)) + (1 << zc)) >> 1;
+        (u, (2 * zc).max(1))
+    } else {
+        let long = (zc != 0) as u32;
+        let len = zc + k - long;
+        (
+            ((rest >> (zc + 1)) & mask(len)) | ((long as u64) << len),
+            zc + 1 + len,
+        )
+    };
     if !raw && !valid_code(u, nb) {
         return Err(j);
     }
@@ -1018,7 +1030,7 @@ fn fast_step<const W: usize, const N: usize>(
     let r = state.raws % BLOCK;
     (steps.raw_at[r], steps.raw_bits[r]) = (j as u16, new_bits as u16);
     state.raws += raw as usize;
-    state.pos += (used + if raw { c + nb } else { zc + 1 + len }) as usize;
+    state.pos += (used + if raw { c + nb } else { coded_len }) as usize;
     state.i = j + 1;
     Ok(())
 }
@@ -1032,7 +1044,7 @@ fn fast_step<const W: usize, const N: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 #[inline(never)]
-unsafe fn fast_pair_bmi<const W: usize>(
+unsafe fn fast_pair_bmi<const W: usize, const K0: bool>(
     reader: BitReader<'_>,
     table: &StepTable,
     params: (u32, u32, u32),
@@ -1040,12 +1052,12 @@ unsafe fn fast_pair_bmi<const W: usize>(
     ends: (usize, usize),
     steps: (&mut BlockSteps, &mut BlockSteps),
 ) -> (Result<(), usize>, Result<(), usize>) {
-    fast_pair::<W>(reader, table, params, cursors, ends, steps)
+    fast_pair::<W, K0>(reader, table, params, cursors, ends, steps)
 }
 
 /// [`fast_pair`] in the portable build.
 #[inline(never)]
-fn fast_pair_outlined<const W: usize>(
+fn fast_pair_outlined<const W: usize, const K0: bool>(
     reader: BitReader<'_>,
     table: &StepTable,
     params: (u32, u32, u32),
@@ -1053,13 +1065,13 @@ fn fast_pair_outlined<const W: usize>(
     ends: (usize, usize),
     steps: (&mut BlockSteps, &mut BlockSteps),
 ) -> (Result<(), usize>, Result<(), usize>) {
-    fast_pair::<W>(reader, table, params, cursors, ends, steps)
+    fast_pair::<W, K0>(reader, table, params, cursors, ends, steps)
 }
 
 /// [`fast_step`]s of two blocks with the same `k` in turn while both have room: their
 /// chains are independent, so the CPU overlaps them. Stops at the first error of either.
 #[inline(always)]
-fn fast_pair<const W: usize>(
+fn fast_pair<const W: usize, const K0: bool>(
     reader: BitReader<'_>,
     table: &StepTable,
     (k, c_a, c_b): (u32, u32, u32),
@@ -1074,11 +1086,11 @@ fn fast_pair<const W: usize>(
     // to 16 or 17 at k = 0: nearly always), so the last word's arithmetic serves ~10 values.
     if fast_bits(2, nb, (k, c_a)).max(fast_bits(2, nb, (k, c_b))) <= 57 {
         while fa.i + 17 <= m_a && fb.i + 17 <= m_b {
-            if let Err(e) = fast_step::<W, 2>(reader, table, (k, c_a), &mut fa, steps_a) {
+            if let Err(e) = fast_step::<W, 2, K0>(reader, table, (k, c_a), &mut fa, steps_a) {
                 result = (Err(e), Ok(()));
                 break;
             }
-            if let Err(e) = fast_step::<W, 2>(reader, table, (k, c_b), &mut fb, steps_b) {
+            if let Err(e) = fast_step::<W, 2, K0>(reader, table, (k, c_b), &mut fb, steps_b) {
                 result = (Ok(()), Err(e));
                 break;
             }
@@ -1086,11 +1098,11 @@ fn fast_pair<const W: usize>(
     }
     if result == (Ok(()), Ok(())) {
         while fa.i + 9 <= m_a && fb.i + 9 <= m_b {
-            if let Err(e) = fast_step::<W, 1>(reader, table, (k, c_a), &mut fa, steps_a) {
+            if let Err(e) = fast_step::<W, 1, K0>(reader, table, (k, c_a), &mut fa, steps_a) {
                 result = (Err(e), Ok(()));
                 break;
             }
-            if let Err(e) = fast_step::<W, 1>(reader, table, (k, c_b), &mut fb, steps_b) {
+            if let Err(e) = fast_step::<W, 1, K0>(reader, table, (k, c_b), &mut fb, steps_b) {
                 result = (Ok(()), Err(e));
                 break;
             }
@@ -1175,6 +1187,8 @@ fn decode_width<const W: usize, const HOW: u8>(
     };
     #[cfg(target_arch = "x86_64")]
     let bmi = super::bits::x86_wide();
+    #[cfg(not(target_arch = "x86_64"))]
+    let bmi = false;
     let mut pos = 0usize;
     let mut b = 0;
     while b < blocks {
@@ -1206,21 +1220,25 @@ fn decode_width<const W: usize, const HOW: u8>(
                 let cursors = (&mut fa, &mut fb);
                 let ends = (old_a.len().min(BLOCK), old_b.len().min(BLOCK));
                 let steps = (&mut *steps_a, &mut *steps_b);
-                #[cfg(target_arch = "x86_64")]
-                if bmi {
-                    // SAFETY: `bmi` says that `x86_wide` detected the features it needs.
-                    (first_err, second_err) = unsafe {
-                        fast_pair_bmi::<W>(reader, table, (k, c, c_b), cursors, ends, steps)
-                    };
-                } else {
-                    (first_err, second_err) =
-                        fast_pair_outlined::<W>(reader, table, (k, c, c_b), cursors, ends, steps);
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                {
-                    (first_err, second_err) =
-                        fast_pair_outlined::<W>(reader, table, (k, c, c_b), cursors, ends, steps);
-                }
+                let params = (k, c, c_b);
+                (first_err, second_err) = match (bmi, k == 0) {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `bmi` says that `x86_wide` detected the features they need.
+                    (true, true) => unsafe {
+                        fast_pair_bmi::<W, true>(reader, table, params, cursors, ends, steps)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    (true, false) => unsafe {
+                        fast_pair_bmi::<W, false>(reader, table, params, cursors, ends, steps)
+                    },
+                    (_, true) => {
+                        fast_pair_outlined::<W, true>(reader, table, params, cursors, ends, steps)
+                    }
+                    (_, false) => {
+                        fast_pair_outlined::<W, false>(reader, table, params, cursors, ends, steps)
+                    }
+                };
                 (first, second) = (
                     StepCursor::new(reader, fa.pos),
                     StepCursor::new(reader, fb.pos),
