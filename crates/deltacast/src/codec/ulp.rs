@@ -369,6 +369,16 @@ trait Code: Copy + Into<u32> {
 
     /// The bit length histogram of one block's code numbers.
     fn histogram<const W: usize>(codes: &[Self]) -> Histogram;
+
+    /// [`Code::histogram`] in the AVX2 build where there is one (narrow code numbers).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must have the features of [`super::bits::x86_wide`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn histogram_wide<const W: usize>(codes: &[Self]) -> Histogram {
+        Self::histogram::<W>(codes)
+    }
 }
 
 impl Code for u16 {
@@ -379,6 +389,13 @@ impl Code for u16 {
     #[inline(always)]
     fn histogram<const W: usize>(codes: &[Self]) -> Histogram {
         histogram_narrow::<W>(codes)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn histogram_wide<const W: usize>(codes: &[Self]) -> Histogram {
+        // SAFETY: the caller guarantees the features.
+        unsafe { histogram_avx2::<W>(codes) }
     }
 }
 
@@ -445,6 +462,14 @@ fn encode_codes<const W: usize, C: Code, const LANES: bool>(
         for ((code, a), b) in codes.iter_mut().zip(old.as_chunks::<W>().0).zip(new) {
             *code = C::of(step_code::<W>(le(a), le(b)));
         }
+        #[cfg(target_arch = "x86_64")]
+        let hist = if use_lanes {
+            // SAFETY: `use_lanes` says that `x86_wide` detected the features it needs.
+            unsafe { C::histogram_wide::<W>(codes) }
+        } else {
+            C::histogram::<W>(codes)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
         let hist = C::histogram::<W>(codes);
         let (k, c, bits) = best_params(&hist, codes.len() as u32, nb);
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
@@ -532,6 +557,101 @@ fn histogram_narrow<const W: usize>(codes: &[u16]) -> Histogram {
     // The unchanged mark has nb bits but is counted apart (always raw).
     hist[nbits::<W>() as usize] -= marks as u32;
     hist[UNCHANGED_SLOT] = marks as u32;
+    hist
+}
+
+/// [`histogram_narrow`] in AVX2 byte lanes, 32 code numbers at a time: counts of code numbers
+/// at or above each power of two up to 2^7 from their low byte saturated (`min(u, 255)`)
+/// and from 2^8 on from their high byte, each a signed byte compare (bytes biased by 128)
+/// against a constant, counted in byte lanes (at most 32 per lane in a block) and summed at
+/// the end. Same histogram.
+///
+/// # Safety
+///
+/// The CPU must have the features of [`super::bits::x86_wide`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+unsafe fn histogram_avx2<const W: usize>(codes: &[u16]) -> Histogram {
+    use std::arch::x86_64::*;
+    debug_assert!(W <= 2 && codes.len() <= BLOCK);
+    let n = codes.len();
+    let nb = nbits::<W>();
+    let bias = _mm256_set1_epi8(-128);
+    // Thresholds 2^t − 1 for t = 0..8, biased: x > 2^t − 1 means x >= 2^t.
+    let thresholds: [__m256i; 8] =
+        std::array::from_fn(|t| _mm256_set1_epi8((((1u32 << t) - 1) ^ 0x80) as u8 as i8));
+    let mark = _mm256_set1_epi16(unchanged::<W>() as u16 as i16);
+    let byte = _mm256_set1_epi16(255);
+    let sum = |acc: __m256i| {
+        let s = _mm256_sad_epu8(acc, _mm256_setzero_si256());
+        let s = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        (_mm_cvtsi128_si64(s) + _mm_extract_epi64::<1>(s)) as u32
+    };
+    let mut groups = codes.chunks_exact(32);
+    // above[j]: code numbers at or above 2^j.
+    let mut above = [0u32; 17];
+    let mut marks;
+    {
+        let mut acc = [_mm256_setzero_si256(); 8];
+        let mut acc_marks = _mm256_setzero_si256();
+        for group in groups.by_ref() {
+            // SAFETY: each load reads 16 of the group's 32 u16 (unaligned loads).
+            let (a, b) = unsafe {
+                (
+                    _mm256_loadu_si256(group.as_ptr().cast()),
+                    _mm256_loadu_si256(group[16..].as_ptr().cast()),
+                )
+            };
+            // (`packus` saturates signed lanes: clamped to 255 first.)
+            let (a_low, b_low) = (_mm256_min_epu16(a, byte), _mm256_min_epu16(b, byte));
+            let low = _mm256_xor_si256(_mm256_packus_epi16(a_low, b_low), bias);
+            for (acc, &t) in acc.iter_mut().zip(&thresholds) {
+                *acc = _mm256_sub_epi8(*acc, _mm256_cmpgt_epi8(low, t));
+            }
+            let m = _mm256_packs_epi16(_mm256_cmpeq_epi16(a, mark), _mm256_cmpeq_epi16(b, mark));
+            acc_marks = _mm256_sub_epi8(acc_marks, m);
+        }
+        for (t, &acc) in acc.iter().enumerate() {
+            above[t] = sum(acc);
+        }
+        marks = sum(acc_marks);
+    }
+    if W == 2 {
+        let mut acc = [_mm256_setzero_si256(); 8];
+        for group in codes.chunks_exact(32) {
+            // SAFETY: as above.
+            let (a, b) = unsafe {
+                (
+                    _mm256_loadu_si256(group.as_ptr().cast()),
+                    _mm256_loadu_si256(group[16..].as_ptr().cast()),
+                )
+            };
+            let high = _mm256_packus_epi16(_mm256_srli_epi16::<8>(a), _mm256_srli_epi16::<8>(b));
+            let high = _mm256_xor_si256(high, bias);
+            for (acc, &t) in acc.iter_mut().zip(&thresholds) {
+                *acc = _mm256_sub_epi8(*acc, _mm256_cmpgt_epi8(high, t));
+            }
+        }
+        for (t, &acc) in acc.iter().enumerate() {
+            above[8 + t] = sum(acc);
+        }
+    }
+    for &u in groups.remainder() {
+        for (j, slot) in above.iter_mut().enumerate().take(nb as usize) {
+            *slot += (u as u32 >= 1 << j) as u32;
+        }
+        marks += (u as u32 == unchanged::<W>()) as u32;
+    }
+    let mut hist: Histogram = [0; HIST];
+    // Length l: at or above 2^(l−1), below 2^l (none at or above 2^nb).
+    hist[0] = n as u32 - above[0];
+    for l in 1..=nb as usize {
+        hist[l] = above[l - 1] - if l < nb as usize { above[l] } else { 0 };
+    }
+    // The unchanged mark has nb bits but is counted apart (always raw).
+    hist[nb as usize] -= marks;
+    hist[UNCHANGED_SLOT] = marks;
     hist
 }
 
@@ -1990,12 +2110,21 @@ mod tests {
     fn narrow_histogram_matches_counting_by_value() {
         fn check<const W: usize>(rng: &mut Rng) {
             let nb = 8 * W as u32;
-            for n in [0usize, 1, 7, 8, 9, 255, 1023, 1024] {
-                for mix in 0..4 {
+            for n in [0usize, 1, 7, 8, 9, 31, 32, 33, 255, 1023, 1024] {
+                for mix in 0..6 {
                     // Mostly small code numbers (as AdamW steps), every length, and the
                     // unchanged mark; `mix` 3 is all unchanged.
                     let codes: Vec<u16> = (0..n)
                         .map(|_| match (mix, rng.below(10)) {
+                            // Every lane's counters full (the largest code number), and the
+                            // byte boundaries.
+                            (5, _) => mask(nb) as u16,
+                            (4, _) => {
+                                let edges = [0u32, 1, 127, 128, 253, 255, 256, 257, 32767, 32768];
+                                let u = edges[rng.below(edges.len() as u64) as usize];
+                                let u = u & mask(nb) as u32;
+                                (if u == unchanged::<W>() { 0 } else { u }) as u16
+                            }
                             (3, _) | (2, 0) => unchanged::<W>() as u16,
                             (0, _) | (_, 1..=6) => rng.below(4) as u16,
                             _ => {
@@ -2010,6 +2139,12 @@ mod tests {
                         histogram::<W, u16>(&codes),
                         "width {W}, {n} codes, mix {mix}"
                     );
+                    #[cfg(target_arch = "x86_64")]
+                    if crate::codec::bits::x86_wide() {
+                        // SAFETY: `x86_wide` detected the features it needs.
+                        let wide = unsafe { histogram_avx2::<W>(&codes) };
+                        assert_eq!(wide, histogram::<W, u16>(&codes), "width {W}, {n} codes");
+                    }
                 }
             }
         }
