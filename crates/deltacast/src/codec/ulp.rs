@@ -739,6 +739,27 @@ unsafe fn write_lanes<const W: usize, C: Code>(
     debug_assert!(W <= 2 && c <= nb && k < nb);
     let m = codes.len().min(BLOCK);
     let Lanes { word, len } = lanes;
+    if k == 0 {
+        // The same words with k = 0 (nearly every block of AdamW steps): z is the bit length,
+        // and the unchanged mark (nb bits, c <= nb) is raw by its length alone.
+        for (((w, l), &u), b) in word[..m]
+            .iter_mut()
+            .zip(&mut len[..m])
+            .zip(&codes[..m])
+            .zip(&new[..m])
+        {
+            let u: u32 = u.into();
+            let bits = bit_len_f32(u);
+            let raw = ((bits >= c) as u32).wrapping_neg();
+            let lead = (1 << bits) >> 1;
+            let coded = (((u ^ lead) << 1) | 1) << bits;
+            let coded_len = (2 * bits).max(1);
+            *w = (le(b) << c) & raw | coded & !raw;
+            *l = (c + nb) & raw | coded_len & !raw;
+        }
+        put_words(out, &word[..m], &len[..m], |_, _| unreachable!());
+        return;
+    }
     for (((w, l), &u), b) in word[..m]
         .iter_mut()
         .zip(&mut len[..m])
@@ -2104,6 +2125,67 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The lane writer (both its k = 0 loop and the general one) against the table writer
+    /// for every cap it takes (`1..=nb`), on code numbers of every length, the unchanged
+    /// mark and new bits of any pattern, at odd lengths: same bits.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn lane_writer_matches_table_writer_for_every_cap() {
+        fn check<const W: usize>(rng: &mut Rng) {
+            let nb = 8 * W as u32;
+            let mut lanes = Lanes::new();
+            for k in 0..3 {
+                for c in 1..=nb {
+                    for n in [1usize, 7, 8, 9, 100, 1024] {
+                        let codes: Vec<u16> = (0..n)
+                            .map(|_| match rng.below(10) {
+                                0 => unchanged::<W>() as u16,
+                                1..=6 => rng.below(2) as u16,
+                                _ => {
+                                    let len = rng.below(nb as u64 + 1) as u32;
+                                    let u = rng.next_u64() as u32 & mask(len) as u32;
+                                    (if u == unchanged::<W>() { 0 } else { u }) as u16
+                                }
+                            })
+                            .collect();
+                        let new: Vec<[u8; W]> =
+                            (0..n).map(|_| to_le::<W>(rng.next_u64() as u32)).collect();
+                        let bits: u64 = codes
+                            .iter()
+                            .zip(&new)
+                            .map(|(&u, b)| {
+                                let word = code_word::<W>(u as u32, le(b), k, c);
+                                (word.zeros + word.len) as u64
+                            })
+                            .sum();
+                        let mut table = SmallCodes::new();
+                        table.set(k, c);
+                        let mut by_table = vec![0xa5];
+                        let mut writer = BitWriter::new(&mut by_table);
+                        writer.block(bits, |out| {
+                            write_values::<W, u16>(out, &table, &codes, &new, k, c)
+                        });
+                        writer.finish();
+                        let mut by_lanes = vec![0xa5];
+                        let mut writer = BitWriter::new(&mut by_lanes);
+                        writer.block(bits, |out| {
+                            // SAFETY: `x86_wide` detected the features it needs (below).
+                            unsafe { write_lanes::<W, u16>(out, &mut lanes, &codes, &new, k, c) }
+                        });
+                        writer.finish();
+                        assert_eq!(by_table, by_lanes, "width {W}, k {k}, c {c}, {n} values");
+                    }
+                }
+            }
+        }
+        if !crate::codec::bits::x86_wide() {
+            return;
+        }
+        let mut rng = Rng(32);
+        check::<1>(&mut rng);
+        check::<2>(&mut rng);
     }
 
     #[test]
