@@ -22,9 +22,10 @@
 //!
 //! Speed: the encoder computes a block's code numbers in a vectorized loop (16-bit lanes
 //! for narrow elements), takes their length histogram from vectorized counts below each
-//! power of two (narrow elements, in a build for AVX2 where the CPU has it: 16 lanes; 4-byte
-//! elements count small code numbers by value), and writes the code words: in the AVX2
-//! build of narrow elements computed in vector lanes and joined eight to a store, otherwise
+//! power of two (narrow elements; in a build for AVX2 where the CPU has it, in byte lanes
+//! 32 at a time; 4-byte elements count small code numbers by value), and writes the code
+//! words: in the AVX2 build of narrow elements computed in vector lanes and joined eight to
+//! a store (at k = 0 all in registers), otherwise
 //! those of code numbers below 1024 (~99% of AdamW steps) from a table, three per store. The
 //! decoder of narrow elements reads up to eight code words per lookup in a table of the next
 //! 10 stream bits, two lookups and then one code word of any kind by arithmetic per step
@@ -370,6 +371,11 @@ trait Code: Copy + Into<u32> {
     /// The bit length histogram of one block's code numbers.
     fn histogram<const W: usize>(codes: &[Self]) -> Histogram;
 
+    /// The code numbers as 16-bit ones, if they are.
+    fn narrow(_codes: &[Self]) -> Option<&[u16]> {
+        None
+    }
+
     /// [`Code::histogram`] in the AVX2 build where there is one (narrow code numbers).
     ///
     /// # Safety
@@ -389,6 +395,10 @@ impl Code for u16 {
     #[inline(always)]
     fn histogram<const W: usize>(codes: &[Self]) -> Histogram {
         histogram_narrow::<W>(codes)
+    }
+
+    fn narrow(codes: &[Self]) -> Option<&[u16]> {
+        Some(codes)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -719,7 +729,8 @@ fn bit_len_f32(u: u32) -> u32 {
 /// bits) in the AVX2 build: each value's code word and length in one loop the compiler
 /// vectorizes (no table, no branch), then the words of eight consecutive values joined in
 /// vector lanes and written by one store when they fit 56 bits together (nearly always at
-/// `k = 0`). Same bits as [`write_values`].
+/// `k = 0`); blocks with `k = 0` (nearly all of AdamW steps) by [`write_k0`], all in
+/// registers. Same bits as [`write_values`].
 ///
 /// # Safety
 ///
@@ -740,25 +751,11 @@ unsafe fn write_lanes<const W: usize, C: Code>(
     let m = codes.len().min(BLOCK);
     let Lanes { word, len } = lanes;
     if k == 0 {
-        // The same words with k = 0 (nearly every block of AdamW steps): z is the bit length,
-        // and the unchanged mark (nb bits, c <= nb) is raw by its length alone.
-        for (((w, l), &u), b) in word[..m]
-            .iter_mut()
-            .zip(&mut len[..m])
-            .zip(&codes[..m])
-            .zip(&new[..m])
-        {
-            let u: u32 = u.into();
-            let bits = bit_len_f32(u);
-            let raw = ((bits >= c) as u32).wrapping_neg();
-            let lead = (1 << bits) >> 1;
-            let coded = (((u ^ lead) << 1) | 1) << bits;
-            let coded_len = (2 * bits).max(1);
-            *w = (le(b) << c) & raw | coded & !raw;
-            *l = (c + nb) & raw | coded_len & !raw;
+        if let Some(codes) = C::narrow(codes) {
+            // SAFETY: this function's features are those `write_k0` needs.
+            unsafe { write_k0::<W>(out, &codes[..m], &new[..m], c) };
+            return;
         }
-        put_words(out, &word[..m], &len[..m], |_, _| unreachable!());
-        return;
     }
     for (((w, l), &u), b) in word[..m]
         .iter_mut()
@@ -783,6 +780,102 @@ unsafe fn write_lanes<const W: usize, C: Code>(
     }
     // Every code word has at most 32 bits here: no value for the general path.
     put_words(out, &word[..m], &len[..m], |_, _| unreachable!());
+}
+
+/// The k = 0 words of [`write_lanes`] (narrow elements, cap `c <= nb`) computed eight at a
+/// time in vector registers and joined there as [`put_words`] joins them (pairs, quads, the
+/// octet by one store when it has at most 56 bits; else through `put_words`), with no
+/// scratch lanes in between. z is the bit length (from the exponent of the exact `f32`
+/// conversion), and the unchanged mark (nb bits, `c <= nb`) is raw by its length alone. Same
+/// bits.
+///
+/// # Safety
+///
+/// The CPU must have the features of [`super::bits::x86_wide`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline(never)]
+unsafe fn write_k0<const W: usize>(
+    out: &mut BlockWriter<'_>,
+    codes: &[u16],
+    new: &[[u8; W]],
+    c: u32,
+) {
+    use std::arch::x86_64::*;
+    let nb = nbits::<W>();
+    debug_assert!(W <= 2 && c >= 1 && c <= nb && codes.len() == new.len());
+    let one = _mm256_set1_epi32(1);
+    let exponent_bias = _mm256_set1_epi32(126);
+    let exponent_only = _mm256_castsi256_ps(_mm256_set1_epi32(0xff80_0000_u32 as i32));
+    let cap_less_one = _mm256_set1_epi32(c as i32 - 1);
+    let cap = _mm_cvtsi32_si128(c as i32);
+    let raw_len = _mm256_set1_epi32((c + nb) as i32);
+    let low = _mm256_set1_epi64x(0xffff_ffff);
+    let octets = codes.len() / 8;
+    for (u, b) in codes.chunks_exact(8).zip(new.chunks_exact(8)) {
+        // SAFETY: the loads read the 16 bytes of eight u16 and the 8 W bytes of eight
+        // elements (unaligned loads).
+        let (u, b) = unsafe {
+            let u = _mm256_cvtepu16_epi32(_mm_loadu_si128(u.as_ptr().cast()));
+            let b = if W == 1 {
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr().cast()))
+            } else {
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(b.as_ptr().cast()))
+            };
+            (u, b)
+        };
+        // Bit length: exponent − 126, saturating at 0 (the exponent fits 16 bits); the leading
+        // one (0 for 0) back from the conversion without its mantissa.
+        let f = _mm256_cvtepi32_ps(u);
+        let e = _mm256_srli_epi32::<23>(_mm256_castps_si256(f));
+        let bits = _mm256_subs_epu16(e, exponent_bias);
+        let raw = _mm256_cmpgt_epi32(bits, cap_less_one);
+        let lead = _mm256_cvttps_epi32(_mm256_and_ps(f, exponent_only));
+        let body = _mm256_xor_si256(u, lead);
+        let coded = _mm256_sllv_epi32(_mm256_or_si256(_mm256_add_epi32(body, body), one), bits);
+        let coded_len = _mm256_max_epu32(_mm256_add_epi32(bits, bits), one);
+        let w = _mm256_blendv_epi8(coded, _mm256_sll_epi32(b, cap), raw);
+        let l = _mm256_blendv_epi8(coded_len, raw_len, raw);
+        // Pairs, quads and the octet, as in `put_words`.
+        // (Lengths are below 256: one byte sum adds each pair's.)
+        let even_len = _mm256_and_si256(l, low);
+        let pair = _mm256_or_si256(
+            _mm256_and_si256(w, low),
+            _mm256_sllv_epi64(_mm256_srli_epi64::<32>(w), even_len),
+        );
+        let pair_len = _mm256_sad_epu8(l, _mm256_setzero_si256());
+        let quad = _mm256_or_si256(
+            pair,
+            _mm256_sllv_epi64(_mm256_srli_si256::<8>(pair), pair_len),
+        );
+        let quad_len = _mm256_add_epi64(pair_len, _mm256_srli_si256::<8>(pair_len));
+        let (quad0, quad1) = (
+            _mm256_castsi256_si128(quad),
+            _mm256_extracti128_si256::<1>(quad),
+        );
+        let (len0, len1) = (
+            _mm256_castsi256_si128(quad_len),
+            _mm256_extracti128_si256::<1>(quad_len),
+        );
+        let octet_len = _mm_cvtsi128_si64(_mm_add_epi64(len0, len1)) as u64;
+        if octet_len <= 56 {
+            let octet = _mm_or_si128(quad0, _mm_sllv_epi64(quad1, len0));
+            out.put(_mm_cvtsi128_si64(octet) as u64, octet_len as u32);
+            continue;
+        }
+        let (mut words, mut lens) = ([0u32; 8], [0u32; 8]);
+        // SAFETY: each store writes the 32 bytes of an 8-element u32 array.
+        unsafe {
+            _mm256_storeu_si256(words.as_mut_ptr().cast(), w);
+            _mm256_storeu_si256(lens.as_mut_ptr().cast(), l);
+        }
+        put_words(out, &words, &lens, |_, _| unreachable!());
+    }
+    // The last values (fewer than eight) one by one.
+    for (&u, b) in codes.iter().zip(new).skip(8 * octets) {
+        let word = code_word::<W>(u as u32, le(b), 0, c);
+        put_word::<W>(out, word);
+    }
 }
 
 /// Marks a decoded raw value (narrow elements: code numbers of an accepted code word have
