@@ -1355,6 +1355,9 @@ const ONE_AT_A_TIME: u8 = 0;
 #[cfg(test)]
 const LOOKUPS: u8 = 1;
 const FAST: u8 = 2;
+/// [`FAST`] in its portable build only (tests).
+#[cfg(test)]
+const FAST_PORTABLE: u8 = 3;
 
 fn decode_width<const W: usize, const HOW: u8>(
     input: &[u8],
@@ -1420,7 +1423,7 @@ fn decode_width<const W: usize, const HOW: u8>(
         Ok(())
     };
     #[cfg(target_arch = "x86_64")]
-    let bmi = super::bits::x86_wide();
+    let bmi = HOW == FAST && super::bits::x86_wide();
     #[cfg(not(target_arch = "x86_64"))]
     let bmi = false;
     let mut pos = 0usize;
@@ -1441,7 +1444,7 @@ fn decode_width<const W: usize, const HOW: u8>(
             let old_b = &old[block(b + 1)];
             let table = StepTable::get::<W>(k);
             let (first_err, second_err, mut second);
-            if HOW == FAST && table.max_c <= c.min(c_b) {
+            if HOW >= FAST && table.max_c <= c.min(c_b) {
                 // Branch free: no misprediction at long or raw words.
                 let (mut fa, mut fb) = (
                     Fast { pos, i: 0, raws: 0 },
@@ -2091,11 +2094,15 @@ mod tests {
                 let ra = decode_width::<W, FAST>(bad, old, &mut a);
                 let rb = decode_width::<W, LOOKUPS>(bad, old, &mut b);
                 let rc = decode_width::<W, ONE_AT_A_TIME>(bad, old, &mut c);
+                let mut p = Vec::new();
+                let rp = decode_width::<W, FAST_PORTABLE>(bad, old, &mut p);
                 assert_eq!(ra, rb, "width {W}: {what}");
                 assert_eq!(ra, rc, "width {W}: {what}");
+                assert_eq!(ra, rp, "width {W}: {what}");
                 if ra.is_ok() {
                     assert_eq!(a, b, "width {W}: {what}");
                     assert_eq!(a, c, "width {W}: {what}");
+                    assert_eq!(a, p, "width {W}: {what}");
                 }
                 a
             };
