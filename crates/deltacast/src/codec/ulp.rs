@@ -190,6 +190,15 @@ fn best_params(hist: &Histogram, items: u32, nb: u32) -> (u32, u32, u32) {
         }
         let short: u32 = hist[..=k as usize].iter().sum();
         let base = short * (k + 1);
+        // A lower bound for every cap: a longer length L costs 2L − k bits coded or at least
+        // nb + 1 raw, an unchanged element at least nb + 1. At or above the best so far, no
+        // cap of this k is smaller (usually so for k = 1 past k = 0 on AdamW steps).
+        let longer: u32 = (k + 1..=nb)
+            .map(|l| hist[l as usize] * (2 * l - k).min(nb + 1))
+            .sum();
+        if base + longer + hist[UNCHANGED_SLOT] * (nb + 1) >= best.2 {
+            continue;
+        }
         // With cap c, lengths L = k + 1 .. k + c - 1 are gamma coded, the rest go raw.
         let mut coded = 0u32;
         let mut raw = items - short;
