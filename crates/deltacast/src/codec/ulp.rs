@@ -1035,6 +1035,17 @@ impl BlockSteps {
         }
     }
 
+    /// [`BlockSteps::apply`] compiled for AVX2 (16 lanes).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must have the features of [`super::bits::x86_wide`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    fn apply_wide<const W: usize>(&self, old: &[[u8; W]], out: &mut [[u8; W]]) {
+        self.apply(old, out)
+    }
+
     /// The new bits of the block's values from their old bits: stepped (a loop the compiler
     /// vectorizes), then the raw values written.
     #[inline(always)]
@@ -1435,6 +1446,14 @@ fn decode_width<const W: usize, const HOW: u8>(
     let bmi = HOW == FAST && super::bits::x86_wide();
     #[cfg(not(target_arch = "x86_64"))]
     let bmi = false;
+    let apply = |steps: &BlockSteps, old: &[[u8; W]], out: &mut [[u8; W]]| {
+        #[cfg(target_arch = "x86_64")]
+        if bmi {
+            // SAFETY: `bmi` says that `x86_wide` detected the features it needs.
+            return unsafe { steps.apply_wide(old, out) };
+        }
+        steps.apply(old, out)
+    };
     let mut pos = 0usize;
     let mut b = 0;
     while b < blocks {
@@ -1507,12 +1526,12 @@ fn decode_width<const W: usize, const HOW: u8>(
                 .finish(reader, (k, c), old_a, &mut steps_a)
                 .map_err(|i| bad_code(b * BLOCK + i, nb))?;
             end_check(b, first.pos(), end)?;
-            steps_a.apply(old_a, &mut out[block(b)]);
+            apply(&steps_a, old_a, &mut out[block(b)]);
             second_err
                 .and_then(|()| second.finish(reader, (k, c_b), old_b, &mut steps_b))
                 .map_err(|i| bad_code((b + 1) * BLOCK + i, nb))?;
             end_check(b + 1, second.pos(), end_b)?;
-            steps_b.apply(old_b, &mut out[block(b + 1)]);
+            apply(&steps_b, old_b, &mut out[block(b + 1)]);
             pos = end_b;
             b += 2;
             continue;
@@ -1521,7 +1540,7 @@ fn decode_width<const W: usize, const HOW: u8>(
             .finish(reader, (k, c), old_a, &mut steps_a)
             .map_err(|i| bad_code(b * BLOCK + i, nb))?;
         end_check(b, first.pos(), end)?;
-        steps_a.apply(old_a, &mut out[block(b)]);
+        apply(&steps_a, old_a, &mut out[block(b)]);
         pos = end;
         b += 1;
     }
