@@ -22,13 +22,16 @@
 //!
 //! Speed: the encoder computes a block's code numbers in a vectorized loop (16-bit lanes
 //! for narrow elements), takes their length histogram from vectorized counts below each
-//! power of two (narrow elements, in a build for AVX2 where the CPU has it: 16 lanes; 4-byte
-//! elements count small code numbers by value), and writes the code words: in the AVX2
-//! build of narrow elements computed in vector lanes and joined eight to a store, otherwise
+//! power of two (narrow elements; in a build for AVX2 where the CPU has it, in byte lanes
+//! 32 at a time; 4-byte elements count small code numbers by value), and writes the code
+//! words: in the AVX2 build of narrow elements computed in vector lanes and joined eight to
+//! a store (at k = 0 all in registers), otherwise
 //! those of code numbers below 1024 (~99% of AdamW steps) from a table, three per store. The
 //! decoder of narrow elements reads up to eight code words per lookup in a table of the next
-//! 10 stream bits, kept in a register between loads, then applies the steps to the old bits
-//! in a vectorized loop; 4-byte elements decode one value at a time.
+//! 10 stream bits, two lookups and then one code word of any kind by arithmetic per step
+//! (no branch on the data: long and raw words cost no misprediction on fresh data), two
+//! blocks in turn, then applies the steps to the old bits in a vectorized loop; 4-byte
+//! elements decode one value at a time.
 
 use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter, BlockWriter};
 #[cfg(target_arch = "x86_64")]
@@ -61,9 +64,9 @@ pub fn encode(width: usize, old: &[u8], new: &[u8], out: &mut Vec<u8>) {
 
 pub fn decode(width: usize, input: &[u8], old: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
     match width {
-        1 => decode_width::<1, true>(input, old, out),
-        2 => decode_width::<2, true>(input, old, out),
-        4 => decode_width::<4, true>(input, old, out),
+        1 => decode_width::<1, FAST>(input, old, out),
+        2 => decode_width::<2, FAST>(input, old, out),
+        4 => decode_width::<4, FAST>(input, old, out),
         _ => Err(CodecError::Unsupported {
             codec: "ulp",
             what: "elements of this width",
@@ -187,6 +190,15 @@ fn best_params(hist: &Histogram, items: u32, nb: u32) -> (u32, u32, u32) {
         }
         let short: u32 = hist[..=k as usize].iter().sum();
         let base = short * (k + 1);
+        // A lower bound for every cap: a longer length L costs 2L − k bits coded or at least
+        // nb + 1 raw, an unchanged element at least nb + 1. At or above the best so far, no
+        // cap of this k is smaller (usually so for k = 1 past k = 0 on AdamW steps).
+        let longer: u32 = (k + 1..=nb)
+            .map(|l| hist[l as usize] * (2 * l - k).min(nb + 1))
+            .sum();
+        if base + longer + hist[UNCHANGED_SLOT] * (nb + 1) >= best.2 {
+            continue;
+        }
         // With cap c, lengths L = k + 1 .. k + c - 1 are gamma coded, the rest go raw.
         let mut coded = 0u32;
         let mut raw = items - short;
@@ -367,6 +379,21 @@ trait Code: Copy + Into<u32> {
 
     /// The bit length histogram of one block's code numbers.
     fn histogram<const W: usize>(codes: &[Self]) -> Histogram;
+
+    /// The code numbers as 16-bit ones, if they are.
+    fn narrow(_codes: &[Self]) -> Option<&[u16]> {
+        None
+    }
+
+    /// [`Code::histogram`] in the AVX2 build where there is one (narrow code numbers).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must have the features of [`super::bits::x86_wide`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn histogram_wide<const W: usize>(codes: &[Self]) -> Histogram {
+        Self::histogram::<W>(codes)
+    }
 }
 
 impl Code for u16 {
@@ -377,6 +404,17 @@ impl Code for u16 {
     #[inline(always)]
     fn histogram<const W: usize>(codes: &[Self]) -> Histogram {
         histogram_narrow::<W>(codes)
+    }
+
+    fn narrow(codes: &[Self]) -> Option<&[u16]> {
+        Some(codes)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn histogram_wide<const W: usize>(codes: &[Self]) -> Histogram {
+        // SAFETY: the caller guarantees the features.
+        unsafe { histogram_avx2::<W>(codes) }
     }
 }
 
@@ -443,6 +481,14 @@ fn encode_codes<const W: usize, C: Code, const LANES: bool>(
         for ((code, a), b) in codes.iter_mut().zip(old.as_chunks::<W>().0).zip(new) {
             *code = C::of(step_code::<W>(le(a), le(b)));
         }
+        #[cfg(target_arch = "x86_64")]
+        let hist = if use_lanes {
+            // SAFETY: `use_lanes` says that `x86_wide` detected the features it needs.
+            unsafe { C::histogram_wide::<W>(codes) }
+        } else {
+            C::histogram::<W>(codes)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
         let hist = C::histogram::<W>(codes);
         let (k, c, bits) = best_params(&hist, codes.len() as u32, nb);
         dir.extend_from_slice(&(bits as u16).to_le_bytes());
@@ -533,6 +579,101 @@ fn histogram_narrow<const W: usize>(codes: &[u16]) -> Histogram {
     hist
 }
 
+/// [`histogram_narrow`] in AVX2 byte lanes, 32 code numbers at a time: counts of code numbers
+/// at or above each power of two up to 2^7 from their low byte saturated (`min(u, 255)`)
+/// and from 2^8 on from their high byte, each a signed byte compare (bytes biased by 128)
+/// against a constant, counted in byte lanes (at most 32 per lane in a block) and summed at
+/// the end. Same histogram.
+///
+/// # Safety
+///
+/// The CPU must have the features of [`super::bits::x86_wide`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+unsafe fn histogram_avx2<const W: usize>(codes: &[u16]) -> Histogram {
+    use std::arch::x86_64::*;
+    debug_assert!(W <= 2 && codes.len() <= BLOCK);
+    let n = codes.len();
+    let nb = nbits::<W>();
+    let bias = _mm256_set1_epi8(-128);
+    // Thresholds 2^t − 1 for t = 0..8, biased: x > 2^t − 1 means x >= 2^t.
+    let thresholds: [__m256i; 8] =
+        std::array::from_fn(|t| _mm256_set1_epi8((((1u32 << t) - 1) ^ 0x80) as u8 as i8));
+    let mark = _mm256_set1_epi16(unchanged::<W>() as u16 as i16);
+    let byte = _mm256_set1_epi16(255);
+    let sum = |acc: __m256i| {
+        let s = _mm256_sad_epu8(acc, _mm256_setzero_si256());
+        let s = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        (_mm_cvtsi128_si64(s) + _mm_extract_epi64::<1>(s)) as u32
+    };
+    let mut groups = codes.chunks_exact(32);
+    // above[j]: code numbers at or above 2^j.
+    let mut above = [0u32; 17];
+    let mut marks;
+    {
+        let mut acc = [_mm256_setzero_si256(); 8];
+        let mut acc_marks = _mm256_setzero_si256();
+        for group in groups.by_ref() {
+            // SAFETY: each load reads 16 of the group's 32 u16 (unaligned loads).
+            let (a, b) = unsafe {
+                (
+                    _mm256_loadu_si256(group.as_ptr().cast()),
+                    _mm256_loadu_si256(group[16..].as_ptr().cast()),
+                )
+            };
+            // (`packus` saturates signed lanes: clamped to 255 first.)
+            let (a_low, b_low) = (_mm256_min_epu16(a, byte), _mm256_min_epu16(b, byte));
+            let low = _mm256_xor_si256(_mm256_packus_epi16(a_low, b_low), bias);
+            for (acc, &t) in acc.iter_mut().zip(&thresholds) {
+                *acc = _mm256_sub_epi8(*acc, _mm256_cmpgt_epi8(low, t));
+            }
+            let m = _mm256_packs_epi16(_mm256_cmpeq_epi16(a, mark), _mm256_cmpeq_epi16(b, mark));
+            acc_marks = _mm256_sub_epi8(acc_marks, m);
+        }
+        for (t, &acc) in acc.iter().enumerate() {
+            above[t] = sum(acc);
+        }
+        marks = sum(acc_marks);
+    }
+    if W == 2 {
+        let mut acc = [_mm256_setzero_si256(); 8];
+        for group in codes.chunks_exact(32) {
+            // SAFETY: as above.
+            let (a, b) = unsafe {
+                (
+                    _mm256_loadu_si256(group.as_ptr().cast()),
+                    _mm256_loadu_si256(group[16..].as_ptr().cast()),
+                )
+            };
+            let high = _mm256_packus_epi16(_mm256_srli_epi16::<8>(a), _mm256_srli_epi16::<8>(b));
+            let high = _mm256_xor_si256(high, bias);
+            for (acc, &t) in acc.iter_mut().zip(&thresholds) {
+                *acc = _mm256_sub_epi8(*acc, _mm256_cmpgt_epi8(high, t));
+            }
+        }
+        for (t, &acc) in acc.iter().enumerate() {
+            above[8 + t] = sum(acc);
+        }
+    }
+    for &u in groups.remainder() {
+        for (j, slot) in above.iter_mut().enumerate().take(nb as usize) {
+            *slot += (u as u32 >= 1 << j) as u32;
+        }
+        marks += (u as u32 == unchanged::<W>()) as u32;
+    }
+    let mut hist: Histogram = [0; HIST];
+    // Length l: at or above 2^(l−1), below 2^l (none at or above 2^nb).
+    hist[0] = n as u32 - above[0];
+    for l in 1..=nb as usize {
+        hist[l] = above[l - 1] - if l < nb as usize { above[l] } else { 0 };
+    }
+    // The unchanged mark has nb bits but is counted apart (always raw).
+    hist[nb as usize] -= marks;
+    hist[UNCHANGED_SLOT] = marks;
+    hist
+}
+
 /// Writes the code words of one block: code numbers `codes`, new bit patterns `new` (for
 /// raw values), with parameters `(k, c)` and `table` filled for them. Code numbers the
 /// table holds go three to a store when their code words fit one (nearly always).
@@ -597,7 +738,8 @@ fn bit_len_f32(u: u32) -> u32 {
 /// bits) in the AVX2 build: each value's code word and length in one loop the compiler
 /// vectorizes (no table, no branch), then the words of eight consecutive values joined in
 /// vector lanes and written by one store when they fit 56 bits together (nearly always at
-/// `k = 0`). Same bits as [`write_values`].
+/// `k = 0`); blocks with `k = 0` (nearly all of AdamW steps) by [`write_k0`], all in
+/// registers. Same bits as [`write_values`].
 ///
 /// # Safety
 ///
@@ -617,6 +759,13 @@ unsafe fn write_lanes<const W: usize, C: Code>(
     debug_assert!(W <= 2 && c <= nb && k < nb);
     let m = codes.len().min(BLOCK);
     let Lanes { word, len } = lanes;
+    if k == 0 {
+        if let Some(codes) = C::narrow(codes) {
+            // SAFETY: this function's features are those `write_k0` needs.
+            unsafe { write_k0::<W>(out, &codes[..m], &new[..m], c) };
+            return;
+        }
+    }
     for (((w, l), &u), b) in word[..m]
         .iter_mut()
         .zip(&mut len[..m])
@@ -640,6 +789,102 @@ unsafe fn write_lanes<const W: usize, C: Code>(
     }
     // Every code word has at most 32 bits here: no value for the general path.
     put_words(out, &word[..m], &len[..m], |_, _| unreachable!());
+}
+
+/// The k = 0 words of [`write_lanes`] (narrow elements, cap `c <= nb`) computed eight at a
+/// time in vector registers and joined there as [`put_words`] joins them (pairs, quads, the
+/// octet by one store when it has at most 56 bits; else through `put_words`), with no
+/// scratch lanes in between. z is the bit length (from the exponent of the exact `f32`
+/// conversion), and the unchanged mark (nb bits, `c <= nb`) is raw by its length alone. Same
+/// bits.
+///
+/// # Safety
+///
+/// The CPU must have the features of [`super::bits::x86_wide`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline(never)]
+unsafe fn write_k0<const W: usize>(
+    out: &mut BlockWriter<'_>,
+    codes: &[u16],
+    new: &[[u8; W]],
+    c: u32,
+) {
+    use std::arch::x86_64::*;
+    let nb = nbits::<W>();
+    debug_assert!(W <= 2 && c <= nb && codes.len() == new.len());
+    let one = _mm256_set1_epi32(1);
+    let exponent_bias = _mm256_set1_epi32(126);
+    let exponent_only = _mm256_castsi256_ps(_mm256_set1_epi32(0xff80_0000_u32 as i32));
+    let cap_less_one = _mm256_set1_epi32(c as i32 - 1);
+    let cap = _mm_cvtsi32_si128(c as i32);
+    let raw_len = _mm256_set1_epi32((c + nb) as i32);
+    let low = _mm256_set1_epi64x(0xffff_ffff);
+    let octets = codes.len() / 8;
+    for (u, b) in codes.chunks_exact(8).zip(new.chunks_exact(8)) {
+        // SAFETY: the loads read the 16 bytes of eight u16 and the 8 W bytes of eight
+        // elements (unaligned loads).
+        let (u, b) = unsafe {
+            let u = _mm256_cvtepu16_epi32(_mm_loadu_si128(u.as_ptr().cast()));
+            let b = if W == 1 {
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr().cast()))
+            } else {
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(b.as_ptr().cast()))
+            };
+            (u, b)
+        };
+        // Bit length: exponent − 126, saturating at 0 (the exponent fits 16 bits); the leading
+        // one (0 for 0) back from the conversion without its mantissa.
+        let f = _mm256_cvtepi32_ps(u);
+        let e = _mm256_srli_epi32::<23>(_mm256_castps_si256(f));
+        let bits = _mm256_subs_epu16(e, exponent_bias);
+        let raw = _mm256_cmpgt_epi32(bits, cap_less_one);
+        let lead = _mm256_cvttps_epi32(_mm256_and_ps(f, exponent_only));
+        let body = _mm256_xor_si256(u, lead);
+        let coded = _mm256_sllv_epi32(_mm256_or_si256(_mm256_add_epi32(body, body), one), bits);
+        let coded_len = _mm256_max_epu32(_mm256_add_epi32(bits, bits), one);
+        let w = _mm256_blendv_epi8(coded, _mm256_sll_epi32(b, cap), raw);
+        let l = _mm256_blendv_epi8(coded_len, raw_len, raw);
+        // Pairs, quads and the octet, as in `put_words`.
+        // (Lengths are below 256: one byte sum adds each pair's.)
+        let even_len = _mm256_and_si256(l, low);
+        let pair = _mm256_or_si256(
+            _mm256_and_si256(w, low),
+            _mm256_sllv_epi64(_mm256_srli_epi64::<32>(w), even_len),
+        );
+        let pair_len = _mm256_sad_epu8(l, _mm256_setzero_si256());
+        let quad = _mm256_or_si256(
+            pair,
+            _mm256_sllv_epi64(_mm256_srli_si256::<8>(pair), pair_len),
+        );
+        let quad_len = _mm256_add_epi64(pair_len, _mm256_srli_si256::<8>(pair_len));
+        let (quad0, quad1) = (
+            _mm256_castsi256_si128(quad),
+            _mm256_extracti128_si256::<1>(quad),
+        );
+        let (len0, len1) = (
+            _mm256_castsi256_si128(quad_len),
+            _mm256_extracti128_si256::<1>(quad_len),
+        );
+        let octet_len = _mm_cvtsi128_si64(_mm_add_epi64(len0, len1)) as u64;
+        if octet_len <= 56 {
+            let octet = _mm_or_si128(quad0, _mm_sllv_epi64(quad1, len0));
+            out.put(_mm_cvtsi128_si64(octet) as u64, octet_len as u32);
+            continue;
+        }
+        let (mut words, mut lens) = ([0u32; 8], [0u32; 8]);
+        // SAFETY: each store writes the 32 bytes of an 8-element u32 array.
+        unsafe {
+            _mm256_storeu_si256(words.as_mut_ptr().cast(), w);
+            _mm256_storeu_si256(lens.as_mut_ptr().cast(), l);
+        }
+        put_words(out, &words, &lens, |_, _| unreachable!());
+    }
+    // The last values (fewer than eight) one by one.
+    for (&u, b) in codes.iter().zip(new).skip(8 * octets) {
+        let word = code_word::<W>(u as u32, le(b), 0, c);
+        put_word::<W>(out, word);
+    }
 }
 
 /// Marks a decoded raw value (narrow elements: code numbers of an accepted code word have
@@ -678,6 +923,9 @@ struct StepTable {
     min_c: [u8; LOOKUP_SIZE],
     /// `bits | count << 8 | min_c << 16` of each entry: one load for all three.
     meta: [u32; LOOKUP_SIZE],
+    /// The largest `min_c` of an entry that holds code words: under a cap at least this,
+    /// every entry holds (see [`fast_step`]).
+    max_c: u32,
 }
 
 /// Largest `k` with a [`StepTable`] (code words of larger ones are long: few per lookup).
@@ -689,13 +937,14 @@ const LOOKUP: u32 = 10;
 const LOOKUP_SIZE: usize = 1 << LOOKUP;
 
 impl StepTable {
-    fn new(k: u32) -> Self {
+    fn new(k: u32, nb: u32) -> Self {
         let mut table = StepTable {
             steps: [[0; 8]; LOOKUP_SIZE],
             count: [0; LOOKUP_SIZE],
             bits: [0; LOOKUP_SIZE],
             min_c: [255; LOOKUP_SIZE],
             meta: [0; LOOKUP_SIZE],
+            max_c: 0,
         };
         for x in 0..LOOKUP_SIZE as u32 {
             let (mut at, mut count, mut min_c) = (0, 0, 0);
@@ -712,7 +961,9 @@ impl StepTable {
                         (rest >> (z + 1)) & mask(l - 1) as u32 | 1 << (l - 1),
                     )
                 };
-                if z >= LOOKUP - at || at + len > LOOKUP {
+                // An invalid code number (FP8: 254, at k >= 6) is left to the path that
+                // reports it.
+                if z >= LOOKUP - at || at + len > LOOKUP || !valid_code(u as u64, nb) {
                     break;
                 }
                 table.steps[x as usize][count] = step_of(u) as u16;
@@ -724,6 +975,7 @@ impl StepTable {
                 let x = x as usize;
                 (table.count[x], table.bits[x], table.min_c[x]) =
                     (count as u8, at as u8, min_c as u8);
+                table.max_c = table.max_c.max(min_c);
             }
             let x = x as usize;
             table.meta[x] =
@@ -732,11 +984,13 @@ impl StepTable {
         table
     }
 
-    /// The table for `k <= TABLE_K`, built once per process.
-    fn get(k: u32) -> &'static StepTable {
-        static TABLES: [OnceLock<Box<StepTable>>; TABLE_K as usize + 1] =
-            [const { OnceLock::new() }; TABLE_K as usize + 1];
-        TABLES[k as usize].get_or_init(|| Box::new(StepTable::new(k)))
+    /// The table for `W`-byte elements (`W <= 2`) and `k <= TABLE_K`, built once per
+    /// process.
+    fn get<const W: usize>(k: u32) -> &'static StepTable {
+        type Tables = [OnceLock<Box<StepTable>>; TABLE_K as usize + 1];
+        static TABLES: [Tables; 2] =
+            [const { [const { OnceLock::new() }; TABLE_K as usize + 1] }; 2];
+        TABLES[(W - 1) % 2][k as usize].get_or_init(|| Box::new(StepTable::new(k, nbits::<W>())))
     }
 }
 
@@ -779,6 +1033,17 @@ impl BlockSteps {
         } else {
             Err(i)
         }
+    }
+
+    /// [`BlockSteps::apply`] compiled for AVX2 (16 lanes).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must have the features of [`super::bits::x86_wide`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    fn apply_wide<const W: usize>(&self, old: &[[u8; W]], out: &mut [[u8; W]]) {
+        self.apply(old, out)
     }
 
     /// The new bits of the block's values from their old bits: stepped (a loop the compiler
@@ -888,7 +1153,7 @@ impl StepCursor {
     ) -> Result<(), usize> {
         let m = old.len().min(BLOCK);
         if k <= TABLE_K && c > 0 {
-            let table = StepTable::get(k);
+            let table = StepTable::get::<W>(k);
             while self.i + 8 <= m {
                 self.table_step::<W>(reader, table, (k, c), steps)?;
             }
@@ -943,9 +1208,178 @@ fn lockstep<const W: usize>(
     (Ok(()), Ok(()))
 }
 
-/// `TABLES`: decode narrow elements through the [`StepTable`]s (else one value at a time, as
-/// 4-byte elements always are: the tests' second decoder).
-fn decode_width<const W: usize, const TABLES: bool>(
+/// The state of one block in the branch-free decoding loop: stream bit `pos` next, values
+/// `..i` decoded, `raws` of them raw.
+#[derive(Clone, Copy)]
+struct Fast {
+    pos: usize,
+    i: usize,
+    raws: usize,
+}
+
+/// Stream bits one [`fast_step`] with `lookups` lookups may read for a block with parameters
+/// `(k, c)` (narrow elements): the lookups, then the longest code word (raw: `c` zeros and
+/// `nb` bits; long: `z < c` zeros, a one, and `z + k - 1` bits).
+fn fast_bits(lookups: u32, nb: u32, (k, c): (u32, u32)) -> u32 {
+    lookups * LOOKUP + (c + nb).max(2 * c.saturating_sub(1) + k)
+}
+
+/// One branch-free step of a block of narrow elements: `N` [`StepTable`] lookups in turn
+/// (the code words each holds), then always one more code word (whatever its kind: short,
+/// long or raw) decoded by arithmetic. No branch depends on the data but the one for an
+/// invalid code number (never taken on intact sections), so long and raw words cost no
+/// misprediction; the chain from one step to the next is a load of the stream, the lookups,
+/// and the last word's length. Needs `k <= TABLE_K`, `table.max_c <= c <= nb + 1` (every
+/// entry holds under the cap), `fast_bits(N, nb, (k, c)) <= 57` (one load holds the step)
+/// and room for `8 N + 1` more values in the block; decodes exactly the words of
+/// [`StepCursor::table_step`]s.
+#[inline(always)]
+fn fast_step<const W: usize, const N: usize, const K0: bool>(
+    reader: BitReader<'_>,
+    table: &StepTable,
+    (k, c): (u32, u32),
+    state: &mut Fast,
+    steps: &mut BlockSteps,
+) -> Result<(), usize> {
+    let nb = nbits::<W>();
+    debug_assert!(!K0 || k == 0);
+    let k = if K0 { 0 } else { k };
+    debug_assert!(k <= TABLE_K && table.max_c <= c && c <= nb + 1);
+    debug_assert!(fast_bits(N as u32, nb, (k, c)) <= 57);
+    // At least 57 stream bits.
+    let mut rest = reader.peek(state.pos);
+    let (mut used, mut j) = (0, state.i);
+    for _ in 0..N {
+        let x = (rest & mask(LOOKUP)) as usize;
+        let meta = table.meta[x];
+        let bits = meta & 0xff;
+        // The room: j + 9 <= BLOCK, and `d` has 8 slots past the block.
+        steps.d[j % BLOCK..j % BLOCK + 8].copy_from_slice(&table.steps[x]);
+        j += (meta >> 8 & 0xff) as usize;
+        rest >>= bits;
+        used += bits;
+    }
+    let z = rest.trailing_zeros();
+    let raw = z >= c;
+    // The coded reading, discarded when raw (z clamped below c keeps its shifts in range).
+    let zc = z.min(c);
+    let (u, coded_len) = if K0 {
+        // k = 0: the one and the z − 1 bits after it are `2 (u − 2^(z−1)) + 1` in z bits, so
+        // adding 2^z and halving gives u (0 for z = 0); the word has 2z bits (1 for z = 0).
+        let u = (((rest >> zc) & mask(zc)) + (1 << zc)) >> 1;
+        (u, (2 * zc).max(1))
+    } else {
+        let long = (zc != 0) as u32;
+        let len = zc + k - long;
+        (
+            ((rest >> (zc + 1)) & mask(len)) | ((long as u64) << len),
+            zc + 1 + len,
+        )
+    };
+    if !raw && !valid_code(u, nb) {
+        return Err(j);
+    }
+    let new_bits = (rest >> c) & mask(nb);
+    steps.d[j % BLOCK] = if raw { 0 } else { step_of(u as u32) as u16 };
+    let r = state.raws % BLOCK;
+    (steps.raw_at[r], steps.raw_bits[r]) = (j as u16, new_bits as u16);
+    state.raws += raw as usize;
+    state.pos += (used + if raw { c + nb } else { coded_len }) as usize;
+    state.i = j + 1;
+    Ok(())
+}
+
+/// [`fast_pair`] compiled for BMI1/2 (shifts by a register without the `cl` shuffle, one
+/// instruction masks): the same code.
+///
+/// # Safety
+///
+/// The CPU must have the features of [`super::bits::x86_wide`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline(never)]
+unsafe fn fast_pair_bmi<const W: usize, const K0: bool>(
+    reader: BitReader<'_>,
+    table: &StepTable,
+    params: (u32, u32, u32),
+    cursors: (&mut Fast, &mut Fast),
+    ends: (usize, usize),
+    steps: (&mut BlockSteps, &mut BlockSteps),
+) -> (Result<(), usize>, Result<(), usize>) {
+    fast_pair::<W, K0>(reader, table, params, cursors, ends, steps)
+}
+
+/// [`fast_pair`] in the portable build.
+#[inline(never)]
+fn fast_pair_outlined<const W: usize, const K0: bool>(
+    reader: BitReader<'_>,
+    table: &StepTable,
+    params: (u32, u32, u32),
+    cursors: (&mut Fast, &mut Fast),
+    ends: (usize, usize),
+    steps: (&mut BlockSteps, &mut BlockSteps),
+) -> (Result<(), usize>, Result<(), usize>) {
+    fast_pair::<W, K0>(reader, table, params, cursors, ends, steps)
+}
+
+/// [`fast_step`]s of two blocks with the same `k` in turn while both have room: their
+/// chains are independent, so the CPU overlaps them. Stops at the first error of either.
+#[inline(always)]
+fn fast_pair<const W: usize, const K0: bool>(
+    reader: BitReader<'_>,
+    table: &StepTable,
+    (k, c_a, c_b): (u32, u32, u32),
+    (a, b): (&mut Fast, &mut Fast),
+    (m_a, m_b): (usize, usize),
+    (steps_a, steps_b): (&mut BlockSteps, &mut BlockSteps),
+) -> (Result<(), usize>, Result<(), usize>) {
+    let nb = nbits::<W>();
+    let (mut fa, mut fb) = (*a, *b);
+    let mut result = (Ok(()), Ok(()));
+    // Two lookups a step where one load holds them and any code word after them (caps up
+    // to 16 or 17 at k = 0: nearly always), so the last word's arithmetic serves ~10 values.
+    if fast_bits(2, nb, (k, c_a)).max(fast_bits(2, nb, (k, c_b))) <= 57 {
+        while fa.i + 17 <= m_a && fb.i + 17 <= m_b {
+            if let Err(e) = fast_step::<W, 2, K0>(reader, table, (k, c_a), &mut fa, steps_a) {
+                result = (Err(e), Ok(()));
+                break;
+            }
+            if let Err(e) = fast_step::<W, 2, K0>(reader, table, (k, c_b), &mut fb, steps_b) {
+                result = (Ok(()), Err(e));
+                break;
+            }
+        }
+    }
+    if result == (Ok(()), Ok(())) {
+        while fa.i + 9 <= m_a && fb.i + 9 <= m_b {
+            if let Err(e) = fast_step::<W, 1, K0>(reader, table, (k, c_a), &mut fa, steps_a) {
+                result = (Err(e), Ok(()));
+                break;
+            }
+            if let Err(e) = fast_step::<W, 1, K0>(reader, table, (k, c_b), &mut fb, steps_b) {
+                result = (Ok(()), Err(e));
+                break;
+            }
+        }
+    }
+    (*a, *b) = (fa, fb);
+    result
+}
+
+/// How [`decode_width`] decodes narrow elements: one value at a time (as 4-byte elements
+/// always are), through [`StepTable`] lookups with a branch to the one value path at each
+/// code word the table does not hold, or (the decoder in use) through branch-free
+/// [`fast_step`]s where the block's cap allows (else the lookups). The first two are the
+/// tests' reference decoders.
+const ONE_AT_A_TIME: u8 = 0;
+#[cfg(test)]
+const LOOKUPS: u8 = 1;
+const FAST: u8 = 2;
+/// [`FAST`] in its portable build only (tests).
+#[cfg(test)]
+const FAST_PORTABLE: u8 = 3;
+
+fn decode_width<const W: usize, const HOW: u8>(
     input: &[u8],
     old: &[u8],
     out: &mut Vec<u8>,
@@ -990,7 +1424,7 @@ fn decode_width<const W: usize, const TABLES: bool>(
 
     out.resize(n * W, 0);
     let reader = BitReader::new(stream);
-    if W > 2 || !TABLES {
+    if W > 2 || HOW == ONE_AT_A_TIME {
         return decode_wide::<W>(reader, dir, old, out);
     }
     let (mut steps_a, mut steps_b) = (BlockSteps::new(), BlockSteps::new());
@@ -1008,6 +1442,18 @@ fn decode_width<const W: usize, const TABLES: bool>(
         }
         Ok(())
     };
+    #[cfg(target_arch = "x86_64")]
+    let bmi = HOW == FAST && super::bits::x86_wide();
+    #[cfg(not(target_arch = "x86_64"))]
+    let bmi = false;
+    let apply = |steps: &BlockSteps, old: &[[u8; W]], out: &mut [[u8; W]]| {
+        #[cfg(target_arch = "x86_64")]
+        if bmi {
+            // SAFETY: `bmi` says that `x86_wide` detected the features it needs.
+            return unsafe { steps.apply_wide(old, out) };
+        }
+        steps.apply(old, out)
+    };
     let mut pos = 0usize;
     let mut b = 0;
     while b < blocks {
@@ -1024,27 +1470,68 @@ fn decode_width<const W: usize, const TABLES: bool>(
             // first, and its first error (if any) reported only then, as if decoded after it.
             let end_b = end + entry(b + 1).0 as usize;
             let old_b = &old[block(b + 1)];
-            let table = StepTable::get(k);
-            let mut second = StepCursor::new(reader, end);
-            let (first_err, second_err) = lockstep::<W>(
-                reader,
-                table,
-                (k, c, c_b),
-                (&mut first, &mut second),
-                (old_a, old_b),
-                (&mut *steps_a, &mut *steps_b),
-            );
+            let table = StepTable::get::<W>(k);
+            let (first_err, second_err, mut second);
+            if HOW >= FAST && table.max_c <= c.min(c_b) {
+                // Branch free: no misprediction at long or raw words.
+                let (mut fa, mut fb) = (
+                    Fast { pos, i: 0, raws: 0 },
+                    Fast {
+                        pos: end,
+                        i: 0,
+                        raws: 0,
+                    },
+                );
+                let cursors = (&mut fa, &mut fb);
+                let ends = (old_a.len().min(BLOCK), old_b.len().min(BLOCK));
+                let steps = (&mut *steps_a, &mut *steps_b);
+                let params = (k, c, c_b);
+                (first_err, second_err) = match (bmi, k == 0) {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `bmi` says that `x86_wide` detected the features they need.
+                    (true, true) => unsafe {
+                        fast_pair_bmi::<W, true>(reader, table, params, cursors, ends, steps)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    (true, false) => unsafe {
+                        fast_pair_bmi::<W, false>(reader, table, params, cursors, ends, steps)
+                    },
+                    (_, true) => {
+                        fast_pair_outlined::<W, true>(reader, table, params, cursors, ends, steps)
+                    }
+                    (_, false) => {
+                        fast_pair_outlined::<W, false>(reader, table, params, cursors, ends, steps)
+                    }
+                };
+                (first, second) = (
+                    StepCursor::new(reader, fa.pos),
+                    StepCursor::new(reader, fb.pos),
+                );
+                (first.i, second.i) = (fa.i, fb.i);
+                (steps_a.raws, steps_b.raws) = (fa.raws, fb.raws);
+            } else {
+                second = StepCursor::new(reader, end);
+                (first_err, second_err) = lockstep::<W>(
+                    reader,
+                    table,
+                    (k, c, c_b),
+                    (&mut first, &mut second),
+                    (old_a, old_b),
+                    (&mut *steps_a, &mut *steps_b),
+                );
+            }
             first_err.map_err(|i| bad_code(b * BLOCK + i, nb))?;
             first
                 .finish(reader, (k, c), old_a, &mut steps_a)
                 .map_err(|i| bad_code(b * BLOCK + i, nb))?;
             end_check(b, first.pos(), end)?;
-            steps_a.apply(old_a, &mut out[block(b)]);
+            apply(&steps_a, old_a, &mut out[block(b)]);
             second_err
                 .and_then(|()| second.finish(reader, (k, c_b), old_b, &mut steps_b))
                 .map_err(|i| bad_code((b + 1) * BLOCK + i, nb))?;
             end_check(b + 1, second.pos(), end_b)?;
-            steps_b.apply(old_b, &mut out[block(b + 1)]);
+            apply(&steps_b, old_b, &mut out[block(b + 1)]);
             pos = end_b;
             b += 2;
             continue;
@@ -1053,7 +1540,7 @@ fn decode_width<const W: usize, const TABLES: bool>(
             .finish(reader, (k, c), old_a, &mut steps_a)
             .map_err(|i| bad_code(b * BLOCK + i, nb))?;
         end_check(b, first.pos(), end)?;
-        steps_a.apply(old_a, &mut out[block(b)]);
+        apply(&steps_a, old_a, &mut out[block(b)]);
         pos = end;
         b += 1;
     }
@@ -1601,8 +2088,8 @@ mod tests {
                             bad[i] ^= 1 << rng.below(8);
                         }
                         let (mut a, mut b) = (Vec::new(), Vec::new());
-                        let ra = decode_width::<W, true>(&bad, &old, &mut a);
-                        let rb = decode_width::<W, false>(&bad, &old, &mut b);
+                        let ra = decode_width::<W, FAST>(&bad, &old, &mut a);
+                        let rb = decode_width::<W, ONE_AT_A_TIME>(&bad, &old, &mut b);
                         assert_eq!(ra, rb, "width {W} scale {scale} n {n} damage {damage}");
                         if ra.is_ok() {
                             assert_eq!(a, b);
@@ -1615,6 +2102,96 @@ mod tests {
             }
         }
         let mut rng = Rng(30);
+        check::<1>(&mut rng);
+        check::<2>(&mut rng);
+    }
+
+    /// The branch-free decoder (the one in use) against the table lookups with a branch at
+    /// each code word they do not hold, and both against the one value at a time decoder,
+    /// on blocks of every `k` up to past the tables' (steps of every scale), every cap (also
+    /// set in the directory by hand, below the tables' holding ones and above what a block
+    /// needs), raw and unchanged values, special patterns, odd lengths, and damaged bits
+    /// anywhere: same values, same errors.
+    #[test]
+    fn fast_and_lookup_decoders_agree() {
+        fn check<const W: usize>(rng: &mut Rng) {
+            let nb = 8 * W as u32;
+            let sp = specials(W);
+            let agree = |bad: &[u8], old: &[u8], what: &str| {
+                let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+                let ra = decode_width::<W, FAST>(bad, old, &mut a);
+                let rb = decode_width::<W, LOOKUPS>(bad, old, &mut b);
+                let rc = decode_width::<W, ONE_AT_A_TIME>(bad, old, &mut c);
+                let mut p = Vec::new();
+                let rp = decode_width::<W, FAST_PORTABLE>(bad, old, &mut p);
+                assert_eq!(ra, rb, "width {W}: {what}");
+                assert_eq!(ra, rc, "width {W}: {what}");
+                assert_eq!(ra, rp, "width {W}: {what}");
+                if ra.is_ok() {
+                    assert_eq!(a, b, "width {W}: {what}");
+                    assert_eq!(a, c, "width {W}: {what}");
+                    assert_eq!(a, p, "width {W}: {what}");
+                }
+                a
+            };
+            for scale in 0..=nb {
+                for n in [1usize, 9, 17, 18, 40, 1024, 1025, 2048, 2100, 3090, 4113] {
+                    let old: Vec<u32> = (0..n)
+                        .map(|_| match rng.below(8) {
+                            0 => sp[rng.below(sp.len() as u64) as usize],
+                            _ => rng.next_u64() as u32 & mask(nb) as u32,
+                        })
+                        .collect();
+                    let new: Vec<u32> = old
+                        .iter()
+                        .map(|&a| {
+                            let step = match rng.below(20) {
+                                0 => 0,
+                                1 => return sp[rng.below(sp.len() as u64) as usize],
+                                2 => (rng.next_u64() >> 40) as i64,
+                                3..=12 => rng.below(3) as i64 - 1,
+                                _ => {
+                                    let m = rng.below(1 << scale) as i64 + 1;
+                                    if rng.below(2) == 0 {
+                                        m
+                                    } else {
+                                        -m
+                                    }
+                                }
+                            };
+                            from_ordered(
+                                (to_ordered(a, W) as i64 + step).rem_euclid(1 << nb) as u32,
+                                W,
+                            )
+                        })
+                        .collect();
+                    let (old, new) = (patterns(W, &old), patterns(W, &new));
+                    let mut enc = Vec::new();
+                    encode(W, &old, &new, &mut enc);
+                    assert_eq!(agree(&enc, &old, "intact"), new);
+                    let dir_len = n.div_ceil(BLOCK) * DIR_ENTRY;
+                    for damage in 0..40 {
+                        let mut bad = enc.clone();
+                        if damage < 10 {
+                            // A block's k or cap set to anything it may hold.
+                            let b = rng.below(dir_len as u64 / 4) as usize;
+                            if damage % 2 == 0 {
+                                bad[4 * b + 3] = rng.below(nb as u64 + 2) as u8;
+                            } else {
+                                bad[4 * b + 2] = rng.below(TABLE_K as u64 + 2) as u8;
+                            }
+                        } else {
+                            for _ in 0..1 + damage % 3 {
+                                let i = rng.below(bad.len() as u64) as usize;
+                                bad[i] ^= 1 << rng.below(8);
+                            }
+                        }
+                        agree(&bad, &old, &format!("scale {scale} n {n} damage {damage}"));
+                    }
+                }
+            }
+        }
+        let mut rng = Rng(31);
         check::<1>(&mut rng);
         check::<2>(&mut rng);
     }
@@ -1678,16 +2255,86 @@ mod tests {
         }
     }
 
+    /// The lane writer (both its k = 0 loop and the general one) against the table writer
+    /// for every cap it takes (`0..=nb`; 0: all raw), on code numbers of every length, the unchanged
+    /// mark and new bits of any pattern, at odd lengths: same bits.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn lane_writer_matches_table_writer_for_every_cap() {
+        fn check<const W: usize>(rng: &mut Rng) {
+            let nb = 8 * W as u32;
+            let mut lanes = Lanes::new();
+            for k in 0..3 {
+                for c in 0..=nb {
+                    for n in [1usize, 7, 8, 9, 100, 1024] {
+                        let codes: Vec<u16> = (0..n)
+                            .map(|_| match rng.below(10) {
+                                0 => unchanged::<W>() as u16,
+                                1..=6 => rng.below(2) as u16,
+                                _ => {
+                                    let len = rng.below(nb as u64 + 1) as u32;
+                                    let u = rng.next_u64() as u32 & mask(len) as u32;
+                                    (if u == unchanged::<W>() { 0 } else { u }) as u16
+                                }
+                            })
+                            .collect();
+                        let new: Vec<[u8; W]> =
+                            (0..n).map(|_| to_le::<W>(rng.next_u64() as u32)).collect();
+                        let bits: u64 = codes
+                            .iter()
+                            .zip(&new)
+                            .map(|(&u, b)| {
+                                let word = code_word::<W>(u as u32, le(b), k, c);
+                                (word.zeros + word.len) as u64
+                            })
+                            .sum();
+                        let mut table = SmallCodes::new();
+                        table.set(k, c);
+                        let mut by_table = vec![0xa5];
+                        let mut writer = BitWriter::new(&mut by_table);
+                        writer.block(bits, |out| {
+                            write_values::<W, u16>(out, &table, &codes, &new, k, c)
+                        });
+                        writer.finish();
+                        let mut by_lanes = vec![0xa5];
+                        let mut writer = BitWriter::new(&mut by_lanes);
+                        writer.block(bits, |out| {
+                            // SAFETY: `x86_wide` detected the features it needs (below).
+                            unsafe { write_lanes::<W, u16>(out, &mut lanes, &codes, &new, k, c) }
+                        });
+                        writer.finish();
+                        assert_eq!(by_table, by_lanes, "width {W}, k {k}, c {c}, {n} values");
+                    }
+                }
+            }
+        }
+        if !crate::codec::bits::x86_wide() {
+            return;
+        }
+        let mut rng = Rng(32);
+        check::<1>(&mut rng);
+        check::<2>(&mut rng);
+    }
+
     #[test]
     fn narrow_histogram_matches_counting_by_value() {
         fn check<const W: usize>(rng: &mut Rng) {
             let nb = 8 * W as u32;
-            for n in [0usize, 1, 7, 8, 9, 255, 1023, 1024] {
-                for mix in 0..4 {
+            for n in [0usize, 1, 7, 8, 9, 31, 32, 33, 255, 1023, 1024] {
+                for mix in 0..6 {
                     // Mostly small code numbers (as AdamW steps), every length, and the
                     // unchanged mark; `mix` 3 is all unchanged.
                     let codes: Vec<u16> = (0..n)
                         .map(|_| match (mix, rng.below(10)) {
+                            // Every lane's counters full (the largest code number), and the
+                            // byte boundaries.
+                            (5, _) => mask(nb) as u16,
+                            (4, _) => {
+                                let edges = [0u32, 1, 127, 128, 253, 255, 256, 257, 32767, 32768];
+                                let u = edges[rng.below(edges.len() as u64) as usize];
+                                let u = u & mask(nb) as u32;
+                                (if u == unchanged::<W>() { 0 } else { u }) as u16
+                            }
                             (3, _) | (2, 0) => unchanged::<W>() as u16,
                             (0, _) | (_, 1..=6) => rng.below(4) as u16,
                             _ => {
@@ -1702,6 +2349,12 @@ mod tests {
                         histogram::<W, u16>(&codes),
                         "width {W}, {n} codes, mix {mix}"
                     );
+                    #[cfg(target_arch = "x86_64")]
+                    if crate::codec::bits::x86_wide() {
+                        // SAFETY: `x86_wide` detected the features it needs.
+                        let wide = unsafe { histogram_avx2::<W>(&codes) };
+                        assert_eq!(wide, histogram::<W, u16>(&codes), "width {W}, {n} codes");
+                    }
                 }
             }
         }
@@ -1712,32 +2365,43 @@ mod tests {
 
     #[test]
     fn step_tables_agree_with_code_words() {
-        let mut rng = Rng(26);
-        for k in 0..=TABLE_K {
-            let table = StepTable::get(k);
-            for x in 0..LOOKUP_SIZE {
-                for c in 1..=17 {
-                    if (table.min_c[x] as u32) > c {
-                        continue;
+        fn check<const W: usize>(rng: &mut Rng) {
+            let nb = 8 * W as u32;
+            for k in 0..=TABLE_K {
+                let table = StepTable::get::<W>(k);
+                let mut max_c = 0;
+                for x in 0..LOOKUP_SIZE {
+                    if table.count[x] > 0 {
+                        max_c = max_c.max(table.min_c[x] as u32);
                     }
-                    // Whatever follows the LOOKUP bits, the words decode as the table says.
-                    let word = x as u64 | (rng.next_u64() << LOOKUP);
-                    let mut used = 0;
-                    for &step in &table.steps[x][..table.count[x] as usize] {
-                        let (u, len) = narrow_word::<2>(word >> used, k, c);
-                        assert!(u & TAG == 0, "k {k} x {x:#b} c {c}: raw word");
-                        assert_eq!(step_of(u) as u16, step, "k {k} x {x:#b} c {c}");
-                        used += len;
+                    for c in 1..=nb + 1 {
+                        if (table.min_c[x] as u32) > c {
+                            continue;
+                        }
+                        // Whatever follows the LOOKUP bits, the words decode as the table says.
+                        let word = x as u64 | (rng.next_u64() << LOOKUP);
+                        let mut used = 0;
+                        for &step in &table.steps[x][..table.count[x] as usize] {
+                            let (u, len) = narrow_word::<W>(word >> used, k, c);
+                            assert!(u & TAG == 0, "k {k} x {x:#b} c {c}: raw word");
+                            assert!(valid_code(u as u64, nb), "k {k} x {x:#b}: code {u}");
+                            assert_eq!(step_of(u) as u16, step, "k {k} x {x:#b} c {c}");
+                            used += len;
+                        }
+                        assert_eq!(used, table.bits[x] as u32, "k {k} x {x:#b} c {c}");
+                        assert!(used <= LOOKUP && table.count[x] > 0);
+                        let meta = table.meta[x];
+                        assert_eq!(meta & 0xff, used);
+                        assert_eq!(meta >> 8 & 0xff, table.count[x] as u32);
+                        assert_eq!(meta >> 16, table.min_c[x] as u32);
                     }
-                    assert_eq!(used, table.bits[x] as u32, "k {k} x {x:#b} c {c}");
-                    assert!(used <= LOOKUP && table.count[x] > 0);
-                    let meta = table.meta[x];
-                    assert_eq!(meta & 0xff, used);
-                    assert_eq!(meta >> 8 & 0xff, table.count[x] as u32);
-                    assert_eq!(meta >> 16, table.min_c[x] as u32);
                 }
+                assert_eq!(table.max_c, max_c, "width {W}, k {k}");
             }
         }
+        let mut rng = Rng(26);
+        check::<1>(&mut rng);
+        check::<2>(&mut rng);
     }
 
     proptest! {
