@@ -25,7 +25,8 @@
 //! power of two (narrow elements; in a build for AVX2 where the CPU has it, in byte lanes
 //! 32 at a time; 4-byte elements count small code numbers by value), and writes the code
 //! words: in the AVX2 build of narrow elements computed in vector lanes and joined eight to
-//! a store (at k = 0 all in registers), otherwise
+//! a store (at k = 0 all in registers, sixteen values at a time where the CPU has
+//! AVX-512), otherwise
 //! those of code numbers below 1024 (~99% of AdamW steps) from a table, three per store. The
 //! decoder of narrow elements reads up to eight code words per lookup in a table of the next
 //! 10 stream bits, two lookups and then one code word of any kind by arithmetic per step
