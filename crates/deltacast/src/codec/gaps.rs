@@ -185,9 +185,7 @@ pub(crate) fn min_len(count: usize) -> u64 {
 /// `ceil((s - n (2^k - 1)) / 2^k) + n (1 + k)` bits; otherwise at least `n` times the
 /// shortest code word, `min(1 + k, ESC + w)`. The block's best `k` costs at least the
 /// smallest of these. On a half-dense chunk the bound at k = 0 is the exact size (`s + n`).
-/// The chooser now takes the same bound from the bitmap's words ([`map_bounds`]); this one,
-/// from the positions, is the tests' reference.
-#[cfg(test)]
+/// From 40 % the chooser takes the same bound from the bitmap's words ([`map_bounds`]).
 pub(crate) fn lower_bound(rel: &[u32], range: u32) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if super::bits::x86_wide() {
@@ -199,7 +197,6 @@ pub(crate) fn lower_bound(rel: &[u32], range: u32) -> u64 {
 
 /// [`lower_bound`], inlined into its builds (the largest step per block is a max over
 /// lanes: one instruction per 8 with AVX2, none for u32 in plain x86_64's SSE2).
-#[cfg(test)]
 #[inline(always)]
 fn lower_bound_impl(rel: &[u32], range: u32) -> u64 {
     let w = escape_width(range) as u64;
@@ -564,7 +561,6 @@ mod avx2 {
         super::directory_impl::<true>(rel, range)
     }
 
-    #[cfg(test)]
     #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
     pub(super) fn lower_bound(rel: &[u32], range: u32) -> u64 {
         super::lower_bound_impl(rel, range)

@@ -281,9 +281,10 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     let bitmap = (range as u64).div_ceil(8);
     let mut out = Vec::new();
     // Up to a third of the range gaps all but always wins (bitmap does from ~40%, holes only
-    // past half), so it is written at once; denser chunks build the bitmap section first (the
-    // likely winner), bound gaps and holes from its words in one pass, size gaps from its
-    // directory alone only when it could tie, and write it only if it wins.
+    // past half), so it is written at once; denser chunks size it from its directory alone
+    // when a lower bound says it could tie, and write it only if it wins. From 40 % the
+    // bitmap section (the likely winner) is built first and both lower bounds, gaps and
+    // holes, come from its words in one pass.
     let mut gaps_dir = None;
     let mut bitmap_section = None;
     let mut holes_bound = None;
@@ -292,6 +293,15 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     } else if rel.len() <= range as usize / 3 {
         gaps::encode(rel, range, &mut out);
         out.len() as u64
+    } else if (rel.len() as u64) * 5 < range as u64 * 2 {
+        // Below 40 % gaps usually still wins: no bitmap built in vain (no holes either).
+        if gaps::lower_bound(rel, range) > abs32.min(bitmap) {
+            u64::MAX
+        } else {
+            let (dir, len) = gaps::directory(rel, range);
+            gaps_dir = Some(dir);
+            len
+        }
     } else {
         let mut map = Vec::new();
         bitmap::encode(rel, range, &mut map);
