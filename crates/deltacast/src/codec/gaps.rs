@@ -486,22 +486,23 @@ fn map_bounds_impl<const HOLES: bool, const VECTOR: bool>(
             // `i..i + 9` are all whole (`i + 9 < words`).
             let (set, quiet) = unsafe { octet_stats::<HOLES>(&full[i..i + 9]) };
             if quiet {
-                if gaps.count + set < BLOCK as u64
-                    && (!HOLES || holes.count + (512 - set) < BLOCK as u64)
-                {
+                // Each kind's block goes on over the eight words, or ends among them: then
+                // its words one by one, their run bounds known.
+                if gaps.count + set < BLOCK as u64 {
                     gaps.count += set;
                     gaps.g_max = gaps.g_max.max(15);
-                    if HOLES {
+                } else {
+                    for i in i..i + 8 {
+                        gaps.word(i, word_at(i), 15, w);
+                    }
+                }
+                if HOLES {
+                    if holes.count + (512 - set) < BLOCK as u64 {
                         holes.count += 512 - set;
                         holes.g_max = holes.g_max.max(15);
-                    }
-                } else {
-                    // A block ends here: the words one by one, their run bounds known.
-                    for i in i..i + 8 {
-                        let word = word_at(i);
-                        gaps.word(i, word, 15, w);
-                        if HOLES {
-                            holes.word(i, !word, 15, w);
+                    } else {
+                        for i in i..i + 8 {
+                            holes.word(i, !word_at(i), 15, w);
                         }
                     }
                 }
