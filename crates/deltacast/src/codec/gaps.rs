@@ -185,6 +185,7 @@ pub(crate) fn min_len(count: usize) -> u64 {
 /// `ceil((s - n (2^k - 1)) / 2^k) + n (1 + k)` bits; otherwise at least `n` times the
 /// shortest code word, `min(1 + k, ESC + w)`. The block's best `k` costs at least the
 /// smallest of these. On a half-dense chunk the bound at k = 0 is the exact size (`s + n`).
+/// From 40 % the chooser takes the same bound from the bitmap's words ([`map_bounds`]).
 pub(crate) fn lower_bound(rel: &[u32], range: u32) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if super::bits::x86_wide() {
@@ -254,12 +255,52 @@ fn block_bound(n: u64, s: u64, g_max: u64, w: u64) -> u64 {
 /// `k = 0`, exact without escapes, needs every gap below 16; at `k = 1` below 32), so the
 /// chooser can skip the exact holes sizing when the bitmap is already smaller.
 pub(crate) fn holes_lower_bound(changed: &[u8], range: u32) -> u64 {
+    map_bounds(changed, range, true).1.unwrap_or(0)
+}
+
+/// Lower bounds on the sizes of the `gaps` section of the changed positions (the set bits of
+/// `changed`, their bitmap section) and, with `holes`, of [`holes_directory`]'s section, from
+/// one pass over the bitmap's words (as [`holes_lower_bound`], the gaps' largest gap bounded
+/// by runs of 16 or 32 clear bits). The chooser builds the bitmap of a dense chunk first, so
+/// its bounds need no pass over the positions themselves.
+pub(crate) fn map_bounds(changed: &[u8], range: u32, holes: bool) -> (u64, Option<u64>) {
     #[cfg(target_arch = "x86_64")]
     if super::bits::x86_wide() {
+        if map_bounds_wide() {
+            // SAFETY: `x86_wide` and `map_bounds_wide` detected all the function's features.
+            return unsafe {
+                if holes {
+                    let (g, h) = avx2::map_bounds_avx512::<true>(changed, range);
+                    (g, Some(h))
+                } else {
+                    (avx2::map_bounds_avx512::<false>(changed, range).0, None)
+                }
+            };
+        }
         // SAFETY: as in `encode`.
-        return unsafe { avx2::holes_lower_bound(changed, range) };
+        return unsafe {
+            if holes {
+                let (g, h) = avx2::map_bounds::<true>(changed, range);
+                (g, Some(h))
+            } else {
+                (avx2::map_bounds::<false>(changed, range).0, None)
+            }
+        };
     }
-    holes_lower_bound_impl(changed, range)
+    if holes {
+        let (g, h) = map_bounds_impl::<true, false>(changed, range);
+        (g, Some(h))
+    } else {
+        (map_bounds_impl::<false, false>(changed, range).0, None)
+    }
+}
+
+/// Whether this CPU has the features of [`octet_stats`] (beyond those of
+/// [`super::bits::x86_wide`]).
+#[cfg(target_arch = "x86_64")]
+fn map_bounds_wide() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vpopcntdq")
 }
 
 /// An upper bound on the largest run of set bits that starts in `word` (`next` is the word
@@ -288,8 +329,122 @@ fn run_bound(word: u64, next: u64) -> u64 {
     }
 }
 
+/// The open block of [`map_bounds_impl`] for one kind of listed element (changed or hole).
+#[derive(Default)]
+struct OpenBlock {
+    /// Elements listed in the open block so far, its first, and the bound on its largest gap.
+    count: u64,
+    first: u64,
+    g_max: u64,
+    /// Bits of the closed blocks, and how many there are.
+    bits: u64,
+    full_blocks: u64,
+}
+
+impl OpenBlock {
+    /// Word `i`, whose listed elements are the set bits of `listed`; every gap that starts in
+    /// it is at most `runs`.
+    #[inline(always)]
+    fn word(&mut self, i: usize, mut listed: u64, runs: u64, w: u64) {
+        let mut here = listed.count_ones() as u64;
+        if self.count > 0 && self.count + here < BLOCK as u64 {
+            // The common word: the open block goes on.
+            self.count += here;
+            self.g_max = self.g_max.max(runs);
+            return;
+        }
+        if here == 0 {
+            return;
+        }
+        if self.count == 0 {
+            self.first = i as u64 * 64 + listed.trailing_zeros() as u64;
+            self.g_max = 0;
+        }
+        self.g_max = self.g_max.max(runs);
+        while self.count + here >= BLOCK as u64 {
+            // The block's last element is the `take`-th of this word's remaining ones.
+            let take = BLOCK as u64 - self.count;
+            for _ in 1..take {
+                listed &= listed - 1;
+            }
+            let at = i as u64 * 64 + listed.trailing_zeros() as u64;
+            listed &= listed - 1;
+            let n = BLOCK as u64 - 1;
+            self.bits += block_bound(n, at - self.first - n, self.g_max, w);
+            self.full_blocks += 1;
+            here -= take;
+            self.count = 0;
+            if here > 0 {
+                self.first = i as u64 * 64 + listed.trailing_zeros() as u64;
+                self.g_max = runs;
+            }
+        }
+        self.count += here;
+    }
+
+    /// The section's bound, `last` giving the last listed element (when the open block has
+    /// more than one).
+    #[inline(always)]
+    fn finish(mut self, last: impl FnOnce() -> Option<u64>, w: u64) -> u64 {
+        if self.count > 1 {
+            let last = last().unwrap_or(self.first);
+            let n = self.count - 1;
+            self.bits += block_bound(n, last - self.first - n, self.g_max, w);
+        }
+        let blocks = self.full_blocks + (self.count > 0) as u64;
+        blocks * DIR_ENTRY as u64 + self.bits.div_ceil(8)
+    }
+}
+
+/// Of nine whole bitmap words: the set bits of the first eight, and whether
+/// [`run_bound`] is 15 for each of them in both polarities (no run of 16 set bits, nor with
+/// `HOLES` of 16 clear bits, within a word or across into the next: runs across are tested
+/// within the 64 bits from bit 48 of a word, a sufficient test).
+///
+/// # Safety
+///
+/// The CPU must have AVX-512F and AVX-512 VPOPCNTDQ; `words` has at least nine words.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vpopcntdq")]
+#[inline]
+unsafe fn octet_stats<const HOLES: bool>(words: &[[u8; 8]]) -> (u64, bool) {
+    use std::arch::x86_64::*;
+    debug_assert!(words.len() >= 9);
+    // SAFETY: two 64-byte unaligned loads of words 0..8 and 1..9, all in `words`.
+    let (w, n) = unsafe {
+        (
+            _mm512_loadu_si512(words.as_ptr().cast()),
+            _mm512_loadu_si512(words[1..].as_ptr().cast()),
+        )
+    };
+    let set = _mm512_reduce_add_epi64(_mm512_popcnt_epi64(w)) as u64;
+    // Bit j survives when bits j..j+15 are all set.
+    let run16 = |v: __m512i| {
+        let r = _mm512_and_si512(v, _mm512_srli_epi64::<1>(v));
+        let r = _mm512_and_si512(r, _mm512_srli_epi64::<2>(r));
+        let r = _mm512_and_si512(r, _mm512_srli_epi64::<4>(r));
+        _mm512_and_si512(r, _mm512_srli_epi64::<8>(r))
+    };
+    // Bits 48..63 of each word, then bits 0..47 of the next.
+    let across = _mm512_or_si512(_mm512_srli_epi64::<48>(w), _mm512_slli_epi64::<16>(n));
+    let ones = _mm512_set1_epi64(-1);
+    // The changed positions' gaps are runs of clear bits.
+    let mut runs = _mm512_or_si512(
+        run16(_mm512_xor_si512(w, ones)),
+        run16(_mm512_xor_si512(across, ones)),
+    );
+    if HOLES {
+        runs = _mm512_or_si512(runs, _mm512_or_si512(run16(w), run16(across)));
+    }
+    (set, _mm512_test_epi64_mask(runs, runs) == 0)
+}
+
+/// [`map_bounds`]: the gaps bound, and the holes bound when `HOLES` (else 0).
 #[inline(always)]
-fn holes_lower_bound_impl(changed: &[u8], range: u32) -> u64 {
+fn map_bounds_impl<const HOLES: bool, const VECTOR: bool>(
+    changed: &[u8],
+    range: u32,
+) -> (u64, u64) {
     debug_assert_eq!(changed.len(), range.div_ceil(8) as usize);
     let w = escape_width(range) as u64;
     // The words, the last one padded with zeros, then a zero word to read past the end.
@@ -310,66 +465,77 @@ fn holes_lower_bound_impl(changed: &[u8], range: u32) -> u64 {
     } else {
         mask(range % 64)
     };
-    let mut bits = 0u64;
-    let mut full_blocks = 0u64;
-    // The open block: holes so far, its first, and the bound on its largest gap.
-    let (mut count, mut first, mut g_max) = (0u64, 0u64, 0u64);
-    let mut next = word_at(0);
-    for i in 0..words {
-        let word = next;
-        next = word_at(i + 1);
-        let mut holes = !word & if i + 1 == words { last_valid } else { !0 };
-        let mut here = holes.count_ones() as u64;
-        // Every gap of the block that starts in this word is a run that starts in it.
-        let runs = run_bound(word, next);
-        if count > 0 && count + here < BLOCK as u64 {
-            // The common word: the open block goes on.
-            count += here;
-            g_max = g_max.max(runs);
-            continue;
+    let holes_at = |i: usize| {
+        if i + 1 < words {
+            !word_at(i)
+        } else if i + 1 == words {
+            !word_at(i) & last_valid
+        } else {
+            0
         }
-        if here == 0 {
-            continue;
-        }
-        if count == 0 {
-            first = i as u64 * 64 + holes.trailing_zeros() as u64;
-            g_max = 0;
-        }
-        g_max = g_max.max(runs);
-        while count + here >= BLOCK as u64 {
-            // The block's last hole is the `take`-th of this word's remaining ones.
-            let take = BLOCK as u64 - count;
-            for _ in 1..take {
-                holes &= holes - 1;
+    };
+    let (mut gaps, mut holes) = (OpenBlock::default(), OpenBlock::default());
+    let mut i = 0;
+    while i < words {
+        // Eight words at once where no block ends among them and no run of 16 starts in
+        // them (every block goes on, each word's run bound is 15): nearly all words of a
+        // half-dense chunk. Else eight (or the last) words one by one.
+        #[cfg(target_arch = "x86_64")]
+        if VECTOR && i + 9 < words && gaps.count > 0 && (!HOLES || holes.count > 0) {
+            // SAFETY: the caller's build has the features of `octet_stats`, and words
+            // `i..i + 9` are all whole (`i + 9 < words`).
+            let (set, quiet) = unsafe { octet_stats::<HOLES>(&full[i..i + 9]) };
+            if quiet {
+                // Each kind's block goes on over the eight words, or ends among them: then
+                // its words one by one, their run bounds known.
+                if gaps.count + set < BLOCK as u64 {
+                    gaps.count += set;
+                    gaps.g_max = gaps.g_max.max(15);
+                } else {
+                    for i in i..i + 8 {
+                        gaps.word(i, word_at(i), 15, w);
+                    }
+                }
+                if HOLES {
+                    if holes.count + (512 - set) < BLOCK as u64 {
+                        holes.count += 512 - set;
+                        holes.g_max = holes.g_max.max(15);
+                    } else {
+                        for i in i..i + 8 {
+                            holes.word(i, !word_at(i), 15, w);
+                        }
+                    }
+                }
+                i += 8;
+                continue;
             }
-            let at = i as u64 * 64 + holes.trailing_zeros() as u64;
-            holes &= holes - 1;
-            let n = BLOCK as u64 - 1;
-            bits += block_bound(n, at - first - n, g_max, w);
-            full_blocks += 1;
-            here -= take;
-            count = 0;
-            if here > 0 {
-                first = i as u64 * 64 + holes.trailing_zeros() as u64;
-                g_max = runs;
+        }
+        for i in i..(i + 8).min(words) {
+            let (word, next) = (word_at(i), word_at(i + 1));
+            let (hole, next_holes) = (holes_at(i), holes_at(i + 1));
+            // Every gap of a block that starts in this word is a run that starts in it: of
+            // holes between changed positions, of changed positions between holes (past the
+            // last word none goes on).
+            gaps.word(i, word, run_bound(hole, next_holes), w);
+            if HOLES {
+                holes.word(i, hole, run_bound(word, next), w);
             }
         }
-        count += here;
+        i += 8;
     }
-    if count > 1 {
-        // The last hole is in the last word that has one.
-        let last = (0..words)
-            .rev()
-            .find_map(|i| {
-                let holes = !word_at(i) & if i + 1 == words { last_valid } else { !0 };
-                (holes != 0).then(|| i as u64 * 64 + 63 - holes.leading_zeros() as u64)
-            })
-            .unwrap_or(first);
-        let n = count - 1;
-        bits += block_bound(n, last - first - n, g_max, w);
-    }
-    let blocks = full_blocks + (count > 0) as u64;
-    blocks * DIR_ENTRY as u64 + bits.div_ceil(8)
+    let last_in = |at: &dyn Fn(usize) -> u64| {
+        (0..words).rev().find_map(|i| {
+            let bits = at(i);
+            (bits != 0).then(|| i as u64 * 64 + 63 - bits.leading_zeros() as u64)
+        })
+    };
+    let gaps = gaps.finish(|| last_in(&word_at), w);
+    let holes = if HOLES {
+        holes.finish(|| last_in(&holes_at), w)
+    } else {
+        0
+    };
+    (gaps, holes)
 }
 
 pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
@@ -402,8 +568,14 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-    pub(super) fn holes_lower_bound(changed: &[u8], range: u32) -> u64 {
-        super::holes_lower_bound_impl(changed, range)
+    pub(super) fn map_bounds<const HOLES: bool>(changed: &[u8], range: u32) -> (u64, u64) {
+        super::map_bounds_impl::<HOLES, false>(changed, range)
+    }
+
+    /// [`super::map_bounds_impl`] with eight words at a time by [`super::octet_stats`].
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512vpopcntdq")]
+    pub(super) fn map_bounds_avx512<const HOLES: bool>(changed: &[u8], range: u32) -> (u64, u64) {
+        super::map_bounds_impl::<HOLES, true>(changed, range)
     }
 
     #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
@@ -1359,8 +1531,41 @@ mod tests {
             let map = bitmap_of(rel, range);
             let exact = holes_directory(&map, range).1;
             let bound = holes_lower_bound(&map, range);
-            assert_eq!(bound, holes_lower_bound_impl(&map, range), "{what}");
+            assert_eq!(
+                bound,
+                map_bounds_impl::<true, false>(&map, range).1,
+                "{what}"
+            );
             assert!(bound <= exact, "{what}: {bound} > {exact}");
+            // The changed positions' gaps bound from the same pass, with or without the
+            // holes', in both builds.
+            let gaps_bound = map_bounds(&map, range, false).0;
+            assert_eq!(
+                map_bounds(&map, range, true),
+                (gaps_bound, Some(bound)),
+                "{what}"
+            );
+            assert_eq!(
+                gaps_bound,
+                map_bounds_impl::<false, false>(&map, range).0,
+                "{what}"
+            );
+            let gaps_exact = directory(rel, range).1;
+            assert!(
+                gaps_bound <= gaps_exact,
+                "{what}: {gaps_bound} > {gaps_exact}"
+            );
+            // As tight as the bound from the positions wherever no run of 16 clear bits
+            // makes the bitmap's bound on a block's largest gap looser than its exact one.
+            let mut longest = rel
+                .first()
+                .map_or(0, |&p| p.max(range - 1 - rel[rel.len() - 1]));
+            for pair in rel.windows(2) {
+                longest = longest.max(pair[1] - pair[0] - 1);
+            }
+            if longest < 16 {
+                assert_eq!(gaps_bound, lower_bound(rel, range), "{what}");
+            }
             (bound, exact)
         };
         let mut rng = Rng(36);

@@ -282,33 +282,57 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     let mut out = Vec::new();
     // Up to a third of the range gaps all but always wins (bitmap does from ~40%, holes only
     // past half), so it is written at once; denser chunks size it from its directory alone
-    // and write it only if it wins.
+    // when a lower bound says it could tie, and write it only if it wins. From 40 % the
+    // bitmap section (the likely winner) is built first and both lower bounds, gaps and
+    // holes, come from its words in one pass.
     let mut gaps_dir = None;
+    let mut bitmap_section = None;
+    let mut holes_bound = None;
     let gaps_len = if gaps::min_len(rel.len()) > abs32.min(bitmap) {
         u64::MAX
     } else if rel.len() <= range as usize / 3 {
         gaps::encode(rel, range, &mut out);
         out.len() as u64
-    } else if gaps::lower_bound(rel, range) > abs32.min(bitmap) {
-        // Dense: gaps cannot even tie (ties go to gaps), as its exact size would show.
-        u64::MAX
+    } else if (rel.len() as u64) * 5 < range as u64 * 2 {
+        // Below 40 % gaps usually still wins: no bitmap built in vain (no holes either).
+        if gaps::lower_bound(rel, range) > abs32.min(bitmap) {
+            u64::MAX
+        } else {
+            let (dir, len) = gaps::directory(rel, range);
+            gaps_dir = Some(dir);
+            len
+        }
     } else {
-        let (dir, len) = gaps::directory(rel, range);
-        gaps_dir = Some(dir);
-        len
+        let mut map = Vec::new();
+        bitmap::encode(rel, range, &mut map);
+        let holes_count = range as usize - rel.len();
+        let (gaps_bound, holes) = gaps::map_bounds(&map, range, holes_count < rel.len());
+        bitmap_section = Some(map);
+        holes_bound = holes;
+        if gaps_bound > abs32.min(bitmap) {
+            // Dense: gaps cannot even tie (ties go to gaps), as its exact size would show.
+            u64::MAX
+        } else {
+            let (dir, len) = gaps::directory(rel, range);
+            gaps_dir = Some(dir);
+            len
+        }
     };
     let best = abs32.min(bitmap).min(gaps_len);
     // Dense chunks: code the few unchanged elements instead, when strictly smaller. They are
     // sized from the bitmap of the changed positions, which is kept for the bitmap section
     // (the likely winner when holes are considered); the holes are listed only if they win.
     let holes_count = range as usize - rel.len();
-    let mut bitmap_section = None;
     if holes_count < rel.len() && gaps::min_len(holes_count) < best {
-        let mut map = Vec::new();
-        bitmap::encode(rel, range, &mut map);
+        let map = bitmap_section.take().unwrap_or_else(|| {
+            let mut map = Vec::new();
+            bitmap::encode(rel, range, &mut map);
+            map
+        });
         // Half-dense chunks: a one-pass lower bound on the holes' size often shows they
         // cannot be strictly smaller, as their exact size would (holes win only when smaller).
-        if gaps::holes_lower_bound(&map, range) < best {
+        let bound = holes_bound.unwrap_or_else(|| gaps::holes_lower_bound(&map, range));
+        if bound < best {
             let (dir, len) = gaps::holes_directory(&map, range);
             if len < best {
                 let holes = complement(rel, range);

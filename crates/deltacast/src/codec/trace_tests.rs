@@ -316,13 +316,31 @@ fn chooser_matches_encoding_every_codec_when_dense() {
     let mut rng = Rng(37);
     for range in [4099u32, 65_537, 300_001] {
         for density in [
-            0.45, 0.5, 0.52, 0.55, 0.58, 0.6, 0.62, 0.65, 0.7, 0.8, 0.9, 0.99,
+            0.3, 0.35, 0.38, 0.4, 0.42, 0.45, 0.5, 0.52, 0.55, 0.58, 0.6, 0.62, 0.65, 0.7, 0.8,
+            0.9, 0.99,
         ] {
             let rel = bernoulli_positions(&mut rng, range, density);
             assert_eq!(
                 crate::codec::choose_positions(&rel, range),
                 exhaustive_positions(&rel, range),
                 "range {range} density {density}"
+            );
+            // Changes in runs (gaps, and holes, can win above 40 % then), runs long enough
+            // for escapes now and then.
+            let mut rel = Vec::new();
+            let mut p = 0u64;
+            while p < range as u64 {
+                let longest = if rng.below(50) == 0 { 200 } else { 40 };
+                let run = 1 + rng.below(longest);
+                let skip = (run as f64 * (1.0 - density) / density) as u64;
+                let skip = rng.below(2 * skip + 1);
+                rel.extend((p..(p + run).min(range as u64)).map(|q| q as u32));
+                p += run + skip;
+            }
+            assert_eq!(
+                crate::codec::choose_positions(&rel, range),
+                exhaustive_positions(&rel, range),
+                "range {range} density {density}, runs"
             );
         }
     }
