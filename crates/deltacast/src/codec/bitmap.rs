@@ -18,7 +18,7 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
         encode_sparse(rel, map);
     } else {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512bw") {
+        if super::bits::x86_avx512() {
             // SAFETY: the function's only requirement is its target features, detected just
             // above on this CPU.
             return unsafe { encode_dense_avx512(rel, map) };
@@ -220,7 +220,7 @@ fn list(map: &[u8], count: usize, out: &mut Vec<u32>) {
     // with under one set bit per 64 (never chosen by the encoder), where the portable one
     // skips empty words.
     #[cfg(target_arch = "x86_64")]
-    if count as u64 * 64 >= map.len() as u64 * 8 && avx512::detected() {
+    if count as u64 * 64 >= map.len() as u64 * 8 && super::bits::x86_avx512() {
         // SAFETY: `detected` checked the function's target features on this CPU.
         return unsafe { avx512::list(map, count, out) };
     }
@@ -246,15 +246,9 @@ fn list_portable(map: &[u8], count: usize, out: &mut Vec<u32>) {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    pub(super) fn detected() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512vbmi2")
-            && std::arch::is_x86_feature_detected!("popcnt")
-    }
-
     /// # Safety
     ///
-    /// The CPU must have the features [`detected`] checks.
+    /// The CPU must have the features [`crate::codec::bits::x86_avx512`] checks.
     #[target_feature(enable = "avx512f,avx512vbmi2,popcnt")]
     pub(super) fn list(map: &[u8], count: usize, out: &mut Vec<u32>) {
         out.clear();
@@ -422,7 +416,7 @@ mod tests {
                 assert_eq!(sparse, expected, "range {range} density {density}");
                 assert_eq!(dense, expected, "range {range} density {density}");
                 #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx512bw") {
+                if crate::codec::bits::x86_avx512() {
                     let mut wide = vec![0; range.div_ceil(8) as usize];
                     // SAFETY: the features were detected just above.
                     unsafe { encode_dense_avx512(&rel, &mut wide) };
@@ -476,7 +470,7 @@ mod tests {
                 list(&map, count, &mut out);
                 assert_eq!(out, expected, "{bytes} bytes, density {density}");
                 #[cfg(target_arch = "x86_64")]
-                if avx512::detected() {
+                if crate::codec::bits::x86_avx512() {
                     // The right count (whatever the density), and wrong ones.
                     for given in [count, 0, count / 2, count.saturating_sub(1)] {
                         let mut out = vec![5; 3];

@@ -154,6 +154,56 @@ impl Lanes {
     }
 }
 
+/// Eight code words joined in a vector's 64-bit lanes, as [`put_words`] writes them.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Joined {
+    /// Pairs: each even word, then the odd one above it.
+    pub(crate) pair: std::arch::x86_64::__m256i,
+    /// Each 128-bit half's two pairs, in the low 64 bits, and their lengths.
+    pub(crate) quad0: std::arch::x86_64::__m128i,
+    pub(crate) quad1: std::arch::x86_64::__m128i,
+    pub(crate) len0: std::arch::x86_64::__m128i,
+    pub(crate) len1: std::arch::x86_64::__m128i,
+}
+
+/// Joins eight code words (`w`'s u32 lanes, lengths `l`) into pairs and quads; `pair_len` is
+/// each pair's length (each 64-bit lane of `l` summed: callers whose lengths are below 256
+/// get it by one byte sum). A joined word longer than 64 bits is garbage (see
+/// [`put_words`]).
+///
+/// # Safety
+///
+/// The CPU must have AVX2; inlined into the callers' AVX2 builds.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn join_eight(
+    w: std::arch::x86_64::__m256i,
+    l: std::arch::x86_64::__m256i,
+    pair_len: std::arch::x86_64::__m256i,
+) -> Joined {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees AVX2.
+    unsafe {
+        let low = _mm256_set1_epi64x(0xffff_ffff);
+        let pair = _mm256_or_si256(
+            _mm256_and_si256(w, low),
+            _mm256_sllv_epi64(_mm256_srli_epi64::<32>(w), _mm256_and_si256(l, low)),
+        );
+        let quad = _mm256_or_si256(
+            pair,
+            _mm256_sllv_epi64(_mm256_srli_si256::<8>(pair), pair_len),
+        );
+        let quad_len = _mm256_add_epi64(pair_len, _mm256_srli_si256::<8>(pair_len));
+        Joined {
+            pair,
+            quad0: _mm256_castsi256_si128(quad),
+            quad1: _mm256_extracti128_si256::<1>(quad),
+            len0: _mm256_castsi256_si128(quad_len),
+            len1: _mm256_extracti128_si256::<1>(quad_len),
+        }
+    }
+}
+
 /// Writes code words given as lanes: `word[i]` of `len[i] <= 32` bits, or, for a length of 64
 /// or more (a mark, `word[i]` is then ignored), whatever `general(out, i)` writes. Eight words at a time in the AVX2 build: joined
 /// pairwise in the 64-bit lanes of a vector (a pair of short words always fits), then pairs of
@@ -195,27 +245,15 @@ pub(crate) fn put_words(
                 _mm256_loadu_si256(l.as_ptr().cast()),
             )
         };
-        // Pairs: the even value's word, then the odd one's above it.
-        let (even_len, odd_len) = (_mm256_and_si256(l, low), _mm256_srli_epi64::<32>(l));
-        let pair = _mm256_or_si256(
-            _mm256_and_si256(w, low),
-            _mm256_sllv_epi64(_mm256_srli_epi64::<32>(w), even_len),
-        );
-        let pair_len = _mm256_add_epi64(even_len, odd_len);
-        // Quads in 64-bit lanes 0 and 2: each 128-bit half's two pairs.
-        let quad = _mm256_or_si256(
+        let pair_len = _mm256_add_epi64(_mm256_and_si256(l, low), _mm256_srli_epi64::<32>(l));
+        // SAFETY: this function has the features the join's intrinsics need.
+        let Joined {
             pair,
-            _mm256_sllv_epi64(_mm256_srli_si256::<8>(pair), pair_len),
-        );
-        let quad_len = _mm256_add_epi64(pair_len, _mm256_srli_si256::<8>(pair_len));
-        let (quad0, quad1) = (
-            _mm256_castsi256_si128(quad),
-            _mm256_extracti128_si256::<1>(quad),
-        );
-        let (len0, len1) = (
-            _mm256_castsi256_si128(quad_len),
-            _mm256_extracti128_si256::<1>(quad_len),
-        );
+            quad0,
+            quad1,
+            len0,
+            len1,
+        } = unsafe { join_eight(w, l, pair_len) };
         let octet = _mm_or_si128(quad0, _mm_sllv_epi64(quad1, len0));
         let octet_len = _mm_cvtsi128_si64(_mm_add_epi64(len0, len1)) as u64;
         if octet_len <= 56 {
@@ -412,6 +450,20 @@ pub(crate) fn x86_wide() -> bool {
         && std::arch::is_x86_feature_detected!("bmi2")
         && std::arch::is_x86_feature_detected!("lzcnt")
         && std::arch::is_x86_feature_detected!("popcnt")
+}
+
+/// Whether this CPU also runs the codecs' AVX-512 builds: [`x86_wide`] plus AVX-512 F, BW, CD,
+/// VBMI2 and VPOPCNTDQ (Ice Lake and Zen 4 on), every feature any of those builds enables, so
+/// that one check covers them all. Detection is cached by the standard library.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn x86_avx512() -> bool {
+    x86_wide()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512cd")
+        && std::arch::is_x86_feature_detected!("avx512vbmi2")
+        && std::arch::is_x86_feature_detected!("avx512vpopcntdq")
 }
 
 /// The low `len` bits set (`len <= 63`).

@@ -264,43 +264,27 @@ pub(crate) fn holes_lower_bound(changed: &[u8], range: u32) -> u64 {
 /// by runs of 16 or 32 clear bits). The chooser builds the bitmap of a dense chunk first, so
 /// its bounds need no pass over the positions themselves.
 pub(crate) fn map_bounds(changed: &[u8], range: u32, holes: bool) -> (u64, Option<u64>) {
-    #[cfg(target_arch = "x86_64")]
-    if super::bits::x86_wide() {
-        if map_bounds_wide() {
-            // SAFETY: `x86_wide` and `map_bounds_wide` detected all the function's features.
-            return unsafe {
-                if holes {
-                    let (g, h) = avx2::map_bounds_avx512::<true>(changed, range);
-                    (g, Some(h))
-                } else {
-                    (avx2::map_bounds_avx512::<false>(changed, range).0, None)
-                }
-            };
-        }
-        // SAFETY: as in `encode`.
-        return unsafe {
-            if holes {
-                let (g, h) = avx2::map_bounds::<true>(changed, range);
-                (g, Some(h))
-            } else {
-                (avx2::map_bounds::<false>(changed, range).0, None)
-            }
-        };
-    }
     if holes {
-        let (g, h) = map_bounds_impl::<true, false>(changed, range);
+        let (g, h) = map_bounds_dispatch::<true>(changed, range);
         (g, Some(h))
     } else {
-        (map_bounds_impl::<false, false>(changed, range).0, None)
+        (map_bounds_dispatch::<false>(changed, range).0, None)
     }
 }
 
-/// Whether this CPU has the features of [`octet_stats`] (beyond those of
-/// [`super::bits::x86_wide`]).
-#[cfg(target_arch = "x86_64")]
-fn map_bounds_wide() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512vpopcntdq")
+/// [`map_bounds`] in the best build this CPU runs (the holes' bound 0 without `HOLES`).
+fn map_bounds_dispatch<const HOLES: bool>(changed: &[u8], range: u32) -> (u64, u64) {
+    #[cfg(target_arch = "x86_64")]
+    if super::bits::x86_avx512() {
+        // SAFETY: `x86_avx512` detected all the function's features.
+        return unsafe { avx2::map_bounds_avx512::<HOLES>(changed, range) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::bits::x86_wide() {
+        // SAFETY: as in `encode`.
+        return unsafe { avx2::map_bounds::<HOLES>(changed, range) };
+    }
+    map_bounds_impl::<HOLES, false>(changed, range)
 }
 
 /// An upper bound on the largest run of set bits that starts in `word` (`next` is the word

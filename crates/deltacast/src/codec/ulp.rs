@@ -36,7 +36,7 @@
 
 use super::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter, BlockWriter};
 #[cfg(target_arch = "x86_64")]
-use super::bits::{put_words, Lanes};
+use super::bits::{join_eight, put_words, Joined, Lanes};
 use crate::dtype::{from_ordered, to_ordered};
 use crate::error::CodecError;
 use std::sync::OnceLock;
@@ -414,9 +414,9 @@ impl Code for u16 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn histogram_wide<const W: usize>(codes: &[Self]) -> Histogram {
-        if W == 2 && histogram_avx512_ok() {
+        if W == 2 && super::bits::x86_avx512() {
             // SAFETY: the caller guarantees the features of `x86_wide`, and
-            // `histogram_avx512_ok` detected the rest.
+            // `x86_avx512` detected the rest.
             return unsafe { histogram_avx512::<W>(codes) };
         }
         // SAFETY: the caller guarantees the features.
@@ -680,16 +680,6 @@ unsafe fn histogram_avx2<const W: usize>(codes: &[u16]) -> Histogram {
     hist
 }
 
-/// Whether this CPU has the AVX-512 features of [`histogram_avx512`] (beyond those of
-/// [`super::bits::x86_wide`]).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn histogram_avx512_ok() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vbmi2")
-}
-
 /// [`histogram_avx2`] of 2-byte elements without its pass over the high bytes: the code
 /// numbers of 9 bits or more (and the unchanged mark), ~3 % of AdamW steps, are gathered by
 /// one register compress per 32 (AVX-512 VBMI2, no branch) and counted by length one by one;
@@ -698,7 +688,7 @@ fn histogram_avx512_ok() -> bool {
 /// # Safety
 ///
 /// The CPU must have the features of [`super::bits::x86_wide`] and of
-/// [`histogram_avx512_ok`].
+/// [`super::bits::x86_avx512`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vbmi2")]
 #[inline(never)]
@@ -875,8 +865,8 @@ unsafe fn write_lanes<const W: usize, C: Code>(
     let Lanes { word, len } = lanes;
     if k == 0 {
         if let Some(codes) = C::narrow(codes) {
-            if k0_avx512() {
-                // SAFETY: `k0_avx512` detected the AVX-512 features, and this function's
+            if super::bits::x86_avx512() {
+                // SAFETY: `x86_avx512` detected the AVX-512 features, and this function's
                 // are the rest of those `write_k0_avx512` needs.
                 unsafe { write_k0_avx512::<W>(out, &codes[..m], &new[..m], c) };
                 return;
@@ -939,7 +929,6 @@ unsafe fn write_k0<const W: usize>(
     let cap_less_one = _mm256_set1_epi32(c as i32 - 1);
     let cap = _mm_cvtsi32_si128(c as i32);
     let raw_len = _mm256_set1_epi32((c + nb) as i32);
-    let low = _mm256_set1_epi64x(0xffff_ffff);
     let octets = codes.len() / 8;
     for (u, b) in codes.chunks_exact(8).zip(new.chunks_exact(8)) {
         // SAFETY: the loads read the 16 bytes of eight u16 and the 8 W bytes of eight
@@ -967,25 +956,15 @@ unsafe fn write_k0<const W: usize>(
         let l = _mm256_blendv_epi8(coded_len, raw_len, raw);
         // Pairs, quads and the octet, as in `put_words`.
         // (Lengths are below 256: one byte sum adds each pair's.)
-        let even_len = _mm256_and_si256(l, low);
-        let pair = _mm256_or_si256(
-            _mm256_and_si256(w, low),
-            _mm256_sllv_epi64(_mm256_srli_epi64::<32>(w), even_len),
-        );
         let pair_len = _mm256_sad_epu8(l, _mm256_setzero_si256());
-        let quad = _mm256_or_si256(
-            pair,
-            _mm256_sllv_epi64(_mm256_srli_si256::<8>(pair), pair_len),
-        );
-        let quad_len = _mm256_add_epi64(pair_len, _mm256_srli_si256::<8>(pair_len));
-        let (quad0, quad1) = (
-            _mm256_castsi256_si128(quad),
-            _mm256_extracti128_si256::<1>(quad),
-        );
-        let (len0, len1) = (
-            _mm256_castsi256_si128(quad_len),
-            _mm256_extracti128_si256::<1>(quad_len),
-        );
+        // SAFETY: this function has AVX2.
+        let Joined {
+            quad0,
+            quad1,
+            len0,
+            len1,
+            ..
+        } = unsafe { join_eight(w, l, pair_len) };
         let octet_len = _mm_cvtsi128_si64(_mm_add_epi64(len0, len1)) as u64;
         if octet_len <= 56 {
             let octet = _mm_or_si128(quad0, _mm_sllv_epi64(quad1, len0));
@@ -1007,16 +986,6 @@ unsafe fn write_k0<const W: usize>(
     }
 }
 
-/// Whether this CPU has the AVX-512 features of [`write_k0_avx512`] (beyond those of
-/// [`super::bits::x86_wide`]).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn k0_avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512cd")
-}
-
 /// [`write_k0`] sixteen values at a time in AVX-512 registers: the bit length by one
 /// leading-zero count, the word `((u without its leading one) << 1 | 1) << z` by one
 /// three-input logic operation and two shifts, raw values chosen by a mask register, and the
@@ -1025,7 +994,7 @@ fn k0_avx512() -> bool {
 ///
 /// # Safety
 ///
-/// The CPU must have the features of [`super::bits::x86_wide`] and of [`k0_avx512`].
+/// The CPU must have the features [`super::bits::x86_avx512`] checks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512cd")]
 #[inline(never)]
@@ -2546,11 +2515,11 @@ mod tests {
                                 .block(bits, |out| unsafe { write_k0::<W>(out, &codes, &new, c) });
                             writer.finish();
                             assert_eq!(by_table, by_avx2, "AVX2 width {W}, c {c}, {n} values");
-                            if k0_avx512() {
+                            if crate::codec::bits::x86_avx512() {
                                 let mut by_avx512 = vec![0xa5];
                                 let mut writer = BitWriter::new(&mut by_avx512);
                                 writer.block(bits, |out| {
-                                    // SAFETY: `x86_wide` (below) and `k0_avx512` detected the
+                                    // SAFETY: `x86_wide` (below) and `x86_avx512` detected the
                                     // features it needs.
                                     unsafe { write_k0_avx512::<W>(out, &codes, &new, c) }
                                 });
@@ -2611,8 +2580,8 @@ mod tests {
                         // SAFETY: `x86_wide` detected the features it needs.
                         let wide = unsafe { histogram_avx2::<W>(&codes) };
                         assert_eq!(wide, histogram::<W, u16>(&codes), "width {W}, {n} codes");
-                        if W == 2 && histogram_avx512_ok() {
-                            // SAFETY: as above, and `histogram_avx512_ok` detected the rest.
+                        if W == 2 && crate::codec::bits::x86_avx512() {
+                            // SAFETY: as above, and `x86_avx512` detected the rest.
                             let gathered = unsafe { histogram_avx512::<W>(&codes) };
                             assert_eq!(gathered, wide, "width {W}, {n} codes, AVX-512");
                         }
