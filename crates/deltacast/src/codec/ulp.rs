@@ -1475,8 +1475,13 @@ fn k0_lens<const W: usize>(c: u32) -> &'static [u8; LENS] {
 /// entry holds under the cap), `fast_bits(N, nb, (k, c)) <= 57` (one load holds the step)
 /// and room for `8 N + 1` more values in the block; decodes exactly the words of
 /// [`StepCursor::table_step`]s.
+///
+/// # Safety
+///
+/// `state.i + 8 N + 1 <= BLOCK` and `state.raws <= state.i` (every step keeps the latter):
+/// the stores go unchecked, the loop being bound by ALU operations (a mask per store).
 #[inline(always)]
-fn fast_step<const W: usize, const N: usize, const K0: bool>(
+unsafe fn fast_step<const W: usize, const N: usize, const K0: bool>(
     reader: BitReader<'_>,
     table: &StepTable,
     (k, c, lens): (u32, u32, &[u8; LENS]),
@@ -1497,8 +1502,10 @@ fn fast_step<const W: usize, const N: usize, const K0: bool>(
         // operation, unlike a byte taken out of a register (the loop is bound by ALU
         // operations, not by its chain).
         let bits = table.bits[x] as u32;
-        // The room: j + 9 <= BLOCK, and `u` has 8 slots past the block.
-        steps.u[j % BLOCK..j % BLOCK + 8].copy_from_slice(&table.codes[x]);
+        debug_assert!(j + 8 <= steps.u.len());
+        // SAFETY: j <= state.i + 8 (N − 1) (at most 8 values a lookup), so with the room the
+        // caller promises j + 8 <= BLOCK + 8, the length of `u`.
+        unsafe { steps.u.get_unchecked_mut(j..j + 8) }.copy_from_slice(&table.codes[x]);
         j += table.count[x] as usize;
         rest >>= bits;
         used += bits;
@@ -1530,10 +1537,15 @@ fn fast_step<const W: usize, const N: usize, const K0: bool>(
         return Err(j);
     }
     let new_bits = (rest >> c) & mask(nb);
-    // Valid: at most 16 bits. At a raw value anything (the raw bits are written over it).
-    steps.u[j % BLOCK] = u as u16;
-    let r = state.raws % BLOCK;
-    (steps.raw_at[r], steps.raw_bits[r]) = (j as u16, new_bits as u16);
+    debug_assert!(j < BLOCK && state.raws < BLOCK);
+    // SAFETY: j <= state.i + 8 N < BLOCK and state.raws <= state.i < BLOCK (the caller's
+    // room), within `u`, `raw_at` and `raw_bits`. Valid code numbers have at most 16 bits;
+    // at a raw value anything goes (its raw bits are written over it).
+    unsafe {
+        *steps.u.get_unchecked_mut(j) = u as u16;
+        *steps.raw_at.get_unchecked_mut(state.raws) = j as u16;
+        *steps.raw_bits.get_unchecked_mut(state.raws) = new_bits as u16;
+    }
     state.raws += raw as usize;
     state.pos += (used + len) as usize;
     state.i = j + 1;
@@ -1587,85 +1599,83 @@ fn fast_pair<const W: usize, const K0: bool>(
     let nb = nbits::<W>();
     let (lens_a, lens_b) = (k0_lens::<W>(c_a), k0_lens::<W>(c_b));
     let (mut fa, mut fb) = (*a, *b);
+    // The room `fast_step` needs is checked against these (as `Fast` keeps raws <= i).
+    let (m_a, m_b) = (m_a.min(BLOCK), m_b.min(BLOCK));
+    if fa.raws > fa.i || fb.raws > fb.i {
+        return (Ok(()), Ok(()));
+    }
     let mut result = (Ok(()), Ok(()));
+    // Steps of `N` lookups while both blocks have room for `8 N + 1` more values.
+    macro_rules! both {
+        ($n:literal) => {
+            while fa.i + 8 * $n < m_a && fb.i + 8 * $n < m_b {
+                // SAFETY: the room is checked above, and the states keep raws <= i.
+                let step = unsafe {
+                    fast_step::<W, $n, K0>(reader, table, (k, c_a, lens_a), &mut fa, steps_a)
+                };
+                if let Err(e) = step {
+                    result = (Err(e), Ok(()));
+                    break;
+                }
+                // SAFETY: as above.
+                let step = unsafe {
+                    fast_step::<W, $n, K0>(reader, table, (k, c_b, lens_b), &mut fb, steps_b)
+                };
+                if let Err(e) = step {
+                    result = (Ok(()), Err(e));
+                    break;
+                }
+            }
+        };
+    }
     // Two lookups a step where one load holds them and any code word after them (caps up
     // to 16 or 17 at k = 0: nearly always), so the last word's arithmetic serves ~10 values.
     if fast_bits(2, nb, (k, c_a)).max(fast_bits(2, nb, (k, c_b))) <= 57 {
-        while fa.i + 17 <= m_a && fb.i + 17 <= m_b {
-            if let Err(e) = fast_step::<W, 2, K0>(reader, table, (k, c_a, lens_a), &mut fa, steps_a)
-            {
-                result = (Err(e), Ok(()));
-                break;
-            }
-            if let Err(e) = fast_step::<W, 2, K0>(reader, table, (k, c_b, lens_b), &mut fb, steps_b)
-            {
-                result = (Ok(()), Err(e));
-                break;
-            }
-        }
+        both!(2);
     }
     if result == (Ok(()), Ok(())) {
-        while fa.i + 9 <= m_a && fb.i + 9 <= m_b {
-            if let Err(e) = fast_step::<W, 1, K0>(reader, table, (k, c_a, lens_a), &mut fa, steps_a)
-            {
-                result = (Err(e), Ok(()));
-                break;
-            }
-            if let Err(e) = fast_step::<W, 1, K0>(reader, table, (k, c_b, lens_b), &mut fb, steps_b)
-            {
-                result = (Ok(()), Err(e));
-                break;
-            }
-        }
+        both!(1);
     }
     // The last values (fewer than 9 in one of the blocks) one word a step, still branch
     // free (the table path of `StepCursor::finish` branches at each long or raw word).
     if result == (Ok(()), Ok(())) {
-        while fa.i < m_a && fb.i < m_b {
-            if let Err(e) = fast_step::<W, 0, K0>(reader, table, (k, c_a, lens_a), &mut fa, steps_a)
-            {
-                result = (Err(e), Ok(()));
-                break;
-            }
-            if let Err(e) = fast_step::<W, 0, K0>(reader, table, (k, c_b, lens_b), &mut fb, steps_b)
-            {
-                result = (Ok(()), Err(e));
-                break;
-            }
-        }
+        both!(0);
     }
     if result == (Ok(()), Ok(())) {
-        result.0 = fast_rest::<W, K0>(reader, table, (k, c_a), &mut fa, m_a, steps_a);
+        result.0 = fast_rest::<W, K0>(reader, table, (k, c_a, lens_a), &mut fa, m_a, steps_a);
     }
     if result == (Ok(()), Ok(())) {
-        result.1 = fast_rest::<W, K0>(reader, table, (k, c_b), &mut fb, m_b, steps_b);
+        result.1 = fast_rest::<W, K0>(reader, table, (k, c_b, lens_b), &mut fb, m_b, steps_b);
     }
     (*a, *b) = (fa, fb);
     result
 }
 
-/// The rest of one block by [`fast_step`]s, after the other of its pair has ended.
+/// The rest of one block by [`fast_step`]s (`m <= BLOCK` values in all, `state.raws <=
+/// state.i`), after the other of its pair has ended.
 #[inline(always)]
 fn fast_rest<const W: usize, const K0: bool>(
     reader: BitReader<'_>,
     table: &StepTable,
-    (k, c): (u32, u32),
+    (k, c, lens): (u32, u32, &[u8; LENS]),
     state: &mut Fast,
     m: usize,
     steps: &mut BlockSteps,
 ) -> Result<(), usize> {
-    let lens = k0_lens::<W>(c);
+    debug_assert!(m <= BLOCK && state.raws <= state.i);
+    macro_rules! one {
+        ($n:literal) => {
+            while state.i + 8 * $n < m {
+                // SAFETY: the room is checked above, m <= BLOCK, and raws <= i (see above).
+                unsafe { fast_step::<W, $n, K0>(reader, table, (k, c, lens), state, steps)? };
+            }
+        };
+    }
     if fast_bits(2, nbits::<W>(), (k, c)) <= 57 {
-        while state.i + 17 <= m {
-            fast_step::<W, 2, K0>(reader, table, (k, c, lens), state, steps)?;
-        }
+        one!(2);
     }
-    while state.i + 9 <= m {
-        fast_step::<W, 1, K0>(reader, table, (k, c, lens), state, steps)?;
-    }
-    while state.i < m {
-        fast_step::<W, 0, K0>(reader, table, (k, c, lens), state, steps)?;
-    }
+    one!(1);
+    one!(0);
     Ok(())
 }
 
