@@ -1425,6 +1425,15 @@ struct Fast {
     raws: usize,
 }
 
+/// [`fast_step`] mode bits: `k = 0` blocks.
+const K0: u8 = 1;
+/// `k = 0` blocks with caps up to `nb`: every code word valid, so no check (the loop is
+/// bound by its operations).
+const VALID: u8 = 2;
+/// The build for BMI1/2 ([`fast_pair_bmi`]): BZHI by intrinsic.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const BMI: u8 = 4;
+
 /// Stream bits one [`fast_step`] with `lookups` lookups may read for a block with parameters
 /// `(k, c)` (narrow elements): the lookups, then the longest code word (raw: `c` zeros and
 /// `nb` bits; long: `z < c` zeros, a one, and `z + k - 1` bits).
@@ -1480,9 +1489,10 @@ fn k0_lens<const W: usize>(c: u32) -> &'static [u8; LENS] {
 /// # Safety
 ///
 /// `state.i + 8 N + 1 <= BLOCK` and `state.raws <= state.i` (every step keeps the latter):
-/// the stores go unchecked, the loop being bound by ALU operations (a mask per store).
+/// the stores go unchecked, the loop being bound by ALU operations (a mask per store). With
+/// [`BMI`] in `MODE`, the CPU must have BMI2.
 #[inline(always)]
-unsafe fn fast_step<const W: usize, const N: usize, const K0: bool>(
+unsafe fn fast_step<const W: usize, const N: usize, const MODE: u8>(
     reader: BitReader<'_>,
     table: &StepTable,
     (k, c, lens): (u32, u32, &[u8; LENS]),
@@ -1490,8 +1500,10 @@ unsafe fn fast_step<const W: usize, const N: usize, const K0: bool>(
     steps: &mut BlockSteps,
 ) -> Result<(), usize> {
     let nb = nbits::<W>();
-    debug_assert!(!K0 || k == 0);
-    let k = if K0 { 0 } else { k };
+    let k0 = MODE & K0 != 0;
+    debug_assert!(!k0 || k == 0);
+    debug_assert!(MODE & VALID == 0 || (k0 && c <= nb));
+    let k = if k0 { 0 } else { k };
     debug_assert!(k <= TABLE_K && table.max_c <= c && c <= nb + 1);
     debug_assert!(fast_bits(N as u32, nb, (k, c)) <= 57);
     // At least 57 stream bits.
@@ -1513,13 +1525,23 @@ unsafe fn fast_step<const W: usize, const N: usize, const K0: bool>(
     }
     let z = rest.trailing_zeros();
     let raw = z >= c;
-    let (u, len) = if K0 {
+    let (u, len) = if k0 {
         // k = 0: the one and the z − 1 bits after it are `2 (u − 2^(z−1)) + 1` in z bits, so
         // setting bit z and halving gives u (0 for z = 0). Raw (z >= c), the reading is
         // discarded, so z needs no clamp (the shifts wrap); the length comes from `lens`.
         let top = 1u64.wrapping_shl(z);
-        let u = ((rest.wrapping_shr(z) & top.wrapping_sub(1)) | top) >> 1;
-        (u, lens[z as usize] as u32)
+        let low = rest.wrapping_shr(z);
+        #[cfg(target_arch = "x86_64")]
+        let low = if MODE & BMI != 0 {
+            // SAFETY: only `fast_pair_bmi` runs this mode, on a CPU with BMI2. BZHI
+            // takes the index as it is (a mask would take an AND more).
+            unsafe { std::arch::x86_64::_bzhi_u64(low, z) }
+        } else {
+            low & top.wrapping_sub(1)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let low = low & top.wrapping_sub(1);
+        ((low | top) >> 1, lens[z as usize] as u32)
     } else {
         // The coded reading, discarded when raw (z clamped below c keeps its shifts in range).
         let zc = z.min(c);
@@ -1534,7 +1556,7 @@ unsafe fn fast_step<const W: usize, const N: usize, const K0: bool>(
     };
     // At k = 0 a coded word below the cap has z < c zeros, so its code number is below
     // 2^(c − 1): invalid only under the largest cap (`nb + 1`).
-    if !raw && (!K0 || c > nb) && !valid_code(u, nb) {
+    if MODE & VALID == 0 && !raw && (!k0 || c > nb) && !valid_code(u, nb) {
         return Err(j);
     }
     let new_bits = (rest >> c) & mask(nb);
@@ -1562,7 +1584,7 @@ unsafe fn fast_step<const W: usize, const N: usize, const K0: bool>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 #[inline(never)]
-unsafe fn fast_pair_bmi<const W: usize, const K0: bool>(
+unsafe fn fast_pair_bmi<const W: usize, const MODE: u8>(
     reader: BitReader<'_>,
     table: &StepTable,
     params: (u32, u32, u32),
@@ -1570,12 +1592,12 @@ unsafe fn fast_pair_bmi<const W: usize, const K0: bool>(
     ends: (usize, usize),
     steps: (&mut BlockSteps, &mut BlockSteps),
 ) -> (Result<(), usize>, Result<(), usize>) {
-    fast_pair::<W, K0>(reader, table, params, cursors, ends, steps)
+    fast_pair::<W, MODE>(reader, table, params, cursors, ends, steps)
 }
 
 /// [`fast_pair`] in the portable build.
 #[inline(never)]
-fn fast_pair_outlined<const W: usize, const K0: bool>(
+fn fast_pair_outlined<const W: usize, const MODE: u8>(
     reader: BitReader<'_>,
     table: &StepTable,
     params: (u32, u32, u32),
@@ -1583,13 +1605,13 @@ fn fast_pair_outlined<const W: usize, const K0: bool>(
     ends: (usize, usize),
     steps: (&mut BlockSteps, &mut BlockSteps),
 ) -> (Result<(), usize>, Result<(), usize>) {
-    fast_pair::<W, K0>(reader, table, params, cursors, ends, steps)
+    fast_pair::<W, MODE>(reader, table, params, cursors, ends, steps)
 }
 
 /// [`fast_step`]s of two blocks with the same `k` in turn while both have room: their
 /// chains are independent, so the CPU overlaps them. Stops at the first error of either.
 #[inline(always)]
-fn fast_pair<const W: usize, const K0: bool>(
+fn fast_pair<const W: usize, const MODE: u8>(
     reader: BitReader<'_>,
     table: &StepTable,
     (k, c_a, c_b): (u32, u32, u32),
@@ -1612,7 +1634,7 @@ fn fast_pair<const W: usize, const K0: bool>(
             while fa.i + 8 * $n < m_a && fb.i + 8 * $n < m_b {
                 // SAFETY: the room is checked above, and the states keep raws <= i.
                 let step = unsafe {
-                    fast_step::<W, $n, K0>(reader, table, (k, c_a, lens_a), &mut fa, steps_a)
+                    fast_step::<W, $n, MODE>(reader, table, (k, c_a, lens_a), &mut fa, steps_a)
                 };
                 if let Err(e) = step {
                     result = (Err(e), Ok(()));
@@ -1620,7 +1642,7 @@ fn fast_pair<const W: usize, const K0: bool>(
                 }
                 // SAFETY: as above.
                 let step = unsafe {
-                    fast_step::<W, $n, K0>(reader, table, (k, c_b, lens_b), &mut fb, steps_b)
+                    fast_step::<W, $n, MODE>(reader, table, (k, c_b, lens_b), &mut fb, steps_b)
                 };
                 if let Err(e) = step {
                     result = (Ok(()), Err(e));
@@ -1643,10 +1665,10 @@ fn fast_pair<const W: usize, const K0: bool>(
         both!(0);
     }
     if result == (Ok(()), Ok(())) {
-        result.0 = fast_rest::<W, K0>(reader, table, (k, c_a, lens_a), &mut fa, m_a, steps_a);
+        result.0 = fast_rest::<W, MODE>(reader, table, (k, c_a, lens_a), &mut fa, m_a, steps_a);
     }
     if result == (Ok(()), Ok(())) {
-        result.1 = fast_rest::<W, K0>(reader, table, (k, c_b, lens_b), &mut fb, m_b, steps_b);
+        result.1 = fast_rest::<W, MODE>(reader, table, (k, c_b, lens_b), &mut fb, m_b, steps_b);
     }
     (*a, *b) = (fa, fb);
     result
@@ -1655,7 +1677,7 @@ fn fast_pair<const W: usize, const K0: bool>(
 /// The rest of one block by [`fast_step`]s (`m <= BLOCK` values in all, `state.raws <=
 /// state.i`), after the other of its pair has ended.
 #[inline(always)]
-fn fast_rest<const W: usize, const K0: bool>(
+fn fast_rest<const W: usize, const MODE: u8>(
     reader: BitReader<'_>,
     table: &StepTable,
     (k, c, lens): (u32, u32, &[u8; LENS]),
@@ -1668,7 +1690,7 @@ fn fast_rest<const W: usize, const K0: bool>(
         ($n:literal) => {
             while state.i + 8 * $n < m {
                 // SAFETY: the room is checked above, m <= BLOCK, and raws <= i (see above).
-                unsafe { fast_step::<W, $n, K0>(reader, table, (k, c, lens), state, steps)? };
+                unsafe { fast_step::<W, $n, MODE>(reader, table, (k, c, lens), state, steps)? };
             }
         };
     }
@@ -1821,23 +1843,34 @@ fn decode_narrow<const W: usize, const HOW: u8>(
                 let ends = (old_a.len().min(BLOCK), old_b.len().min(BLOCK));
                 let steps = (&mut *steps_a, &mut *steps_b);
                 let params = (k, c, c_b);
-                (first_err, second_err) = match (bmi, k == 0) {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `bmi` says that `x86_wide` detected the features they need.
-                    (true, true) => unsafe {
-                        fast_pair_bmi::<W, true>(reader, table, params, cursors, ends, steps)
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    (true, false) => unsafe {
-                        fast_pair_bmi::<W, false>(reader, table, params, cursors, ends, steps)
-                    },
-                    (_, true) => {
-                        fast_pair_outlined::<W, true>(reader, table, params, cursors, ends, steps)
-                    }
-                    (_, false) => {
-                        fast_pair_outlined::<W, false>(reader, table, params, cursors, ends, steps)
-                    }
+                macro_rules! pair {
+                    ($mode:expr) => {{
+                        #[cfg(target_arch = "x86_64")]
+                        if bmi {
+                            // SAFETY: `bmi` says that `x86_wide` detected the features it
+                            // needs.
+                            unsafe {
+                                fast_pair_bmi::<W, { $mode | BMI }>(
+                                    reader, table, params, cursors, ends, steps,
+                                )
+                            }
+                        } else {
+                            fast_pair_outlined::<W, { $mode }>(
+                                reader, table, params, cursors, ends, steps,
+                            )
+                        }
+                        #[cfg(not(target_arch = "x86_64"))]
+                        fast_pair_outlined::<W, { $mode }>(
+                            reader, table, params, cursors, ends, steps,
+                        )
+                    }};
+                }
+                (first_err, second_err) = if k != 0 {
+                    pair!(0)
+                } else if c.max(c_b) <= nb {
+                    pair!(K0 | VALID)
+                } else {
+                    pair!(K0)
                 };
                 (first, second) = (
                     StepCursor::new(reader, fa.pos),
