@@ -1251,6 +1251,17 @@ impl BlockSteps {
         self.apply(old, out)
     }
 
+    /// [`BlockSteps::apply`] compiled for AVX-512 (32 lanes).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must have the features [`super::bits::x86_avx512`] checks.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw")]
+    fn apply_avx512<const W: usize>(&self, old: &[[u8; W]], out: &mut [[MaybeUninit<u8>; W]]) {
+        self.apply(old, out)
+    }
+
     /// The new bits of the block's values from their old bits: stepped (a loop the compiler
     /// vectorizes, writing every value of `out` that `old` has), then the raw values written.
     #[inline(always)]
@@ -1803,7 +1814,14 @@ fn decode_narrow<const W: usize, const HOW: u8>(
     let bmi = HOW == FAST && super::bits::x86_wide();
     #[cfg(not(target_arch = "x86_64"))]
     let bmi = false;
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = bmi && super::bits::x86_avx512();
     let apply = |steps: &BlockSteps, old: &[[u8; W]], out: &mut [[MaybeUninit<u8>; W]]| {
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            // SAFETY: `avx512` says that `x86_avx512` detected the features it needs.
+            return unsafe { steps.apply_avx512(old, out) };
+        }
         #[cfg(target_arch = "x86_64")]
         if bmi {
             // SAFETY: `bmi` says that `x86_wide` detected the features it needs.
