@@ -29,7 +29,7 @@
 //! AVX-512), otherwise
 //! those of code numbers below 1024 (~99% of AdamW steps) from a table, three per store. The
 //! decoder of narrow elements reads up to eight code words per lookup in a table of the next
-//! 10 stream bits, two lookups and then one code word of any kind by arithmetic per step
+//! 12 stream bits, two lookups and then one code word of any kind by arithmetic per step
 //! (no branch on the data: long and raw words cost no misprediction on fresh data), two
 //! blocks in turn, keeping code numbers (the loop is bound by ALU operations, so lengths
 //! come from loads and the steps from the vectorized loop that then applies them to the
@@ -1114,13 +1114,14 @@ fn narrow_word<const W: usize>(word: u64, k: u32, c: u32) -> (u32, u32) {
 }
 
 /// Multi-symbol decoding table for blocks with parameter `k` (narrow elements): for each
-/// value of the next [`LOOKUP`] stream bits, the steps of the code words that lie wholly
-/// inside them (at most 8), their total length, and the smallest cap `c` under which none of
-/// them is raw. On AdamW steps (k = 0, mostly 1- and 2-bit code words) one lookup yields
-/// ~4.5 steps.
+/// value of the next [`LOOKUP`] stream bits, the code numbers of the code words that lie
+/// wholly inside them (at most 8), their total length, and the smallest cap `c` under which
+/// none of them is raw. On AdamW steps (k = 0, mostly 1- and 2-bit code words, ~2.2 bits a
+/// value) one lookup yields ~5 values (~3.8 on the benchmark chunk's ~3 bits a value).
 struct StepTable {
-    /// The code numbers (valid ones: at most 16 bits), padded to 8.
-    codes: [[u16; 8]; LOOKUP_SIZE],
+    /// The code numbers (those below 256: a byte each, so that 12-bit lookups read no more
+    /// of the table than 10-bit ones of 16-bit numbers did), padded to 8.
+    codes: [[u8; 8]; LOOKUP_SIZE],
     count: [u8; LOOKUP_SIZE],
     bits: [u8; LOOKUP_SIZE],
     /// Smallest `c` the entry holds for; 255 when it holds no code word.
@@ -1132,12 +1133,20 @@ struct StepTable {
     max_c: u32,
 }
 
+/// A table entry's code numbers into a block's (one widening load and a store).
+#[inline(always)]
+fn widen(to: &mut [u16], codes: &[u8; 8]) {
+    for (t, &u) in to.iter_mut().zip(codes) {
+        *t = u as u16;
+    }
+}
+
 /// Largest `k` with a [`StepTable`] (code words of larger ones are long: few per lookup).
 const TABLE_K: u32 = 7;
 
-/// Stream bits a [`StepTable`] lookup reads: 10, so that one lookup yields ~4.5 AdamW steps
-/// (~3.3 with 8) while the table (20 KiB read in the loop) stays in the L1 cache.
-const LOOKUP: u32 = 10;
+/// Stream bits a [`StepTable`] lookup reads: 12 (the loop reads 40 KiB of the table, most
+/// of it seldom; on Zen 4, 11 bits decode ~1.5 % and 10 ~4 % slower, 13 ~8 % slower).
+const LOOKUP: u32 = 12;
 const LOOKUP_SIZE: usize = 1 << LOOKUP;
 
 impl StepTable {
@@ -1166,11 +1175,11 @@ impl StepTable {
                     )
                 };
                 // An invalid code number (FP8: 254, at k >= 6) is left to the path that
-                // reports it.
-                if z >= LOOKUP - at || at + len > LOOKUP || !valid_code(u as u64, nb) {
+                // reports it, a number above a byte to the arithmetic.
+                if z >= LOOKUP - at || at + len > LOOKUP || !valid_code(u as u64, nb) || u > 255 {
                     break;
                 }
-                table.codes[x as usize][count] = u as u16;
+                table.codes[x as usize][count] = u as u8;
                 min_c = min_c.max(z + 1);
                 count += 1;
                 at += len;
@@ -1352,7 +1361,7 @@ impl StepCursor {
             self.avail -= len;
             return Ok(());
         }
-        steps.u[i..i + 8].copy_from_slice(&table.codes[x]);
+        widen(&mut steps.u[i..i + 8], &table.codes[x]);
         self.i = i + (meta >> 8 & 0xff) as usize;
         let bits = meta & 0xff;
         self.buf >>= bits;
@@ -1529,7 +1538,10 @@ unsafe fn fast_step<const W: usize, const N: usize, const MODE: u8>(
         debug_assert!(j + 8 <= steps.u.len());
         // SAFETY: j <= state.i + 8 (N − 1) (at most 8 values a lookup), so with the room the
         // caller promises j + 8 <= BLOCK + 8, the length of `u`.
-        unsafe { steps.u.get_unchecked_mut(j..j + 8) }.copy_from_slice(&table.codes[x]);
+        widen(
+            unsafe { steps.u.get_unchecked_mut(j..j + 8) },
+            &table.codes[x],
+        );
         j += table.count[x] as usize;
         rest >>= bits;
         used += bits;
@@ -2895,7 +2907,7 @@ mod tests {
                             let (u, len) = narrow_word::<W>(word >> used, k, c);
                             assert!(u & TAG == 0, "k {k} x {x:#b} c {c}: raw word");
                             assert!(valid_code(u as u64, nb), "k {k} x {x:#b}: code {u}");
-                            assert_eq!(u as u16, code, "k {k} x {x:#b} c {c}");
+                            assert_eq!(u, code as u32, "k {k} x {x:#b} c {c}");
                             used += len;
                         }
                         assert_eq!(used, table.bits[x] as u32, "k {k} x {x:#b} c {c}");
