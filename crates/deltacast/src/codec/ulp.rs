@@ -1850,13 +1850,21 @@ fn decode_narrow<const W: usize, const HOW: u8>(
         (steps_a.raws, steps_b.raws) = (0, 0);
         let mut first = StepCursor::new(reader, pos);
         let (_, k_b, c_b) = entry((b + 1).min(blocks - 1));
-        if b + 1 < blocks && k <= TABLE_K && c > 0 && k_b == k && c_b > 0 {
+        let pair = b + 1 < blocks && k_b == k && c_b > 0;
+        if k <= TABLE_K && c > 0 && (pair || HOW >= FAST) {
             // Two blocks with the same table: their chains of lookups are
             // independent, so the CPU overlaps them. The second starts where its directory
             // entry puts it, which is where the first must end; it is checked after the
             // first, and its first error (if any) reported only then, as if decoded after it.
-            let end_b = end + entry(b + 1).0 as usize;
-            let old_b = &old[block(b + 1)];
+            // A lone block (the last one, or one before another table) goes as the first of
+            // a pair with an empty second, for the fast steps too.
+            let (c_b, range_b, end_b) = if pair {
+                (c_b, block(b + 1), end + entry(b + 1).0 as usize)
+            } else {
+                let at = block(b).end;
+                (c, at..at, end)
+            };
+            let old_b = &old[range_b.clone()];
             let table = StepTable::get::<W>(k);
             let (first_err, second_err, mut second);
             if HOW >= FAST && table.max_c <= c.min(c_b) {
@@ -1929,9 +1937,9 @@ fn decode_narrow<const W: usize, const HOW: u8>(
                 .and_then(|()| second.finish(reader, (k, c_b), old_b, &mut steps_b))
                 .map_err(|i| bad_code((b + 1) * BLOCK + i, nb))?;
             end_check(b + 1, second.pos(), end_b)?;
-            apply(&steps_b, old_b, &mut out[block(b + 1)]);
+            apply(&steps_b, old_b, &mut out[range_b]);
             pos = end_b;
-            b += 2;
+            b += 1 + pair as usize;
             continue;
         }
         first
@@ -2624,7 +2632,7 @@ mod tests {
             let nb = 8 * W as u32;
             let sp = specials(W);
             for tail in [1usize, 2, 8, 9, 10, 16, 17, 18, 63, 64, 65, 1023, 1024] {
-                for blocks in [0usize, 1, 3] {
+                for blocks in [0usize, 1, 2, 3] {
                     let n = blocks * BLOCK + tail;
                     // Percent of steps that are not ±1.
                     let other = [0, 1, 13, 40][rng.below(4) as usize];
