@@ -437,6 +437,11 @@ impl Code for u32 {
 fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
     if W <= 2 {
         #[cfg(target_arch = "x86_64")]
+        if super::bits::x86_avx512() {
+            // SAFETY: the function's only requirement is its target features, all of which
+            // `x86_avx512` detected just above on this CPU.
+            return unsafe { encode_narrow_avx512::<W>(old, new, out) };
+        }
         if super::bits::x86_wide() {
             // SAFETY: the function's only requirement is its target features, all of which
             // `x86_wide` detected just above on this CPU.
@@ -453,6 +458,14 @@ fn encode_width<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 fn encode_narrow_avx2<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
+    encode_codes::<W, u16, true>(old, new, out)
+}
+
+/// [`encode_narrow_avx2`] with AVX-512 F and BW too: the code numbers' loop goes 32 lanes
+/// wide (~2 % faster at 50 % on Zen 4). Same bytes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw")]
+fn encode_narrow_avx512<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
     encode_codes::<W, u16, true>(old, new, out)
 }
 
@@ -2247,6 +2260,19 @@ mod tests {
                 let mut dispatched = Vec::new();
                 encode(width, &old, &new, &mut dispatched);
                 assert_eq!(portable, dispatched, "width {width}, {n} values");
+                // The AVX2 build too where the dispatch picks the AVX-512 one.
+                #[cfg(target_arch = "x86_64")]
+                if crate::codec::bits::x86_wide() {
+                    let mut avx2 = Vec::new();
+                    // SAFETY: `x86_wide` detected the build's features on this CPU.
+                    unsafe {
+                        match width {
+                            1 => encode_narrow_avx2::<1>(&old, &new, &mut avx2),
+                            _ => encode_narrow_avx2::<2>(&old, &new, &mut avx2),
+                        }
+                    }
+                    assert_eq!(portable, avx2, "width {width}, {n} values, AVX2");
+                }
                 let mut dec = Vec::new();
                 decode(width, &portable, &old, &mut dec).unwrap();
                 assert_eq!(dec, new);
