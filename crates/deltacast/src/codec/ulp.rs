@@ -999,6 +999,18 @@ unsafe fn write_k0<const W: usize>(
     }
 }
 
+/// Sixteen values in [`write_k0_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Sixteen {
+    /// Their code words and lengths, in u32 lanes.
+    words: std::arch::x86_64::__m512i,
+    lens: std::arch::x86_64::__m512i,
+    /// Their two octets joined (garbage when over 56 bits), and the octets' lengths.
+    octets: [u64; 2],
+    octet_lens: [u64; 2],
+}
+
 /// [`write_k0`] sixteen values at a time in AVX-512 registers: the bit length by one
 /// leading-zero count, the word `((u without its leading one) << 1 | 1) << z` by one
 /// three-input logic operation and two shifts, raw values chosen by a mask register, and the
@@ -1028,8 +1040,9 @@ unsafe fn write_k0_avx512<const W: usize>(
     let low = _mm512_set1_epi64(0xffff_ffff);
     // The second quad of each octet (64-bit lanes 2 and 6) to lanes 0 and 4.
     let next_quad = _mm512_setr_epi64(2, 3, 0, 1, 6, 7, 4, 5);
-    let sixteens = codes.len() / 16;
-    for (u, b) in codes.chunks_exact(16).zip(new.chunks_exact(16)) {
+    // The words and lengths of sixteen values, and their two octets joined.
+    let sixteen = |u: &[u16], b: &[[u8; W]]| {
+        debug_assert!(u.len() >= 16 && b.len() >= 16);
         // SAFETY: the loads read the 32 bytes of sixteen u16 and the 16 W bytes of sixteen
         // elements (unaligned loads).
         let (u, b) = unsafe {
@@ -1076,28 +1089,52 @@ unsafe fn write_k0_avx512<const W: usize>(
             _mm512_castsi512_si128(octet_len),
             _mm512_extracti32x4_epi32::<2>(octet_len),
         );
-        // One store per octet: the sixteen words together exceed 56 bits a quarter of the
-        // time at k = 0 on AdamW steps, a branch that fresh data mispredicts (a third
-        // slower than the AVX2 writer then); an octet nearly never does.
-        let (first, second) = (
-            _mm_cvtsi128_si64(len0) as u64,
-            _mm_cvtsi128_si64(len1) as u64,
-        );
+        Sixteen {
+            words: w,
+            lens: l,
+            octets: [_mm_cvtsi128_si64(octet0), _mm_cvtsi128_si64(octet1)].map(|o| o as u64),
+            octet_lens: [_mm_cvtsi128_si64(len0), _mm_cvtsi128_si64(len1)].map(|l| l as u64),
+        }
+    };
+    // One store per octet: the sixteen words together exceed 56 bits a quarter of the time
+    // at k = 0 on AdamW steps, a branch that fresh data mispredicts (a third slower than the
+    // AVX2 writer then); an octet nearly never does.
+    let put_sixteen = |out: &mut BlockWriter<'_>, x: Sixteen| {
+        let ([octet0, octet1], [first, second]) = (x.octets, x.octet_lens);
         if first <= 56 && second <= 56 {
-            out.put(_mm_cvtsi128_si64(octet0) as u64, first as u32);
-            out.put(_mm_cvtsi128_si64(octet1) as u64, second as u32);
-            continue;
+            out.put(octet0, first as u32);
+            out.put(octet1, second as u32);
+            return;
         }
         let (mut words, mut lens) = ([0u32; 16], [0u32; 16]);
         // SAFETY: each store writes the 64 bytes of a 16-element u32 array.
         unsafe {
-            _mm512_storeu_si512(words.as_mut_ptr().cast(), w);
-            _mm512_storeu_si512(lens.as_mut_ptr().cast(), l);
+            _mm512_storeu_si512(words.as_mut_ptr().cast(), x.words);
+            _mm512_storeu_si512(lens.as_mut_ptr().cast(), x.lens);
         }
         put_words(out, &words, &lens, |_, _| unreachable!());
+    };
+    // Thirty-two values per loop, one branch for their four octets (~2 % faster than one
+    // branch per sixteen).
+    for (u, b) in codes.chunks_exact(32).zip(new.chunks_exact(32)) {
+        let (x, y) = (sixteen(u, b), sixteen(&u[16..], &b[16..]));
+        let ([x0, x1], [y0, y1]) = (x.octet_lens, y.octet_lens);
+        if (x0 > 56) | (x1 > 56) | (y0 > 56) | (y1 > 56) {
+            put_sixteen(out, x);
+            put_sixteen(out, y);
+            continue;
+        }
+        out.put(x.octets[0], x0 as u32);
+        out.put(x.octets[1], x1 as u32);
+        out.put(y.octets[0], y0 as u32);
+        out.put(y.octets[1], y1 as u32);
+    }
+    let mut done = 32 * (codes.len() / 32);
+    if codes.len() - done >= 16 {
+        put_sixteen(out, sixteen(&codes[done..], &new[done..]));
+        done += 16;
     }
     // The last values (fewer than sixteen) by the AVX2 writer.
-    let done = 16 * sixteens;
     // SAFETY: the caller guarantees the features of `x86_wide`.
     unsafe { write_k0::<W>(out, &codes[done..], &new[done..], c) };
 }
@@ -2494,11 +2531,16 @@ mod tests {
             let mut lanes = Lanes::new();
             for k in 0..3 {
                 for c in 0..=nb {
-                    for n in [1usize, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1024] {
+                    for n in [
+                        1usize, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 1024,
+                    ] {
+                        // Every other n mostly short words (the AVX-512 writer's octets
+                        // then nearly all fit their store), else any mix.
+                        let any = if n % 2 == 0 { 10 } else { 60 };
                         let codes: Vec<u16> = (0..n)
-                            .map(|_| match rng.below(10) {
+                            .map(|_| match rng.below(any) {
                                 0 => unchanged::<W>() as u16,
-                                1..=6 => rng.below(2) as u16,
+                                1..=6 | 10.. => rng.below(2) as u16,
                                 _ => {
                                     let len = rng.below(nb as u64 + 1) as u32;
                                     let u = rng.next_u64() as u32 & mask(len) as u32;
