@@ -415,6 +415,11 @@ impl Code for u16 {
     #[inline(always)]
     unsafe fn histogram_wide<const W: usize>(codes: &[Self]) -> Histogram {
         if W == 2 && super::bits::x86_avx512() {
+            if x86_gfni() {
+                // SAFETY: the caller guarantees the features of `x86_wide`, and
+                // `x86_avx512` and `x86_gfni` detected the rest.
+                return unsafe { histogram_gfni::<W>(codes) };
+            }
             // SAFETY: the caller guarantees the features of `x86_wide`, and
             // `x86_avx512` detected the rest.
             return unsafe { histogram_avx512::<W>(codes) };
@@ -788,6 +793,124 @@ unsafe fn histogram_avx512<const W: usize>(codes: &[u16]) -> Histogram {
     for l in 1..=8 {
         hist[l] = above[l - 1] - above[l];
     }
+    hist
+}
+
+/// Whether this CPU also runs [`histogram_gfni`] (Ice Lake and Zen 4 on), beyond
+/// [`super::bits::x86_avx512`]. Detection is cached by the standard library.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn x86_gfni() -> bool {
+    std::arch::is_x86_feature_detected!("gfni")
+        && std::arch::is_x86_feature_detected!("avx512bitalg")
+}
+
+/// [`histogram_avx512`] with the counts below 2^8 by bit planes, 64 code numbers at a time:
+/// their low bytes saturated (`min(u, 255)`) become thermometer codes `2^L − 1` (`L` the
+/// bit length, two nibble lookups), an 8×8 bit transpose per 8 values (one GF(2) affine
+/// instruction with the codes as the matrix) makes byte `t` of each quadword hold bit `t`
+/// of its 8 values, and one byte popcount counts them at or above 2^t: three instructions
+/// per 64 values where the byte compares take sixteen. Same histogram.
+///
+/// # Safety
+///
+/// The CPU must have the features of [`super::bits::x86_wide`], of
+/// [`super::bits::x86_avx512`] and of [`x86_gfni`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(
+    enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512vbmi2,gfni,avx512bitalg"
+)]
+#[inline(never)]
+unsafe fn histogram_gfni<const W: usize>(codes: &[u16]) -> Histogram {
+    use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
+    debug_assert!(W == 2 && codes.len() <= BLOCK);
+    let n = codes.len();
+    let nine_bits = _mm512_set1_epi16(256);
+    let byte = _mm512_set1_epi16(255);
+    let nibble = _mm512_set1_epi8(0x0f);
+    // 2^L − 1 for the bit length L of the low nibble, and of the high one (plus 4).
+    let low_table = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        0, 1, 3, 3, 7, 7, 7, 7, 15, 15, 15, 15, 15, 15, 15, 15,
+    ));
+    let high_table = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        0, 0x1f, 0x3f, 0x3f, 0x7f, 0x7f, 0x7f, 0x7f, -1, -1, -1, -1, -1, -1, -1, -1,
+    ));
+    // Byte j of each quadword: 1 << j (picks bit j of each of the matrix's 8 bytes).
+    let one_hot = _mm512_set1_epi64(0x8040_2010_0804_0201_u64 as i64);
+    // The code numbers of 9 bits or more: each store writes 32 lanes, of which the first
+    // `count_ones` are kept (room for a whole block plus one store).
+    let mut wide = [MaybeUninit::<u16>::uninit(); BLOCK + 32];
+    let mut gathered = 0usize;
+    // Byte 8q + t: values of quadword q (of each 64) at or above 2^t; at most 8 per 64
+    // values, 128 per block.
+    let mut planes = _mm512_setzero_si512();
+    let mut groups = codes.chunks_exact(64);
+    for group in groups.by_ref() {
+        let mut halves = [_mm512_setzero_si512(); 2];
+        for (half, thirty_two) in halves.iter_mut().zip(group.chunks_exact(32)) {
+            // SAFETY: the load reads 32 u16 of the group (unaligned); the store writes 32
+            // u16 at `gathered <= BLOCK - 32` (fewer than `n - 32` were gathered before
+            // these 32), inside `wide`.
+            unsafe {
+                let v = _mm512_loadu_si512(thirty_two.as_ptr().cast());
+                let m = _mm512_cmpge_epu16_mask(v, nine_bits);
+                _mm512_storeu_si512(
+                    wide.as_mut_ptr().add(gathered).cast(),
+                    _mm512_maskz_compress_epi16(m, v),
+                );
+                gathered += m.count_ones() as usize;
+                *half = _mm512_min_epu16(v, byte);
+            }
+        }
+        // The low bytes saturated, in any order (`packus` saturates signed lanes: clamped
+        // to 255 first; a down-converting move is slower).
+        let low = _mm512_packus_epi16(halves[0], halves[1]);
+        let thermometer = _mm512_or_si512(
+            _mm512_shuffle_epi8(low_table, _mm512_and_si512(low, nibble)),
+            _mm512_shuffle_epi8(
+                high_table,
+                _mm512_and_si512(_mm512_srli_epi16::<4>(low), nibble),
+            ),
+        );
+        let transposed = _mm512_gf2p8affine_epi64_epi8::<0>(one_hot, thermometer);
+        planes = _mm512_add_epi8(planes, _mm512_popcnt_epi8(transposed));
+    }
+    let mut counts = [0u8; 64];
+    // SAFETY: a 64-byte store into a 64-byte array.
+    unsafe { _mm512_storeu_si512(counts.as_mut_ptr().cast(), planes) };
+    // above[t]: code numbers at or above 2^t.
+    let mut above = [0u32; 8];
+    for (t, slot) in above.iter_mut().enumerate() {
+        *slot = counts.iter().skip(t).step_by(8).map(|&c| c as u32).sum();
+    }
+    for &u in groups.remainder() {
+        for (t, slot) in above.iter_mut().enumerate() {
+            *slot += (u as u32 >= 1 << t) as u32;
+        }
+        if u >= 256 {
+            wide[gathered] = MaybeUninit::new(u);
+            gathered += 1;
+        }
+    }
+    let mut hist: Histogram = [0; HIST];
+    // SAFETY: the first `gathered` entries of `wide` were written above (each store's first
+    // `count_ones` lanes, each remainder value).
+    let wide = unsafe { std::slice::from_raw_parts(wide.as_ptr().cast::<u16>(), gathered) };
+    for &u in wide {
+        // The unchanged mark (16 bits) counted apart (always raw).
+        if u as u32 == unchanged::<W>() {
+            hist[UNCHANGED_SLOT] += 1;
+        } else {
+            hist[bit_len(u as u64) as usize % HIST] += 1;
+        }
+    }
+    // Length l <= 8: at or above 2^(l−1), below 2^l (at or above 2^8: those listed).
+    hist[0] = n as u32 - above[0];
+    for l in 1..8 {
+        hist[l] = above[l - 1] - above[l];
+    }
+    hist[8] = above[7] - gathered as u32;
     hist
 }
 
@@ -2614,7 +2737,9 @@ mod tests {
     fn narrow_histogram_matches_counting_by_value() {
         fn check<const W: usize>(rng: &mut Rng) {
             let nb = 8 * W as u32;
-            for n in [0usize, 1, 7, 8, 9, 31, 32, 33, 255, 1023, 1024] {
+            for n in [
+                0usize, 1, 7, 8, 9, 31, 32, 33, 63, 64, 65, 95, 96, 255, 1023, 1024,
+            ] {
                 for mix in 0..6 {
                     // Mostly small code numbers (as AdamW steps), every length, and the
                     // unchanged mark; `mix` 3 is all unchanged.
@@ -2652,6 +2777,11 @@ mod tests {
                             // SAFETY: as above, and `x86_avx512` detected the rest.
                             let gathered = unsafe { histogram_avx512::<W>(&codes) };
                             assert_eq!(gathered, wide, "width {W}, {n} codes, AVX-512");
+                            if x86_gfni() {
+                                // SAFETY: as above, and `x86_gfni` detected the rest.
+                                let planes = unsafe { histogram_gfni::<W>(&codes) };
+                                assert_eq!(planes, wide, "width {W}, {n} codes, GFNI");
+                            }
                         }
                     }
                 }
