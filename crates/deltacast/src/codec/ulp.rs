@@ -23,7 +23,8 @@
 //! Speed: the encoder computes a block's code numbers in a vectorized loop (16-bit lanes
 //! for narrow elements), takes their length histogram from vectorized counts below each
 //! power of two (narrow elements; in a build for AVX2 where the CPU has it, in byte lanes
-//! 32 at a time; 4-byte elements count small code numbers by value), and writes the code
+//! 32 at a time, 2-byte ones by bit planes 64 at a time where it has GFNI; 4-byte elements
+//! count small code numbers by value), and writes the code
 //! words: in the AVX2 build of narrow elements computed in vector lanes and joined eight to
 //! a store (at k = 0 all in registers, sixteen values at a time where the CPU has
 //! AVX-512), otherwise
