@@ -92,7 +92,10 @@ struct DiffTensor {
 };
 
 // Changes a slot holds at width w: u16 position + new + old bits each; a multiple of 8, so
-// the new and old parts start 8-byte aligned (more than any element width needs).
+// the new and old parts start 8-byte aligned (more than any element width needs). With old
+// bits at width 1 or 2, change g's new and old bits share one word of 2w bytes, `new | old <<
+// 8w`, at g of the new part (which then spans the old part too): one store in pass 1 and one
+// load in pass 3 instead of two, as pass 1 is bound by its L2 requests.
 __device__ __forceinline__ u32 dc_slot_cap(u32 w) { return (SLOT_BYTES / (2 + 2 * w)) & ~7u; }
 
 // 16 bytes at `off` (zero past `nbytes`). CACHE: keep the line in L2 for a second read.
@@ -357,8 +360,11 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
             m &= m - 1;
             const u32 nb = dc_extract(cvi, e, w);
             slot_pos[g] = (u16)(rel0 + e);
-            dc_store_bits(slot_new, g, w, nb);
-            if (keep_old) dc_store_bits(slot_old, g, w, dc_extract(svi, e, w));
+            if (keep_old && W <= 2)  // one store of both: `new | old << 8W` (see dc_slot_pair)
+                dc_store_bits(slot_new, g, 2 * W, nb | dc_extract(svi, e, w) << (8 * W));
+            else
+                dc_store_bits(slot_new, g, w, nb);
+            if (keep_old && W > 2) dc_store_bits(slot_old, g, w, dc_extract(svi, e, w));
             if (!whole) dc_store_bits(snap_w, elem0 + e, w, nb);
             ++g;
         }
@@ -638,8 +644,14 @@ __device__ __forceinline__ u64 dc_diff_place_tile(const DiffTensor& T, u64 tile,
             rel[r] = nb[r] = ob[r] = 0;
             if (k < count) {
                 rel[r] = slot_pos[k];
-                nb[r] = dc_load_bits(slot_new, k, w);
-                if (with_old) ob[r] = dc_load_bits(slot_old, k, w);
+                if (with_old && w <= 2) {
+                    const u32 pair = dc_load_bits(slot_new, k, 2 * w);
+                    nb[r] = pair & ((1u << (8 * w)) - 1);
+                    ob[r] = pair >> (8 * w);
+                } else {
+                    nb[r] = dc_load_bits(slot_new, k, w);
+                    if (with_old) ob[r] = dc_load_bits(slot_old, k, w);
+                }
             }
         }
 #pragma unroll

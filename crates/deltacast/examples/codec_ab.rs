@@ -6,14 +6,18 @@
 //!
 //! `cargo run --release -p deltacast --example codec_ab -- [rounds] [densities] [only]`:
 //! `densities` comma separated (default 0.1,0.5); `only` one of diff, auto, genc, benc, uenc, pdec,
-//! udec (a substring of the measurement) or dir (the chunk's ulp and gaps parameters).
+//! udec (a substring of the measurement) or dir (the chunk's ulp and gaps parameters). `auto`
+//! encodes into buffers reused from round to round, as the sender does; `auto_fresh` (only when
+//! named) into fresh ones each round, page faults included.
 //!
 //! The chunk is the same in every round, so a predictor can learn the decoders' branches: on
 //! a larger range (`RANGE=5242880`) the ulp decoder's figure at 10 % is about half the
-//! 2^20 one (fresh data in a real sync is never the same twice).
+//! 2^20 one (fresh data in a real sync is never the same twice). `CHUNKS=n` times n
+//! different chunks of the range one after the other in each round: new data per chunk at
+//! the sender's chunk size (2^20), as in a sync, without the larger range's cache misses.
 use deltacast::codec::{
-    decode_positions, decode_values, encode_chunk, encode_positions, encode_values, CodecChoice,
-    PosCodec, ValCodec,
+    decode_positions, decode_values, encode_chunk, encode_chunk_into, encode_positions,
+    encode_values, CodecChoice, EncodedChunk, PosCodec, ValCodec,
 };
 use deltacast::diff::{best_impl, diff_serial_with, Changes};
 use std::hint::black_box;
@@ -33,9 +37,18 @@ fn range() -> u32 {
 mod common_chunk;
 use common_chunk::Chunk;
 
-fn chunk(density: f64) -> (Vec<u32>, Vec<u8>, Vec<u8>) {
-    let Chunk { rel, old, new } = common_chunk::chunk(density, range());
-    (rel, old, new)
+/// `CHUNKS=n` (default 1) different chunks of the same kind: each measurement goes over all
+/// of them, as a sync encodes chunk after chunk of new data, so no predictor learns one
+/// chunk's branches while the chunk keeps its real size.
+fn chunks(density: f64) -> Vec<Chunk> {
+    let n: u64 = std::env::var("CHUNKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    (0..n)
+        .map(|seed| common_chunk::chunk_seeded(density, range(), seed))
+        .collect()
 }
 
 fn splitmix(state: &mut u64) -> u64 {
@@ -66,8 +79,8 @@ fn main() {
     let only: Option<&str> = args.get(3).map(|s| s.as_str());
     let want = |name: &str| only.is_none_or(|o| name.contains(o));
     for &density in &densities {
-        let (rel, old, new) = chunk(density);
-        let n = rel.len() as f64;
+        let all = chunks(density);
+        let n: f64 = all.iter().map(|c| c.rel.len() as f64).sum();
         let rate = |t: f64| n / t / 1e6;
         let mut line = format!("d={density}");
         if want("diff") {
@@ -97,24 +110,59 @@ fn main() {
             });
             line += &format!(" diff={:.0}", count as f64 / t / 1e6);
         }
-        if want("auto") {
+        if want("auto") && only != Some("auto_fresh") {
+            // As the sender encodes: into one chunk's buffers, reused from chunk to chunk.
+            let mut enc = EncodedChunk::default();
             let t = best(rounds, || {
-                black_box(encode_chunk(
-                    CodecChoice::Auto,
-                    2,
-                    black_box(&rel),
-                    range(),
-                    &old,
-                    &new,
-                ));
+                for c in &all {
+                    encode_chunk_into(
+                        CodecChoice::Auto,
+                        2,
+                        black_box(&c.rel),
+                        range(),
+                        &c.old,
+                        &c.new,
+                        &mut enc,
+                    );
+                    black_box(&enc);
+                }
             });
             line += &format!(" auto={:.0}", rate(t));
         }
-        let chosen = encode_chunk(CodecChoice::Auto, 2, &rel, range(), &old, &new);
-        let (Some(pos), Some(val)) = (chosen.pos_codec, chosen.val_codec) else {
+        if only == Some("auto_fresh") {
+            // Fresh section vectors per chunk (page faults included).
+            let t = best(rounds, || {
+                for c in &all {
+                    black_box(encode_chunk(
+                        CodecChoice::Auto,
+                        2,
+                        black_box(&c.rel),
+                        range(),
+                        &c.old,
+                        &c.new,
+                    ));
+                }
+            });
+            line += &format!(" auto_fresh={:.0}", rate(t));
+        }
+        let chosen: Vec<_> = all
+            .iter()
+            .map(|c| encode_chunk(CodecChoice::Auto, 2, &c.rel, range(), &c.old, &c.new))
+            .collect();
+        // The section decoders below time the first chunk's codecs on every chunk: the
+        // chooser picks the same pair for every chunk of one density (checked here).
+        let (Some(pos), Some(val)) = (chosen[0].pos_codec, chosen[0].val_codec) else {
             continue;
         };
+        if chosen
+            .iter()
+            .any(|e| e.pos_codec != Some(pos) || e.val_codec != Some(val))
+        {
+            println!("d={density}: the chunks chose different codecs; decoders not timed");
+            continue;
+        }
         if only == Some("dir") {
+            let (rel, chosen) = (&all[0].rel, &chosen[0]);
             let blocks = rel.len().div_ceil(1024);
             let kc: Vec<(u8, u8)> = chosen.values[..4 * blocks]
                 .chunks(4)
@@ -126,7 +174,7 @@ fn main() {
                 blocks - 1
             );
             let mut g = Vec::new();
-            encode_positions(PosCodec::Gaps, &rel, range(), &mut g);
+            encode_positions(PosCodec::Gaps, rel, range(), &mut g);
             let ks: Vec<u8> = g[..7 * blocks].chunks(7).map(|e| e[6]).collect();
             let (counts, same) = params_summary(&ks);
             println!("gaps k counts {counts:?}, neighbours equal {same}");
@@ -135,8 +183,10 @@ fn main() {
             if want(key) {
                 let mut enc = Vec::new();
                 let t = best(rounds, || {
-                    enc.clear();
-                    encode_positions(codec, black_box(&rel), range(), &mut enc)
+                    for c in &all {
+                        enc.clear();
+                        encode_positions(codec, black_box(&c.rel), range(), &mut enc)
+                    }
                 });
                 line += &format!(" {}_enc={:.0}", codec.name(), rate(t));
             }
@@ -144,8 +194,10 @@ fn main() {
         if want("uenc") {
             let mut enc = Vec::new();
             let t = best(rounds, || {
-                enc.clear();
-                encode_values(ValCodec::Ulp, 2, black_box(&old), &new, &mut enc)
+                for c in &all {
+                    enc.clear();
+                    encode_values(ValCodec::Ulp, 2, black_box(&c.old), &c.new, &mut enc)
+                }
             });
             line += &format!(" ulp_enc={:.0}", rate(t));
         }
@@ -153,22 +205,26 @@ fn main() {
         if want("pdec") {
             let mut out = Vec::new();
             tp = best(rounds, || {
-                decode_positions(
-                    pos,
-                    black_box(&chosen.positions),
-                    rel.len() as u32,
-                    range(),
-                    &mut out,
-                )
-                .expect("the chunk's own positions decode")
+                for (c, e) in all.iter().zip(&chosen) {
+                    decode_positions(
+                        pos,
+                        black_box(&e.positions),
+                        c.rel.len() as u32,
+                        range(),
+                        &mut out,
+                    )
+                    .expect("the chunk's own positions decode")
+                }
             });
             line += &format!(" {}_dec={:.0}", pos.name(), rate(tp));
         }
         if want("udec") {
             let mut out = Vec::new();
             let tv = best(rounds, || {
-                decode_values(val, 2, black_box(&chosen.values), &old, &mut out)
-                    .expect("the chunk's own values decode")
+                for (c, e) in all.iter().zip(&chosen) {
+                    decode_values(val, 2, black_box(&e.values), &c.old, &mut out)
+                        .expect("the chunk's own values decode")
+                }
             });
             line += &format!(" {}_dec={:.0}", val.name(), rate(tv));
             if tp > 0.0 {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 
 use crate::codec::{
-    encode_chunk, encode_seed_chunk, CodecChoice, EncodedChunk, PosCodec, ValCodec,
+    encode_chunk_into, encode_seed_chunk_into, CodecChoice, EncodedChunk, PosCodec, ValCodec,
 };
 use crate::error::{Error, Result};
 use crate::wire::{
@@ -132,6 +132,37 @@ pub fn encode_changes(
     new: &[u8],
     mut emit: impl FnMut(ReadyChunk) -> Result<()>,
 ) -> Result<()> {
+    let mut pool = Vec::new();
+    let emit = |c: &mut ReadyChunk| emit(take_ready(c));
+    encode_changes_in(
+        config, seed, slot, numel, width, positions, old, new, &mut pool, emit,
+    )
+}
+
+/// The chunk's sections moved out of `c` (left empty), for a sink that keeps them.
+fn take_ready(c: &mut ReadyChunk) -> ReadyChunk {
+    ReadyChunk {
+        positions: std::mem::take(&mut c.positions),
+        values: std::mem::take(&mut c.values),
+        ..*c
+    }
+}
+
+/// [`encode_changes`] with the encoded chunks lent to `emit`, their section buffers kept in
+/// `pool` for the next batch (and the next call) unless `emit` takes them.
+#[allow(clippy::too_many_arguments)]
+fn encode_changes_in(
+    config: &FlushConfig,
+    seed: bool,
+    slot: u32,
+    numel: u64,
+    width: usize,
+    positions: &[u64],
+    old: &[u8],
+    new: &[u8],
+    pool: &mut Vec<EncodedChunk>,
+    mut emit: impl FnMut(&mut ReadyChunk) -> Result<()>,
+) -> Result<()> {
     if old.len() != positions.len() * width || new.len() != positions.len() * width {
         return Err(Error::InvalidArgument(
             "positions and values differ in length".into(),
@@ -167,11 +198,12 @@ pub fn encode_changes(
             new: &new[i * width..j * width],
         });
         if pending.len() == ENCODE_BATCH {
-            encode_batch(config, slot, width, std::mem::take(&mut pending), &mut emit)?;
+            let batch = std::mem::take(&mut pending);
+            encode_batch(config, slot, width, batch, pool, &mut emit)?;
         }
         i = j;
     }
-    encode_batch(config, slot, width, pending, &mut emit)
+    encode_batch(config, slot, width, pending, pool, &mut emit)
 }
 
 /// Every element of one slot, values only (a single-process seed): `values` is the whole slot.
@@ -181,6 +213,20 @@ pub fn encode_full_slot(
     width: usize,
     values: &[u8],
     mut emit: impl FnMut(ReadyChunk) -> Result<()>,
+) -> Result<()> {
+    encode_full_slot_in(config, slot, width, values, &mut Vec::new(), |c| {
+        emit(take_ready(c))
+    })
+}
+
+/// [`encode_full_slot`] with the chunks lent to `emit` (see [`encode_changes_in`]).
+fn encode_full_slot_in(
+    config: &FlushConfig,
+    slot: u32,
+    width: usize,
+    values: &[u8],
+    pool: &mut Vec<EncodedChunk>,
+    mut emit: impl FnMut(&mut ReadyChunk) -> Result<()>,
 ) -> Result<()> {
     let numel = (values.len() / width) as u64;
     // Keep each seed chunk within one bucket from the start.
@@ -201,25 +247,33 @@ pub fn encode_full_slot(
             new: bytes,
         });
         if pending.len() == ENCODE_BATCH {
-            encode_batch(config, slot, width, std::mem::take(&mut pending), &mut emit)?;
+            let batch = std::mem::take(&mut pending);
+            encode_batch(config, slot, width, batch, pool, &mut emit)?;
         }
         start += range;
     }
-    encode_batch(config, slot, width, pending, &mut emit)
+    encode_batch(config, slot, width, pending, pool, &mut emit)
 }
 
+/// Encodes `pending` in parallel into the first buffers of `pool` (grown to fit), then fits
+/// and emits each chunk in order.
 fn encode_batch(
     config: &FlushConfig,
     slot: u32,
     width: usize,
     pending: Vec<PendingChunk<'_>>,
-    emit: &mut impl FnMut(ReadyChunk) -> Result<()>,
+    pool: &mut Vec<EncodedChunk>,
+    emit: &mut impl FnMut(&mut ReadyChunk) -> Result<()>,
 ) -> Result<()> {
-    let encoded: Vec<EncodedChunk> = pending
+    if pool.len() < pending.len() {
+        pool.resize_with(pending.len(), EncodedChunk::default);
+    }
+    let pool = &mut pool[..pending.len()];
+    pending
         .par_iter()
-        .map(|c| encode_pending(config.codec, width, c))
-        .collect();
-    for (chunk, enc) in pending.iter().zip(encoded) {
+        .zip(pool.par_iter_mut())
+        .for_each(|(c, enc)| encode_pending_into(config.codec, width, c, enc));
+    for (chunk, enc) in pending.iter().zip(pool) {
         fit(config, slot, width, chunk, enc, emit)?;
     }
     Ok(())
@@ -231,8 +285,8 @@ fn fit(
     slot: u32,
     width: usize,
     chunk: &PendingChunk<'_>,
-    enc: EncodedChunk,
-    emit: &mut impl FnMut(ReadyChunk) -> Result<()>,
+    enc: &mut EncodedChunk,
+    emit: &mut impl FnMut(&mut ReadyChunk) -> Result<()>,
 ) -> Result<()> {
     let cost = FrameWriter::chunk_cost(enc.positions.len(), enc.values.len());
     if cost > frame_capacity(config) {
@@ -243,12 +297,12 @@ fn fit(
             )));
         }
         for part in split_chunk(chunk, chunk.range / 2, width) {
-            let enc = encode_pending(config.codec, width, &part);
+            encode_pending_into(config.codec, width, &part, enc);
             fit(config, slot, width, &part, enc, emit)?;
         }
         return Ok(());
     }
-    emit(ReadyChunk {
+    let mut ready = ReadyChunk {
         slot,
         start: chunk.start,
         range: chunk.range,
@@ -259,9 +313,14 @@ fn fit(
         },
         pos_codec: enc.pos_codec.unwrap_or(PosCodec::All),
         val_codec: enc.val_codec.unwrap_or(ValCodec::Raw),
-        positions: enc.positions,
-        values: enc.values,
-    })
+        positions: std::mem::take(&mut enc.positions),
+        values: std::mem::take(&mut enc.values),
+    };
+    let done = emit(&mut ready);
+    // Back for the next chunk (empty if `emit` kept them).
+    enc.positions = ready.positions;
+    enc.values = ready.values;
+    done
 }
 
 /// Builds the frames of one sync and hands each to `sink` when it is full.
@@ -273,6 +332,9 @@ pub struct SyncEncoder<F: FnMut(Vec<u8>) -> Result<()>> {
     writer: FrameWriter,
     sink: F,
     stats: SyncStats,
+    /// Section buffers of the last batch of chunks, reused by the next (as many as a batch
+    /// holds at once anyway): no fresh pages per chunk.
+    pool: Vec<EncodedChunk>,
 }
 
 impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
@@ -295,6 +357,7 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
                 version,
                 ..Default::default()
             },
+            pool: Vec::new(),
         })
     }
 
@@ -313,23 +376,24 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
         new: &[u8],
     ) -> Result<()> {
         let config = self.config;
-        encode_changes(
-            &config,
-            self.kind == FrameKind::Seed,
-            slot,
-            numel,
-            width,
-            positions,
-            old,
-            new,
-            |c| self.push_ready(&c),
-        )
+        let seed = self.kind == FrameKind::Seed;
+        let mut pool = std::mem::take(&mut self.pool);
+        let push = |c: &mut ReadyChunk| self.push_ready(c);
+        let done = encode_changes_in(
+            &config, seed, slot, numel, width, positions, old, new, &mut pool, push,
+        );
+        self.pool = pool;
+        done
     }
 
     /// Adds every element of one slot (a seed): `values` holds the whole slot.
     pub fn push_seed(&mut self, slot: u32, width: usize, values: &[u8]) -> Result<()> {
         let config = self.config;
-        encode_full_slot(&config, slot, width, values, |c| self.push_ready(&c))
+        let mut pool = std::mem::take(&mut self.pool);
+        let push = |c: &mut ReadyChunk| self.push_ready(c);
+        let done = encode_full_slot_in(&config, slot, width, values, &mut pool, push);
+        self.pool = pool;
+        done
     }
 
     /// Puts an encoded chunk into the current frame, starting a new frame when it does not fit.
@@ -391,26 +455,32 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
     }
 }
 
-fn encode_pending(choice: CodecChoice, width: usize, chunk: &PendingChunk<'_>) -> EncodedChunk {
+/// Encodes `chunk` into `enc` (its buffers reused).
+fn encode_pending_into(
+    choice: CodecChoice,
+    width: usize,
+    chunk: &PendingChunk<'_>,
+    enc: &mut EncodedChunk,
+) {
     if chunk.all {
-        let mut enc = EncodedChunk {
-            pos_codec: Some(PosCodec::All),
-            val_codec: Some(ValCodec::Raw),
-            ..Default::default()
-        };
+        enc.pos_codec = Some(PosCodec::All);
+        enc.val_codec = Some(ValCodec::Raw);
+        enc.positions.clear();
+        enc.values.clear();
         enc.values.extend_from_slice(chunk.new);
-        return enc;
+        return;
     }
     if chunk.seed {
-        return encode_seed_chunk(&chunk.rel, chunk.range as u32, chunk.new);
+        return encode_seed_chunk_into(&chunk.rel, chunk.range as u32, chunk.new, enc);
     }
-    encode_chunk(
+    encode_chunk_into(
         choice,
         width,
         &chunk.rel,
         chunk.range as u32,
         chunk.old,
         chunk.new,
+        enc,
     )
 }
 
@@ -464,4 +534,95 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
         });
     }
     parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{adamw_step, bernoulli_positions, Rng};
+
+    /// The sync encoder, whose chunk buffers are reused from batch to batch and slot to slot,
+    /// builds the same frames as chunks encoded into fresh buffers (`encode_changes`, whose
+    /// sink keeps them), also when chunks are split to fit a frame.
+    #[test]
+    fn reused_buffers_build_the_same_frames() {
+        for bucket_size in [MIN_BUCKET_SIZE, 1 << 14, DEFAULT_BUCKET_SIZE] {
+            let config = FlushConfig {
+                bucket_size,
+                chunk_elems: 3000,
+                codec: CodecChoice::Auto,
+            };
+            let mut rng = Rng(5);
+            let mut reused_frames = Vec::new();
+            let mut fresh_frames = Vec::new();
+            let mut reused = SyncEncoder::new(FrameKind::Delta, 3, 9, config, |f| {
+                reused_frames.push(f);
+                Ok(())
+            })
+            .unwrap();
+            let mut fresh = SyncEncoder::new(FrameKind::Delta, 3, 9, config, |f| {
+                fresh_frames.push(f);
+                Ok(())
+            })
+            .unwrap();
+            for (slot, density) in [0.5, 0.01, 1.0, 0.0, 0.9, 0.3, 0.5].into_iter().enumerate() {
+                let numel = 150_001u32;
+                let positions: Vec<u64> = if density >= 1.0 {
+                    (0..numel as u64).collect()
+                } else {
+                    bernoulli_positions(&mut rng, numel, density)
+                        .into_iter()
+                        .map(u64::from)
+                        .collect()
+                };
+                let old: Vec<u8> = (0..positions.len() * 2)
+                    .map(|_| rng.next_u64() as u8)
+                    .collect();
+                let new: Vec<u8> = old
+                    .chunks(2)
+                    .flat_map(|e| {
+                        let bits = u16::from_le_bytes([e[0], e[1]]);
+                        (bits.wrapping_add(adamw_step(&mut rng) as u16)).to_le_bytes()
+                    })
+                    .collect();
+                let slot = slot as u32;
+                reused
+                    .push_delta(slot, numel as u64, 2, &positions, &old, &new)
+                    .unwrap();
+                let mut kept = Vec::new();
+                encode_changes(
+                    &config,
+                    false,
+                    slot,
+                    numel as u64,
+                    2,
+                    &positions,
+                    &old,
+                    &new,
+                    |c| {
+                        kept.push(c);
+                        Ok(())
+                    },
+                )
+                .unwrap();
+                for c in &kept {
+                    fresh.push_ready(c).unwrap();
+                }
+            }
+            let values: Vec<u8> = (0..20_001).map(|_| rng.next_u64() as u8).collect();
+            reused.push_seed(99, 1, &values).unwrap();
+            let mut kept = Vec::new();
+            encode_full_slot(&config, 99, 1, &values, |c| {
+                kept.push(c);
+                Ok(())
+            })
+            .unwrap();
+            for c in &kept {
+                fresh.push_ready(c).unwrap();
+            }
+            let stats = reused.finish(&[]).unwrap();
+            assert_eq!(stats, fresh.finish(&[]).unwrap());
+            assert_eq!(reused_frames, fresh_frames, "bucket {bucket_size}");
+        }
+    }
 }

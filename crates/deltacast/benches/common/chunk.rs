@@ -33,8 +33,15 @@ pub struct Chunk {
     pub new: Vec<u8>,
 }
 
+#[allow(dead_code)] // benches/codecs.rs only; examples/codec_ab.rs includes this file too
 pub fn chunk(density: f64, range: u32) -> Chunk {
-    let mut rng = Rng(density.to_bits());
+    chunk_seeded(density, range, 0)
+}
+
+/// Another chunk of the same kind for each `seed` (0 gives [`chunk`]'s).
+#[allow(dead_code)] // examples/codec_ab.rs only; benches/codecs.rs includes this file too
+pub fn chunk_seeded(density: f64, range: u32, seed: u64) -> Chunk {
+    let mut rng = Rng(density.to_bits() ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let rel: Vec<u32> = (0..range).filter(|_| rng.unit() < density).collect();
     let (mut old, mut new) = (Vec::new(), Vec::new());
     for _ in &rel {

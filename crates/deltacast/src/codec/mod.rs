@@ -229,6 +229,26 @@ pub fn encode_chunk(
     old: &[u8],
     new: &[u8],
 ) -> EncodedChunk {
+    let mut chunk = EncodedChunk::default();
+    encode_chunk_into(choice, width, rel, range, old, new, &mut chunk);
+    chunk
+}
+
+/// [`encode_chunk`] into `out`, whose sections are cleared first but keep their capacity: a
+/// sender that reuses one `EncodedChunk` across chunks writes into memory it already holds
+/// (fresh section vectors cost page faults on every chunk: ~20 % of a dense encode). Same
+/// codecs and bytes.
+pub fn encode_chunk_into(
+    choice: CodecChoice,
+    width: usize,
+    rel: &[u32],
+    range: u32,
+    old: &[u8],
+    new: &[u8],
+    out: &mut EncodedChunk,
+) {
+    out.positions.clear();
+    out.values.clear();
     match choice {
         CodecChoice::Fixed(pos, val) => {
             let pos = if pos == PosCodec::All && rel.len() as u64 != range as u64 {
@@ -236,24 +256,14 @@ pub fn encode_chunk(
             } else {
                 pos
             };
-            let mut chunk = EncodedChunk {
-                pos_codec: Some(pos),
-                val_codec: Some(val),
-                ..Default::default()
-            };
-            encode_positions(pos, rel, range, &mut chunk.positions);
-            encode_values(val, width, old, new, &mut chunk.values);
-            chunk
+            encode_positions(pos, rel, range, &mut out.positions);
+            encode_values(val, width, old, new, &mut out.values);
+            out.pos_codec = Some(pos);
+            out.val_codec = Some(val);
         }
         CodecChoice::Auto => {
-            let (pos, positions) = choose_positions(rel, range);
-            let (val, values) = choose_values(width, old, new);
-            EncodedChunk {
-                pos_codec: Some(pos),
-                val_codec: Some(val),
-                positions,
-                values,
-            }
+            out.pos_codec = Some(choose_positions(rel, range, &mut out.positions));
+            out.val_codec = Some(choose_values(width, old, new, &mut out.values));
         }
     }
 }
@@ -261,37 +271,44 @@ pub fn encode_chunk(
 /// Encodes one seed chunk: the cheapest positions (or none when every element of the range is
 /// carried) and raw values, since a seed must not depend on what the receiver held.
 pub fn encode_seed_chunk(rel: &[u32], range: u32, new: &[u8]) -> EncodedChunk {
-    let (pos, positions) = choose_positions(rel, range);
-    EncodedChunk {
-        pos_codec: Some(pos),
-        val_codec: Some(ValCodec::Raw),
-        positions,
-        values: new.to_vec(),
-    }
+    let mut chunk = EncodedChunk::default();
+    encode_seed_chunk_into(rel, range, new, &mut chunk);
+    chunk
 }
 
-fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
+/// [`encode_seed_chunk`] into `out` (cleared first, capacity kept, as [`encode_chunk_into`]).
+pub fn encode_seed_chunk_into(rel: &[u32], range: u32, new: &[u8], out: &mut EncodedChunk) {
+    out.positions.clear();
+    out.values.clear();
+    out.pos_codec = Some(choose_positions(rel, range, &mut out.positions));
+    out.val_codec = Some(ValCodec::Raw);
+    out.values.extend_from_slice(new);
+}
+
+/// Writes the cheapest positions section into `out` (cleared first) and returns its codec.
+fn choose_positions(rel: &[u32], range: u32, out: &mut Vec<u8>) -> PosCodec {
+    out.clear();
     if rel.len() as u64 == range as u64 {
-        return (PosCodec::All, Vec::new());
+        return PosCodec::All;
     }
     // abs32 and bitmap sizes follow from the count and range; gaps is sized exactly only
     // when its smallest possible size could match the better of the two. The first of abs32,
     // gaps, bitmap with the smallest size wins, as if all were encoded.
     let abs32 = rel.len() as u64 * 4;
     let bitmap = (range as u64).div_ceil(8);
-    let mut out = Vec::new();
     // Up to a third of the range gaps all but always wins (bitmap does from ~40%, holes only
     // past half), so it is written at once; denser chunks size it from its directory alone
     // when a lower bound says it could tie, and write it only if it wins. From 40 % the
-    // bitmap section (the likely winner) is built first and both lower bounds, gaps and
-    // holes, come from its words in one pass.
+    // bitmap section (the likely winner) is built first, in `out`, and both lower bounds,
+    // gaps and holes, come from its words in one pass.
     let mut gaps_dir = None;
-    let mut bitmap_section = None;
+    // Whether `out` holds the bitmap section (else it is empty or holds gaps, written at once).
+    let mut out_is_map = false;
     let mut holes_bound = None;
     let gaps_len = if gaps::min_len(rel.len()) > abs32.min(bitmap) {
         u64::MAX
     } else if rel.len() <= range as usize / 3 {
-        gaps::encode(rel, range, &mut out);
+        gaps::encode(rel, range, out);
         out.len() as u64
     } else if (rel.len() as u64) * 5 < range as u64 * 2 {
         // Below 40 % gaps usually still wins: no bitmap built in vain (no holes either).
@@ -303,11 +320,10 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
             len
         }
     } else {
-        let mut map = Vec::new();
-        bitmap::encode(rel, range, &mut map);
+        bitmap::encode(rel, range, out);
+        out_is_map = true;
         let holes_count = range as usize - rel.len();
-        let (gaps_bound, holes) = gaps::map_bounds(&map, range, holes_count < rel.len());
-        bitmap_section = Some(map);
+        let (gaps_bound, holes) = gaps::map_bounds(out, range, holes_count < rel.len());
         holes_bound = holes;
         if gaps_bound > abs32.min(bitmap) {
             // Dense: gaps cannot even tie (ties go to gaps), as its exact size would show.
@@ -324,57 +340,59 @@ fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     // (the likely winner when holes are considered); the holes are listed only if they win.
     let holes_count = range as usize - rel.len();
     if holes_count < rel.len() && gaps::min_len(holes_count) < best {
-        let map = bitmap_section.take().unwrap_or_else(|| {
-            let mut map = Vec::new();
-            bitmap::encode(rel, range, &mut map);
-            map
-        });
+        // Past half the range gaps was never written at once: `out` holds no gaps section.
+        debug_assert!(out_is_map || out.is_empty());
+        if !out_is_map {
+            bitmap::encode(rel, range, out);
+            out_is_map = true;
+        }
         // Half-dense chunks: a one-pass lower bound on the holes' size often shows they
         // cannot be strictly smaller, as their exact size would (holes win only when smaller).
-        let bound = holes_bound.unwrap_or_else(|| gaps::holes_lower_bound(&map, range));
+        let bound = holes_bound.unwrap_or_else(|| gaps::holes_lower_bound(out, range));
         if bound < best {
-            let (dir, len) = gaps::holes_directory(&map, range);
+            let (dir, len) = gaps::holes_directory(out, range);
             if len < best {
                 let holes = complement(rel, range);
                 out.clear();
-                gaps::encode_with(&holes, range, &dir, &mut out);
-                return (PosCodec::Holes, out);
+                gaps::encode_with(&holes, range, &dir, out);
+                return PosCodec::Holes;
             }
         }
-        bitmap_section = Some(map);
     }
     let codec = if abs32 <= gaps_len && abs32 <= bitmap {
         PosCodec::Abs32
     } else if gaps_len <= bitmap {
+        // Sized from its directory (`out` may hold the bitmap), or else already in `out`.
         if let Some(dir) = gaps_dir {
-            gaps::encode_with(rel, range, &dir, &mut out);
+            out.clear();
+            gaps::encode_with(rel, range, &dir, out);
         }
-        return (PosCodec::Gaps, out);
+        return PosCodec::Gaps;
+    } else if out_is_map {
+        return PosCodec::Bitmap;
     } else {
-        if let Some(map) = bitmap_section {
-            return (PosCodec::Bitmap, map);
-        }
         PosCodec::Bitmap
     };
     out.clear();
-    encode_positions(codec, rel, range, &mut out);
-    (codec, out)
+    encode_positions(codec, rel, range, out);
+    codec
 }
 
-fn choose_values(width: usize, old: &[u8], new: &[u8]) -> (ValCodec, Vec<u8>) {
+/// Writes the cheapest values section into `out` (cleared first) and returns its codec.
+fn choose_values(width: usize, old: &[u8], new: &[u8], out: &mut Vec<u8>) -> ValCodec {
     // raw costs exactly the new bytes; ulp is encoded only when it could be smaller (raw
     // wins ties, as the first codec).
+    out.clear();
     let raw = new.len() as u64;
     if ulp::min_len(new.len() / width.max(1)) < raw {
-        let mut out = Vec::new();
-        encode_values(ValCodec::Ulp, width, old, new, &mut out);
+        encode_values(ValCodec::Ulp, width, old, new, out);
         if (out.len() as u64) < raw {
-            return (ValCodec::Ulp, out);
+            return ValCodec::Ulp;
         }
+        out.clear();
     }
-    let mut out = Vec::new();
-    encode_values(ValCodec::Raw, width, old, new, &mut out);
-    (ValCodec::Raw, out)
+    encode_values(ValCodec::Raw, width, old, new, out);
+    ValCodec::Raw
 }
 
 #[cfg(test)]
@@ -409,7 +427,8 @@ mod holes_tests {
         }
         // The chooser prefers holes for a 99% dense chunk.
         let rel: Vec<u32> = (0..100_000).filter(|i| i % 100 != 7).collect();
-        let (codec, bytes) = choose_positions(&rel, 100_000);
+        let mut bytes = vec![1, 2, 3];
+        let codec = choose_positions(&rel, 100_000, &mut bytes);
         assert_eq!(codec, PosCodec::Holes);
         assert!(bytes.len() < 100_000 / 8 / 4);
     }

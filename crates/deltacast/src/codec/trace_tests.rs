@@ -297,6 +297,20 @@ fn exhaustive_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
     best.unwrap()
 }
 
+/// The chooser's positions, written into a buffer that held other bytes (it must clear it).
+fn choose_positions(rel: &[u32], range: u32) -> (PosCodec, Vec<u8>) {
+    let mut out = vec![0xa5; 19];
+    let codec = crate::codec::choose_positions(rel, range, &mut out);
+    (codec, out)
+}
+
+/// The chooser's values, written into a buffer that held other bytes (it must clear it).
+fn choose_values(width: usize, old: &[u8], new: &[u8]) -> (ValCodec, Vec<u8>) {
+    let mut out = vec![0x5a; 23];
+    let codec = crate::codec::choose_values(width, old, new, &mut out);
+    (codec, out)
+}
+
 fn exhaustive_values(width: usize, old: &[u8], new: &[u8]) -> (ValCodec, Vec<u8>) {
     let mut best: Option<(ValCodec, Vec<u8>)> = None;
     for codec in ValCodec::ALL {
@@ -321,7 +335,7 @@ fn chooser_matches_encoding_every_codec_when_dense() {
         ] {
             let rel = bernoulli_positions(&mut rng, range, density);
             assert_eq!(
-                crate::codec::choose_positions(&rel, range),
+                choose_positions(&rel, range),
                 exhaustive_positions(&rel, range),
                 "range {range} density {density}"
             );
@@ -338,7 +352,7 @@ fn chooser_matches_encoding_every_codec_when_dense() {
                 p += run + skip;
             }
             assert_eq!(
-                crate::codec::choose_positions(&rel, range),
+                choose_positions(&rel, range),
                 exhaustive_positions(&rel, range),
                 "range {range} density {density}, runs"
             );
@@ -359,7 +373,7 @@ proptest::proptest! {
         let mut rng = Rng(seed);
         let rel = bernoulli_positions(&mut rng, range, density * density);
         proptest::prop_assert_eq!(
-            crate::codec::choose_positions(&rel, range),
+            choose_positions(&rel, range),
             exhaustive_positions(&rel, range)
         );
         let old: Vec<u8> = (0..rel.len() * width).map(|_| rng.next_u64() as u8).collect();
@@ -372,8 +386,98 @@ proptest::proptest! {
             new.extend_from_slice(&from_ordered(moved as u32, width).to_le_bytes()[..width]);
         }
         proptest::prop_assert_eq!(
-            crate::codec::choose_values(width, &old, &new),
+            choose_values(width, &old, &new),
             exhaustive_values(width, &old, &new)
         );
+    }
+}
+
+/// One `EncodedChunk` reused across chunks of every size and density (empty, one element,
+/// every element, odd ranges, wide and narrow elements, each choice, seeds) gives the same
+/// codecs and bytes as a fresh encode of each chunk.
+#[test]
+fn reused_chunk_buffers_encode_like_fresh_ones() {
+    use crate::codec::{
+        encode_chunk_into, encode_seed_chunk, encode_seed_chunk_into, EncodedChunk,
+    };
+    let mut rng = Rng(91);
+    let mut reused = EncodedChunk::default();
+    let mut reused_seed = EncodedChunk::default();
+    let choices = [
+        CodecChoice::Auto,
+        CodecChoice::Fixed(PosCodec::Gaps, ValCodec::Ulp),
+        CodecChoice::Fixed(PosCodec::All, ValCodec::Raw),
+        CodecChoice::Fixed(PosCodec::Bitmap, ValCodec::Ulp),
+    ];
+    let ranges = [
+        0u32,
+        1,
+        2,
+        7,
+        1023,
+        1024,
+        1025,
+        4099,
+        65_537,
+        300_001,
+        1 << 20,
+    ];
+    let densities = [
+        0.0, 0.001, 0.01, 0.1, 0.33, 0.39, 0.41, 0.5, 0.6, 0.9, 0.999, 1.0,
+    ];
+    for round in 0..3 {
+        for &range in &ranges {
+            for &density in &densities {
+                // Big chunks only at a few densities (the test stays quick).
+                if range >= 300_000 && !matches!(density, 0.01 | 0.5 | 1.0) {
+                    continue;
+                }
+                let rel: Vec<u32> = if density >= 1.0 {
+                    (0..range).collect()
+                } else {
+                    bernoulli_positions(&mut rng, range, density)
+                };
+                let width = [2usize, 1, 4][(round + rel.len()) % 3];
+                let old: Vec<u8> = (0..rel.len() * width)
+                    .map(|_| rng.next_u64() as u8)
+                    .collect();
+                let mut new = Vec::with_capacity(old.len());
+                for i in 0..rel.len() {
+                    let bits = load_bits(&old, width, i);
+                    let step = match rng.below(20) {
+                        // NaN, ±0, a subnormal, or equal bits among the AdamW steps.
+                        0 => {
+                            new.extend_from_slice(
+                                &[0x7fc1_0001u32, 0x8000_0000, 0, 1, bits][rng.below(5) as usize]
+                                    .to_le_bytes()[..width],
+                            );
+                            continue;
+                        }
+                        1 => (rng.next_u64() as i64) >> 33,
+                        _ => adamw_step(&mut rng),
+                    };
+                    let moved =
+                        (to_ordered(bits, width) as i64 + step).rem_euclid(1i64 << (8 * width));
+                    new.extend_from_slice(
+                        &from_ordered(moved as u32, width).to_le_bytes()[..width],
+                    );
+                }
+                let choice = choices[(round + rel.len()) % choices.len()];
+                for choice in [CodecChoice::Auto, choice] {
+                    let fresh = encode_chunk(choice, width, &rel, range, &old, &new);
+                    encode_chunk_into(choice, width, &rel, range, &old, &new, &mut reused);
+                    let what = format!("{} range {range} density {density}", choice.name());
+                    assert_eq!(reused.pos_codec, fresh.pos_codec, "{what}");
+                    assert_eq!(reused.val_codec, fresh.val_codec, "{what}");
+                    assert_eq!(reused.positions, fresh.positions, "{what}");
+                    assert_eq!(reused.values, fresh.values, "{what}");
+                }
+                let fresh = encode_seed_chunk(&rel, range, &new);
+                encode_seed_chunk_into(&rel, range, &new, &mut reused_seed);
+                assert_eq!(reused_seed.pos_codec, fresh.pos_codec);
+                assert_eq!(reused_seed.positions, fresh.positions);
+                assert_eq!(reused_seed.values, fresh.values);
+            }
+        }
     }
 }
