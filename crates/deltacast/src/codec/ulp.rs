@@ -885,7 +885,9 @@ unsafe fn histogram_gfni<const W: usize>(codes: &[u16]) -> Histogram {
     // above[t]: code numbers at or above 2^t.
     let mut above = [0u32; 8];
     for (t, slot) in above.iter_mut().enumerate() {
-        *slot = counts.iter().skip(t).step_by(8).map(|&c| c as u32).sum();
+        for q in 0..8 {
+            *slot += counts[8 * q + t] as u32;
+        }
     }
     for &u in groups.remainder() {
         for (t, slot) in above.iter_mut().enumerate() {
