@@ -7,7 +7,10 @@
 
 Two processes, started by this script (torch.multiprocessing.spawn, MASTER_ADDR=127.0.0.1):
 rank 0 is the trainer on cuda:0, rank 1 the receiver on cuda:1. With fewer than two GPUs it
-says so and exits 0 (SKIPPED): NCCL does not put two ranks of one communicator on one GPU.
+says so and exits 0 (SKIPPED): NCCL does not put two ranks of one communicator on one GPU
+(communicator set-up fails with "Duplicate GPU detected"; NCCL's maintainers call it
+unsupported, NVIDIA/nccl issue 418), and all three methods run over NCCL, so two processes on
+one GPU cannot run them.
 
 The trainer holds a Qwen2 model built from a config at Qwen2.5-0.5B or Qwen2.5-7B shape (random
 init in fp32, nothing downloaded); the fp32 tensors become the masters and the model is converted
