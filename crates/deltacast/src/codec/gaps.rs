@@ -366,6 +366,42 @@ impl OpenBlock {
         self.count += here;
     }
 
+    /// Eight quiet words from word `i` (every run bound 15) whose `here` listed elements
+    /// (the set bits of each word xor `flip`) end the open block: as [`OpenBlock::word`] on
+    /// each of them, with the block's last element and the next block's first found by
+    /// [`select_octet`] (no branch on where the block ends, no bit-by-bit walk).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must have BMI2 and POPCNT.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "bmi2,popcnt")]
+    #[inline]
+    unsafe fn quiet_octet_end(
+        &mut self,
+        i: usize,
+        words: &[[u8; 8]],
+        flip: u64,
+        here: u64,
+        w: u64,
+    ) {
+        // The block is open and `here <= 512 < BLOCK`: exactly one block ends in the octet.
+        debug_assert!(self.count > 0 && self.count + here >= BLOCK as u64 && here <= 512);
+        let take = BLOCK as u64 - self.count;
+        // SAFETY: the caller guarantees the features; `take + 1 <= here + 1` as required.
+        let (last, next) = unsafe { select_octet(words, flip, take) };
+        let base = i as u64 * 64;
+        let n = BLOCK as u64 - 1;
+        let g_max = self.g_max.max(15);
+        self.bits += block_bound(n, base + last - self.first - n, g_max, w);
+        self.full_blocks += 1;
+        self.count = here - take;
+        if self.count > 0 {
+            self.first = base + next;
+            self.g_max = 15;
+        }
+    }
+
     /// The section's bound, `last` giving the last listed element (when the open block has
     /// more than one).
     #[inline(always)]
@@ -378,6 +414,43 @@ impl OpenBlock {
         let blocks = self.full_blocks + (self.count > 0) as u64;
         blocks * DIR_ENTRY as u64 + self.bits.div_ceil(8)
     }
+}
+
+/// The bit indices in `words` (eight, little-endian, bit `64 j + b` for bit `b` of word `j`)
+/// of the `r`-th and the `r + 1`-th listed bit (the set bits of each word xor `flip`),
+/// counted from 1; the second is garbage when there are only `r`. Branch free: the words'
+/// counts pick the word of each, a bit deposit the bit.
+///
+/// # Safety
+///
+/// The CPU must have BMI2 and POPCNT; `words` has eight words, and at least `r >= 1`
+/// listed bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2,popcnt")]
+#[inline]
+unsafe fn select_octet(words: &[[u8; 8]], flip: u64, r: u64) -> (u64, u64) {
+    use std::arch::x86_64::_pdep_u64;
+    debug_assert!(words.len() == 8 && r >= 1);
+    let words: [u64; 8] = std::array::from_fn(|j| u64::from_le_bytes(words[j]) ^ flip);
+    // For each rank: its word (the words whose listed bits all come before it), and the
+    // listed bits before that word.
+    let (mut seen, mut j, mut before, mut j_next, mut before_next) = (0u64, 0, 0u64, 0, 0u64);
+    for &word in &words {
+        let c = word.count_ones() as u64;
+        let past = ((seen + c) < r) as u64;
+        let past_next = ((seen + c) <= r) as u64;
+        j += past as usize;
+        before += c & past.wrapping_neg();
+        j_next += past_next as usize;
+        before_next += c & past_next.wrapping_neg();
+        seen += c;
+    }
+    let pick = |j: usize, rank: u64| {
+        let word = words[j % 8];
+        let bit = _pdep_u64(1u64.wrapping_shl((rank - 1) as u32), word);
+        (j % 8) as u64 * 64 + bit.trailing_zeros() as u64
+    };
+    (pick(j, r - before), pick(j_next, r + 1 - before_next))
 }
 
 /// Of nine whole bitmap words: the set bits of the first eight, and whether
@@ -476,18 +549,17 @@ fn map_bounds_impl<const HOLES: bool, const VECTOR: bool>(
                     gaps.count += set;
                     gaps.g_max = gaps.g_max.max(15);
                 } else {
-                    for i in i..i + 8 {
-                        gaps.word(i, word_at(i), 15, w);
-                    }
+                    // SAFETY: the caller's build has BMI2 and POPCNT (`octet_stats` above
+                    // needs a build with them too).
+                    unsafe { gaps.quiet_octet_end(i, &full[i..i + 8], 0, set, w) };
                 }
                 if HOLES {
                     if holes.count + (512 - set) < BLOCK as u64 {
                         holes.count += 512 - set;
                         holes.g_max = holes.g_max.max(15);
                     } else {
-                        for i in i..i + 8 {
-                            holes.word(i, !word_at(i), 15, w);
-                        }
+                        // SAFETY: as above.
+                        unsafe { holes.quiet_octet_end(i, &full[i..i + 8], !0, 512 - set, w) };
                     }
                 }
                 i += 8;
@@ -1462,6 +1534,83 @@ mod tests {
                 assert_ne!(out, rel, "flip of bit {bit} went unnoticed");
                 assert_eq!(out.len(), rel.len());
                 assert!(out.windows(2).all(|w| w[0] < w[1]) && out.iter().all(|&p| p < range));
+            }
+        }
+    }
+
+    /// `select_octet` finds the `r`-th and `r + 1`-th listed bits as a walk over the bits
+    /// does, in both polarities, on random, sparse, full and empty words.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn select_octet_matches_a_walk() {
+        if !(std::arch::is_x86_feature_detected!("bmi2")
+            && std::arch::is_x86_feature_detected!("popcnt"))
+        {
+            return;
+        }
+        let mut rng = Rng(41);
+        for round in 0..4000 {
+            let words: Vec<[u8; 8]> = (0..8)
+                .map(|_| {
+                    let x = match round % 4 {
+                        0 => rng.next_u64(),
+                        1 => rng.next_u64() & rng.next_u64() & rng.next_u64(),
+                        2 => [0, !0][rng.below(2) as usize],
+                        _ => rng.next_u64() | rng.next_u64(),
+                    };
+                    x.to_le_bytes()
+                })
+                .collect();
+            for flip in [0, !0u64] {
+                let listed: Vec<u64> = (0..512u64)
+                    .filter(|&b| {
+                        (u64::from_le_bytes(words[b as usize / 64]) ^ flip) >> (b % 64) & 1 == 1
+                    })
+                    .collect();
+                for r in 1..=listed.len() as u64 {
+                    // SAFETY: the features were detected above; eight words, `r` listed.
+                    let (at, next) = unsafe { select_octet(&words, flip, r) };
+                    assert_eq!(at, listed[r as usize - 1], "round {round} r {r}");
+                    if let Some(&want) = listed.get(r as usize) {
+                        assert_eq!(next, want, "round {round} r {r}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The dispatched bounds equal the portable ones where a block ends exactly at the last
+    /// listed element of eight quiet words (nothing left open), and on half-dense chunks
+    /// whose blocks end at every offset within eight words.
+    #[test]
+    fn map_bounds_builds_agree_where_blocks_end() {
+        let check = |rel: &[u32], range: u32, what: &str| {
+            let map = bitmap_of(rel, range);
+            assert_eq!(
+                map_bounds(&map, range, false).0,
+                map_bounds_impl::<false, false>(&map, range).0,
+                "{what}"
+            );
+            let (gaps, holes) = map_bounds_impl::<true, false>(&map, range);
+            assert_eq!(map_bounds(&map, range, true), (gaps, Some(holes)), "{what}");
+        };
+        let mut rng = Rng(43);
+        // 1024 changed elements fill words 0..16: the first block ends at the last bit of
+        // the second eight, then half-dense changes (holes likewise, inverted).
+        for lead in [1024u32, 1023, 1025, 512, 1536, 2048] {
+            let range = 200_000;
+            let mut rel: Vec<u32> = (0..lead).collect();
+            rel.extend((lead..range).filter(|_| rng.below(2) == 0));
+            check(&rel, range, &format!("lead {lead}"));
+            let holes: Vec<u32> = (0..range)
+                .filter(|p| rel.binary_search(p).is_err())
+                .collect();
+            check(&holes, range, &format!("holes lead {lead}"));
+        }
+        for density in [0.3, 0.4, 0.5, 0.6, 0.7] {
+            for range in [4097u32, 70_001, 300_000] {
+                let rel = bernoulli_positions(&mut rng, range, density);
+                check(&rel, range, &format!("{range} {density}"));
             }
         }
     }
