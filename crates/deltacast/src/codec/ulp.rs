@@ -734,7 +734,7 @@ unsafe fn histogram_avx512<const W: usize>(codes: &[u16]) -> Histogram {
     let mut wide = [MaybeUninit::<u16>::uninit(); BLOCK + 32];
     let mut gathered = 0usize;
     // above[j]: code numbers at or above 2^j.
-    let mut above = [0u32; 9];
+    let mut above = [0u32; 8];
     let mut groups = codes.chunks_exact(32);
     {
         let mut acc = [_mm256_setzero_si256(); 8];
@@ -770,7 +770,7 @@ unsafe fn histogram_avx512<const W: usize>(codes: &[u16]) -> Histogram {
         }
     }
     for &u in groups.remainder() {
-        for (j, slot) in above.iter_mut().enumerate().take(8) {
+        for (j, slot) in above.iter_mut().enumerate() {
             *slot += (u as u32 >= 1 << j) as u32;
         }
         if u >= 256 {
@@ -778,25 +778,10 @@ unsafe fn histogram_avx512<const W: usize>(codes: &[u16]) -> Histogram {
             gathered += 1;
         }
     }
-    above[8] = gathered as u32;
-    let mut hist: Histogram = [0; HIST];
     // SAFETY: the first `gathered` entries of `wide` were written above (each store's first
     // `count_ones` lanes, each remainder value).
     let wide = unsafe { std::slice::from_raw_parts(wide.as_ptr().cast::<u16>(), gathered) };
-    for &u in wide {
-        // The unchanged mark (16 bits) counted apart (always raw).
-        if u as u32 == unchanged::<W>() {
-            hist[UNCHANGED_SLOT] += 1;
-        } else {
-            hist[bit_len(u as u64) as usize % HIST] += 1;
-        }
-    }
-    // Length l <= 8: at or above 2^(l−1), below 2^l.
-    hist[0] = n as u32 - above[0];
-    for l in 1..=8 {
-        hist[l] = above[l - 1] - above[l];
-    }
-    hist
+    histogram_from_counts::<W>(n, &above, wide)
 }
 
 /// Whether this CPU also runs [`histogram_gfni`] (Ice Lake and Zen 4 on), beyond
@@ -898,10 +883,18 @@ unsafe fn histogram_gfni<const W: usize>(codes: &[u16]) -> Histogram {
             gathered += 1;
         }
     }
-    let mut hist: Histogram = [0; HIST];
     // SAFETY: the first `gathered` entries of `wide` were written above (each store's first
     // `count_ones` lanes, each remainder value).
     let wide = unsafe { std::slice::from_raw_parts(wide.as_ptr().cast::<u16>(), gathered) };
+    histogram_from_counts::<W>(n, &above, wide)
+}
+
+/// The length histogram of `n` narrow code numbers from `above[t]`, how many are at or above
+/// 2^t (t < 8), and `wide`, those of 9 bits or more listed apart (the two AVX-512 builds).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn histogram_from_counts<const W: usize>(n: usize, above: &[u32; 8], wide: &[u16]) -> Histogram {
+    let mut hist: Histogram = [0; HIST];
     for &u in wide {
         // The unchanged mark (16 bits) counted apart (always raw).
         if u as u32 == unchanged::<W>() {
@@ -915,7 +908,7 @@ unsafe fn histogram_gfni<const W: usize>(codes: &[u16]) -> Histogram {
     for l in 1..8 {
         hist[l] = above[l - 1] - above[l];
     }
-    hist[8] = above[7] - gathered as u32;
+    hist[8] = above[7] - wide.len() as u32;
     hist
 }
 
