@@ -12,17 +12,24 @@ use crate::error::CodecError;
 
 pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     let start = out.len();
-    out.resize(start + range.div_ceil(8) as usize, 0);
+    let len = range.div_ceil(8) as usize;
+    #[cfg(target_arch = "x86_64")]
+    if (rel.len() as u64) * DENSE_BELOW >= range as u64 && super::bits::x86_avx512() {
+        // It writes every byte of the section: none is zeroed first (a memset of the whole
+        // section, ~4 % of this encoder at 50 %).
+        out.reserve(len);
+        // SAFETY: the function's only requirement is its target features, detected just
+        // above on this CPU; the `len` bytes past `start` are spare capacity (reserved).
+        unsafe { encode_dense_avx512(rel, &mut out.spare_capacity_mut()[..len]) };
+        // SAFETY: `encode_dense_avx512` wrote all `len` bytes.
+        unsafe { out.set_len(start + len) };
+        return;
+    }
+    out.resize(start + len, 0);
     let map = &mut out[start..];
     if (rel.len() as u64) * DENSE_BELOW < range as u64 {
         encode_sparse(rel, map);
     } else {
-        #[cfg(target_arch = "x86_64")]
-        if super::bits::x86_avx512() {
-            // SAFETY: the function's only requirement is its target features, detected just
-            // above on this CPU.
-            return unsafe { encode_dense_avx512(rel, map) };
-        }
         encode_dense(rel, map);
     }
 }
@@ -30,13 +37,15 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
 /// [`encode_dense`] compiled for AVX-512BW: each window's end found as its flags are stored
 /// (positions sixteen at a time while the last is still in the window: no search over
 /// positions the stores have not read yet), and its flags packed 64 to a bitmap word by one
-/// byte mask of a register. Same bytes.
+/// byte mask of a register. Writes every byte of `map` (so it may be spare capacity). Same
+/// bytes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512bw")]
-fn encode_dense_avx512(rel: &[u32], map: &mut [u8]) {
+fn encode_dense_avx512(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
     use std::arch::x86_64::{
         _mm512_loadu_si512, _mm512_movepi8_mask, _mm512_setzero_si512, _mm512_storeu_si512,
     };
+    use std::mem::MaybeUninit;
     let mut flags = [0u8; WINDOW];
     let mut i = 0;
     for (window, bytes) in map.chunks_mut(WINDOW / 8).enumerate() {
@@ -80,7 +89,7 @@ fn encode_dense_avx512(rel: &[u32], map: &mut [u8]) {
                 _mm512_storeu_si512(sixty_four.as_mut_ptr() as *mut _, _mm512_setzero_si512());
                 _mm512_movepi8_mask(v)
             };
-            *word = m.to_le_bytes();
+            *word = m.to_le_bytes().map(MaybeUninit::new);
         }
         if !tail.is_empty() {
             let at = words.len() * 64;
@@ -90,8 +99,9 @@ fn encode_dense_avx512(rel: &[u32], map: &mut [u8]) {
                 m |= ((*flag >> 7) as u64) << bit;
                 *flag = 0;
             }
-            let len = tail.len();
-            tail.copy_from_slice(&m.to_le_bytes()[..len]);
+            for (b, x) in tail.iter_mut().zip(m.to_le_bytes()) {
+                *b = MaybeUninit::new(x);
+            }
         }
     }
 }
@@ -431,15 +441,26 @@ mod tests {
                 assert_eq!(dense, expected, "range {range} density {density}");
                 #[cfg(target_arch = "x86_64")]
                 if crate::codec::bits::x86_avx512() {
-                    let mut wide = vec![0; range.div_ceil(8) as usize];
+                    // It writes every byte, whatever the memory held.
+                    let mut wide =
+                        vec![std::mem::MaybeUninit::new(0x5a); range.div_ceil(8) as usize];
                     // SAFETY: the features were detected just above.
                     unsafe { encode_dense_avx512(&rel, &mut wide) };
+                    // SAFETY: every byte was initialized (by the vector, then the encoder).
+                    let wide: Vec<u8> = wide.iter().map(|b| unsafe { b.assume_init() }).collect();
                     assert_eq!(wide, expected, "range {range} density {density}");
                 }
                 // After bytes already in the output.
                 let mut out = vec![0xa5];
                 encode(&rel, range, &mut out);
                 assert_eq!(out[1..], expected[..], "range {range} density {density}");
+                // Into a reused vector whose spare capacity holds other bytes (the dense
+                // AVX-512 path writes the section without zeroing it first).
+                let mut reused = vec![0xffu8; 2 * range.div_ceil(8) as usize + 64];
+                reused.truncate(3);
+                encode(&rel, range, &mut reused);
+                assert_eq!(reused[..3], [0xff; 3]);
+                assert_eq!(reused[3..], expected[..], "range {range} density {density}");
             }
         }
     }

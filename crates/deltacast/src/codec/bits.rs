@@ -5,49 +5,32 @@
 //! 64 bits in a register, reads a unary prefix with one `trailing_zeros` and the fields after it
 //! with shifts, with no per-bit loop; a block can start at any bit.
 
-use std::cell::Cell;
-
 /// Bytes a block's code words may span: more than the largest block (gaps: 49,104 bits; ulp:
 /// at most 1024 · 32 bits, the all-raw size) plus the pending partial byte. A power of two, so
 /// a store index is masked into range instead of bounds checked.
 const SCRATCH: usize = 8192;
 
 /// Appends a bit stream to a byte vector, one block at a time: [`BitWriter::block`] hands out
-/// a [`BlockWriter`] over a fixed scratch buffer (the encoders size each block before writing
-/// it), then appends the block's whole bytes to the vector and keeps the last partial byte.
+/// a [`BlockWriter`] over the vector's spare capacity (reserved for the largest block; the
+/// encoders size each block before writing it), then takes the block's whole bytes into the
+/// vector and keeps the last partial byte. (Written in place: a scratch buffer copied out
+/// after each block cost a copy of the whole section.)
 pub(crate) struct BitWriter<'a> {
     out: &'a mut Vec<u8>,
     /// Pending bits (the low `n`, fewer than 8), not yet in `out`.
     acc: u64,
     n: u32,
-    /// Room for one block plus the 8 bytes a store may touch past its end. Its contents do
-    /// not matter (only bytes a block stored are copied out), so it is reused.
-    scratch: Box<[u8; SCRATCH + 8]>,
-}
-
-thread_local! {
-    /// The scratch buffer of this thread's last finished writer, so that encoding a small
-    /// section does not pay for a fresh 8 KiB buffer.
-    static SPARE_SCRATCH: Cell<Option<Box<[u8; SCRATCH + 8]>>> = const { Cell::new(None) };
 }
 
 impl<'a> BitWriter<'a> {
     /// Starts a bit stream at the end of `out`.
     pub(crate) fn new(out: &'a mut Vec<u8>) -> Self {
-        let scratch = SPARE_SCRATCH
-            .take()
-            .unwrap_or_else(|| Box::new([0; SCRATCH + 8]));
-        BitWriter {
-            out,
-            acc: 0,
-            n: 0,
-            scratch,
-        }
+        BitWriter { out, acc: 0, n: 0 }
     }
 
-    /// Writes `bits` more bits with `write`. The block writer works on a fixed-size buffer and
-    /// local state, so the hot loop keeps everything in registers and stores without bounds
-    /// checks.
+    /// Writes `bits` more bits with `write`. The block writer works on a fixed-size window of
+    /// the vector's spare capacity and local state, so the hot loop keeps everything in
+    /// registers and stores without bounds checks.
     #[inline(always)]
     pub(crate) fn block<R>(
         &mut self,
@@ -58,11 +41,15 @@ impl<'a> BitWriter<'a> {
             self.n as u64 + bits < 8 * SCRATCH as u64,
             "block of {bits} bits"
         );
+        self.out.reserve(SCRATCH + 8);
+        let len = self.out.len();
         let mut block = BlockWriter {
-            buf: &mut self.scratch,
+            // SAFETY: `len` is within the allocation (at most its capacity).
+            buf: unsafe { self.out.as_mut_ptr().add(len) },
             byte: 0,
             acc: self.acc,
             n: self.n,
+            _out: std::marker::PhantomData,
         };
         let result = write(&mut block);
         debug_assert_eq!(
@@ -71,7 +58,13 @@ impl<'a> BitWriter<'a> {
             "block size"
         );
         let (byte, acc, n) = (block.byte, block.acc, block.n);
-        self.out.extend_from_slice(&self.scratch[..byte]);
+        // Every store was at an index below `byte` (it only grows) and so unmasked when this
+        // holds, and each covered the bytes up to the next store's index: all of the first
+        // `byte` are written.
+        assert!(byte < SCRATCH, "block larger than its size");
+        // SAFETY: `byte < SCRATCH` bytes past `len` were written (above), inside the
+        // `SCRATCH + 8` reserved.
+        unsafe { self.out.set_len(len + byte) };
         self.acc = acc;
         self.n = n;
         result
@@ -87,19 +80,20 @@ impl<'a> BitWriter<'a> {
         if self.n > 0 {
             self.out.push(self.acc as u8);
         }
-        SPARE_SCRATCH.set(Some(self.scratch));
     }
 }
 
 /// Writes the code words of one block: every field is one unaligned 8-byte store of the
 /// accumulator, with no branch per byte.
 pub(crate) struct BlockWriter<'b> {
-    buf: &'b mut [u8; SCRATCH + 8],
+    /// `SCRATCH + 8` bytes of spare capacity of the [`BitWriter`]'s vector, borrowed.
+    buf: *mut u8,
     /// Byte of `buf` that holds the first bit not yet final.
     byte: usize,
     /// Pending bits (the low `n`, fewer than 8), already stored at `buf[byte]`.
     acc: u64,
     n: u32,
+    _out: std::marker::PhantomData<&'b mut Vec<u8>>,
 }
 
 impl BlockWriter<'_> {
@@ -114,7 +108,9 @@ impl BlockWriter<'_> {
         // The mask only keeps the index provably in range (the block was sized to fit), so
         // the store needs no bounds check.
         let at = self.byte & (SCRATCH - 1);
-        self.buf[at..at + 8].copy_from_slice(&self.acc.to_le_bytes());
+        // SAFETY: `at + 8 <= SCRATCH + 8` bytes of `buf`, reserved by `BitWriter::block` for
+        // this writer's lifetime (an unaligned store to spare capacity).
+        unsafe { std::ptr::write_unaligned(self.buf.add(at).cast(), self.acc.to_le_bytes()) };
         self.byte += (self.n / 8) as usize;
         // n <= 63 here, so this drops exactly the whole bytes just stored.
         self.acc >>= self.n & !7;
@@ -553,6 +549,60 @@ mod tests {
         assert_eq!(cursor.pos(), pos);
         assert_eq!(r.peek(pos), 0);
         assert_eq!(r.peek(pos + 10_000), 0);
+    }
+
+    #[test]
+    fn writer_writes_in_place_over_whatever_the_spare_capacity_held() {
+        // Blocks of every size up to a few hundred bits (empty, one bit, partial bytes),
+        // written into a vector reused with other bytes in its spare capacity, against a
+        // bit-by-bit reference.
+        let mut h = 7u64;
+        let mut next = || {
+            h = h
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .wrapping_add(0x632b_e59b_d9b4_e019);
+            h >> 11
+        };
+        for prefix in [0usize, 1, 5, 8] {
+            let blocks: Vec<Vec<(u64, u32)>> = (0..300)
+                .map(|b| {
+                    let count = if b % 7 == 0 {
+                        0
+                    } else {
+                        (next() % 40) as usize
+                    };
+                    (0..count)
+                        .map(|_| {
+                            let l = (next() % 57) as u32;
+                            (next() & mask(l), l)
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut expected_bits = Vec::new();
+            for &(v, l) in blocks.iter().flatten() {
+                expected_bits.extend((0..l).map(|i| (v >> i & 1) as u8));
+            }
+            let mut expected = vec![0x3cu8; prefix];
+            for byte in expected_bits.chunks(8) {
+                expected.push(byte.iter().enumerate().fold(0, |x, (i, &b)| x | b << i));
+            }
+            let mut buf = vec![0xffu8; 3 * SCRATCH];
+            buf.truncate(prefix);
+            buf.fill(0x3c);
+            let mut w = BitWriter::new(&mut buf);
+            for block in &blocks {
+                let bits = block.iter().map(|&(_, l)| l as u64).sum();
+                w.block(bits, |b| {
+                    for &(v, l) in block {
+                        b.put(v, l);
+                    }
+                });
+            }
+            assert_eq!(w.bits_since(prefix), expected_bits.len() as u64);
+            w.finish();
+            assert_eq!(buf, expected, "prefix {prefix}");
+        }
     }
 
     #[test]
