@@ -1,4 +1,4 @@
-//! NCCL through a small `dlopen` wrapper: the nine entry points deltacast uses, resolved at run
+//! NCCL through a small `dlopen` wrapper: the fourteen entry points deltacast uses, resolved at run
 //! time from `DELTACAST_NCCL_PATH`, else `libnccl.so.2` (inside a torch process that is torch's
 //! own copy, already loaded), else `libnccl.so`. A missing library is an error, never a panic.
 //!
@@ -63,6 +63,12 @@ struct Api {
         Comm,
         *mut c_void,
     ) -> Status,
+    all_gather:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> Status,
+    send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, *mut c_void) -> Status,
+    recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> Status,
+    group_start: unsafe extern "C" fn() -> Status,
+    group_end: unsafe extern "C" fn() -> Status,
     get_error_string: unsafe extern "C" fn(Status) -> *const c_char,
     get_version: unsafe extern "C" fn(*mut c_int) -> Status,
     _lib: libloading::Library,
@@ -106,6 +112,11 @@ fn resolve(lib: libloading::Library) -> std::result::Result<Api, libloading::Err
             comm_get_async_error: *lib.get(b"ncclCommGetAsyncError\0")?,
             broadcast: *lib.get(b"ncclBroadcast\0")?,
             all_reduce: *lib.get(b"ncclAllReduce\0")?,
+            all_gather: *lib.get(b"ncclAllGather\0")?,
+            send: *lib.get(b"ncclSend\0")?,
+            recv: *lib.get(b"ncclRecv\0")?,
+            group_start: *lib.get(b"ncclGroupStart\0")?,
+            group_end: *lib.get(b"ncclGroupEnd\0")?,
             get_error_string: *lib.get(b"ncclGetErrorString\0")?,
             get_version: *lib.get(b"ncclGetVersion\0")?,
             _lib: lib,
@@ -273,6 +284,130 @@ impl NcclComm {
                 stream as *mut c_void,
             )
         })
+    }
+
+    /// Every rank's `count` u64 at `src`, side by side in rank order in every rank's `dst`
+    /// (`nranks * count` u64), enqueued on `stream`: how the ranks of a gather learn each
+    /// other's lengths before [`NcclComm::gather_exact`].
+    ///
+    /// # Safety
+    /// `src` (`count` u64) and `dst` (`nranks * count` u64) must be device memory of this
+    /// rank's GPU, valid until the stream has passed the call.
+    pub unsafe fn all_gather_u64(
+        &mut self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        count: usize,
+        stream: u64,
+    ) -> Result<()> {
+        let api = self.live()?;
+        // SAFETY: per this function's contract.
+        check(api, "ncclAllGather", unsafe {
+            (api.all_gather)(
+                src as *const c_void,
+                dst as *mut c_void,
+                count,
+                DataType::U64 as c_int,
+                self.comm,
+                stream as *mut c_void,
+            )
+        })
+    }
+
+    /// Gathers to `root` exactly the bytes every rank holds: rank r's `lens[r]` bytes at its
+    /// `src` land in `root`'s `dst` right after those of the ranks before it, by one group of
+    /// point-to-point calls (the root's own part by a device copy), enqueued on `stream`. Every
+    /// rank passes the same `lens` (e.g. from [`NcclComm::all_gather_u64`]); the root refuses,
+    /// before any transfer, lengths whose sum does not fit `dst_len`. Ranks with nothing to
+    /// send take no part.
+    ///
+    /// # Safety
+    /// `src` must be device memory of this rank's GPU valid for `lens[rank]` bytes, and on the
+    /// root `dst` for `dst_len` bytes, until the stream has passed the gather.
+    pub unsafe fn gather_exact(
+        &mut self,
+        src: DevicePtr,
+        lens: &[u64],
+        dst: DevicePtr,
+        dst_len: u64,
+        root: usize,
+        stream: u64,
+    ) -> Result<()> {
+        let api = self.live()?;
+        if lens.len() != self.nranks || root >= self.nranks {
+            return Err(CudaError::InvalidArgument(format!(
+                "gather: {} lengths and root {root} for {} ranks",
+                lens.len(),
+                self.nranks
+            )));
+        }
+        let total = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
+        if self.rank == root && total.is_none_or(|t| t > dst_len) {
+            return Err(CudaError::InvalidArgument(format!(
+                "gather: {lens:?} bytes do not fit the {dst_len} at the root"
+            )));
+        }
+        let as_usize = |n: u64| {
+            usize::try_from(n)
+                .map_err(|_| CudaError::InvalidArgument(format!("gather: {n} bytes on this host")))
+        };
+        if self.rank != root {
+            let len = as_usize(lens[self.rank])?;
+            if len == 0 {
+                return Ok(());
+            }
+            // SAFETY: per this function's contract.
+            return check(api, "ncclSend", unsafe {
+                (api.send)(
+                    src as *const c_void,
+                    len,
+                    DataType::U8 as c_int,
+                    root as c_int,
+                    self.comm,
+                    stream as *mut c_void,
+                )
+            });
+        }
+        let mut at = dst;
+        let mut calls = Vec::with_capacity(self.nranks);
+        for (peer, &len) in lens.iter().enumerate() {
+            calls.push((peer, at, as_usize(len)?));
+            at += len;
+        }
+        if let Some(&(_, at, len)) = calls.get(root).filter(|c| c.2 > 0) {
+            // SAFETY: `src` holds `len` bytes and `at..at + len` lies in `dst` (checked above).
+            unsafe { cu::memcpy_dtod_async(at, src, len, stream as sys::CUstream) }.map_err(
+                |e| CudaError::Driver {
+                    op: "cuMemcpyDtoDAsync",
+                    msg: format!("{:?}", e.0),
+                },
+            )?;
+        }
+        // SAFETY: opens a group, closed below whatever the calls in it return.
+        check(api, "ncclGroupStart", unsafe { (api.group_start)() })?;
+        let mut first_err = Ok(());
+        for &(peer, at, len) in &calls {
+            if peer == root || len == 0 || first_err.is_err() {
+                continue;
+            }
+            // SAFETY: `at..at + len` lies in `dst` (checked above).
+            first_err = check(api, "ncclRecv", unsafe {
+                (api.recv)(
+                    at as *mut c_void,
+                    len,
+                    DataType::U8 as c_int,
+                    peer as c_int,
+                    self.comm,
+                    stream as *mut c_void,
+                )
+            });
+        }
+        // SAFETY: closes the group opened above.
+        let ended = check(api, "ncclGroupEnd", unsafe { (api.group_end)() });
+        if first_err.is_err() || ended.is_err() {
+            self.abort();
+        }
+        first_err.and(ended)
     }
 
     /// Waits until `event` (recorded on the stream after the collectives) has completed,

@@ -205,6 +205,99 @@ fn pinned_host_snapshot_refuses_lent_snapshots() {
     drop(buf);
 }
 
+/// The bytes rank `rank` sends in gather round `round`: random, of the round's length.
+fn gather_bytes(rank: usize, round: usize, len: u64) -> Vec<u8> {
+    Rng(1 + 1000 * round as u64 + rank as u64).bytes(len as usize)
+}
+
+/// Exact-size gather over real NCCL: each round the two ranks learn each other's lengths by an
+/// all-gather, then the root (rank 0, or rank 1 in odd rounds) receives exactly their bytes,
+/// in rank order; empty parts, odd sizes and megabytes. The root also refuses a destination
+/// too small for the lengths before anything moves.
+#[test]
+fn exact_size_gather_from_every_rank() {
+    let _serial = serial();
+    if !two_gpus() {
+        return;
+    }
+    const ROUNDS: &[[u64; 2]] = &[
+        [0, 5],
+        [1, 0],
+        [7, 4097],
+        [3_000_001, 1_234_567],
+        [0, 0],
+        [65_536, 65_536],
+    ];
+    let uid = unique_id().expect("unique id");
+    let ranks: Vec<_> = (0..2usize)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let gpu = Gpu::new(rank).expect("gpu");
+                gpu.make_current().expect("current");
+                let mut comm = NcclComm::new(&uid, 2, rank).expect("comm");
+                let stream = gpu.stream_handle();
+                let timeout = Duration::from_secs(60);
+                for (round, lens) in ROUNDS.iter().enumerate() {
+                    let root = round % 2;
+                    let mine = gather_bytes(rank, round, lens[rank]);
+                    let src = gpu.upload(&mine).expect("upload");
+                    let my_len = gpu.upload(&lens[rank].to_le_bytes()).expect("upload");
+                    let all_lens = gpu.alloc_zeroed(16).expect("alloc");
+                    // SAFETY: both buffers live until the wait below.
+                    unsafe { comm.all_gather_u64(my_len.ptr(), all_lens.ptr(), 1, stream) }
+                        .expect("all-gather");
+                    let done = gpu.record_done().expect("record");
+                    comm.wait(done, timeout, "the lengths").expect("lengths");
+                    // SAFETY: 16 bytes, written by the all-gather that completed.
+                    let got = unsafe { gpu.download(all_lens.ptr(), 16) }.expect("download");
+                    let learnt: Vec<u64> = got
+                        .chunks_exact(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                        .collect();
+                    assert_eq!(learnt, lens.to_vec(), "rank {rank} round {round}");
+                    let total: u64 = learnt.iter().sum();
+                    let dst = gpu.alloc_zeroed(total.max(1) as usize).expect("alloc");
+                    if rank == root && total > 0 {
+                        // Too small by one byte: refused before any transfer.
+                        // SAFETY: refused before any pointer is used.
+                        let e = unsafe {
+                            comm.gather_exact(
+                                src.ptr(),
+                                &learnt,
+                                dst.ptr(),
+                                total - 1,
+                                root,
+                                stream,
+                            )
+                        }
+                        .expect_err("a destination too small must be refused");
+                        assert!(matches!(e, CudaError::InvalidArgument(_)), "{e:?}");
+                    }
+                    // SAFETY: `src` holds this rank's bytes, `dst` the total; both live until
+                    // the wait below.
+                    unsafe {
+                        comm.gather_exact(src.ptr(), &learnt, dst.ptr(), total, root, stream)
+                    }
+                    .expect("gather");
+                    let done = gpu.record_done().expect("record");
+                    comm.wait(done, timeout, "the gather").expect("gather done");
+                    if rank == root && total > 0 {
+                        // SAFETY: `total` bytes, written by the gather that completed.
+                        let got =
+                            unsafe { gpu.download(dst.ptr(), total as usize) }.expect("download");
+                        let mut want = gather_bytes(0, round, lens[0]);
+                        want.extend(gather_bytes(1, round, lens[1]));
+                        assert!(got == want, "round {round}: gathered bytes differ");
+                    }
+                }
+            })
+        })
+        .collect();
+    for rank in ranks {
+        rank.join().expect("rank thread");
+    }
+}
+
 /// Runs the scripted steps with the sender's snapshot at `place` (and the entropy codecs or
 /// not); asserts the receiver's bytes after every step; returns (sender outcome, receiver
 /// outcome) and the payload bytes per step.
