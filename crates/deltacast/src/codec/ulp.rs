@@ -769,19 +769,7 @@ unsafe fn histogram_avx512<const W: usize>(codes: &[u16]) -> Histogram {
             above[t] = sum(acc);
         }
     }
-    for &u in groups.remainder() {
-        for (j, slot) in above.iter_mut().enumerate() {
-            *slot += (u as u32 >= 1 << j) as u32;
-        }
-        if u >= 256 {
-            wide[gathered] = MaybeUninit::new(u);
-            gathered += 1;
-        }
-    }
-    // SAFETY: the first `gathered` entries of `wide` were written above (each store's first
-    // `count_ones` lanes, each remainder value).
-    let wide = unsafe { std::slice::from_raw_parts(wide.as_ptr().cast::<u16>(), gathered) };
-    histogram_from_counts::<W>(n, &above, wide)
+    histogram_from_counts::<W>(n, above, groups.remainder(), &mut wide, gathered)
 }
 
 /// Whether this CPU also runs [`histogram_gfni`] (Ice Lake and Zen 4 on), beyond
@@ -874,7 +862,22 @@ unsafe fn histogram_gfni<const W: usize>(codes: &[u16]) -> Histogram {
             *slot += counts[8 * q + t] as u32;
         }
     }
-    for &u in groups.remainder() {
+    histogram_from_counts::<W>(n, above, groups.remainder(), &mut wide, gathered)
+}
+
+/// The length histogram of `n` narrow code numbers, the tail of the two AVX-512 builds: they
+/// counted in `above[t]` those at or above 2^t (t < 8) and listed the first `gathered` of 9
+/// bits or more in `wide`, over all but `remainder` (fewer than one vector), counted here.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn histogram_from_counts<const W: usize>(
+    n: usize,
+    mut above: [u32; 8],
+    remainder: &[u16],
+    wide: &mut [MaybeUninit<u16>; BLOCK + 32],
+    mut gathered: usize,
+) -> Histogram {
+    for &u in remainder {
         for (t, slot) in above.iter_mut().enumerate() {
             *slot += (u as u32 >= 1 << t) as u32;
         }
@@ -883,17 +886,9 @@ unsafe fn histogram_gfni<const W: usize>(codes: &[u16]) -> Histogram {
             gathered += 1;
         }
     }
-    // SAFETY: the first `gathered` entries of `wide` were written above (each store's first
-    // `count_ones` lanes, each remainder value).
+    // SAFETY: the first `gathered` entries of `wide` were written (each vector store's first
+    // `count_ones` lanes by the caller, each remainder value above).
     let wide = unsafe { std::slice::from_raw_parts(wide.as_ptr().cast::<u16>(), gathered) };
-    histogram_from_counts::<W>(n, &above, wide)
-}
-
-/// The length histogram of `n` narrow code numbers from `above[t]`, how many are at or above
-/// 2^t (t < 8), and `wide`, those of 9 bits or more listed apart (the two AVX-512 builds).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn histogram_from_counts<const W: usize>(n: usize, above: &[u32; 8], wide: &[u16]) -> Histogram {
     let mut hist: Histogram = [0; HIST];
     for &u in wide {
         // The unchanged mark (16 bits) counted apart (always raw).
