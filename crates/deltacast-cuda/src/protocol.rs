@@ -589,6 +589,30 @@ impl Manifest {
     }
 }
 
+/// Moves chunk records (as [`Manifest::encode`] writes them after the digests) from one
+/// trainer rank's own sections to where its sections land in the gathered ones: adds
+/// `position_base` to every position offset and `value_base` to every value offset. A sharded
+/// sender's leader does this to each rank's records before it sends them on.
+pub fn rebase_chunk_records(records: &mut [u8], position_base: u64, value_base: u64) -> Result<()> {
+    if !records.len().is_multiple_of(CHUNK_RECORD_BYTES) {
+        return Err(bad(format!(
+            "{} bytes of chunk records are not whole records",
+            records.len()
+        )));
+    }
+    for (k, rec) in records.chunks_exact_mut(CHUNK_RECORD_BYTES).enumerate() {
+        for (at, base) in [(32, position_base), (48, value_base)] {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&rec[at..at + 8]);
+            let moved = u64::from_le_bytes(w)
+                .checked_add(base)
+                .ok_or_else(|| bad(format!("chunk record {k}: offset overflows when rebased")))?;
+            rec[at..at + 8].copy_from_slice(&moved.to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
 /// The sections chosen for one chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkChoice {
@@ -1090,5 +1114,47 @@ mod tests {
         );
         let c = choose_sections(100, 800, 2, None);
         assert_eq!(c.positions, ChunkPositions::Bitmap);
+    }
+
+    /// Two ranks' chunk records, each with offsets into its own sections, rebased by the
+    /// first rank's (8-padded) section lengths and put after each other: the manifest decodes
+    /// to the records with the second rank's offsets moved, and passes every check.
+    #[test]
+    fn rebased_records_of_two_ranks_decode_as_one_manifest() {
+        let (h, m) = delta();
+        // Rank 0 holds elements 0..1000 of slot 0, rank 1 the rest of slot 0 and slot 1.
+        let rank0 = m.chunks[..2].to_vec();
+        let rank1: Vec<ChunkRecord> = m.chunks[2..]
+            .iter()
+            .map(|c| ChunkRecord {
+                position_offset: c.position_offset - 64,
+                value_offset: c.value_offset - 608,
+                ..*c
+            })
+            .collect();
+        let records = |chunks: &[ChunkRecord]| {
+            Manifest {
+                digests: Vec::new(),
+                chunks: chunks.to_vec(),
+            }
+            .encode()
+        };
+        let (pos0, val0) = (64u64, 608u64); // rank 0's sections, padded to 8
+        let mut bytes = Vec::new();
+        for (d0, d1) in &m.digests {
+            bytes.extend_from_slice(&d0.to_le_bytes());
+            bytes.extend_from_slice(&d1.to_le_bytes());
+        }
+        let mut r0 = records(&rank0);
+        rebase_chunk_records(&mut r0, 0, 0).expect("rebase");
+        let mut r1 = records(&rank1);
+        rebase_chunk_records(&mut r1, pos0, val0).expect("rebase");
+        bytes.extend_from_slice(&r0);
+        bytes.extend_from_slice(&r1);
+        assert_eq!(Manifest::decode(&bytes, &h, &limits()).expect("decode"), m);
+        // Not whole records, or an offset pushed past 2^64: refused, nothing panics.
+        assert!(rebase_chunk_records(&mut r1[..63], 0, 0).is_err());
+        assert!(rebase_chunk_records(&mut r1, u64::MAX, 0).is_err());
+        assert!(rebase_chunk_records(&mut [], 5, 5).is_ok());
     }
 }

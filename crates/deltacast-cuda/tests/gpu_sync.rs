@@ -19,7 +19,8 @@ use deltacast::DType;
 use deltacast_cuda::nccl::{unique_id, NcclComm};
 use deltacast_cuda::protocol::SyncKind;
 use deltacast_cuda::sync::{
-    EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuSyncReport, GpuTensor, SnapshotPlace,
+    EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuShard, GpuShardedSender,
+    GpuSyncReport, GpuTensor, SnapshotPlace,
 };
 use deltacast_cuda::{CudaError, DeviceBuffer, Gpu};
 
@@ -47,6 +48,9 @@ fn two_gpus() -> bool {
 }
 
 use common::{mutate, Rng};
+
+/// What one side sends the comparison after a step: the step, its tensors' bytes, the outcome.
+type StepReport = (usize, Vec<Vec<u8>>, String);
 
 /// The test's tensors over device buffers laid out as SHAPES.
 fn as_tensors(bufs: &[DeviceBuffer]) -> Vec<GpuTensor> {
@@ -298,6 +302,255 @@ fn exact_size_gather_from_every_rank() {
     }
 }
 
+/// Two trainer ranks (GPU 0, the leader, and GPU 1) each hold an uneven shard of every
+/// tensor and sync it to a receiver on GPU 1 (in a communicator of its own with the leader):
+/// the same scripted steps as the single sender, with and without the entropy codecs, in one
+/// stage and in seven. The receiver's bytes must equal the whole tensors after every step;
+/// every rank's count of changes must equal a naive diff of the whole tensors; both ranks
+/// must see the same outcome (refusals included).
+#[test]
+fn sharded_senders_on_two_gpus_stay_bit_identical() {
+    let _serial = serial();
+    if !two_gpus() {
+        return;
+    }
+    for entropy in [EntropyMode::Off, EntropyMode::On] {
+        let kinds = run_sharded(entropy, 0, STEPS);
+        check_kinds(&kinds);
+    }
+    let kinds = run_sharded(EntropyMode::Auto, 1, STEPS_STAGED);
+    let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
+    assert!(names[10].starts_with("refused"), "{names:?}");
+    assert_eq!(names[11], "seed/1");
+    assert!(
+        names[12].starts_with("delta") && names[12].ends_with("/7"),
+        "{names:?}"
+    );
+}
+
+/// Shards that leave a gap, or a leader without the receivers' communicator: every trainer
+/// rank refuses alike (none is left waiting in a collective).
+#[test]
+fn sharded_senders_refuse_bad_layouts_on_every_rank() {
+    let _serial = serial();
+    if !two_gpus() {
+        return;
+    }
+    for case in ["gap", "no receivers"] {
+        let uid = unique_id().expect("unique id");
+        let ranks: Vec<_> = (0..2usize)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let gpu = Gpu::new(rank).expect("gpu");
+                    gpu.make_current().expect("current");
+                    let trainers = NcclComm::new(&uid, 2, rank).expect("comm");
+                    // The leader's communicator with the receivers: one of the leader alone.
+                    let receivers = (rank == 0 && case != "no receivers").then(|| {
+                        NcclComm::new(&unique_id().expect("id"), 1, 0).expect("comm of one")
+                    });
+                    let buf = gpu.alloc_zeroed(2000).expect("alloc");
+                    let (first, numel) = match (rank, case) {
+                        (0, _) => (0, 400),
+                        (_, "gap") => (401, 599),
+                        _ => (400, 600),
+                    };
+                    let shards = vec![GpuShard {
+                        name: "w".into(),
+                        dtype: DType::BF16,
+                        shape: vec![1000],
+                        first_index: first,
+                        numel,
+                        ptr: buf.ptr(),
+                    }];
+                    let config = GpuSenderConfig {
+                        timeout: Duration::from_secs(60),
+                        ..GpuSenderConfig::default()
+                    };
+                    // SAFETY: `buf` outlives the call and holds every shard's bytes.
+                    let got =
+                        unsafe { GpuShardedSender::new(gpu, trainers, receivers, shards, config) };
+                    let e = got.err().expect("a bad layout must be refused");
+                    assert!(matches!(e, CudaError::InvalidArgument(_)), "{case}: {e:?}");
+                    drop(buf);
+                    e.to_string()
+                })
+            })
+            .collect();
+        for rank in ranks {
+            let why = rank.join().expect("rank thread");
+            eprintln!("{case}: {why}");
+        }
+    }
+}
+
+/// Where rank 0's shard of a slot of `numel` elements ends (rank 1 holds the rest): uneven
+/// shards, a slot of one element wholly on rank 1, an empty one on neither.
+fn shard_cut(numel: u64) -> u64 {
+    numel * 3 / 7
+}
+
+/// Runs the scripted steps through two sharded trainer ranks and a receiver; asserts the
+/// receiver's bytes after every step; returns the outcomes.
+fn run_sharded(
+    entropy: EntropyMode,
+    stage_bytes: u64,
+    steps: &'static [(f64, Before)],
+) -> Vec<(String, String)> {
+    let trainers_uid = unique_id().expect("unique id");
+    let receivers_uid = unique_id().expect("unique id");
+    let (truth_tx, truth_rx) = mpsc::channel::<StepReport>();
+    let (got_tx, got_rx) = mpsc::channel::<StepReport>();
+    let ranks: Vec<_> = (0..2usize)
+        .map(|rank| {
+            let truth_tx = (rank == 0).then(|| truth_tx.clone());
+            std::thread::spawn(move || {
+                sharded_rank(
+                    rank,
+                    trainers_uid,
+                    receivers_uid,
+                    entropy,
+                    stage_bytes,
+                    steps,
+                    truth_tx,
+                )
+            })
+        })
+        .collect();
+    drop(truth_tx);
+    let receiver = std::thread::spawn(move || receive_steps(receivers_uid, steps, got_tx));
+    let kinds = compare_steps(steps, &truth_rx, &got_rx);
+    let outcomes: Vec<Vec<String>> = ranks
+        .into_iter()
+        .map(|r| r.join().expect("trainer rank thread"))
+        .collect();
+    receiver.join().expect("receiver thread");
+    assert_eq!(
+        outcomes[0], outcomes[1],
+        "the trainer ranks saw different outcomes"
+    );
+    eprintln!("sharded kinds per step (entropy {entropy:?}, stage bytes {stage_bytes}): {kinds:?}");
+    kinds
+}
+
+/// One trainer rank of [`run_sharded`]: the whole tensors are made from the same seed on
+/// every rank (so each knows the truth), and each uploads only its shard. Returns its
+/// outcome per step.
+fn sharded_rank(
+    rank: usize,
+    trainers_uid: [u8; deltacast_cuda::nccl::UNIQUE_ID_BYTES],
+    receivers_uid: [u8; deltacast_cuda::nccl::UNIQUE_ID_BYTES],
+    entropy: EntropyMode,
+    stage_bytes: u64,
+    steps: &'static [(f64, Before)],
+    truth_tx: Option<mpsc::Sender<StepReport>>,
+) -> Vec<String> {
+    let gpu = Gpu::new(rank).expect("gpu");
+    gpu.make_current().expect("current");
+    let trainers = NcclComm::new(&trainers_uid, 2, rank).expect("trainers comm");
+    let receivers =
+        (rank == 0).then(|| NcclComm::new(&receivers_uid, 2, 0).expect("receivers comm"));
+    let mut rng = Rng(42);
+    let mut host: Vec<Vec<u8>> = SHAPES
+        .iter()
+        .map(|(_, d, s)| {
+            let n = s.iter().product::<u64>() as usize * d.width();
+            (0..n).map(|_| rng.next_u64() as u8).collect()
+        })
+        .collect();
+    // (first element, elements, element width) of this rank's shard of each slot.
+    let runs: Vec<(usize, usize, usize)> = SHAPES
+        .iter()
+        .map(|(_, d, s)| {
+            let n = s.iter().product::<u64>();
+            let cut = shard_cut(n);
+            let (first, len) = if rank == 0 { (0, cut) } else { (cut, n - cut) };
+            (first as usize, len as usize, d.width())
+        })
+        .collect();
+    let part = |h: &[u8], &(first, len, w): &(usize, usize, usize)| {
+        h[first * w..(first + len) * w].to_vec()
+    };
+    let bufs: Vec<DeviceBuffer> = host
+        .iter()
+        .zip(&runs)
+        .map(|(h, run)| gpu.upload(&part(h, run)).expect("upload"))
+        .collect();
+    let shards: Vec<GpuShard> = SHAPES
+        .iter()
+        .zip(&runs)
+        .zip(&bufs)
+        .map(|(((name, d, shape), &(first, len, _)), b)| GpuShard {
+            name: name.to_string(),
+            dtype: *d,
+            shape: shape.to_vec(),
+            first_index: first as u64,
+            numel: len as u64,
+            ptr: b.ptr(),
+        })
+        .collect();
+    let config = GpuSenderConfig {
+        chunk_elems: 4096,
+        capacity: 0.25,
+        timeout: Duration::from_secs(60),
+        snapshot: SnapshotPlace::Device,
+        entropy,
+        stage_bytes,
+        root: 0,
+    };
+    // SAFETY: the buffers outlive the sender (dropped after it).
+    let mut s = unsafe { GpuShardedSender::new(gpu, trainers, receivers, shards, config) }
+        .expect("sharded sender");
+    let report = unsafe { s.seed(0) }.expect("seed");
+    let mut outcomes = vec![outcome(&report)];
+    if let Some(tx) = &truth_tx {
+        tx.send((0, host.clone(), outcome(&report))).unwrap();
+    }
+    for (step, &(density, before)) in steps.iter().enumerate() {
+        let previous = host.clone();
+        let held = host[TAMPERED_SLOT][0];
+        for ((_, d, _), h) in SHAPES.iter().zip(host.iter_mut()) {
+            mutate(&mut rng, h, d.width(), density);
+        }
+        if before == Before::TamperUnseen {
+            host[TAMPERED_SLOT][0] = held ^ 2;
+        }
+        for ((h, b), run) in host.iter().zip(&bufs).zip(&runs) {
+            // SAFETY: the buffer holds exactly this rank's part.
+            unsafe { s.gpu().copy_to_device(b.ptr(), &part(h, run)) }.expect("upload");
+        }
+        // The oracle: a naive diff of the whole tensors, element by element.
+        let naive: u64 = SHAPES
+            .iter()
+            .zip(previous.iter().zip(&host))
+            .map(|((_, d, _), (a, b))| {
+                a.chunks(d.width())
+                    .zip(b.chunks(d.width()))
+                    .filter(|(x, y)| x != y)
+                    .count() as u64
+            })
+            .sum();
+        // SAFETY: stream 0 is the legacy default stream.
+        let got = match unsafe { s.sync(0) } {
+            Ok(r) => {
+                if r.kind != SyncKind::Seed {
+                    assert_eq!(r.changed, naive, "rank {rank} step {}: changes", step + 1);
+                }
+                outcome(&r)
+            }
+            Err(CudaError::ReceiverRefused(n)) => format!("refused by {n}"),
+            Err(e) => panic!("rank {rank} step {}: {e}", step + 1),
+        };
+        if let Some(tx) = &truth_tx {
+            tx.send((step + 1, host.clone(), got.clone())).unwrap();
+        }
+        outcomes.push(got);
+    }
+    s.close().expect("close");
+    drop(s);
+    drop(bufs);
+    outcomes
+}
+
 /// Runs the scripted steps with the sender's snapshot at `place` (and the entropy codecs or
 /// not); asserts the receiver's bytes after every step; returns (sender outcome, receiver
 /// outcome) and the payload bytes per step.
@@ -308,8 +561,8 @@ fn run_script(
     steps: &'static [(f64, Before)],
 ) -> (Vec<(String, String)>, Vec<u64>) {
     let uid = unique_id().expect("unique id");
-    let (truth_tx, truth_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
-    let (got_tx, got_rx) = mpsc::channel::<(usize, Vec<Vec<u8>>, String)>();
+    let (truth_tx, truth_rx) = mpsc::channel::<StepReport>();
+    let (got_tx, got_rx) = mpsc::channel::<StepReport>();
 
     let sender = std::thread::spawn(move || {
         let gpu = Gpu::new(0).expect("gpu 0");
@@ -386,56 +639,80 @@ fn run_script(
         payloads
     });
 
-    let receiver = std::thread::spawn(move || {
-        let gpu = Gpu::new(1).expect("gpu 1");
-        gpu.make_current().expect("current");
-        let comm = NcclComm::new(&uid, 2, 1).expect("comm rank 1");
-        let bufs: Vec<DeviceBuffer> = SHAPES
-            .iter()
-            .map(|(_, d, s)| {
-                gpu.alloc_zeroed(s.iter().product::<u64>() as usize * d.width())
-                    .expect("alloc")
-            })
-            .collect();
-        let tensors = as_tensors(&bufs);
-        let mut r = unsafe { GpuReceiver::new(gpu, comm, tensors, 0, Duration::from_secs(60)) }
-            .expect("receiver");
-        let read = |r: &GpuReceiver| -> Vec<Vec<u8>> {
-            bufs.iter()
-                .map(|b| unsafe { r.gpu().download(b.ptr(), b.len()) }.expect("download"))
-                .collect()
-        };
-        let mut step = 0;
-        loop {
-            let before = match step {
-                0 => Before::Nothing,
-                k => steps.get(k - 1).map_or(Before::Nothing, |s| s.1),
-            };
-            if before != Before::Nothing {
-                let big = &bufs[TAMPERED_SLOT];
-                let mut one = unsafe { r.gpu().download(big.ptr(), 2) }.expect("read");
-                one[0] ^= 1;
-                unsafe { r.gpu().copy_to_device(big.ptr(), &one) }.expect("tamper");
-            }
-            if before == Before::Tamper {
-                assert!(
-                    matches!(r.verify(), Err(CudaError::DigestMismatch { slot: 4, .. })),
-                    "verify must notice the tampered slot"
-                );
-                assert_eq!(r.version(), 0, "a tampered receiver holds no version");
-            }
-            let outcome = match unsafe { r.receive(0, Some(Duration::from_secs(60))) } {
-                Ok(Some(rep)) => outcome(&rep),
-                Ok(None) => break,
-                Err(e) => format!("error: {e}"),
-            };
-            got_tx.send((step, read(&r), outcome)).unwrap();
-            step += 1;
-        }
-        drop(r);
-        drop(bufs);
-    });
+    let receiver = std::thread::spawn(move || receive_steps(uid, steps, got_tx));
 
+    let kinds = compare_steps(steps, &truth_rx, &got_rx);
+    let payloads = sender.join().expect("sender thread");
+    receiver.join().expect("receiver thread");
+    eprintln!("kinds per step ({place:?} snapshot, entropy {entropy:?}): {kinds:?}, payload bytes {payloads:?}");
+    (kinds, payloads)
+}
+
+/// The receiver's side of a script: rank 1 of `uid` on GPU 1, root 0; before each step it
+/// does what the step says (tampers), then receives, and sends the step, its tensors' bytes
+/// and outcome to `got_tx`; returns when the sender closes.
+fn receive_steps(
+    uid: [u8; deltacast_cuda::nccl::UNIQUE_ID_BYTES],
+    steps: &'static [(f64, Before)],
+    got_tx: mpsc::Sender<StepReport>,
+) {
+    let gpu = Gpu::new(1).expect("gpu 1");
+    gpu.make_current().expect("current");
+    let comm = NcclComm::new(&uid, 2, 1).expect("comm rank 1");
+    let bufs: Vec<DeviceBuffer> = SHAPES
+        .iter()
+        .map(|(_, d, s)| {
+            gpu.alloc_zeroed(s.iter().product::<u64>() as usize * d.width())
+                .expect("alloc")
+        })
+        .collect();
+    let tensors = as_tensors(&bufs);
+    let mut r = unsafe { GpuReceiver::new(gpu, comm, tensors, 0, Duration::from_secs(60)) }
+        .expect("receiver");
+    let read = |r: &GpuReceiver| -> Vec<Vec<u8>> {
+        bufs.iter()
+            .map(|b| unsafe { r.gpu().download(b.ptr(), b.len()) }.expect("download"))
+            .collect()
+    };
+    let mut step = 0;
+    // (A sender that failed leaves the receiver erring at once: stop past the script.)
+    while step <= steps.len() + 1 {
+        let before = match step {
+            0 => Before::Nothing,
+            k => steps.get(k - 1).map_or(Before::Nothing, |s| s.1),
+        };
+        if before != Before::Nothing {
+            let big = &bufs[TAMPERED_SLOT];
+            let mut one = unsafe { r.gpu().download(big.ptr(), 2) }.expect("read");
+            one[0] ^= 1;
+            unsafe { r.gpu().copy_to_device(big.ptr(), &one) }.expect("tamper");
+        }
+        if before == Before::Tamper {
+            assert!(
+                matches!(r.verify(), Err(CudaError::DigestMismatch { slot: 4, .. })),
+                "verify must notice the tampered slot"
+            );
+            assert_eq!(r.version(), 0, "a tampered receiver holds no version");
+        }
+        let outcome = match unsafe { r.receive(0, Some(Duration::from_secs(60))) } {
+            Ok(Some(rep)) => outcome(&rep),
+            Ok(None) => break,
+            Err(e) => format!("error: {e}"),
+        };
+        got_tx.send((step, read(&r), outcome)).unwrap();
+        step += 1;
+    }
+    drop(r);
+    drop(bufs);
+}
+
+/// Pairs the sender's truth with the receiver's bytes step by step and asserts they agree
+/// (after a refusal: the previous version's bytes plus the tamper); returns the outcomes.
+fn compare_steps(
+    steps: &[(f64, Before)],
+    truth_rx: &mpsc::Receiver<StepReport>,
+    got_rx: &mpsc::Receiver<StepReport>,
+) -> Vec<(String, String)> {
     let mut kinds = Vec::new();
     let mut last_truth: Vec<Vec<u8>> = Vec::new();
     for _ in 0..=steps.len() {
@@ -470,10 +747,7 @@ fn run_script(
             );
         }
     }
-    let payloads = sender.join().expect("sender thread");
-    receiver.join().expect("receiver thread");
-    eprintln!("kinds per step ({place:?} snapshot, entropy {entropy:?}): {kinds:?}, payload bytes {payloads:?}");
-    (kinds, payloads)
+    kinds
 }
 
 /// A sync's outcome as the tests compare it: kind, `+dense` when some stages went whole

@@ -34,19 +34,23 @@ use crate::error::{CudaError, Result};
 use crate::protocol::{SyncKind, TableLimits};
 use crate::{DeviceBuffer, DevicePtr, DigestInput, Gpu};
 
+mod chunks;
 mod receiver;
 mod sender;
+mod sharded;
 
 pub use receiver::GpuReceiver;
 pub use sender::{
     EntropyMode, GpuSender, GpuSenderConfig, SnapshotPlace, AUTO_PROBE_EVERY, DEFAULT_STAGE_BYTES,
 };
+pub use sharded::{GpuShard, GpuShardedSender};
 
 // The Python bindings hold both ends across threads: they must stay Send + Sync.
 const _: fn() = || {
     fn shareable<T: Send + Sync>() {}
     shareable::<GpuSender>();
     shareable::<GpuReceiver>();
+    shareable::<GpuShardedSender>();
 };
 
 /// One tensor of a sync: a slot, by device pointer.

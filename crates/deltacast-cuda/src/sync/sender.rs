@@ -7,20 +7,17 @@ use std::time::{Duration, Instant};
 
 use deltacast::SlotTable;
 
+use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::{
     check_tensors, digest_inputs, ms, slot_table, u64s, wall_ms, GpuSyncReport, GpuTensor,
     Growable, Phases,
 };
 use crate::error::{CudaError, Result};
 use crate::nccl::NcclComm;
-use crate::protocol::{
-    choose_sections, plan_stages, ChunkPositions, ChunkRecord, ChunkValues, Header, Manifest,
-    SyncKind, HEADER_BYTES, MIN_CHUNK_ELEMS,
-};
+use crate::protocol::{plan_stages, Header, Manifest, SyncKind, HEADER_BYTES, MIN_CHUNK_ELEMS};
 use crate::{
-    ApplyPositions, CodeChunk, CodePlace, CodeScratch, CodeValues, DeviceBuffer, DevicePtr,
-    DiffInput, DiffOutput, DiffResult, EncodeInput, Gpu, GpuEvent, GpuStream, HostBuffer,
-    DECODE_SLACK,
+    CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent,
+    GpuStream, HostBuffer, DECODE_SLACK,
 };
 
 /// Settings of a [`GpuSender`].
@@ -72,14 +69,14 @@ pub const AUTO_PROBE_EVERY: u64 = 16;
 /// [`EntropyMode::Auto`]'s record: per mode (off, on) the smoothed sync time per changed
 /// element.
 #[derive(Debug, Clone, Default)]
-struct AutoEntropy {
+pub(super) struct AutoEntropy {
     cost: [Option<f64>; 2],
     /// Deltas since the other mode was last tried.
     since_probe: u64,
 }
 
 impl AutoEntropy {
-    fn choose(&mut self) -> bool {
+    pub(super) fn choose(&mut self) -> bool {
         match self.cost {
             [_, None] => true,
             [None, _] => false,
@@ -98,7 +95,7 @@ impl AutoEntropy {
         }
     }
 
-    fn record(&mut self, entropy: bool, time_ms: f64, changed: u64) {
+    pub(super) fn record(&mut self, entropy: bool, time_ms: f64, changed: u64) {
         let x = time_ms / changed.max(1) as f64;
         let c = &mut self.cost[entropy as usize];
         *c = Some(c.map_or(x, |old| 0.5 * old + 0.5 * x));
@@ -136,7 +133,7 @@ impl Default for GpuSenderConfig {
 /// Where a snapshot lives: allocated here (on the device, or in pinned host memory the
 /// kernels reach over PCIe), or memory the caller lends (e.g. a torch tensor, so that other
 /// code can read the previous version too).
-enum Snapshot {
+pub(super) enum Snapshot {
     Owned(DeviceBuffer),
     Borrowed(DevicePtr),
     Pinned(HostBuffer),
@@ -144,7 +141,7 @@ enum Snapshot {
 
 impl Snapshot {
     /// The device address the kernels use.
-    fn ptr(&self) -> DevicePtr {
+    pub(super) fn ptr(&self) -> DevicePtr {
         match self {
             Snapshot::Owned(b) => b.ptr(),
             Snapshot::Borrowed(p) => *p,
@@ -157,7 +154,7 @@ impl Snapshot {
 ///
 /// # Safety
 /// As [`Gpu::diff_batch`].
-unsafe fn run_diff(
+pub(super) unsafe fn run_diff(
     gpu: &Gpu,
     place: SnapshotPlace,
     inputs: &[DiffInput],
@@ -776,99 +773,41 @@ impl GpuSender {
         });
         after[range.clone()].copy_from_slice(&words);
         phases.mark_now("digest-words");
-        let encode: Vec<EncodeInput> = range
+        let tensors: Vec<StageTensor> = range
             .clone()
-            .zip(&diff.tensors)
-            .map(|(i, r)| EncodeInput {
-                change_offset: r.offset,
-                change_count: r.written,
+            .map(|i| StageTensor {
+                slot: i as u32,
                 first_index: 0,
                 numel: self.tensors[i].numel(),
+                width: self.tensors[i].dtype.width(),
             })
             .collect();
-        // Counting run: the chunks (grid cells tightened to their changes), no sections yet.
-        // SAFETY: positions hold every change written by the diff.
-        let grid = unsafe {
-            self.gpu
-                .encode_positions(positions, &encode, self.config.chunk_elems, None, None)?
+        let changes = StageChanges {
+            diff,
+            positions,
+            new_values,
+            old_values: entropy,
+        };
+        // SAFETY: the set's buffers hold what the diff wrote.
+        let plan = unsafe {
+            plan_chunks(
+                &self.gpu,
+                &mut self.code_scratch,
+                &changes,
+                &tensors,
+                self.config.chunk_elems,
+            )?
         };
         phases.mark_now("counted");
-        let width_of = |local: usize| self.tensors[range.start + local].dtype.width();
-        // Entropy codecs: every chunk sized exactly in gaps and ulp, on the GPU.
-        let code_chunks: Vec<CodeChunk> = match entropy {
-            Some(old) => grid
-                .iter()
-                .map(|g| {
-                    let r = &diff.tensors[g.input];
-                    let w = width_of(g.input);
-                    let at = r.value_offset + (g.lo - r.offset) * w as u64;
-                    CodeChunk {
-                        positions: positions + g.lo * 8,
-                        new_bits: new_values + at,
-                        old_bits: old + at,
-                        count: g.count,
-                        start: g.start,
-                        range: g.range,
-                        width: w,
-                    }
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        let sizes = match entropy {
-            // SAFETY: the positions and both value buffers hold every chunk's changes.
-            Some(_) => unsafe {
-                self.gpu
-                    .entropy_size(&mut self.code_scratch, &code_chunks)?
-            },
-            None => Vec::new(),
-        };
-        let mut chunks = Vec::with_capacity(grid.len());
-        let mut placed = Vec::with_capacity(grid.len());
-        let mut pos_bytes = 0u64;
-        let mut value_bytes = 0u64;
-        for (i, g) in grid.iter().enumerate() {
-            let r = &diff.tensors[g.input];
-            let w = width_of(g.input) as u64;
-            let choice =
-                choose_sections(g.count, g.range, w, sizes.get(i).map(|s| (s.gaps, s.ulp)));
-            // Bitmaps are written as whole u32 words; every section starts 4-aligned.
-            let room = match choice.positions {
-                ChunkPositions::Bitmap => g.range.div_ceil(32) * 4,
-                _ => choice.position_len.next_multiple_of(4),
-            };
-            let value_offset = if entropy.is_some() {
-                let at = value_bytes;
-                value_bytes += choice.value_len.next_multiple_of(4);
-                at
-            } else {
-                // The diff's output is sent as it is: each chunk's values are already there.
-                let at = r.value_offset + (g.lo - r.offset) * w;
-                value_bytes = value_bytes.max(at + choice.value_len);
-                at
-            };
-            placed.push((i, choice, pos_bytes, value_offset));
-            chunks.push(ChunkRecord {
-                slot: (range.start + g.input) as u32,
-                positions: choice.positions,
-                values: choice.values,
-                start: g.start,
-                range: g.range,
-                count: g.count,
-                position_offset: pos_bytes,
-                position_len: choice.position_len,
-                value_offset,
-                value_len: choice.value_len,
-            });
-            pos_bytes += room;
-        }
+        let (pos_bytes, value_bytes) = (plan.position_bytes, plan.value_bytes);
+        let num_chunks = plan.records.len() as u64;
         let manifest = Manifest {
             digests: self.digests[range.clone()]
                 .iter()
                 .copied()
                 .zip(after[range.clone()].iter().copied())
                 .collect(),
-            chunks,
+            chunks: plan.records.clone(),
         }
         .encode();
         let delta_bytes = HEADER_BYTES as u64 + manifest.len() as u64 + pos_bytes + value_bytes;
@@ -882,63 +821,27 @@ impl GpuSender {
             phases.lap("encode", mark);
             return Ok(());
         }
-        let packed = self.sets[set].packed.at_least(&self.gpu, pos_bytes)?;
-        let values_ptr = if entropy.is_some() {
-            let pv = self.sets[set]
-                .packed_values
-                .at_least(&self.gpu, value_bytes)?;
-            // SAFETY: our buffers, at least this long; the entropy writer ORs into zeros.
-            unsafe {
-                self.gpu.memset(packed, 0, pos_bytes as usize)?;
-                self.gpu.memset(pv, 0, value_bytes as usize)?;
-            }
-            pv
-        } else {
-            new_values
+        let bufs = &mut self.sets[set];
+        // SAFETY: as plan_chunks, same changes.
+        let (packed, values_ptr) = unsafe {
+            write_chunks(
+                &self.gpu,
+                &mut self.code_scratch,
+                &changes,
+                &plan,
+                &mut bufs.packed,
+                &mut bufs.packed_values,
+                4,
+            )?
         };
-        let listed: Vec<_> = placed
-            .iter()
-            .filter_map(|&(i, c, off, _)| {
-                let codec = match c.positions {
-                    ChunkPositions::Abs32 => ApplyPositions::Abs32,
-                    ChunkPositions::Bitmap => ApplyPositions::Bitmap,
-                    ChunkPositions::Gaps => return None,
-                };
-                Some((grid[i], codec, packed + off))
-            })
-            .collect();
-        // SAFETY: positions hold every chunk's changes; each destination is a disjoint,
-        // 4-aligned run of `packed` with room for its section in whole words.
-        unsafe { self.gpu.encode_place(positions, &listed)? };
         phases.mark_now("placed");
-        if entropy.is_some() {
-            let places: Vec<CodePlace> = placed
-                .iter()
-                .map(|&(_, c, off, voff)| CodePlace {
-                    gaps: (c.positions == ChunkPositions::Gaps).then_some(packed + off),
-                    values: Some((
-                        match c.values {
-                            ChunkValues::Ulp => CodeValues::Ulp,
-                            ChunkValues::Raw => CodeValues::Raw,
-                        },
-                        values_ptr + voff,
-                    )),
-                })
-                .collect();
-            // SAFETY: as entropy_size; destinations zeroed above, disjoint, 4-aligned, with
-            // room for each section in whole words.
-            unsafe {
-                self.gpu
-                    .entropy_write(&mut self.code_scratch, &code_chunks, &places)?
-            };
-        }
         phases.lap("encode", mark);
         let header = Header {
             kind: SyncKind::Delta,
             version,
             table_hash: self.table.hash(),
             num_slots: self.tensors.len() as u32,
-            num_chunks: grid.len() as u64,
+            num_chunks,
             manifest_bytes: manifest.len() as u64,
             position_bytes: pos_bytes,
             value_bytes,
@@ -955,7 +858,7 @@ impl GpuSender {
         )?;
         phases.lap("send", mark);
         totals.payload_bytes += delta_bytes;
-        totals.chunks += grid.len() as u64;
+        totals.chunks += num_chunks;
         Ok(())
     }
 

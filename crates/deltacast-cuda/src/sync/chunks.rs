@@ -1,0 +1,230 @@
+//! A stage's changes as chunks, shared by both senders: [`plan_chunks`] forms the chunks of
+//! a diff's output and chooses each one's sections (sizes only, so that the caller can still
+//! choose to send the stage whole), [`write_chunks`] writes the chosen sections.
+
+use super::Growable;
+use crate::error::Result;
+use crate::protocol::{choose_sections, ChunkChoice, ChunkPositions, ChunkRecord, ChunkValues};
+use crate::{
+    ApplyPositions, CodeChunk, CodePlace, CodeScratch, CodeValues, DevicePtr, DiffResult,
+    EncodeInput, Gpu, GridChunk,
+};
+
+/// Where a diff wrote a stage's changes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StageChanges<'a> {
+    pub diff: &'a DiffResult,
+    /// u64 slot indices.
+    pub positions: DevicePtr,
+    pub new_values: DevicePtr,
+    /// The old bits: set when the entropy codecs size the chunks.
+    pub old_values: Option<DevicePtr>,
+}
+
+/// One diffed tensor of a stage, in the order of the diff's inputs.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StageTensor {
+    pub slot: u32,
+    /// Slot index of its element 0 (0 unless it is a shard).
+    pub first_index: u64,
+    pub numel: u64,
+    pub width: usize,
+}
+
+/// A stage's chunks with their sections chosen and placed, nothing written yet.
+pub(super) struct ChunkPlan {
+    /// The chunk records, offsets relative to the stage's packed sections.
+    pub records: Vec<ChunkRecord>,
+    /// Bytes of the packed position sections (each section 4-aligned).
+    pub position_bytes: u64,
+    /// Bytes of the value sections: packed (entropy), else the end of the last chunk's
+    /// values in the diff's own value buffer, which is sent as it is.
+    pub value_bytes: u64,
+    grid: Vec<GridChunk>,
+    code_chunks: Vec<CodeChunk>,
+    /// Per chunk: its grid index, choice and position offset.
+    placed: Vec<(usize, ChunkChoice, u64)>,
+}
+
+/// Forms the chunks of a stage's changes (the core's grid of `chunk_elems`, tightened to
+/// the changes) and sizes every section; with the entropy codecs, each chunk is sized
+/// exactly in gaps and ulp on the GPU and the smallest pair is kept.
+///
+/// # Safety
+/// `changes` must hold what `changes.diff` says was written, for `tensors` in order.
+pub(super) unsafe fn plan_chunks(
+    gpu: &Gpu,
+    code_scratch: &mut CodeScratch,
+    changes: &StageChanges,
+    tensors: &[StageTensor],
+    chunk_elems: u64,
+) -> Result<ChunkPlan> {
+    let diff = changes.diff;
+    let encode: Vec<EncodeInput> = tensors
+        .iter()
+        .zip(&diff.tensors)
+        .map(|(t, r)| EncodeInput {
+            change_offset: r.offset,
+            change_count: r.written,
+            first_index: t.first_index,
+            numel: t.numel,
+        })
+        .collect();
+    // Counting run: the chunks, no sections yet.
+    // SAFETY: positions hold every change written by the diff.
+    let grid =
+        unsafe { gpu.encode_positions(changes.positions, &encode, chunk_elems, None, None)? };
+    let code_chunks: Vec<CodeChunk> = match changes.old_values {
+        Some(old) => grid
+            .iter()
+            .map(|g| {
+                let r = &diff.tensors[g.input];
+                let w = tensors[g.input].width;
+                let at = r.value_offset + (g.lo - r.offset) * w as u64;
+                CodeChunk {
+                    positions: changes.positions + g.lo * 8,
+                    new_bits: changes.new_values + at,
+                    old_bits: old + at,
+                    count: g.count,
+                    start: g.start,
+                    range: g.range,
+                    width: w,
+                }
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let sizes = if code_chunks.is_empty() {
+        Vec::new()
+    } else {
+        // SAFETY: the positions and both value buffers hold every chunk's changes.
+        unsafe { gpu.entropy_size(code_scratch, &code_chunks)? }
+    };
+    let entropy = changes.old_values.is_some();
+    let mut records = Vec::with_capacity(grid.len());
+    let mut placed = Vec::with_capacity(grid.len());
+    let mut position_bytes = 0u64;
+    let mut value_bytes = 0u64;
+    for (i, g) in grid.iter().enumerate() {
+        let r = &diff.tensors[g.input];
+        let t = &tensors[g.input];
+        let w = t.width as u64;
+        let choice = choose_sections(g.count, g.range, w, sizes.get(i).map(|s| (s.gaps, s.ulp)));
+        // Bitmaps are written as whole u32 words; every section starts 4-aligned.
+        let room = match choice.positions {
+            ChunkPositions::Bitmap => g.range.div_ceil(32) * 4,
+            _ => choice.position_len.next_multiple_of(4),
+        };
+        let value_offset = if entropy {
+            let at = value_bytes;
+            value_bytes += choice.value_len.next_multiple_of(4);
+            at
+        } else {
+            // The diff's output is sent as it is: each chunk's values are already there.
+            let at = r.value_offset + (g.lo - r.offset) * w;
+            value_bytes = value_bytes.max(at + choice.value_len);
+            at
+        };
+        placed.push((i, choice, position_bytes));
+        records.push(ChunkRecord {
+            slot: t.slot,
+            positions: choice.positions,
+            values: choice.values,
+            start: g.start,
+            range: g.range,
+            count: g.count,
+            position_offset: position_bytes,
+            position_len: choice.position_len,
+            value_offset,
+            value_len: choice.value_len,
+        });
+        position_bytes += room;
+    }
+    Ok(ChunkPlan {
+        records,
+        position_bytes,
+        value_bytes,
+        grid,
+        code_chunks,
+        placed,
+    })
+}
+
+/// Writes the planned sections: positions into `packed`, values into `packed_values` (the
+/// entropy codecs; otherwise the diff's value buffer is the value section). Each buffer gets
+/// `pad_to`-byte multiples of room, the padding zeroed. Returns the position and value
+/// buffers to send.
+///
+/// # Safety
+/// As [`plan_chunks`], with the same `changes`.
+pub(super) unsafe fn write_chunks(
+    gpu: &Gpu,
+    code_scratch: &mut CodeScratch,
+    changes: &StageChanges,
+    plan: &ChunkPlan,
+    packed: &mut Growable,
+    packed_values: &mut Growable,
+    pad_to: u64,
+) -> Result<(DevicePtr, DevicePtr)> {
+    let pos_room = plan.position_bytes.next_multiple_of(pad_to);
+    let pptr = packed.at_least(gpu, pos_room)?;
+    let entropy = changes.old_values.is_some();
+    let vptr = if entropy {
+        let value_room = plan.value_bytes.next_multiple_of(pad_to);
+        let pv = packed_values.at_least(gpu, value_room)?;
+        // SAFETY: our buffers, at least this long; the entropy writer ORs into zeros.
+        unsafe {
+            gpu.memset(pptr, 0, pos_room as usize)?;
+            gpu.memset(pv, 0, value_room as usize)?;
+        }
+        pv
+    } else {
+        if pos_room > plan.position_bytes {
+            // SAFETY: our buffer; the padding after the last section.
+            unsafe {
+                gpu.memset(
+                    pptr + plan.position_bytes,
+                    0,
+                    (pos_room - plan.position_bytes) as usize,
+                )?
+            };
+        }
+        changes.new_values
+    };
+    let listed: Vec<_> = plan
+        .placed
+        .iter()
+        .filter_map(|&(i, c, off)| {
+            let codec = match c.positions {
+                ChunkPositions::Abs32 => ApplyPositions::Abs32,
+                ChunkPositions::Bitmap => ApplyPositions::Bitmap,
+                ChunkPositions::Gaps => return None,
+            };
+            Some((plan.grid[i], codec, pptr + off))
+        })
+        .collect();
+    // SAFETY: positions hold every chunk's changes; each destination is a disjoint, 4-aligned
+    // run of `packed` with room for its section in whole words.
+    unsafe { gpu.encode_place(changes.positions, &listed)? };
+    if entropy {
+        let places: Vec<CodePlace> = plan
+            .placed
+            .iter()
+            .zip(&plan.records)
+            .map(|(&(_, c, off), r)| CodePlace {
+                gaps: (c.positions == ChunkPositions::Gaps).then_some(pptr + off),
+                values: Some((
+                    match c.values {
+                        ChunkValues::Ulp => CodeValues::Ulp,
+                        ChunkValues::Raw => CodeValues::Raw,
+                    },
+                    vptr + r.value_offset,
+                )),
+            })
+            .collect();
+        // SAFETY: as entropy_size; destinations zeroed above, disjoint, 4-aligned, with room
+        // for each section in whole words.
+        unsafe { gpu.entropy_write(code_scratch, &plan.code_chunks, &places)? };
+    }
+    Ok((pptr, vptr))
+}

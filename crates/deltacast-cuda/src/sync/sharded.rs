@@ -1,0 +1,1022 @@
+//! The sharded trainer side of the GPU sync: [`GpuShardedSender`], one per trainer rank.
+//!
+//! Each trainer rank holds one contiguous run of every slot's elements (an FSDP2 dim-0 shard
+//! of a contiguous parameter is one) and diffs only that run against its own snapshot, on its
+//! own GPU. Nothing whole is ever assembled for a delta: per stage the ranks all-gather one
+//! short row each (changes found, chunks, section bytes, digest contributions), from which
+//! every rank takes the same decision; the leader (trainer rank 0) then gathers exactly the
+//! chunk records and packed sections of every rank (grouped NCCL send/recv, no padding to a
+//! common size), moves each rank's section offsets to where its sections landed, and sends
+//! the stage on to the receivers as the single sender would: a [`super::GpuReceiver`] cannot
+//! tell the two apart. The state digest is additive, so the slot digests are the sums of the
+//! ranks' contributions.
+//!
+//! A seed, or a stage whose delta would not be smaller (or did not fit the delta buffers),
+//! is sent whole: the leader gathers each slot's shards into a staging buffer of one slot and
+//! broadcasts it, slot after slot.
+//!
+//! The ack: the receivers all-reduce their status with the leader as for a single sender,
+//! and the leader broadcasts it to the trainer ranks with the sync's time, so that every rank
+//! keeps the same version, the same seed-due flag and the same [`EntropyMode::Auto`] record
+//! (the codecs must be chosen alike on every rank before the diff).
+
+use std::ops::Range;
+use std::time::Instant;
+
+use deltacast::{DType, SlotInfo, SlotTable};
+
+use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
+use super::sender::{run_diff, AutoEntropy, Snapshot};
+use super::{
+    ms, u64s, EntropyMode, GpuSenderConfig, GpuSyncReport, Growable, Phases, SnapshotPlace,
+};
+use crate::error::{CudaError, Result};
+use crate::nccl::NcclComm;
+use crate::protocol::{
+    plan_stages, rebase_chunk_records, Header, Manifest, SyncKind, CHUNK_RECORD_BYTES,
+    HEADER_BYTES, MIN_CHUNK_ELEMS, SLOT_RECORD_BYTES,
+};
+use crate::{
+    CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput, Gpu, DECODE_SLACK,
+};
+
+/// The trainer rank that gathers and sends.
+const LEADER: usize = 0;
+/// Fixed words of a stage's row, before the digest contributions of its slots.
+const ROW_FIXED: usize = 5;
+
+/// One trainer rank's shard of a slot, by device pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuShard {
+    pub name: String,
+    pub dtype: DType,
+    /// The whole slot's shape, as receivers hold it.
+    pub shape: Vec<u64>,
+    /// Slot index of the shard's first element.
+    pub first_index: u64,
+    /// Elements of the shard (0: this rank holds none of the slot).
+    pub numel: u64,
+    /// Device address of its first element (contiguous, aligned to the element width).
+    pub ptr: DevicePtr,
+}
+
+impl GpuShard {
+    fn nbytes(&self) -> u64 {
+        self.numel * self.dtype.width() as u64
+    }
+}
+
+/// One stage's row as every rank contributes it to the lockstep exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StageRow {
+    /// Whether the delta buffers held every change.
+    complete: bool,
+    found: u64,
+    chunks: u64,
+    /// Section bytes, padded to 8 so that the gathered sections keep their alignment.
+    position_bytes: u64,
+    value_bytes: u64,
+}
+
+impl StageRow {
+    fn parse(row: &[u64]) -> StageRow {
+        StageRow {
+            complete: row[0] == 1,
+            found: row[1],
+            chunks: row[2],
+            position_bytes: row[3],
+            value_bytes: row[4],
+        }
+    }
+
+    fn words(&self) -> [u64; ROW_FIXED] {
+        [
+            self.complete as u64,
+            self.found,
+            self.chunks,
+            self.position_bytes,
+            self.value_bytes,
+        ]
+    }
+}
+
+/// A trainer rank's side of a sharded GPU sync.
+pub struct GpuShardedSender {
+    gpu: Gpu,
+    trainers: NcclComm,
+    /// The leader's communicator with the receivers (the leader is its root); `None` on the
+    /// other ranks.
+    receivers: Option<NcclComm>,
+    config: GpuSenderConfig,
+    shards: Vec<GpuShard>,
+    table: SlotTable,
+    /// Per slot, every rank's `(first_index, numel)` in rank order (checked to tile the slot).
+    layout: Vec<Vec<(u64, u64)>>,
+    snapshots: Vec<Snapshot>,
+    /// This rank's digest contribution per slot, on the device (the diff adds its changes).
+    digests_dev: DeviceBuffer,
+    /// Every slot's whole digest at the last version (the same on every rank).
+    digests: Vec<u64>,
+    version: u64,
+    needs_seed: bool,
+    capacity: u64,
+    stages: Vec<Range<usize>>,
+    positions: DeviceBuffer,
+    values: DeviceBuffer,
+    old_values: Option<DeviceBuffer>,
+    packed: Growable,
+    packed_values: Growable,
+    records: Growable,
+    row_mine: Growable,
+    row_all: Growable,
+    /// Leader: the gathered records and sections, a slot's staging, header and manifest.
+    gathered_records: Growable,
+    gathered_positions: Growable,
+    gathered_values: Growable,
+    staging: Growable,
+    header: DeviceBuffer,
+    manifest: Growable,
+    status: DeviceBuffer,
+    code_scratch: CodeScratch,
+    auto: AutoEntropy,
+}
+
+/// One sharded delta sync in progress.
+struct ShardRun {
+    version: u64,
+    use_entropy: bool,
+    after: Vec<u64>,
+    changed: u64,
+    payload_bytes: u64,
+    chunks: u64,
+    diff_ms: f64,
+    dense_stages: u32,
+    gathered_bytes: u64,
+    phases: Phases,
+    mark: Instant,
+}
+
+impl GpuShardedSender {
+    /// A trainer rank's sender over its `shards` (borrowed, one per slot in the slot order
+    /// every rank shares; they must stay valid and unmoved for the life of the sender).
+    /// `trainers` joins every trainer rank; the leader (trainer rank 0) also passes its
+    /// communicator with the receivers, in which it is `config.root`. Collective: every rank
+    /// checks, from an all-gather, that all hold the same slot table and that the shards of
+    /// each slot follow each other in rank order and cover it exactly; all fail alike if not.
+    ///
+    /// # Safety
+    /// Every pointer must be device memory of `gpu`'s device valid for its shard's bytes.
+    pub unsafe fn new(
+        gpu: Gpu,
+        mut trainers: NcclComm,
+        receivers: Option<NcclComm>,
+        shards: Vec<GpuShard>,
+        config: GpuSenderConfig,
+    ) -> Result<GpuShardedSender> {
+        let local = check_shards(&trainers, &receivers, &shards, &config);
+        // Every rank takes part in the first exchange whatever its own checks said, so that
+        // all fail alike instead of waiting for a rank that left.
+        let head = [
+            local.as_ref().map_or(0, |t| t.hash()),
+            shards.len() as u64,
+            local.is_ok() as u64,
+        ];
+        let mut rows_mine = Growable::new();
+        let mut rows_all = Growable::new();
+        let heads = all_gather_rows(
+            &gpu,
+            &mut trainers,
+            &mut rows_mine,
+            &mut rows_all,
+            &head,
+            config.timeout,
+            "the slot tables",
+        )?;
+        let table = local?;
+        let refused: Vec<usize> = (0..heads.len()).filter(|&r| heads[r][2] != 1).collect();
+        if !refused.is_empty() {
+            return Err(CudaError::InvalidArgument(format!(
+                "trainer rank(s) {refused:?} refused their shards or communicators"
+            )));
+        }
+        if heads.iter().any(|h| h[..2] != head[..2]) {
+            return Err(CudaError::InvalidArgument(format!(
+                "trainer ranks hold different slot tables (hash, slots per rank: {heads:?})"
+            )));
+        }
+        let n = shards.len();
+        let max_width = shards.iter().map(|s| s.dtype.width()).max().unwrap_or(1) as u64;
+        let slot_bytes: Vec<u64> = table.slots().iter().map(|s| s.nbytes()).collect();
+        let stages = plan_stages(&slot_bytes, config.stage_bytes);
+        let stage_elems = stages
+            .iter()
+            .map(|r| shards[r.clone()].iter().map(|s| s.numel).sum::<u64>())
+            .max()
+            .unwrap_or(0);
+        let capacity =
+            ((stage_elems as f64 * config.capacity).ceil() as u64).clamp(1, stage_elems.max(1));
+        let value_bytes = ((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize;
+        let entropy = config.entropy != EntropyMode::Off;
+        let snapshots = shards
+            .iter()
+            .map(|s| match config.snapshot {
+                SnapshotPlace::Device => gpu.alloc(s.nbytes() as usize).map(Snapshot::Owned),
+                SnapshotPlace::PinnedHost => {
+                    gpu.alloc_pinned(s.nbytes() as usize).map(Snapshot::Pinned)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut sender = GpuShardedSender {
+            positions: gpu.alloc((capacity * 8 + DECODE_SLACK) as usize)?,
+            values: gpu.alloc(value_bytes)?,
+            old_values: if entropy {
+                Some(gpu.alloc(value_bytes)?)
+            } else {
+                None
+            },
+            packed: Growable::new(),
+            packed_values: Growable::new(),
+            records: Growable::new(),
+            row_mine: rows_mine,
+            row_all: rows_all,
+            gathered_records: Growable::new(),
+            gathered_positions: Growable::new(),
+            gathered_values: Growable::new(),
+            staging: Growable::new(),
+            header: gpu.alloc(HEADER_BYTES)?,
+            manifest: Growable::new(),
+            status: gpu.alloc(16)?,
+            digests_dev: gpu.alloc_zeroed(n.max(1) * 8)?,
+            digests: vec![0; n],
+            code_scratch: CodeScratch::new(),
+            auto: AutoEntropy::default(),
+            layout: Vec::new(),
+            gpu,
+            trainers,
+            receivers,
+            config,
+            shards,
+            table,
+            snapshots,
+            version: 0,
+            needs_seed: true,
+            capacity,
+            stages,
+        };
+        sender.layout = sender.check_layout()?;
+        Ok(sender)
+    }
+
+    /// The lockstep check of the construction, after the tables were found equal: every
+    /// rank's shard ranges, all-gathered; returns them per slot.
+    fn check_layout(&mut self) -> Result<Vec<Vec<(u64, u64)>>> {
+        let n = self.shards.len();
+        let world = self.trainers.nranks();
+        let mut row = Vec::with_capacity(2 * n);
+        for s in &self.shards {
+            row.push(s.first_index);
+            row.push(s.numel);
+        }
+        let rows = self.exchange(&row, "the shard layout")?;
+        let mut layout = Vec::with_capacity(n);
+        for (i, slot) in self.table.slots().iter().enumerate() {
+            let runs: Vec<(u64, u64)> = (0..world)
+                .map(|r| (rows[r][2 * i], rows[r][2 * i + 1]))
+                .collect();
+            let mut next = 0u64;
+            for &(first, numel) in &runs {
+                if numel > 0 && first != next {
+                    return Err(CudaError::InvalidArgument(format!(
+                        "the shards of `{}` do not follow each other in rank order: {runs:?}",
+                        slot.name
+                    )));
+                }
+                next += numel;
+            }
+            if next != slot.numel() {
+                return Err(CudaError::InvalidArgument(format!(
+                    "the shards of `{}` hold {next} of its {} elements: {runs:?}",
+                    slot.name,
+                    slot.numel()
+                )));
+            }
+            layout.push(runs);
+        }
+        Ok(layout)
+    }
+
+    /// The version the last sync produced.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Every slot's digest at the last version sent (the sums of the ranks' shards).
+    pub fn digests(&self) -> &[u64] {
+        &self.digests
+    }
+
+    pub fn slot_table(&self) -> &SlotTable {
+        &self.table
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The stages a sync is cut into (slot ranges, the same on every rank).
+    pub fn stages(&self) -> &[Range<usize>] {
+        &self.stages
+    }
+
+    fn is_leader(&self) -> bool {
+        self.trainers.rank() == LEADER
+    }
+
+    /// Sends every slot whole (collective), then keeps the new version.
+    ///
+    /// # Safety
+    /// `wait_stream` must be a live stream of the GPU's context, or 0.
+    pub unsafe fn seed(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
+        let started = Instant::now();
+        self.needs_seed = true;
+        let outcome = (|| {
+            // SAFETY: per this function's contract.
+            unsafe { self.gpu.wait_for_stream(wait_stream)? };
+            let all = 0..self.shards.len();
+            let mut after = self.digests.clone();
+            self.refresh_and_sum(all.clone(), &mut after)?;
+            let version = self.version + 1;
+            let payload_bytes = self.send_whole(SyncKind::Seed, 0, 1, all, version, &after)?;
+            self.finish(version, after, started)?;
+            Ok(payload_bytes)
+        })();
+        let payload_bytes = self.fail_on_error(outcome)?;
+        Ok(GpuSyncReport {
+            kind: SyncKind::Seed,
+            version: self.version,
+            changed: self.table.total_elements(),
+            numel: self.table.total_elements(),
+            payload_bytes,
+            chunks: 0,
+            time_ms: ms(started),
+            diff_ms: 0.0,
+            entropy: false,
+            stages: 1,
+            dense_stages: 1,
+            phases: Vec::new(),
+        })
+    }
+
+    /// Sends what changed since the last version (a seed first, when one is due), stage by
+    /// stage (collective: every trainer rank calls it for every step).
+    ///
+    /// # Safety
+    /// As [`GpuShardedSender::seed`].
+    pub unsafe fn sync(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
+        if self.needs_seed {
+            // SAFETY: per this function's contract.
+            return unsafe { self.seed(wait_stream) };
+        }
+        let started = Instant::now();
+        self.needs_seed = true;
+        let use_entropy = match self.config.entropy {
+            EntropyMode::Off => false,
+            EntropyMode::On => true,
+            EntropyMode::Auto => self.auto.choose(),
+        };
+        let mut run = ShardRun {
+            version: self.version + 1,
+            use_entropy,
+            after: self.digests.clone(),
+            changed: 0,
+            payload_bytes: 0,
+            chunks: 0,
+            diff_ms: 0.0,
+            dense_stages: 0,
+            gathered_bytes: 0,
+            phases: Phases::new(),
+            mark: started,
+        };
+        let outcome = (|| {
+            // SAFETY: per this function's contract.
+            unsafe { self.gpu.wait_for_stream(wait_stream)? };
+            for s in 0..self.stages.len() {
+                self.send_stage(s, &mut run)?;
+            }
+            let after = std::mem::take(&mut run.after);
+            let got = self.finish(run.version, after, started)?;
+            run.phases.lap("ack", &mut run.mark);
+            Ok(got)
+        })();
+        let leader_ms = self.fail_on_error(outcome)?;
+        let stages = self.stages.len() as u32;
+        let any_delta = run.dense_stages < stages;
+        if any_delta {
+            // The leader's time and the total count: the same record on every rank.
+            self.auto.record(use_entropy, leader_ms, run.changed);
+        }
+        Ok(GpuSyncReport {
+            kind: if any_delta {
+                SyncKind::Delta
+            } else {
+                SyncKind::Dense
+            },
+            version: self.version,
+            changed: run.changed,
+            numel: self.table.total_elements(),
+            payload_bytes: run.payload_bytes,
+            chunks: run.chunks,
+            time_ms: ms(started),
+            diff_ms: run.diff_ms,
+            entropy: use_entropy && any_delta,
+            stages,
+            dense_stages: run.dense_stages,
+            phases: run.phases.finish("shard"),
+        })
+    }
+
+    /// Tells the receivers no sync follows (leader; a no-op on the other ranks).
+    pub fn close(&mut self) -> Result<()> {
+        if !self.is_leader() {
+            return Ok(());
+        }
+        let header = Header::whole(
+            SyncKind::Close,
+            self.version,
+            self.table.hash(),
+            self.shards.len() as u32,
+            0,
+            0,
+            0,
+            0,
+        );
+        self.broadcast_head(&header, &[])?;
+        self.wait_receivers("the close")
+    }
+
+    /// After a failure part way the ranks are out of step: both communicators are aborted so
+    /// that every peer fails at once instead of waiting out its timeout (make a new sender on
+    /// new communicators). A refusal by a receiver is not such a failure: every rank learnt it
+    /// from the ack, and the next sync is a seed.
+    fn fail_on_error<T>(&mut self, outcome: Result<T>) -> Result<T> {
+        if let Err(e) = &outcome {
+            self.needs_seed = true;
+            if matches!(e, CudaError::ReceiverRefused(_)) {
+                // Every rank learnt it from the ack: still in step.
+                return outcome;
+            }
+            self.trainers.abort();
+            if let Some(r) = &mut self.receivers {
+                r.abort();
+            }
+        }
+        outcome
+    }
+
+    /// One stage of a delta sync: diff, the lockstep row, then delta or whole.
+    fn send_stage(&mut self, s: usize, run: &mut ShardRun) -> Result<()> {
+        let range = self.stages[s].clone();
+        let stages = self.stages.len() as u32;
+        let inputs: Vec<DiffInput> = range
+            .clone()
+            .map(|i| {
+                let sh = &self.shards[i];
+                DiffInput {
+                    snapshot: self.snapshots[i].ptr(),
+                    current: sh.ptr,
+                    numel: sh.numel,
+                    width: sh.dtype.width(),
+                    first_index: sh.first_index,
+                    digest: Some((self.digests_dev.ptr() + 8 * i as u64, i as u32)),
+                }
+            })
+            .collect();
+        let old_values = self
+            .old_values
+            .as_ref()
+            .filter(|_| run.use_entropy)
+            .map(|b| b.ptr());
+        let out = DiffOutput {
+            positions: self.positions.ptr(),
+            new_values: self.values.ptr(),
+            old_values,
+            capacity: self.capacity,
+        };
+        // SAFETY: the shards (constructor contract) and our snapshots and buffers.
+        let diff = unsafe { run_diff(&self.gpu, self.config.snapshot, &inputs, &out)? };
+        run.diff_ms += diff.kernel_ms as f64;
+        run.phases.lap("diff", &mut run.mark);
+        let changes = StageChanges {
+            diff: &diff,
+            positions: out.positions,
+            new_values: out.new_values,
+            old_values,
+        };
+        let mut row = StageRow {
+            complete: diff.is_complete(),
+            found: diff.found,
+            chunks: 0,
+            position_bytes: 0,
+            value_bytes: 0,
+        };
+        let mut words = vec![0u64; range.len()];
+        let plan = if row.complete {
+            let tensors: Vec<StageTensor> = range
+                .clone()
+                .map(|i| StageTensor {
+                    slot: i as u32,
+                    first_index: self.shards[i].first_index,
+                    numel: self.shards[i].numel,
+                    width: self.shards[i].dtype.width(),
+                })
+                .collect();
+            // SAFETY: our buffers hold what the diff wrote.
+            let plan = unsafe {
+                plan_chunks(
+                    &self.gpu,
+                    &mut self.code_scratch,
+                    &changes,
+                    &tensors,
+                    self.config.chunk_elems,
+                )?
+            };
+            row.chunks = plan.records.len() as u64;
+            row.position_bytes = plan.position_bytes.next_multiple_of(8);
+            row.value_bytes = plan.value_bytes.next_multiple_of(8);
+            // SAFETY: our digest words (the diff added every change's update).
+            words = u64s(&unsafe {
+                self.gpu.download(
+                    self.digests_dev.ptr() + 8 * range.start as u64,
+                    range.len() * 8,
+                )?
+            });
+            Some(plan)
+        } else {
+            None
+        };
+        run.phases.lap("encode", &mut run.mark);
+        let mut mine = row.words().to_vec();
+        mine.extend_from_slice(&words);
+        let all = self.exchange(&mine, "a stage's counts")?;
+        run.phases.lap("exchange", &mut run.mark);
+        let rows: Vec<StageRow> = all.iter().map(|r| StageRow::parse(r)).collect();
+        run.changed += rows.iter().map(|r| r.found).sum::<u64>();
+        let stage_bytes: u64 = self.table.slots()[range.clone()]
+            .iter()
+            .map(|s| s.nbytes())
+            .sum();
+        let fixed = (HEADER_BYTES + range.len() * SLOT_RECORD_BYTES) as u64;
+        let chunks: u64 = rows.iter().map(|r| r.chunks).sum();
+        let positions: u64 = rows.iter().map(|r| r.position_bytes).sum();
+        let values: u64 = rows.iter().map(|r| r.value_bytes).sum();
+        let delta_bytes = fixed + chunks * CHUNK_RECORD_BYTES as u64 + positions + values;
+        let plan = match plan {
+            Some(plan) if rows.iter().all(|r| r.complete) && delta_bytes <= fixed + stage_bytes => {
+                plan
+            }
+            _ => {
+                // Some rank's buffers overflowed, or the delta is not smaller: whole. The
+                // diff refreshed only what it wrote out; every shard is copied again.
+                self.refresh_and_sum(range.clone(), &mut run.after)?;
+                run.payload_bytes += self.send_whole(
+                    SyncKind::Dense,
+                    s as u32,
+                    stages,
+                    range,
+                    run.version,
+                    &run.after,
+                )?;
+                run.dense_stages += 1;
+                run.phases.lap("send", &mut run.mark);
+                return Ok(());
+            }
+        };
+        for (j, slot) in range.clone().enumerate() {
+            run.after[slot] = all
+                .iter()
+                .fold(0u64, |acc, r| acc.wrapping_add(r[ROW_FIXED + j]));
+        }
+        // SAFETY: as plan_chunks, same changes.
+        let (pptr, vptr) = unsafe {
+            write_chunks(
+                &self.gpu,
+                &mut self.code_scratch,
+                &changes,
+                &plan,
+                &mut self.packed,
+                &mut self.packed_values,
+                8,
+            )?
+        };
+        run.phases.lap("encode", &mut run.mark);
+        let records = Manifest {
+            digests: Vec::new(),
+            chunks: plan.records,
+        }
+        .encode();
+        let rptr = self.records.at_least(&self.gpu, records.len() as u64)?;
+        // SAFETY: our buffer, sized above (synchronises the stream).
+        unsafe { self.gpu.copy_to_device(rptr, &records)? };
+        let record_lens: Vec<u64> = rows
+            .iter()
+            .map(|r| r.chunks * CHUNK_RECORD_BYTES as u64)
+            .collect();
+        let position_lens: Vec<u64> = rows.iter().map(|r| r.position_bytes).collect();
+        let value_lens: Vec<u64> = rows.iter().map(|r| r.value_bytes).collect();
+        let leader = self.is_leader();
+        let (gr, gp, gv) = if leader {
+            (
+                self.gathered_records
+                    .at_least(&self.gpu, chunks * CHUNK_RECORD_BYTES as u64)?,
+                self.gathered_positions.at_least(&self.gpu, positions)?,
+                self.gathered_values.at_least(&self.gpu, values)?,
+            )
+        } else {
+            (0, 0, 0)
+        };
+        let stream = self.gpu.stream_handle();
+        // SAFETY: every source holds this rank's bytes as its row says; on the leader each
+        // destination was sized for the sums above. The buffers stay until the stream has
+        // passed the gathers (the next use of any of them synchronises the stream first).
+        unsafe {
+            self.trainers.gather_exact(
+                rptr,
+                &record_lens,
+                gr,
+                chunks * CHUNK_RECORD_BYTES as u64,
+                LEADER,
+                stream,
+            )?;
+            self.trainers
+                .gather_exact(pptr, &position_lens, gp, positions, LEADER, stream)?;
+            self.trainers
+                .gather_exact(vptr, &value_lens, gv, values, LEADER, stream)?;
+        }
+        let own: u64 = record_lens[self.trainers.rank()]
+            + position_lens[self.trainers.rank()]
+            + value_lens[self.trainers.rank()];
+        if !leader {
+            run.gathered_bytes += own;
+            run.payload_bytes += delta_bytes;
+            run.chunks += chunks;
+            run.phases.lap("gather", &mut run.mark);
+            return Ok(());
+        }
+        let done = self.gpu.record_done()?;
+        self.trainers
+            .wait(done, self.config.timeout, "the gather")?;
+        run.phases.lap("gather", &mut run.mark);
+        // SAFETY: the gathered records, complete (waited above).
+        let mut gathered = unsafe {
+            self.gpu
+                .download(gr, (chunks * CHUNK_RECORD_BYTES as u64) as usize)?
+        };
+        let mut manifest = Vec::with_capacity(range.len() * SLOT_RECORD_BYTES + gathered.len());
+        for slot in range.clone() {
+            manifest.extend_from_slice(&self.digests[slot].to_le_bytes());
+            manifest.extend_from_slice(&run.after[slot].to_le_bytes());
+        }
+        let (mut at, mut pos_base, mut val_base) = (0usize, 0u64, 0u64);
+        for r in &rows {
+            let len = r.chunks as usize * CHUNK_RECORD_BYTES;
+            rebase_chunk_records(&mut gathered[at..at + len], pos_base, val_base)?;
+            at += len;
+            pos_base += r.position_bytes;
+            val_base += r.value_bytes;
+        }
+        manifest.extend_from_slice(&gathered);
+        let header = Header {
+            kind: SyncKind::Delta,
+            version: run.version,
+            table_hash: self.table.hash(),
+            num_slots: self.shards.len() as u32,
+            num_chunks: chunks,
+            manifest_bytes: manifest.len() as u64,
+            position_bytes: positions,
+            value_bytes: values,
+            stage: s as u32,
+            stages,
+            first_slot: range.start as u32,
+            stage_slots: range.len() as u32,
+        };
+        self.broadcast_head(&header, &manifest)?;
+        let root = self.config.root;
+        let receivers = self.receivers_mut()?;
+        // SAFETY: the gathered sections, sized above; the stream orders the broadcasts after
+        // the gathers that fill them.
+        unsafe {
+            receivers.broadcast(gp, gp, positions as usize, root, stream)?;
+            receivers.broadcast(gv, gv, values as usize, root, stream)?;
+        }
+        run.gathered_bytes += positions + values + chunks * CHUNK_RECORD_BYTES as u64 - own;
+        run.payload_bytes += delta_bytes;
+        run.chunks += chunks;
+        run.phases.lap("send", &mut run.mark);
+        Ok(())
+    }
+
+    fn receivers_mut(&mut self) -> Result<&mut NcclComm> {
+        self.receivers.as_mut().ok_or_else(|| {
+            CudaError::InvalidArgument("only the leader talks to the receivers".into())
+        })
+    }
+
+    /// Copies this rank's shards of `slots` into their snapshots, recomputes their digest
+    /// contributions, and puts every slot's whole digest (the all-gathered sum) into `after`.
+    fn refresh_and_sum(&mut self, slots: Range<usize>, after: &mut [u64]) -> Result<()> {
+        for i in slots.clone() {
+            let (sh, snap) = (&self.shards[i], &self.snapshots[i]);
+            let len = sh.nbytes() as usize;
+            // SAFETY: both valid for nbytes (constructor contract); the digest below
+            // synchronises the stream before this returns.
+            unsafe {
+                match snap {
+                    Snapshot::Pinned(h) => self.gpu.copy_to_pinned(h, 0, sh.ptr, len)?,
+                    _ => self.gpu.copy_device(snap.ptr(), sh.ptr, len)?,
+                }
+            }
+        }
+        let inputs: Vec<DigestInput> = slots
+            .clone()
+            .map(|i| {
+                let sh = &self.shards[i];
+                DigestInput {
+                    ptr: sh.ptr,
+                    numel: sh.numel,
+                    width: sh.dtype.width(),
+                    first_index: sh.first_index,
+                    slot: i as u32,
+                }
+            })
+            .collect();
+        // SAFETY: the shards (constructor contract). Synchronises the stream.
+        let mine = unsafe { self.gpu.digest(&inputs)? };
+        let bytes: Vec<u8> = mine.iter().flat_map(|d| d.to_le_bytes()).collect();
+        // SAFETY: our digest words, one per slot; `slots` lies inside the table.
+        unsafe {
+            self.gpu
+                .copy_to_device(self.digests_dev.ptr() + 8 * slots.start as u64, &bytes)?
+        };
+        let all = self.exchange(&mine, "the digests")?;
+        for (j, slot) in slots.enumerate() {
+            after[slot] = all.iter().fold(0u64, |acc, r| acc.wrapping_add(r[j]));
+        }
+        Ok(())
+    }
+
+    /// A seed or dense stage: the leader sends header and digests, then each slot whole,
+    /// gathered from the shards into one slot's staging. Returns the bytes broadcast.
+    fn send_whole(
+        &mut self,
+        kind: SyncKind,
+        stage: u32,
+        stages: u32,
+        slots: Range<usize>,
+        version: u64,
+        after: &[u64],
+    ) -> Result<u64> {
+        let manifest = Manifest {
+            digests: after[slots.clone()].iter().map(|&a| (0, a)).collect(),
+            chunks: Vec::new(),
+        }
+        .encode();
+        let bytes: u64 = self.table.slots()[slots.clone()]
+            .iter()
+            .map(|s| s.nbytes())
+            .sum();
+        let leader = self.is_leader();
+        if leader {
+            let header = Header {
+                kind,
+                version,
+                table_hash: self.table.hash(),
+                num_slots: self.shards.len() as u32,
+                num_chunks: 0,
+                manifest_bytes: manifest.len() as u64,
+                position_bytes: 0,
+                value_bytes: bytes,
+                stage,
+                stages,
+                first_slot: slots.start as u32,
+                stage_slots: slots.len() as u32,
+            };
+            self.broadcast_head(&header, &manifest)?;
+        }
+        let largest = self.table.slots()[slots.clone()]
+            .iter()
+            .map(|s| s.nbytes())
+            .max()
+            .unwrap_or(0);
+        let staging = if leader {
+            self.staging.at_least(&self.gpu, largest)?
+        } else {
+            0
+        };
+        let stream = self.gpu.stream_handle();
+        let root = self.config.root;
+        for i in slots {
+            let w = self.shards[i].dtype.width() as u64;
+            let lens: Vec<u64> = self.layout[i].iter().map(|&(_, n)| n * w).collect();
+            let total = self.table.slots()[i].nbytes();
+            let src = self.shards[i].ptr;
+            // SAFETY: the shard (constructor contract); on the leader the staging holds the
+            // largest slot. The stream orders each gather after the last slot's broadcast.
+            unsafe {
+                self.trainers
+                    .gather_exact(src, &lens, staging, largest, LEADER, stream)?;
+                if leader {
+                    self.receivers_mut()?.broadcast(
+                        staging,
+                        staging,
+                        total as usize,
+                        root,
+                        stream,
+                    )?;
+                }
+            }
+        }
+        let done = self.gpu.record_done()?;
+        self.trainers
+            .wait(done, self.config.timeout, "a whole stage's gathers")?;
+        Ok(HEADER_BYTES as u64 + manifest.len() as u64 + bytes)
+    }
+
+    /// Leader: uploads and broadcasts a stage's header and manifest to the receivers.
+    fn broadcast_head(&mut self, header: &Header, manifest: &[u8]) -> Result<()> {
+        let root = self.config.root;
+        let stream = self.gpu.stream_handle();
+        let mptr = self.manifest.at_least(&self.gpu, manifest.len() as u64)?;
+        let hptr = self.header.ptr();
+        // SAFETY: our buffers, sized for what is copied (each copy synchronises the stream,
+        // so no earlier broadcast still reads them).
+        unsafe {
+            self.gpu.copy_to_device(hptr, &header.encode())?;
+            self.gpu.copy_to_device(mptr, manifest)?;
+        }
+        let receivers = self.receivers_mut()?;
+        // SAFETY: as above; the buffers stay until the stream has passed the broadcasts.
+        unsafe {
+            receivers.broadcast(hptr, hptr, HEADER_BYTES, root, stream)?;
+            receivers.broadcast(mptr, mptr, manifest.len(), root, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Leader: waits until everything enqueued has completed, watching the receivers'
+    /// communicator.
+    fn wait_receivers(&mut self, what: &'static str) -> Result<()> {
+        let done = self.gpu.record_done()?;
+        let timeout = self.config.timeout;
+        self.receivers_mut()?.wait(done, timeout, what)
+    }
+
+    /// The ack (see the module): returns the leader's time of the sync in milliseconds; keeps the new version when every receiver applied it.
+    fn finish(&mut self, version: u64, after: Vec<u64>, started: Instant) -> Result<f64> {
+        let stream = self.gpu.stream_handle();
+        let status = self.status.ptr();
+        if self.is_leader() {
+            // SAFETY: our status words.
+            unsafe {
+                self.gpu.memset(status, 0, 8)?;
+                self.receivers_mut()?
+                    .all_reduce_max_u64(status, 1, stream)?;
+            }
+            self.wait_receivers("the receivers' ack")?;
+            let micros = (started.elapsed().as_secs_f64() * 1e6) as u64;
+            // SAFETY: our status words (the all-reduce completed).
+            unsafe { self.gpu.copy_to_device(status + 8, &micros.to_le_bytes())? };
+        }
+        // SAFETY: our 16 status bytes.
+        unsafe {
+            self.trainers
+                .broadcast(status, status, 16, LEADER, stream)?;
+        }
+        let done = self.gpu.record_done()?;
+        self.trainers
+            .wait(done, self.config.timeout, "the leader's ack")?;
+        // SAFETY: our status words, written by the broadcast that completed.
+        let words = u64s(&unsafe { self.gpu.download(status, 16)? });
+        let (refused, leader_ms) = (words[0], words[1] as f64 / 1e3);
+        if refused != 0 {
+            self.needs_seed = true;
+            return Err(CudaError::ReceiverRefused(refused));
+        }
+        self.version = version;
+        self.digests = after;
+        self.needs_seed = false;
+        Ok(leader_ms)
+    }
+
+    /// All-gathers `row` (the same length on every rank) and returns every rank's row.
+    fn exchange(&mut self, row: &[u64], what: &'static str) -> Result<Vec<Vec<u64>>> {
+        all_gather_rows(
+            &self.gpu,
+            &mut self.trainers,
+            &mut self.row_mine,
+            &mut self.row_all,
+            row,
+            self.config.timeout,
+            what,
+        )
+    }
+}
+
+/// This rank's own checks of its arguments; the slot table they make.
+fn check_shards(
+    trainers: &NcclComm,
+    receivers: &Option<NcclComm>,
+    shards: &[GpuShard],
+    config: &GpuSenderConfig,
+) -> Result<SlotTable> {
+    if config.chunk_elems < MIN_CHUNK_ELEMS || config.chunk_elems > u32::MAX as u64 {
+        return Err(CudaError::InvalidArgument(format!(
+            "chunk_elems {} outside {MIN_CHUNK_ELEMS}..=2^32-1",
+            config.chunk_elems
+        )));
+    }
+    if !(config.capacity > 0.0 && config.capacity <= 1.0) {
+        return Err(CudaError::InvalidArgument(format!(
+            "capacity {} outside (0, 1]",
+            config.capacity
+        )));
+    }
+    match (receivers, trainers.rank() == LEADER) {
+        (Some(r), true) if r.rank() == config.root => {}
+        (Some(r), true) => {
+            return Err(CudaError::InvalidArgument(format!(
+                "the leader is rank {} of the receivers' communicator, the root is {}",
+                r.rank(),
+                config.root
+            )))
+        }
+        (None, true) => {
+            return Err(CudaError::InvalidArgument(
+                "the leader (trainer rank 0) needs the receivers' communicator".into(),
+            ))
+        }
+        (Some(_), false) => {
+            return Err(CudaError::InvalidArgument(format!(
+                "trainer rank {} is not the leader: only rank 0 talks to the receivers",
+                trainers.rank()
+            )))
+        }
+        (None, false) => {}
+    }
+    for s in shards {
+        let w = s.dtype.width() as u64;
+        let slot_numel: u64 = s.shape.iter().product();
+        if s.first_index
+            .checked_add(s.numel)
+            .is_none_or(|e| e > slot_numel)
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "shard of `{}` ({} elements from {}) lies beyond its slot of {slot_numel}",
+                s.name, s.numel, s.first_index
+            )));
+        }
+        if s.numel > 0 && s.ptr % w != 0 {
+            return Err(CudaError::InvalidArgument(format!(
+                "shard of `{}` is not aligned to its element width",
+                s.name
+            )));
+        }
+    }
+    SlotTable::new(
+        shards
+            .iter()
+            .map(|s| SlotInfo::new(s.name.clone(), s.dtype, s.shape.clone()))
+            .collect(),
+    )
+    .map_err(|e| CudaError::InvalidArgument(e.to_string()))
+}
+
+/// All-gathers `row` (the same length on every rank) over `comm` through the two buffers;
+/// returns every rank's row, in rank order.
+fn all_gather_rows(
+    gpu: &Gpu,
+    comm: &mut NcclComm,
+    mine: &mut Growable,
+    all: &mut Growable,
+    row: &[u64],
+    timeout: std::time::Duration,
+    what: &'static str,
+) -> Result<Vec<Vec<u64>>> {
+    let world = comm.nranks();
+    if row.is_empty() {
+        return Ok(vec![Vec::new(); world]);
+    }
+    let len = (row.len() * 8) as u64;
+    let mine = mine.at_least(gpu, len)?;
+    let all = all.at_least(gpu, len * world as u64)?;
+    let bytes: Vec<u8> = row.iter().flat_map(|w| w.to_le_bytes()).collect();
+    // SAFETY: our buffers, sized above; the copy synchronises the stream.
+    unsafe {
+        gpu.copy_to_device(mine, &bytes)?;
+        comm.all_gather_u64(mine, all, row.len(), gpu.stream_handle())?;
+    }
+    let done = gpu.record_done()?;
+    comm.wait(done, timeout, what)?;
+    // SAFETY: written by the all-gather that completed.
+    let got = u64s(&unsafe { gpu.download(all, (len * world as u64) as usize)? });
+    Ok(got.chunks(row.len()).map(<[u64]>::to_vec).collect())
+}
