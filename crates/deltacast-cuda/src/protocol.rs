@@ -39,6 +39,9 @@ pub const CHUNK_RECORD_BYTES: usize = 64;
 pub const SLOT_RECORD_BYTES: usize = 16;
 /// The finest chunk grid a sender may use: it bounds the manifest a receiver accepts.
 pub const MIN_CHUNK_ELEMS: u64 = 4096;
+/// The most trainer ranks a sharded sender may have: each shard border can add a chunk to
+/// its slot, which the bound on a manifest a receiver accepts allows for.
+pub const MAX_TRAINER_RANKS: u64 = 1024;
 
 /// What a sync carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -354,12 +357,15 @@ impl TableLimits {
         self.range(slots).iter().map(|&(n, w)| n * w as u64).sum()
     }
 
-    /// Chunks of a delta over `slots` never exceed one per [`MIN_CHUNK_ELEMS`] elements of
-    /// each slot (senders use a grid at least that coarse), which bounds the manifest.
+    /// Chunks of a delta over `slots` never exceed, per slot, one per [`MIN_CHUNK_ELEMS`]
+    /// elements (senders use a grid at least that coarse) plus one more per shard border
+    /// (a sharded sender's ranks each cut the grid cell their shards meet in), nor the
+    /// slot's elements (chunks hold at least one change each, and do not overlap). This
+    /// bounds the manifest.
     pub fn max_chunks(&self, slots: std::ops::Range<usize>) -> u64 {
         self.range(slots)
             .iter()
-            .map(|&(n, _)| n.div_ceil(MIN_CHUNK_ELEMS))
+            .map(|&(n, _)| n.min(n.div_ceil(MIN_CHUNK_ELEMS) + MAX_TRAINER_RANKS - 1))
             .sum()
     }
 
@@ -1156,5 +1162,31 @@ mod tests {
         assert!(rebase_chunk_records(&mut r1[..63], 0, 0).is_err());
         assert!(rebase_chunk_records(&mut r1, u64::MAX, 0).is_err());
         assert!(rebase_chunk_records(&mut [], 5, 5).is_ok());
+    }
+
+    /// The chunk bound allows one more chunk per slot for every shard border (up to
+    /// MAX_TRAINER_RANKS ranks), never more chunks than a slot has elements.
+    #[test]
+    fn chunk_bound_allows_shard_borders_not_more_chunks_than_elements() {
+        let t = limits(); // slots of 10_000 and 77 elements
+        let grid = 10_000u64.div_ceil(MIN_CHUNK_ELEMS) + 77u64.div_ceil(MIN_CHUNK_ELEMS);
+        assert_eq!(t.max_chunks(0..2), (3 + MAX_TRAINER_RANKS - 1) + 77);
+        assert!(
+            t.max_chunks(0..2) > grid + 1,
+            "a split grid cell must be allowed"
+        );
+        let (h, _) = delta();
+        for (chunks, ok) in [(t.max_chunks(0..2), true), (t.max_chunks(0..2) + 1, false)] {
+            let head = Header {
+                num_chunks: chunks,
+                manifest_bytes: 2 * SLOT_RECORD_BYTES as u64 + chunks * CHUNK_RECORD_BYTES as u64,
+                ..h
+            };
+            assert_eq!(
+                Header::decode(&head.encode(), &t).is_ok(),
+                ok,
+                "{chunks} chunks"
+            );
+        }
     }
 }

@@ -383,6 +383,47 @@ fn sharded_senders_refuse_bad_layouts_on_every_rank() {
     }
 }
 
+/// Set in the environment of [`sharded_receiver_process`]'s process: `uid-hex:script:dir`.
+const RECEIVER_ENV: &str = "DELTACAST_TEST_SHARDED_RECEIVER";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The receiver of [`run_sharded`], run by it as a process of its own (does nothing when
+/// the test binary runs it otherwise): receives the script's steps and writes, per step,
+/// its outcome and every tensor's bytes into the directory it was given.
+#[test]
+fn sharded_receiver_process() {
+    let Ok(spec) = std::env::var(RECEIVER_ENV) else {
+        return;
+    };
+    let mut parts = spec.splitn(3, ':');
+    let (uid_hex, script, dir) = (
+        parts.next().expect("uid"),
+        parts.next().expect("script"),
+        std::path::PathBuf::from(parts.next().expect("dir")),
+    );
+    let mut uid = [0u8; deltacast_cuda::nccl::UNIQUE_ID_BYTES];
+    for (i, b) in uid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&uid_hex[2 * i..2 * i + 2], 16).expect("uid hex");
+    }
+    let steps = if script == "staged" {
+        STEPS_STAGED
+    } else {
+        STEPS
+    };
+    let (got_tx, got_rx) = mpsc::channel::<StepReport>();
+    receive_steps(uid, steps, got_tx);
+    for (step, tensors, outcome) in got_rx {
+        eprintln!("sharded receiver step {step}: {outcome}");
+        std::fs::write(dir.join(format!("{step}.outcome")), outcome).expect("write");
+        for (i, t) in tensors.iter().enumerate() {
+            std::fs::write(dir.join(format!("{step}.{i}")), t).expect("write");
+        }
+    }
+}
+
 /// Where rank 0's shard of a slot of `numel` elements ends (rank 1 holds the rest): uneven
 /// shards, a slot of one element wholly on rank 1, an empty one on neither.
 fn shard_cut(numel: u64) -> u64 {
@@ -399,7 +440,6 @@ fn run_sharded(
     let trainers_uid = unique_id().expect("unique id");
     let receivers_uid = unique_id().expect("unique id");
     let (truth_tx, truth_rx) = mpsc::channel::<StepReport>();
-    let (got_tx, got_rx) = mpsc::channel::<StepReport>();
     let ranks: Vec<_> = (0..2usize)
         .map(|rank| {
             let truth_tx = (rank == 0).then(|| truth_tx.clone());
@@ -417,13 +457,47 @@ fn run_sharded(
         })
         .collect();
     drop(truth_tx);
-    let receiver = std::thread::spawn(move || receive_steps(receivers_uid, steps, got_tx));
+    // The receiver shares GPU 1 with trainer rank 1, so it runs in a process of its own: two
+    // communicators' kernels in one CUDA context can deadlock (any device-synchronising call
+    // of one thread waits for the other's blocked NCCL kernel); in two processes they do not.
+    let dir = std::env::temp_dir().join(format!("deltacast-sharded-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let script = if std::ptr::eq(steps, STEPS_STAGED) {
+        "staged"
+    } else {
+        "plain"
+    };
+    let child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "sharded_receiver_process",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(
+            RECEIVER_ENV,
+            format!("{}:{script}:{}", hex(&receivers_uid), dir.display()),
+        )
+        .status()
+        .expect("receiver process");
+    assert!(child.success(), "the receiver process failed: {child}");
+    let (got_tx, got_rx) = mpsc::channel::<StepReport>();
+    for step in 0..=steps.len() {
+        let outcome = std::fs::read_to_string(dir.join(format!("{step}.outcome")))
+            .expect("the receiver's outcome");
+        let tensors = (0..SHAPES.len())
+            .map(|i| std::fs::read(dir.join(format!("{step}.{i}"))).expect("received bytes"))
+            .collect();
+        got_tx.send((step, tensors, outcome)).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     let kinds = compare_steps(steps, &truth_rx, &got_rx);
     let outcomes: Vec<Vec<String>> = ranks
         .into_iter()
         .map(|r| r.join().expect("trainer rank thread"))
         .collect();
-    receiver.join().expect("receiver thread");
     assert_eq!(
         outcomes[0], outcomes[1],
         "the trainer ranks saw different outcomes"

@@ -94,13 +94,14 @@ pub(super) unsafe fn plan_chunks(
             .collect(),
         None => Vec::new(),
     };
-    let sizes = if code_chunks.is_empty() {
-        Vec::new()
-    } else {
+    let entropy = changes.old_values.is_some();
+    // (Sized even when there are no chunks: `write_chunks` writes what was sized last.)
+    let sizes = if entropy {
         // SAFETY: the positions and both value buffers hold every chunk's changes.
         unsafe { gpu.entropy_size(code_scratch, &code_chunks)? }
+    } else {
+        Vec::new()
     };
-    let entropy = changes.old_values.is_some();
     let mut records = Vec::with_capacity(grid.len());
     let mut placed = Vec::with_capacity(grid.len());
     let mut position_bytes = 0u64;

@@ -28,13 +28,13 @@ use deltacast::{DType, SlotInfo, SlotTable};
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::sender::{run_diff, AutoEntropy, Snapshot};
 use super::{
-    ms, u64s, EntropyMode, GpuSenderConfig, GpuSyncReport, Growable, Phases, SnapshotPlace,
+    limits, ms, u64s, EntropyMode, GpuSenderConfig, GpuSyncReport, Growable, Phases, SnapshotPlace,
 };
 use crate::error::{CudaError, Result};
 use crate::nccl::NcclComm;
 use crate::protocol::{
-    plan_stages, rebase_chunk_records, Header, Manifest, SyncKind, CHUNK_RECORD_BYTES,
-    HEADER_BYTES, MIN_CHUNK_ELEMS, SLOT_RECORD_BYTES,
+    plan_stages, rebase_chunk_records, Header, Manifest, SyncKind, TableLimits, CHUNK_RECORD_BYTES,
+    HEADER_BYTES, MAX_TRAINER_RANKS, MIN_CHUNK_ELEMS, SLOT_RECORD_BYTES,
 };
 use crate::{
     CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput, Gpu, DECODE_SLACK,
@@ -110,6 +110,8 @@ pub struct GpuShardedSender {
     config: GpuSenderConfig,
     shards: Vec<GpuShard>,
     table: SlotTable,
+    /// The receivers' bounds, to check the leader's own stages against.
+    limits: TableLimits,
     /// Per slot, every rank's `(first_index, numel)` in rank order (checked to tile the slot).
     layout: Vec<Vec<(u64, u64)>>,
     snapshots: Vec<Snapshot>,
@@ -251,6 +253,7 @@ impl GpuShardedSender {
             code_scratch: CodeScratch::new(),
             auto: AutoEntropy::default(),
             layout: Vec::new(),
+            limits: limits(&table),
             gpu,
             trainers,
             receivers,
@@ -699,6 +702,11 @@ impl GpuShardedSender {
             first_slot: range.start as u32,
             stage_slots: range.len() as u32,
         };
+        // What the receivers will check first, checked here: a fault in the assembly is this
+        // rank's error, not a protocol abort at every receiver.
+        Header::decode(&header.encode(), &self.limits)
+            .and_then(|h| Manifest::decode(&manifest, &h, &self.limits))
+            .map_err(|e| CudaError::Protocol(format!("the leader's own stage {s}: {e}")))?;
         self.broadcast_head(&header, &manifest)?;
         let root = self.config.root;
         let receivers = self.receivers_mut()?;
@@ -938,6 +946,12 @@ fn check_shards(
         return Err(CudaError::InvalidArgument(format!(
             "capacity {} outside (0, 1]",
             config.capacity
+        )));
+    }
+    if trainers.nranks() as u64 > MAX_TRAINER_RANKS {
+        return Err(CudaError::InvalidArgument(format!(
+            "{} trainer ranks: the GPU protocol allows at most {MAX_TRAINER_RANKS}",
+            trainers.nranks()
         )));
     }
     match (receivers, trainers.rank() == LEADER) {
