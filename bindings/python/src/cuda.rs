@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use deltacast_cuda::nccl;
 use deltacast_cuda::sync::{
-    EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuSyncReport, GpuTensor, SnapshotPlace,
+    EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuShard, GpuShardedSender,
+    GpuSyncReport, GpuTensor, SnapshotPlace,
 };
 use deltacast_cuda::{CudaError, Gpu};
 use pyo3::prelude::*;
@@ -263,25 +264,8 @@ impl NativeGpuSender {
         stage_bytes: u64,
     ) -> PyResult<Self> {
         let tensors = self::tensors(tensors)?;
-        let snapshot = match snapshot {
-            "device" => SnapshotPlace::Device,
-            "pinned" => SnapshotPlace::PinnedHost,
-            other => {
-                return Err(invalid(format!(
-                    "snapshot={other:?}: \"device\" or \"pinned\" (pinned host memory)"
-                )))
-            }
-        };
-        let entropy = match entropy {
-            "on" => EntropyMode::On,
-            "off" => EntropyMode::Off,
-            "auto" => EntropyMode::Auto,
-            other => {
-                return Err(invalid(format!(
-                    "entropy={other:?}: \"on\", \"off\" or \"auto\""
-                )))
-            }
-        };
+        let snapshot = snapshot_place(snapshot)?;
+        let entropy = entropy_mode(entropy)?;
         let config = GpuSenderConfig {
             root,
             chunk_elems,
@@ -341,6 +325,134 @@ impl NativeGpuSender {
     #[getter]
     fn host_bytes(&self) -> u64 {
         self.inner.host_bytes()
+    }
+}
+
+/// `snapshot=` of the senders.
+fn snapshot_place(name: &str) -> PyResult<SnapshotPlace> {
+    match name {
+        "device" => Ok(SnapshotPlace::Device),
+        "pinned" => Ok(SnapshotPlace::PinnedHost),
+        other => Err(invalid(format!(
+            "snapshot={other:?}: \"device\" or \"pinned\" (pinned host memory)"
+        ))),
+    }
+}
+
+/// `entropy=` of the senders.
+fn entropy_mode(name: &str) -> PyResult<EntropyMode> {
+    match name {
+        "on" => Ok(EntropyMode::On),
+        "off" => Ok(EntropyMode::Off),
+        "auto" => Ok(EntropyMode::Auto),
+        other => Err(invalid(format!(
+            "entropy={other:?}: \"on\", \"off\" or \"auto\""
+        ))),
+    }
+}
+
+/// The trainer side of the GPU sync: one trainer rank of a sharded model (use
+/// `deltacast.cuda.GpuShardedSender`). Shards are borrowed by pointer.
+#[pyclass(module = "deltacast._native")]
+pub struct NativeGpuShardedSender {
+    inner: GpuShardedSender,
+}
+
+#[pymethods]
+impl NativeGpuShardedSender {
+    /// `shards`: `(name, data_ptr, dtype, full shape, first element, elements)` per slot, in
+    /// the slot order every rank shares. `receivers`: the leader's (trainer rank 0's)
+    /// communicator with the receivers, `None` on the other ranks. Collective over the
+    /// trainer ranks.
+    #[new]
+    #[pyo3(signature = (trainers, receivers, shards, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0, snapshot="device", entropy="auto", stage_bytes=deltacast_cuda::sync::DEFAULT_STAGE_BYTES))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        trainers: &mut NcclComm,
+        receivers: Option<&mut NcclComm>,
+        shards: Vec<(String, u64, String, Vec<u64>, u64, u64)>,
+        root: usize,
+        chunk_elems: u64,
+        capacity: f64,
+        timeout_s: f64,
+        snapshot: &str,
+        entropy: &str,
+        stage_bytes: u64,
+    ) -> PyResult<Self> {
+        let shards = shards
+            .into_iter()
+            .map(|(name, ptr, dtype, shape, first_index, numel)| {
+                let dtype =
+                    deltacast::DType::from_name(&dtype).map_err(|e| invalid(e.to_string()))?;
+                Ok(GpuShard {
+                    name,
+                    dtype,
+                    shape,
+                    first_index,
+                    numel,
+                    ptr,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        if let Some(r) = &receivers {
+            if r.device != trainers.device {
+                return Err(invalid(format!(
+                    "the receivers' communicator is on cuda:{}, the trainers' on cuda:{}",
+                    r.device, trainers.device
+                )));
+            }
+        }
+        let config = GpuSenderConfig {
+            root,
+            chunk_elems,
+            capacity,
+            timeout: timeout(timeout_s)?,
+            snapshot: snapshot_place(snapshot)?,
+            entropy: entropy_mode(entropy)?,
+            stage_bytes,
+        };
+        let receivers = receivers.map(|r| r.take().map(|(_, comm)| comm)).transpose()?;
+        let (gpu, nccl) = trainers.take()?;
+        // SAFETY: the Python wrapper passes live CUDA tensors of this device (checked there:
+        // device, contiguity, dtype, sizes) and keeps references to them for the sender's life.
+        let inner = py
+            .detach(|| unsafe { GpuShardedSender::new(gpu, nccl, receivers, shards, config) })
+            .py()?;
+        Ok(NativeGpuShardedSender { inner })
+    }
+
+    /// Sends every slot whole (collective), once every receiver acked.
+    fn seed<'py>(&mut self, py: Python<'py>, stream: u64) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &mut self.inner;
+        // SAFETY: `stream` is torch's current stream of this device (the wrapper's promise).
+        let r = py.detach(|| unsafe { inner.seed(stream) }).py()?;
+        report_dict(py, &r)
+    }
+
+    /// Sends what changed since the last sync (collective; a seed when one is due).
+    fn sync<'py>(&mut self, py: Python<'py>, stream: u64) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &mut self.inner;
+        // SAFETY: as in `seed`.
+        let r = py.detach(|| unsafe { inner.sync(stream) }).py()?;
+        report_dict(py, &r)
+    }
+
+    /// Tells the receivers that no sync follows (the leader; nothing elsewhere).
+    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
+        let inner = &mut self.inner;
+        py.detach(|| inner.close()).py()
+    }
+
+    #[getter]
+    fn version(&self) -> u64 {
+        self.inner.version()
+    }
+
+    /// Every slot's whole digest at the last version (the same on every rank).
+    #[getter]
+    fn digests(&self) -> Vec<u64> {
+        self.inner.digests().to_vec()
     }
 }
 

@@ -36,6 +36,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::frame_header, m)?)?;
     m.add_class::<cuda::NcclComm>()?;
     m.add_class::<cuda::NativeGpuSender>()?;
+    m.add_class::<cuda::NativeGpuShardedSender>()?;
     m.add_class::<cuda::NativeGpuReceiver>()?;
     m.add_function(wrap_pyfunction!(cuda::cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::nccl_unique_id, m)?)?;

@@ -192,3 +192,153 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot, stage_b
     journal = 2 if stage_bytes != dcc.DEFAULT_STAGE_BYTES else 0
     need = max((r["payload_bytes"] + (8 + journal) * r["changed"] for r in deltas), default=0)
     assert peak_extra < 1.25 * need + (1 << 20), (peak_extra, need, model_bytes)
+
+
+def _rows_oracle(rows, world):
+    """torch.chunk's cut of ``rows`` rows into ``world`` parts, by listing them."""
+    per = -(-rows // world) if rows else 1
+    items = list(range(rows))
+    parts = [items[i:i + per] for i in range(0, rows, per)] if rows else []
+    parts += [[]] * (world - len(parts))
+    return [(p[0] if p else rows, len(p)) for p in parts]
+
+
+def test_dim0_shard_cuts_rows_as_torch_chunk():
+    for rows in [0, 1, 2, 3, 7, 8, 9, 100, 1023, 1024]:
+        for world in [1, 2, 3, 4, 8]:
+            got = [dcc.dim0_shard(rows, r, world) for r in range(world)]
+            want = _rows_oracle(rows, world)
+            # Empty shards past the end start at `rows`; the cut covers the rows in order.
+            assert [g[1] for g in got] == [w[1] for w in want], (rows, world)
+            assert [g[0] for g in got if g[1]] == [w[0] for w in want if w[1]], (rows, world)
+            assert sum(g[1] for g in got) == rows
+    for bad in [(5, 2, 2), (5, -1, 2), (5, 0, 0), (-1, 0, 1)]:
+        with pytest.raises(dc.InvalidArgumentError):
+            dcc.dim0_shard(*bad)
+
+
+def test_sharded_sender_options_are_checked_before_anything_runs():
+    with pytest.raises(dc.InvalidArgumentError, match="auto"):
+        dcc.GpuShardedSender(None, None, [], entropy="sometimes")
+    with pytest.raises(dc.InvalidArgumentError, match="pinned"):
+        dcc.GpuShardedSender(None, None, [], snapshot="host")
+    with pytest.raises(dc.InvalidArgumentError, match="stage_bytes"):
+        dcc.GpuShardedSender(None, None, [], stage_bytes=-1)
+
+
+def _fsdp_trainer(rank, port, trainers_uid, receivers_uid, queue, steps):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from transformers import Qwen2ForCausalLM
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+        device_id=torch.device(f"cuda:{rank}"),
+    )
+    torch.manual_seed(0)
+    with torch.device(f"cuda:{rank}"):
+        model = Qwen2ForCausalLM(_config()).to(torch.bfloat16)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    # BF16 parameters updated in place: a learning rate at which BF16 weights move.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trainers = dcc.NcclComm(trainers_uid, 2, rank, rank)
+    receivers = dcc.NcclComm(receivers_uid, 2, 0, 0) if rank == 0 else None
+    shards = dcc.dtensor_shards(model.named_parameters())
+    sender = dcc.GpuShardedSender(
+        trainers, receivers, shards, chunk_elems=4096, capacity=0.5, stage_bytes=1 << 16,
+    )
+    reports = [sender.seed()]
+    gen = torch.Generator(device=f"cuda:{rank}").manual_seed(1)
+    for _ in range(steps):
+        tokens = torch.randint(0, 1024, (2, 32), device=f"cuda:{rank}", generator=gen)
+        model(tokens, labels=tokens).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        reports.append(sender.sync())
+    sender.close()
+    torch.cuda.synchronize()
+    # The whole tensors, gathered by FSDP2 itself: the truth the receiver must hold.
+    state = {
+        n: p.full_tensor().detach().view(torch.int16).cpu().numpy()
+        for n, p in model.named_parameters()
+    }
+    kept = [(n, t.numel(), first) for n, t, _, first in shards]
+    queue.put((f"trainer{rank}", reports, state, kept, sender.digests))
+    dist.destroy_process_group()
+
+
+def _fsdp_receiver(receivers_uid, queue):
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    torch.cuda.set_device(1)
+    torch.manual_seed(123)
+    with torch.device("cuda:1"):
+        model = Qwen2ForCausalLM(_config()).to(torch.bfloat16)
+    comm = dcc.NcclComm(receivers_uid, 2, 1, 1)
+    receiver = dcc.GpuReceiver(comm, model.named_parameters())
+    reports = []
+    while True:
+        r = receiver.receive()
+        if r is None:
+            break
+        reports.append(r)
+    receiver.verify()
+    state = {n: p.detach().view(torch.int16).cpu().numpy() for n, p in model.named_parameters()}
+    queue.put(("receiver", reports, state, None, receiver.digests))
+
+
+def test_fsdp2_sharded_trainer_synced_to_a_receiver_is_bit_identical():
+    """Two FSDP2 trainer ranks (cuda:0, cuda:1) train a Qwen2 model sharded on dim 0 and
+    sync it through GpuShardedSender; a receiver (its own process on cuda:1) holds the whole
+    model and must equal FSDP2's own ``full_tensor()`` bit for bit after the last step."""
+    torch = _two_gpus()
+    import socket
+
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    trainers_uid, receivers_uid = dcc.nccl_unique_id(), dcc.nccl_unique_id()
+    steps = 4
+    procs = [
+        ctx.Process(
+            target=_fsdp_trainer, args=(r, port, trainers_uid, receivers_uid, queue, steps)
+        )
+        for r in range(2)
+    ] + [ctx.Process(target=_fsdp_receiver, args=(receivers_uid, queue))]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        item = queue.get(timeout=300)
+        got[item[0]] = item
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    _, sent0, truth, kept0, digests0 = got["trainer0"]
+    _, sent1, truth1, kept1, digests1 = got["trainer1"]
+    _, received, state, _, rdigests = got["receiver"]
+    # Both ranks held real shards (not one rank everything) and agree on every sync.
+    assert sum(n for _, n, _ in kept0) > 0 and sum(n for _, n, _ in kept1) > 0
+    assert any(first > 0 for _, n, first in kept1 if n > 0)
+    strip = lambda rs: [(r["kind"], r["version"], r["changed"], r["stages"]) for r in rs]
+    assert strip(sent0) == strip(sent1)
+    kinds = [r["kind"] for r in sent0]
+    assert kinds[0] == "seed" and "delta" in kinds, kinds
+    assert [r["version"] for r in received] == list(range(1, steps + 2))
+    assert min(r["stages"] for r in sent0[1:]) > 3
+    assert digests0 == digests1 == rdigests
+    assert truth.keys() == state.keys()
+    for name in truth:
+        assert (truth[name] == truth1[name]).all(), name
+        assert (truth[name] == state[name]).all(), name

@@ -317,6 +317,7 @@ class NativeGpuSender:
         timeout_s: float = 300.0,
         snapshot: str = "device",
         entropy: str = "auto",
+        stage_bytes: int = ...,
     ) -> NativeGpuSender: ...
     def seed(self, stream: int) -> dict[str, Any]: ...
     def sync(self, stream: int) -> dict[str, Any]: ...
@@ -329,6 +330,28 @@ class NativeGpuSender:
     def staging_bytes(self) -> int: ...
     @property
     def host_bytes(self) -> int: ...
+
+class NativeGpuShardedSender:
+    def __new__(
+        cls,
+        trainers: NcclComm,
+        receivers: NcclComm | None,
+        shards: Sequence[tuple[str, int, str, Sequence[int], int, int]],
+        root: int = 0,
+        chunk_elems: int = ...,
+        capacity: float = 0.05,
+        timeout_s: float = 300.0,
+        snapshot: str = "device",
+        entropy: str = "auto",
+        stage_bytes: int = ...,
+    ) -> NativeGpuShardedSender: ...
+    def seed(self, stream: int) -> dict[str, Any]: ...
+    def sync(self, stream: int) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def digests(self) -> list[int]: ...
 
 class NativeGpuReceiver:
     def __new__(

@@ -32,7 +32,10 @@ __all__ = [
     "nccl_unique_id",
     "NcclComm",
     "GpuSender",
+    "GpuShardedSender",
     "GpuReceiver",
+    "dim0_shard",
+    "dtensor_shards",
     "DEFAULT_STAGE_BYTES",
 ]
 
@@ -88,6 +91,26 @@ def _stream(device: int) -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
+def _check_options(entropy: Union[bool, str], snapshot: str, stage_bytes: int) -> str:
+    """Checks the senders' common options; returns ``entropy`` as "on", "off" or "auto"."""
+    entropy = {True: "on", False: "off"}.get(entropy, entropy)
+    if entropy not in ("on", "off", "auto"):
+        raise _errors().InvalidArgumentError(
+            f'entropy={entropy!r}: True/"on", False/"off" or "auto"'
+        )
+    if snapshot not in ("device", "pinned"):
+        raise _errors().InvalidArgumentError(
+            f'snapshot={snapshot!r}: "device" or "pinned" (pinned host memory)'
+        )
+    if isinstance(stage_bytes, bool) or not isinstance(stage_bytes, int) or not (
+        0 <= stage_bytes < 1 << 64
+    ):
+        raise _errors().InvalidArgumentError(
+            f"stage_bytes={stage_bytes!r}: a whole number of bytes, 0 for one stage"
+        )
+    return entropy
+
+
 class GpuSender:
     """The trainer side. ``named_tensors``: ``(name, tensor)`` pairs (``named_parameters()``
     works; parameters are read through ``.data``). ``snapshots``: optional tensors of the
@@ -127,21 +150,7 @@ class GpuSender:
         entropy: Union[bool, str] = "auto",
         stage_bytes: int = _native.DEFAULT_STAGE_BYTES,
     ):
-        entropy = {True: "on", False: "off"}.get(entropy, entropy)
-        if entropy not in ("on", "off", "auto"):
-            raise _errors().InvalidArgumentError(
-                f'entropy={entropy!r}: True/"on", False/"off" or "auto"'
-            )
-        if snapshot not in ("device", "pinned"):
-            raise _errors().InvalidArgumentError(
-                f'snapshot={snapshot!r}: "device" or "pinned" (pinned host memory)'
-            )
-        if isinstance(stage_bytes, bool) or not isinstance(stage_bytes, int) or not (
-            0 <= stage_bytes < 1 << 64
-        ):
-            raise _errors().InvalidArgumentError(
-                f"stage_bytes={stage_bytes!r}: a whole number of bytes, 0 for one stage"
-            )
+        entropy = _check_options(entropy, snapshot, stage_bytes)
         if snapshot == "pinned" and snapshots is not None:
             raise _errors().InvalidArgumentError(
                 'snapshot="pinned" allocates the snapshot in host memory: lend no snapshots'
@@ -202,6 +211,133 @@ class GpuSender:
 
     @property
     def digests(self) -> list:
+        return self._native.digests
+
+
+def dim0_shard(rows: int, rank: int, world: int) -> Tuple[int, int]:
+    """``(first_row, rows)`` of ``rank``'s dim-0 shard of a tensor with ``rows`` rows, cut as
+    ``torch.chunk`` (and FSDP2's ``Shard(0)``) cut it: ``ceil(rows / world)`` rows per rank,
+    fewer or none for the last ones."""
+    if world < 1 or not 0 <= rank < world or rows < 0:
+        raise _errors().InvalidArgumentError(f"rank {rank} of {world}, {rows} rows")
+    per = -(-rows // world)
+    first = min(rank * per, rows)
+    return first, min(per, rows - first)
+
+
+def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]]) -> list:
+    """``(name, local_tensor, full_shape, first_index)`` for ``GpuShardedSender`` from a
+    model's ``named_parameters()`` under FSDP2 (``fully_shard``): DTensors on a 1-D mesh,
+    ``Shard(0)`` (each rank holds a run of rows) or ``Replicate()`` (rank 0's copy is sent).
+    Plain tensors count as replicated."""
+    out = []
+    for name, t in named_tensors:
+        t = getattr(t, "data", t)
+        full = [int(d) for d in t.shape]
+        row = 1
+        for d in full[1:]:
+            row *= d
+        placements = getattr(t, "placements", None)
+        if placements is None:
+            rank, world, placement = _default_rank(), 1, None
+            local = t
+        else:
+            mesh = t.device_mesh
+            if mesh.ndim != 1 or len(placements) != 1:
+                raise _errors().InvalidArgumentError(
+                    f"{name!r}: a DTensor on a {mesh.ndim}-D mesh; 1-D meshes only"
+                )
+            rank, world, placement = mesh.get_local_rank(), mesh.size(), placements[0]
+            local = t.to_local()
+        if placement is not None and placement.is_shard():
+            if placement.dim != 0:
+                raise _errors().InvalidArgumentError(
+                    f"{name!r} is sharded on dim {placement.dim}; dim 0 only"
+                )
+            first_row, rows = dim0_shard(full[0], rank, world)
+            if local.numel() != rows * row:
+                raise _errors().InvalidArgumentError(
+                    f"{name!r}: a local shard of {local.numel()} elements, "
+                    f"{rows} rows of {row} expected"
+                )
+            out.append((name, local, full, first_row * row))
+        else:
+            # Replicated: one copy is enough, rank 0's.
+            whole = local.reshape(-1)
+            out.append((name, whole if rank == 0 else whole[:0], full, 0))
+    return out
+
+
+def _default_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class GpuShardedSender:
+    """One trainer rank of a sharded model (e.g. FSDP2): each rank diffs only its own shards;
+    the leader (trainer rank 0) gathers exactly the encoded changes of every rank over
+    ``trainers`` (an ``NcclComm`` of the trainer ranks) and sends each sync to the receivers
+    over ``receivers`` (its ``NcclComm`` with them, in which it is ``root``; ``None`` on the
+    other ranks). Receivers are plain ``GpuReceiver``s over the whole tensors.
+
+    ``shards``: ``(name, local_tensor, full_shape, first_index)`` per tensor, in the same
+    order on every rank; ``local_tensor`` holds elements ``first_index ..`` of the flattened
+    whole tensor, and the ranks' shards of a tensor must follow each other in rank order and
+    cover it exactly (``dtensor_shards(model.named_parameters())`` makes them under FSDP2).
+    The other options are ``GpuSender``'s. Every call is collective over the trainer ranks:
+    every rank calls ``seed()`` / ``sync()`` after each optimizer step; all return the same
+    outcome (a refusal raises ``ReceiverRefusedError`` on every rank).
+    """
+
+    def __init__(
+        self,
+        trainers: NcclComm,
+        receivers: Optional[NcclComm],
+        shards: Iterable[Tuple[str, Any, Sequence[int], int]],
+        device: Optional[int] = None,
+        root: int = 0,
+        chunk_elems: int = _native.DEFAULT_CHUNK_ELEMS,
+        capacity: float = 0.05,
+        timeout_s: float = 300.0,
+        snapshot: str = "device",
+        entropy: Union[bool, str] = "auto",
+        stage_bytes: int = _native.DEFAULT_STAGE_BYTES,
+    ):
+        entropy = _check_options(entropy, snapshot, stage_bytes)
+        self.device = trainers.device if device is None else int(device)
+        shards = list(shards)
+        specs, self._tensors = _specs([(n, t) for n, t, _, _ in shards], self.device)
+        native_shards = []
+        for (name, ptr, dtype, _), (_, t, full, first) in zip(specs, shards):
+            native_shards.append(
+                (name, ptr, dtype, [int(d) for d in full], int(first), int(t.numel()))
+            )
+        self._native = _native.NativeGpuShardedSender(
+            trainers, receivers, native_shards, root, chunk_elems, capacity, timeout_s,
+            snapshot, entropy, int(stage_bytes),
+        )
+
+    def seed(self) -> dict:
+        """Sends every tensor whole (collective); returns once every receiver acked."""
+        return self._native.seed(_stream(self.device))
+
+    def sync(self) -> dict:
+        """Sends what changed since the last sync (collective; a seed when one is due): the
+        same dict as ``GpuSender.sync`` (``changed`` and ``payload_bytes`` over all ranks)."""
+        return self._native.sync(_stream(self.device))
+
+    def close(self) -> None:
+        """Tells the receivers no sync follows (the leader; nothing on the other ranks)."""
+        self._native.close()
+
+    @property
+    def version(self) -> int:
+        return self._native.version
+
+    @property
+    def digests(self) -> list:
+        """Every tensor's whole digest at the last version (the same on every rank)."""
         return self._native.digests
 
 
