@@ -14,8 +14,12 @@ Each trainer rank holds, for every parameter of a Qwen2 model at 0.5B or 7B shap
 the config on the meta device, nothing downloaded), its dim-0 shard as torch.chunk and FSDP2
 cut it: an fp32 master (random, std 0.02) and its BF16 copy, the weights synced. A step is
 synthetic, not training: every master element moves by +-lr (random sign, as AdamW's first
-steps move every weight by about lr), then the BF16 copy is refreshed from the masters; at
-lr 1e-6 about 1.5 % of the BF16 elements change, as in the trained benchmark (gpu_sync.py).
+steps move every weight by about lr), then the BF16 copy is refreshed from the masters. The
+default lr, 3.5e-7, makes about 1.5 % of the BF16 elements change per step, as real AdamW steps
+at lr 1e-6 did in the trained benchmark (gpu_sync.py); at 1e-6 this update changes ~4.2 %.
+deltacast runs in one stage by default (--stage-mib 0): with more, trainer rank 1 would wait
+in each stage's exchange while the leader sends the stage before, holding cuda:1 that the
+receiver's process needs.
 
 Per step, both ways on the same processes, each timed on trainer rank 0 from its first call
 until the receiver has applied and acked:
@@ -119,7 +123,8 @@ def run(rank: int, args, port: int, uids, queue):
             trainers, receivers,
             [(n, w, list(shape), first) for (n, shape), w, (first, _) in
              zip(shapes, weights, cuts)],
-            capacity=args.capacity, entropy=args.entropy)
+            capacity=args.capacity, entropy=args.entropy,
+            stage_bytes=int(args.stage_mib * (1 << 20)))
         # The whole path's buffers: the leader assembles each bucket, parameter after
         # parameter, its own shard copied in and the other rank's received in place.
         staging = (torch.empty(max(sum(2 * numel(shapes[i][1]) for i in b) for b in plan),
@@ -226,7 +231,9 @@ def main(argv=None):
     ap.add_argument("--model", choices=sorted(SHAPES), default="0.5b")
     ap.add_argument("--transport", choices=["nvlink", "socket"], default="nvlink")
     ap.add_argument("--steps", type=int, default=8, help="timed steps (after a warm-up)")
-    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--lr", type=float, default=3.5e-7)
+    ap.add_argument("--stage-mib", type=float, default=0,
+                    help="deltacast stage size in MiB (default 0: one stage)")
     ap.add_argument("--capacity", type=float, default=0.05)
     ap.add_argument("--entropy", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--out", default="bench-out")
@@ -258,6 +265,7 @@ def main(argv=None):
     med = lambda k: statistics.median(r[k] for r in timed)  # noqa: E731
     res = {
         "model": args.model, "transport": args.transport, "lr": args.lr,
+        "stage_mib": args.stage_mib, "entropy": args.entropy,
         "steps": args.steps, "device": torch.cuda.get_device_name(0),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "torch": torch.__version__, "env": nccl_env(),

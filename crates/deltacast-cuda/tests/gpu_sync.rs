@@ -498,10 +498,16 @@ fn run_sharded(
         .into_iter()
         .map(|r| r.join().expect("trainer rank thread"))
         .collect();
-    assert_eq!(
-        outcomes[0], outcomes[1],
-        "the trainer ranks saw different outcomes"
-    );
+    // The other rank returns before the ack: a refusal is the leader's to report, and both
+    // ranks seed next. Every other outcome is the same on both.
+    for (step, (lead, other)) in outcomes[0].iter().zip(&outcomes[1]).enumerate() {
+        if !lead.starts_with("refused") {
+            assert_eq!(
+                lead, other,
+                "step {step}: the trainer ranks saw different outcomes"
+            );
+        }
+    }
     eprintln!("sharded kinds per step (entropy {entropy:?}, stage bytes {stage_bytes}): {kinds:?}");
     kinds
 }

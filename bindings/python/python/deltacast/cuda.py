@@ -286,8 +286,11 @@ class GpuShardedSender:
     whole tensor, and the ranks' shards of a tensor must follow each other in rank order and
     cover it exactly (``dtensor_shards(model.named_parameters())`` makes them under FSDP2).
     The other options are ``GpuSender``'s. Every call is collective over the trainer ranks:
-    every rank calls ``seed()`` / ``sync()`` after each optimizer step; all return the same
-    outcome (a refusal raises ``ReceiverRefusedError`` on every rank).
+    every rank calls ``seed()`` / ``sync()`` after each optimizer step. The leader returns once
+    every receiver applied and acked (a refusal raises ``ReceiverRefusedError`` there); the
+    other ranks return as soon as the leader holds their part, so they can go on training
+    while it sends, and learn the outcome at their next call (after a refusal, every rank's
+    next call is a seed).
     """
 
     def __init__(

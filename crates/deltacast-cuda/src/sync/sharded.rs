@@ -15,10 +15,12 @@
 //! is sent whole: the leader gathers each slot's shards into a staging buffer of one slot and
 //! broadcasts it, slot after slot.
 //!
-//! The ack: the receivers all-reduce their status with the leader as for a single sender,
-//! and the leader broadcasts it to the trainer ranks with the sync's time, so that every rank
-//! keeps the same version, the same seed-due flag and the same [`EntropyMode::Auto`] record
-//! (the codecs must be chosen alike on every rank before the diff).
+//! The ack: the receivers all-reduce their status with the leader as for a single sender.
+//! The other trainer ranks do not wait for it: they return from `sync` once the leader holds
+//! their part, and learn how the sync ended at the start of their next call, when the leader
+//! broadcasts its outcome (refused or not, its time); so every rank keeps the same version,
+//! the same seed-due flag and the same [`EntropyMode::Auto`] record (the codecs must be
+//! chosen alike on every rank before the diff).
 
 use std::ops::Range;
 use std::time::Instant;
@@ -141,6 +143,11 @@ pub struct GpuShardedSender {
     status: DeviceBuffer,
     code_scratch: CodeScratch,
     auto: AutoEntropy,
+    /// Leader: how its last sync ended, for the next call's settle: (refused by, time in
+    /// microseconds, version the receivers hold).
+    outcome: [u64; 3],
+    /// (entropy used, changes) of the last sync, recorded once the leader's time arrives.
+    pending: Option<(bool, u64)>,
 }
 
 /// One sharded delta sync in progress.
@@ -247,11 +254,13 @@ impl GpuShardedSender {
             staging: Growable::new(),
             header: gpu.alloc(HEADER_BYTES)?,
             manifest: Growable::new(),
-            status: gpu.alloc(16)?,
+            status: gpu.alloc(24)?,
             digests_dev: gpu.alloc_zeroed(n.max(1) * 8)?,
             digests: vec![0; n],
             code_scratch: CodeScratch::new(),
             auto: AutoEntropy::default(),
+            outcome: [0; 3],
+            pending: None,
             layout: Vec::new(),
             limits: limits(&table),
             gpu,
@@ -340,6 +349,17 @@ impl GpuShardedSender {
     /// # Safety
     /// `wait_stream` must be a live stream of the GPU's context, or 0.
     pub unsafe fn seed(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
+        let settled = self.settle();
+        self.fail_on_error(settled)?;
+        // SAFETY: per this function's contract.
+        unsafe { self.seed_settled(wait_stream) }
+    }
+
+    /// The seed, after [`GpuShardedSender::settle`].
+    ///
+    /// # Safety
+    /// As [`GpuShardedSender::seed`].
+    unsafe fn seed_settled(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
         let started = Instant::now();
         self.needs_seed = true;
         let outcome = (|| {
@@ -350,7 +370,7 @@ impl GpuShardedSender {
             self.refresh_and_sum(all.clone(), &mut after)?;
             let version = self.version + 1;
             let payload_bytes = self.send_whole(SyncKind::Seed, 0, 1, all, version, &after)?;
-            self.finish(version, after, started)?;
+            self.finish(version, after, started, None)?;
             Ok(payload_bytes)
         })();
         let payload_bytes = self.fail_on_error(outcome)?;
@@ -373,12 +393,19 @@ impl GpuShardedSender {
     /// Sends what changed since the last version (a seed first, when one is due), stage by
     /// stage (collective: every trainer rank calls it for every step).
     ///
+    /// The leader returns once every receiver has applied and acked (a refusal is its
+    /// `ReceiverRefused`); the other ranks return as soon as the leader holds their part,
+    /// so that they can go on training while it sends, and learn the outcome at the start
+    /// of their next call (after a refusal, that call seeds on every rank).
+    ///
     /// # Safety
     /// As [`GpuShardedSender::seed`].
     pub unsafe fn sync(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
+        let settled = self.settle();
+        self.fail_on_error(settled)?;
         if self.needs_seed {
             // SAFETY: per this function's contract.
-            return unsafe { self.seed(wait_stream) };
+            return unsafe { self.seed_settled(wait_stream) };
         }
         let started = Instant::now();
         self.needs_seed = true;
@@ -407,17 +434,15 @@ impl GpuShardedSender {
                 self.send_stage(s, &mut run)?;
             }
             let after = std::mem::take(&mut run.after);
-            let got = self.finish(run.version, after, started)?;
+            let any_delta = run.dense_stages < self.stages.len() as u32;
+            let record = any_delta.then_some((use_entropy, run.changed));
+            self.finish(run.version, after, started, record)?;
             run.phases.lap("ack", &mut run.mark);
-            Ok(got)
+            Ok(())
         })();
-        let leader_ms = self.fail_on_error(outcome)?;
+        self.fail_on_error(outcome)?;
         let stages = self.stages.len() as u32;
         let any_delta = run.dense_stages < stages;
-        if any_delta {
-            // The leader's time and the total count: the same record on every rank.
-            self.auto.record(use_entropy, leader_ms, run.changed);
-        }
         Ok(GpuSyncReport {
             kind: if any_delta {
                 SyncKind::Delta
@@ -436,6 +461,42 @@ impl GpuShardedSender {
             dense_stages: run.dense_stages,
             phases: run.phases.finish("shard"),
         })
+    }
+
+    /// The start of every call: the leader tells every rank how its last sync ended
+    /// (refused or not, its time, the version the receivers hold), so that all take the
+    /// same decisions from here: a seed after a refusal, and the same [`EntropyMode::Auto`]
+    /// record (the leader's time of the last delta and its count of changes).
+    fn settle(&mut self) -> Result<()> {
+        let stream = self.gpu.stream_handle();
+        let status = self.status.ptr();
+        if self.is_leader() {
+            let words: Vec<u8> = self.outcome.iter().flat_map(|w| w.to_le_bytes()).collect();
+            // SAFETY: our 24 status bytes (the copy synchronises the stream).
+            unsafe { self.gpu.copy_to_device(status, &words)? };
+        }
+        // SAFETY: our 24 status bytes.
+        unsafe {
+            self.trainers
+                .broadcast(status, status, 24, LEADER, stream)?
+        };
+        let done = self.gpu.record_done()?;
+        self.trainers
+            .wait(done, self.config.timeout, "the leader's last outcome")?;
+        // SAFETY: written by the broadcast that completed.
+        let words = u64s(&unsafe { self.gpu.download(status, 24)? });
+        let (refused, micros, version) = (words[0], words[1], words[2]);
+        if let Some((entropy, changed)) = self.pending.take() {
+            if refused == 0 {
+                self.auto.record(entropy, micros as f64 / 1e3, changed);
+            }
+        }
+        if refused != 0 {
+            self.needs_seed = true;
+            self.version = version;
+        }
+        self.outcome = [0, 0, self.version];
+        Ok(())
     }
 
     /// Tells the receivers no sync follows (leader; a no-op on the other ranks).
@@ -459,13 +520,13 @@ impl GpuShardedSender {
 
     /// After a failure part way the ranks are out of step: both communicators are aborted so
     /// that every peer fails at once instead of waiting out its timeout (make a new sender on
-    /// new communicators). A refusal by a receiver is not such a failure: every rank learnt it
-    /// from the ack, and the next sync is a seed.
+    /// new communicators). A refusal by a receiver is not such a failure: the leader reports
+    /// it, the others learn it when the next call settles, and that call seeds.
     fn fail_on_error<T>(&mut self, outcome: Result<T>) -> Result<T> {
         if let Err(e) = &outcome {
             self.needs_seed = true;
             if matches!(e, CudaError::ReceiverRefused(_)) {
-                // Every rank learnt it from the ack: still in step.
+                // The ranks are still in step (the next call settles it).
                 return outcome;
             }
             self.trainers.abort();
@@ -878,12 +939,22 @@ impl GpuShardedSender {
         self.receivers_mut()?.wait(done, timeout, what)
     }
 
-    /// The ack (see the module): returns the leader's time of the sync in milliseconds; keeps the new version when every receiver applied it.
-    fn finish(&mut self, version: u64, after: Vec<u64>, started: Instant) -> Result<f64> {
-        let stream = self.gpu.stream_handle();
-        let status = self.status.ptr();
+    /// The end of a sync. The leader waits for the receivers' ack and keeps its outcome for
+    /// the next [`GpuShardedSender::settle`]; the other ranks wait only until the leader has
+    /// their part (their shards are then free to change) and take the new version as sent.
+    /// `record`: (entropy used, changes) of a sync with delta stages, for `EntropyMode::Auto`.
+    fn finish(
+        &mut self,
+        version: u64,
+        after: Vec<u64>,
+        started: Instant,
+        record: Option<(bool, u64)>,
+    ) -> Result<()> {
+        self.pending = record;
         if self.is_leader() {
-            // SAFETY: our status words.
+            let stream = self.gpu.stream_handle();
+            let status = self.status.ptr();
+            // SAFETY: our status word.
             unsafe {
                 self.gpu.memset(status, 0, 8)?;
                 self.receivers_mut()?
@@ -891,28 +962,23 @@ impl GpuShardedSender {
             }
             self.wait_receivers("the receivers' ack")?;
             let micros = (started.elapsed().as_secs_f64() * 1e6) as u64;
-            // SAFETY: our status words (the all-reduce completed).
-            unsafe { self.gpu.copy_to_device(status + 8, &micros.to_le_bytes())? };
-        }
-        // SAFETY: our 16 status bytes.
-        unsafe {
+            // SAFETY: our status word (the all-reduce completed).
+            let refused = u64s(&unsafe { self.gpu.download(status, 8)? })[0];
+            if refused != 0 {
+                self.outcome = [refused, micros, self.version];
+                self.needs_seed = true;
+                return Err(CudaError::ReceiverRefused(refused));
+            }
+            self.outcome = [0, micros, version];
+        } else {
+            let done = self.gpu.record_done()?;
             self.trainers
-                .broadcast(status, status, 16, LEADER, stream)?;
-        }
-        let done = self.gpu.record_done()?;
-        self.trainers
-            .wait(done, self.config.timeout, "the leader's ack")?;
-        // SAFETY: our status words, written by the broadcast that completed.
-        let words = u64s(&unsafe { self.gpu.download(status, 16)? });
-        let (refused, leader_ms) = (words[0], words[1] as f64 / 1e3);
-        if refused != 0 {
-            self.needs_seed = true;
-            return Err(CudaError::ReceiverRefused(refused));
+                .wait(done, self.config.timeout, "the gather to the leader")?;
         }
         self.version = version;
         self.digests = after;
         self.needs_seed = false;
-        Ok(leader_ms)
+        Ok(())
     }
 
     /// All-gathers `row` (the same length on every rank) and returns every rank's row.
