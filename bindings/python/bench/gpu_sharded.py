@@ -207,12 +207,14 @@ def run(rank: int, args, port: int, uids, queue):
             rows.append({"step": step, "whole_ms": t_whole, "deltacast_ms": rep["time_ms"],
                          "wall_ms": t_ours, "kind": rep["kind"], "changed": rep["changed"],
                          "numel": rep["numel"], "payload_bytes": rep["payload_bytes"],
-                         "entropy": rep["entropy"], "stages": rep["stages"]})
+                         "entropy": rep["entropy"], "stages": rep["stages"],
+                         "phases_ms": rep.get("phases_ms", {})})
             if rank == LEADER:
                 r = rows[-1]
                 log(f"step {step}: {r['kind']:5s} changed {r['changed'] / r['numel']:.4%} "
                     f"whole {t_whole:8.2f} ms  deltacast {r['deltacast_ms']:8.2f} ms "
-                    f"({r['payload_bytes'] / 1e6:.1f} MB)")
+                    f"({r['payload_bytes'] / 1e6:.1f} MB) "
+                    + " ".join(f"{k} {v:.2f}" for k, v in r["phases_ms"].items()))
         dist.barrier()
     if rank in (LEADER, OTHER):
         sender.close()
