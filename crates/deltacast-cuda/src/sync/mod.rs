@@ -101,6 +101,74 @@ pub struct GpuSyncReport {
     pub phases: Vec<(&'static str, f64)>,
 }
 
+impl GpuSyncReport {
+    /// The report of a seed: every element, one stage sent whole.
+    fn seed(version: u64, numel: u64, payload_bytes: u64, started: Instant) -> GpuSyncReport {
+        GpuSyncReport {
+            kind: SyncKind::Seed,
+            version,
+            changed: numel,
+            numel,
+            payload_bytes,
+            chunks: 0,
+            time_ms: ms(started),
+            diff_ms: 0.0,
+            entropy: false,
+            stages: 1,
+            dense_stages: 1,
+            phases: Vec::new(),
+        }
+    }
+}
+
+/// What the stages of one delta sync add up to (senders).
+#[derive(Debug, Default)]
+struct SendTotals {
+    changed: u64,
+    payload_bytes: u64,
+    chunks: u64,
+    diff_ms: f64,
+    dense_stages: u32,
+}
+
+impl SendTotals {
+    /// Whether any of `stages` stages went as a delta.
+    fn any_delta(&self, stages: u32) -> bool {
+        self.dense_stages < stages
+    }
+
+    /// The report of a sync of `stages` stages that these totals add up.
+    fn report(
+        self,
+        version: u64,
+        numel: u64,
+        use_entropy: bool,
+        stages: u32,
+        time_ms: f64,
+        phases: Vec<(&'static str, f64)>,
+    ) -> GpuSyncReport {
+        let any_delta = self.any_delta(stages);
+        GpuSyncReport {
+            kind: if any_delta {
+                SyncKind::Delta
+            } else {
+                SyncKind::Dense
+            },
+            version,
+            changed: self.changed,
+            numel,
+            payload_bytes: self.payload_bytes,
+            chunks: self.chunks,
+            time_ms,
+            diff_ms: self.diff_ms,
+            entropy: use_entropy && any_delta,
+            stages,
+            dense_stages: self.dense_stages,
+            phases,
+        }
+    }
+}
+
 /// Phase times, summed by name over the stages of a sync; with `DELTACAST_STAGE_TRACE=1`
 /// also every phase's end on the wall clock, printed to stderr when the sync ends (the
 /// sender's and receivers' lines line up across processes, to see where stages wait).

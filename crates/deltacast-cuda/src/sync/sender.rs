@@ -10,7 +10,7 @@ use deltacast::SlotTable;
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::{
     check_tensors, digest_inputs, ms, slot_table, u64s, wall_ms, GpuSyncReport, GpuTensor,
-    Growable, Phases,
+    Growable, Phases, SendTotals,
 };
 use crate::error::{CudaError, Result};
 use crate::nccl::NcclComm;
@@ -130,6 +130,25 @@ impl Default for GpuSenderConfig {
     }
 }
 
+impl GpuSenderConfig {
+    /// The checks both senders make of their settings.
+    pub(super) fn check(&self) -> Result<()> {
+        if self.chunk_elems < MIN_CHUNK_ELEMS || self.chunk_elems > u32::MAX as u64 {
+            return Err(CudaError::InvalidArgument(format!(
+                "chunk_elems {} outside {MIN_CHUNK_ELEMS}..=2^32-1",
+                self.chunk_elems
+            )));
+        }
+        if !(self.capacity > 0.0 && self.capacity <= 1.0) {
+            return Err(CudaError::InvalidArgument(format!(
+                "capacity {} outside (0, 1]",
+                self.capacity
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Where a snapshot lives: allocated here (on the device, or in pinned host memory the
 /// kernels reach over PCIe), or memory the caller lends (e.g. a torch tensor, so that other
 /// code can read the previous version too).
@@ -146,6 +165,29 @@ impl Snapshot {
             Snapshot::Owned(b) => b.ptr(),
             Snapshot::Borrowed(p) => *p,
             Snapshot::Pinned(h) => h.ptr(),
+        }
+    }
+
+    /// A snapshot of `bytes` allocated where `place` says.
+    pub(super) fn allocate(gpu: &Gpu, place: SnapshotPlace, bytes: u64) -> Result<Snapshot> {
+        match place {
+            SnapshotPlace::Device => gpu.alloc(bytes as usize).map(Snapshot::Owned),
+            SnapshotPlace::PinnedHost => gpu.alloc_pinned(bytes as usize).map(Snapshot::Pinned),
+        }
+    }
+
+    /// Copies `len` bytes at `src` into the snapshot (enqueued on `gpu`'s stream).
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` bytes, the snapshot at least that long; a pinned
+    /// snapshot must not be read by the host before the stream has passed the copy.
+    pub(super) unsafe fn fill(&self, gpu: &Gpu, src: DevicePtr, len: usize) -> Result<()> {
+        // SAFETY: per this function's contract.
+        unsafe {
+            match self {
+                Snapshot::Pinned(h) => gpu.copy_to_pinned(h, 0, src, len),
+                _ => gpu.copy_device(self.ptr(), src, len),
+            }
         }
     }
 }
@@ -321,16 +363,6 @@ impl StageSet {
     }
 }
 
-/// What the stages of one sync add up to (sender).
-#[derive(Debug, Default)]
-struct SendTotals {
-    changed: u64,
-    payload_bytes: u64,
-    chunks: u64,
-    diff_ms: f64,
-    dense_stages: u32,
-}
-
 /// One delta sync in progress (sender): what its stages share and add up.
 struct SyncRun {
     version: u64,
@@ -393,18 +425,7 @@ impl GpuSender {
         snapshots: Option<Vec<DevicePtr>>,
         config: GpuSenderConfig,
     ) -> Result<GpuSender> {
-        if config.chunk_elems < MIN_CHUNK_ELEMS || config.chunk_elems > u32::MAX as u64 {
-            return Err(CudaError::InvalidArgument(format!(
-                "chunk_elems {} outside {MIN_CHUNK_ELEMS}..=2^32-1",
-                config.chunk_elems
-            )));
-        }
-        if !(config.capacity > 0.0 && config.capacity <= 1.0) {
-            return Err(CudaError::InvalidArgument(format!(
-                "capacity {} outside (0, 1]",
-                config.capacity
-            )));
-        }
+        config.check()?;
         if config.root != comm.rank() {
             return Err(CudaError::InvalidArgument(format!(
                 "the sender is rank {}, the root is {}",
@@ -440,12 +461,7 @@ impl GpuSender {
             }
             None => tensors
                 .iter()
-                .map(|t| match config.snapshot {
-                    SnapshotPlace::Device => gpu.alloc(t.nbytes() as usize).map(Snapshot::Owned),
-                    SnapshotPlace::PinnedHost => {
-                        gpu.alloc_pinned(t.nbytes() as usize).map(Snapshot::Pinned)
-                    }
-                })
+                .map(|t| Snapshot::allocate(&gpu, config.snapshot, t.nbytes()))
                 .collect::<Result<Vec<_>>>()?,
         };
         let slot_bytes: Vec<u64> = tensors.iter().map(|t| t.nbytes()).collect();
@@ -558,20 +574,13 @@ impl GpuSender {
         let version = self.version + 1;
         let payload_bytes = self.send_whole(SyncKind::Seed, 0, 1, all, version, &mut after)?;
         self.finish(version, after)?;
-        Ok(GpuSyncReport {
-            kind: SyncKind::Seed,
-            version: self.version,
-            changed: self.table.total_elements(),
-            numel: self.table.total_elements(),
+        let numel = self.table.total_elements();
+        Ok(GpuSyncReport::seed(
+            self.version,
+            numel,
             payload_bytes,
-            chunks: 0,
-            time_ms: ms(started),
-            diff_ms: 0.0,
-            entropy: false,
-            stages: 1,
-            dense_stages: 1,
-            phases: Vec::new(),
-        })
+            started,
+        ))
     }
 
     /// Sends what changed since the last version (a seed first, when one is due), stage by
@@ -626,28 +635,18 @@ impl GpuSender {
         phases.lap("ack", &mut mark);
         let time_ms = ms(started);
         let stages = self.stages.len() as u32;
-        let any_delta = totals.dense_stages < stages;
-        if any_delta {
+        if totals.any_delta(stages) {
             self.auto.record(use_entropy, time_ms, totals.changed);
         }
-        Ok(GpuSyncReport {
-            kind: if any_delta {
-                SyncKind::Delta
-            } else {
-                SyncKind::Dense
-            },
-            version: self.version,
-            changed: totals.changed,
-            numel: self.table.total_elements(),
-            payload_bytes: totals.payload_bytes,
-            chunks: totals.chunks,
-            time_ms,
-            diff_ms: totals.diff_ms,
-            entropy: use_entropy && any_delta,
+        let numel = self.table.total_elements();
+        Ok(totals.report(
+            self.version,
+            numel,
+            use_entropy,
             stages,
-            dense_stages: totals.dense_stages,
-            phases: phases.finish("sender"),
-        })
+            time_ms,
+            phases.finish("sender"),
+        ))
     }
 
     /// Every stage of a delta sync: the diffs run back to back on the diff thread while this
@@ -889,12 +888,7 @@ impl GpuSender {
             // SAFETY: both valid for nbytes (constructor contract); a pinned snapshot is
             // only touched by the host through `&mut self`, and `digest` below synchronises
             // the stream before this returns.
-            unsafe {
-                match s {
-                    Snapshot::Pinned(h) => self.gpu.copy_to_pinned(h, 0, t.ptr, len)?,
-                    _ => self.gpu.copy_device(s.ptr(), t.ptr, len)?,
-                }
-            }
+            unsafe { s.fill(&self.gpu, t.ptr, len)? };
         }
         // SAFETY: the tensors (constructor contract). Synchronises the stream.
         let got = unsafe {

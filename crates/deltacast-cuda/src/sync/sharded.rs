@@ -30,13 +30,13 @@ use deltacast::{DType, SlotInfo, SlotTable};
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::sender::{run_diff, AutoEntropy, Snapshot};
 use super::{
-    limits, ms, u64s, EntropyMode, GpuSenderConfig, GpuSyncReport, Growable, Phases, SnapshotPlace,
+    limits, ms, u64s, EntropyMode, GpuSenderConfig, GpuSyncReport, Growable, Phases, SendTotals,
 };
 use crate::error::{CudaError, Result};
 use crate::nccl::NcclComm;
 use crate::protocol::{
     plan_stages, rebase_chunk_records, Header, Manifest, SyncKind, TableLimits, CHUNK_RECORD_BYTES,
-    HEADER_BYTES, MAX_TRAINER_RANKS, MIN_CHUNK_ELEMS, SLOT_RECORD_BYTES,
+    HEADER_BYTES, MAX_TRAINER_RANKS, SLOT_RECORD_BYTES,
 };
 use crate::{
     CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput, Gpu, DECODE_SLACK,
@@ -155,12 +155,7 @@ struct ShardRun {
     version: u64,
     use_entropy: bool,
     after: Vec<u64>,
-    changed: u64,
-    payload_bytes: u64,
-    chunks: u64,
-    diff_ms: f64,
-    dense_stages: u32,
-    gathered_bytes: u64,
+    totals: SendTotals,
     phases: Phases,
     mark: Instant,
 }
@@ -228,12 +223,7 @@ impl GpuShardedSender {
         let entropy = config.entropy != EntropyMode::Off;
         let snapshots = shards
             .iter()
-            .map(|s| match config.snapshot {
-                SnapshotPlace::Device => gpu.alloc(s.nbytes() as usize).map(Snapshot::Owned),
-                SnapshotPlace::PinnedHost => {
-                    gpu.alloc_pinned(s.nbytes() as usize).map(Snapshot::Pinned)
-                }
-            })
+            .map(|s| Snapshot::allocate(&gpu, config.snapshot, s.nbytes()))
             .collect::<Result<Vec<_>>>()?;
         let mut sender = GpuShardedSender {
             positions: gpu.alloc((capacity * 8 + DECODE_SLACK) as usize)?,
@@ -374,20 +364,13 @@ impl GpuShardedSender {
             Ok(payload_bytes)
         })();
         let payload_bytes = self.fail_on_error(outcome)?;
-        Ok(GpuSyncReport {
-            kind: SyncKind::Seed,
-            version: self.version,
-            changed: self.table.total_elements(),
-            numel: self.table.total_elements(),
+        let numel = self.table.total_elements();
+        Ok(GpuSyncReport::seed(
+            self.version,
+            numel,
             payload_bytes,
-            chunks: 0,
-            time_ms: ms(started),
-            diff_ms: 0.0,
-            entropy: false,
-            stages: 1,
-            dense_stages: 1,
-            phases: Vec::new(),
-        })
+            started,
+        ))
     }
 
     /// Sends what changed since the last version (a seed first, when one is due), stage by
@@ -418,12 +401,7 @@ impl GpuShardedSender {
             version: self.version + 1,
             use_entropy,
             after: self.digests.clone(),
-            changed: 0,
-            payload_bytes: 0,
-            chunks: 0,
-            diff_ms: 0.0,
-            dense_stages: 0,
-            gathered_bytes: 0,
+            totals: SendTotals::default(),
             phases: Phases::new(),
             mark: started,
         };
@@ -434,33 +412,24 @@ impl GpuShardedSender {
                 self.send_stage(s, &mut run)?;
             }
             let after = std::mem::take(&mut run.after);
-            let any_delta = run.dense_stages < self.stages.len() as u32;
-            let record = any_delta.then_some((use_entropy, run.changed));
+            let any_delta = run.totals.any_delta(self.stages.len() as u32);
+            let record = any_delta.then_some((use_entropy, run.totals.changed));
             self.finish(run.version, after, started, record)?;
             run.phases.lap("ack", &mut run.mark);
             Ok(())
         })();
         self.fail_on_error(outcome)?;
         let stages = self.stages.len() as u32;
-        let any_delta = run.dense_stages < stages;
-        Ok(GpuSyncReport {
-            kind: if any_delta {
-                SyncKind::Delta
-            } else {
-                SyncKind::Dense
-            },
-            version: self.version,
-            changed: run.changed,
-            numel: self.table.total_elements(),
-            payload_bytes: run.payload_bytes,
-            chunks: run.chunks,
-            time_ms: ms(started),
-            diff_ms: run.diff_ms,
-            entropy: use_entropy && any_delta,
+        let numel = self.table.total_elements();
+        let phases = run.phases.finish("shard");
+        Ok(run.totals.report(
+            self.version,
+            numel,
+            use_entropy,
             stages,
-            dense_stages: run.dense_stages,
-            phases: run.phases.finish("shard"),
-        })
+            ms(started),
+            phases,
+        ))
     }
 
     /// The start of every call: the leader tells every rank how its last sync ended
@@ -568,7 +537,7 @@ impl GpuShardedSender {
         };
         // SAFETY: the shards (constructor contract) and our snapshots and buffers.
         let diff = unsafe { run_diff(&self.gpu, self.config.snapshot, &inputs, &out)? };
-        run.diff_ms += diff.kernel_ms as f64;
+        run.totals.diff_ms += diff.kernel_ms as f64;
         run.phases.lap("diff", &mut run.mark);
         let changes = StageChanges {
             diff: &diff,
@@ -624,7 +593,7 @@ impl GpuShardedSender {
         let all = self.exchange(&mine, "a stage's counts")?;
         run.phases.lap("exchange", &mut run.mark);
         let rows: Vec<StageRow> = all.iter().map(|r| StageRow::parse(r)).collect();
-        run.changed += rows.iter().map(|r| r.found).sum::<u64>();
+        run.totals.changed += rows.iter().map(|r| r.found).sum::<u64>();
         let stage_bytes: u64 = self.table.slots()[range.clone()]
             .iter()
             .map(|s| s.nbytes())
@@ -642,7 +611,7 @@ impl GpuShardedSender {
                 // Some rank's buffers overflowed, or the delta is not smaller: whole. The
                 // diff refreshed only what it wrote out; every shard is copied again.
                 self.refresh_and_sum(range.clone(), &mut run.after)?;
-                run.payload_bytes += self.send_whole(
+                run.totals.payload_bytes += self.send_whole(
                     SyncKind::Dense,
                     s as u32,
                     stages,
@@ -650,7 +619,7 @@ impl GpuShardedSender {
                     run.version,
                     &run.after,
                 )?;
-                run.dense_stages += 1;
+                run.totals.dense_stages += 1;
                 run.phases.lap("send", &mut run.mark);
                 return Ok(());
             }
@@ -716,13 +685,9 @@ impl GpuShardedSender {
             self.trainers
                 .gather_exact(vptr, &value_lens, gv, values, LEADER, stream)?;
         }
-        let own: u64 = record_lens[self.trainers.rank()]
-            + position_lens[self.trainers.rank()]
-            + value_lens[self.trainers.rank()];
         if !leader {
-            run.gathered_bytes += own;
-            run.payload_bytes += delta_bytes;
-            run.chunks += chunks;
+            run.totals.payload_bytes += delta_bytes;
+            run.totals.chunks += chunks;
             run.phases.lap("gather", &mut run.mark);
             return Ok(());
         }
@@ -777,9 +742,8 @@ impl GpuShardedSender {
             receivers.broadcast(gp, gp, positions as usize, root, stream)?;
             receivers.broadcast(gv, gv, values as usize, root, stream)?;
         }
-        run.gathered_bytes += positions + values + chunks * CHUNK_RECORD_BYTES as u64 - own;
-        run.payload_bytes += delta_bytes;
-        run.chunks += chunks;
+        run.totals.payload_bytes += delta_bytes;
+        run.totals.chunks += chunks;
         run.phases.lap("send", &mut run.mark);
         Ok(())
     }
@@ -798,12 +762,7 @@ impl GpuShardedSender {
             let len = sh.nbytes() as usize;
             // SAFETY: both valid for nbytes (constructor contract); the digest below
             // synchronises the stream before this returns.
-            unsafe {
-                match snap {
-                    Snapshot::Pinned(h) => self.gpu.copy_to_pinned(h, 0, sh.ptr, len)?,
-                    _ => self.gpu.copy_device(snap.ptr(), sh.ptr, len)?,
-                }
-            }
+            unsafe { snap.fill(&self.gpu, sh.ptr, len)? };
         }
         let inputs: Vec<DigestInput> = slots
             .clone()
@@ -1002,18 +961,7 @@ fn check_shards(
     shards: &[GpuShard],
     config: &GpuSenderConfig,
 ) -> Result<SlotTable> {
-    if config.chunk_elems < MIN_CHUNK_ELEMS || config.chunk_elems > u32::MAX as u64 {
-        return Err(CudaError::InvalidArgument(format!(
-            "chunk_elems {} outside {MIN_CHUNK_ELEMS}..=2^32-1",
-            config.chunk_elems
-        )));
-    }
-    if !(config.capacity > 0.0 && config.capacity <= 1.0) {
-        return Err(CudaError::InvalidArgument(format!(
-            "capacity {} outside (0, 1]",
-            config.capacity
-        )));
-    }
+    config.check()?;
     if trainers.nranks() as u64 > MAX_TRAINER_RANKS {
         return Err(CudaError::InvalidArgument(format!(
             "{} trainer ranks: the GPU protocol allows at most {MAX_TRAINER_RANKS}",
