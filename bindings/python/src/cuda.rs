@@ -412,7 +412,9 @@ impl NativeGpuShardedSender {
             entropy: entropy_mode(entropy)?,
             stage_bytes,
         };
-        let receivers = receivers.map(|r| r.take().map(|(_, comm)| comm)).transpose()?;
+        let receivers = receivers
+            .map(|r| r.take().map(|(_, comm)| comm))
+            .transpose()?;
         let (gpu, nccl) = trainers.take()?;
         // SAFETY: the Python wrapper passes live CUDA tensors of this device (checked there:
         // device, contiguity, dtype, sizes) and keeps references to them for the sender's life.
