@@ -22,8 +22,14 @@
 //! sides make their own stream wait for the caller's stream (torch's current stream) first,
 //! and return only once their work is complete.
 //!
-//! Layout: `sender.rs` is the trainer's side ([`GpuSender`]), `receiver.rs` each rollout
-//! process's ([`GpuReceiver`]); this file holds what both use.
+//! Sharded trainers use [`GpuShardedSender`] instead, one per trainer rank: each diffs only
+//! its own shards and the leader gathers the ranks' encoded changes before sending them on;
+//! receivers are the same.
+//!
+//! Layout: `sender.rs` is the trainer's side ([`GpuSender`]), `sharded.rs` a sharded trainer
+//! rank's ([`GpuShardedSender`]), `chunks.rs` the chunk planning and writing both senders
+//! share, `receiver.rs` each rollout process's ([`GpuReceiver`]); this file holds what all
+//! use.
 
 use std::ops::Range;
 use std::time::Instant;
