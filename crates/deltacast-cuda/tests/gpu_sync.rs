@@ -304,8 +304,8 @@ fn exact_size_gather_from_every_rank() {
 
 /// Two trainer ranks (GPU 0, the leader, and GPU 1) each hold an uneven shard of every
 /// tensor and sync it to a receiver on GPU 1 (in a communicator of its own with the leader):
-/// the same scripted steps as the single sender, with and without the entropy codecs, in one
-/// stage and in seven. The receiver's bytes must equal the whole tensors after every step;
+/// the same scripted steps as the single sender, with and without the entropy codecs, the
+/// snapshots on the device or in pinned host memory, in one stage and in seven. The receiver's bytes must equal the whole tensors after every step;
 /// every rank's count of changes must equal a naive diff of the whole tensors; both ranks
 /// must see the same outcome (refusals included).
 #[test]
@@ -314,11 +314,27 @@ fn sharded_senders_on_two_gpus_stay_bit_identical() {
     if !two_gpus() {
         return;
     }
-    for entropy in [EntropyMode::Off, EntropyMode::On] {
-        let kinds = run_sharded(entropy, 0, STEPS);
+    // Entropy off with the snapshots on the device, on with them in pinned host memory.
+    for (entropy, place) in [
+        (EntropyMode::Off, SnapshotPlace::Device),
+        (EntropyMode::On, SnapshotPlace::PinnedHost),
+    ] {
+        let kinds = run_sharded(
+            ShardedSettings {
+                entropy,
+                place,
+                stage_bytes: 0,
+            },
+            STEPS,
+        );
         check_kinds(&kinds);
     }
-    let kinds = run_sharded(EntropyMode::Auto, 1, STEPS_STAGED);
+    let staged = ShardedSettings {
+        entropy: EntropyMode::Auto,
+        place: SnapshotPlace::Device,
+        stage_bytes: 1,
+    };
+    let kinds = run_sharded(staged, STEPS_STAGED);
     let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
     assert!(names[10].starts_with("refused"), "{names:?}");
     assert_eq!(names[11], "seed/1");
@@ -432,9 +448,16 @@ fn shard_cut(numel: u64) -> u64 {
 
 /// Runs the scripted steps through two sharded trainer ranks and a receiver; asserts the
 /// receiver's bytes after every step; returns the outcomes.
-fn run_sharded(
+/// How [`run_sharded`]'s trainer ranks are set up.
+#[derive(Debug, Clone, Copy)]
+struct ShardedSettings {
     entropy: EntropyMode,
+    place: SnapshotPlace,
     stage_bytes: u64,
+}
+
+fn run_sharded(
+    settings: ShardedSettings,
     steps: &'static [(f64, Before)],
 ) -> Vec<(String, String)> {
     let trainers_uid = unique_id().expect("unique id");
@@ -444,15 +467,7 @@ fn run_sharded(
         .map(|rank| {
             let truth_tx = (rank == 0).then(|| truth_tx.clone());
             std::thread::spawn(move || {
-                sharded_rank(
-                    rank,
-                    trainers_uid,
-                    receivers_uid,
-                    entropy,
-                    stage_bytes,
-                    steps,
-                    truth_tx,
-                )
+                sharded_rank(rank, trainers_uid, receivers_uid, settings, steps, truth_tx)
             })
         })
         .collect();
@@ -508,7 +523,7 @@ fn run_sharded(
             );
         }
     }
-    eprintln!("sharded kinds per step (entropy {entropy:?}, stage bytes {stage_bytes}): {kinds:?}");
+    eprintln!("sharded kinds per step ({settings:?}): {kinds:?}");
     kinds
 }
 
@@ -519,8 +534,7 @@ fn sharded_rank(
     rank: usize,
     trainers_uid: [u8; deltacast_cuda::nccl::UNIQUE_ID_BYTES],
     receivers_uid: [u8; deltacast_cuda::nccl::UNIQUE_ID_BYTES],
-    entropy: EntropyMode,
-    stage_bytes: u64,
+    settings: ShardedSettings,
     steps: &'static [(f64, Before)],
     truth_tx: Option<mpsc::Sender<StepReport>>,
 ) -> Vec<String> {
@@ -572,9 +586,9 @@ fn sharded_rank(
         chunk_elems: 4096,
         capacity: 0.25,
         timeout: Duration::from_secs(60),
-        snapshot: SnapshotPlace::Device,
-        entropy,
-        stage_bytes,
+        snapshot: settings.place,
+        entropy: settings.entropy,
+        stage_bytes: settings.stage_bytes,
         root: 0,
     };
     // SAFETY: the buffers outlive the sender (dropped after it).
