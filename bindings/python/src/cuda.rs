@@ -380,37 +380,54 @@ impl NativeGpuShardedSender {
         entropy: &str,
         stage_bytes: u64,
     ) -> PyResult<Self> {
-        let shards = shards
-            .into_iter()
-            .map(|(name, ptr, dtype, shape, first_index, numel)| {
-                let dtype =
-                    deltacast::DType::from_name(&dtype).map_err(|e| invalid(e.to_string()))?;
-                Ok(GpuShard {
-                    name,
-                    dtype,
-                    shape,
-                    first_index,
-                    numel,
-                    ptr,
+        // Arguments are checked before the collective constructor; a rank that finds its own
+        // wrong still takes part in it, as a refusal, so that the other ranks fail at once.
+        let prepared = (|| -> PyResult<(Vec<GpuShard>, GpuSenderConfig)> {
+            let shards = shards
+                .into_iter()
+                .map(|(name, ptr, dtype, shape, first_index, numel)| {
+                    let dtype =
+                        deltacast::DType::from_name(&dtype).map_err(|e| invalid(e.to_string()))?;
+                    Ok(GpuShard {
+                        name,
+                        dtype,
+                        shape,
+                        first_index,
+                        numel,
+                        ptr,
+                    })
                 })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        if let Some(r) = &receivers {
-            if r.device != trainers.device {
-                return Err(invalid(format!(
-                    "the receivers' communicator is on cuda:{}, the trainers' on cuda:{}",
-                    r.device, trainers.device
-                )));
+                .collect::<PyResult<Vec<_>>>()?;
+            if let Some(r) = &receivers {
+                if r.parts.is_none() {
+                    return Err(invalid(
+                        "the receivers' NcclComm already belongs to a sender or receiver",
+                    ));
+                }
+                if r.device != trainers.device {
+                    return Err(invalid(format!(
+                        "the receivers' communicator is on cuda:{}, the trainers' on cuda:{}",
+                        r.device, trainers.device
+                    )));
+                }
             }
-        }
-        let config = GpuSenderConfig {
-            root,
-            chunk_elems,
-            capacity,
-            timeout: timeout(timeout_s)?,
-            snapshot: snapshot_place(snapshot)?,
-            entropy: entropy_mode(entropy)?,
-            stage_bytes,
+            let config = GpuSenderConfig {
+                root,
+                chunk_elems,
+                capacity,
+                timeout: timeout(timeout_s)?,
+                snapshot: snapshot_place(snapshot)?,
+                entropy: entropy_mode(entropy)?,
+                stage_bytes,
+            };
+            Ok((shards, config))
+        })();
+        let (shards, config) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                decline(py, trainers, timeout_s, e.to_string())?;
+                return Err(e);
+            }
         };
         let receivers = receivers
             .map(|r| r.take().map(|(_, comm)| comm))
@@ -456,6 +473,30 @@ impl NativeGpuShardedSender {
     fn digests(&self) -> Vec<u64> {
         self.inner.digests().to_vec()
     }
+}
+
+/// Takes this trainer rank's part in the collective constructor of `GpuShardedSender` as a
+/// refusal (`why`), so that the other ranks fail at once instead of waiting out their
+/// timeout; consumes `trainers`. Errors of its own (a communicator already taken) are
+/// returned; otherwise `Ok`.
+fn decline(py: Python<'_>, trainers: &mut NcclComm, timeout_s: f64, why: String) -> PyResult<()> {
+    let wait = timeout(timeout_s).unwrap_or(Duration::from_secs(300));
+    let (gpu, nccl) = trainers.take()?;
+    py.detach(|| GpuShardedSender::decline(&gpu, nccl, wait, why));
+    Ok(())
+}
+
+/// For the Python wrapper: a trainer rank whose arguments failed its own checks declines
+/// the collective construction (see `decline`), then raises its own error.
+#[pyfunction]
+#[pyo3(signature = (trainers, why, timeout_s=300.0))]
+pub fn decline_sharded(
+    py: Python<'_>,
+    trainers: &mut NcclComm,
+    why: String,
+    timeout_s: f64,
+) -> PyResult<()> {
+    decline(py, trainers, timeout_s, why)
 }
 
 /// The receiving side of the GPU sync (use `deltacast.cuda.GpuReceiver`).

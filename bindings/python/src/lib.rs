@@ -40,6 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cuda::NativeGpuReceiver>()?;
     m.add_function(wrap_pyfunction!(cuda::cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::nccl_unique_id, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::decline_sharded, m)?)?;
     m.add("DEFAULT_BUCKET_SIZE", deltacast::flush::DEFAULT_BUCKET_SIZE)?;
     m.add("DEFAULT_CHUNK_ELEMS", deltacast::flush::DEFAULT_CHUNK_ELEMS)?;
     m.add(

@@ -344,15 +344,17 @@ fn sharded_senders_on_two_gpus_stay_bit_identical() {
     );
 }
 
-/// Shards that leave a gap, or a leader without the receivers' communicator: every trainer
-/// rank refuses alike (none is left waiting in a collective).
+/// Shards that leave a gap, a leader without the receivers' communicator, ranks with other
+/// stage sizes, a rank that declines: every trainer rank refuses alike, at once (none is left
+/// waiting in a collective).
 #[test]
 fn sharded_senders_refuse_bad_layouts_on_every_rank() {
     let _serial = serial();
     if !two_gpus() {
         return;
     }
-    for case in ["gap", "no receivers"] {
+    for case in ["gap", "no receivers", "stage sizes", "declined"] {
+        let started = std::time::Instant::now();
         let uid = unique_id().expect("unique id");
         let ranks: Vec<_> = (0..2usize)
             .map(|rank| {
@@ -380,8 +382,21 @@ fn sharded_senders_refuse_bad_layouts_on_every_rank() {
                     }];
                     let config = GpuSenderConfig {
                         timeout: Duration::from_secs(60),
+                        // Ranks whose stages would differ must not get as far as syncing.
+                        stage_bytes: if case == "stage sizes" && rank == 1 {
+                            1
+                        } else {
+                            0
+                        },
                         ..GpuSenderConfig::default()
                     };
+                    if case == "declined" && rank == 1 {
+                        // A rank that found its own arguments wrong (say, in a binding).
+                        let why = "rank 1's arguments".to_string();
+                        let e = GpuShardedSender::decline(&gpu, trainers, config.timeout, why);
+                        assert!(matches!(e, CudaError::InvalidArgument(_)), "{e:?}");
+                        return e.to_string();
+                    }
                     // SAFETY: `buf` outlives the call and holds every shard's bytes.
                     let got =
                         unsafe { GpuShardedSender::new(gpu, trainers, receivers, shards, config) };
@@ -396,6 +411,12 @@ fn sharded_senders_refuse_bad_layouts_on_every_rank() {
             let why = rank.join().expect("rank thread");
             eprintln!("{case}: {why}");
         }
+        // Every rank failed at the exchange, none waited out its timeout.
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{case}: took {:?}",
+            started.elapsed()
+        );
     }
 }
 

@@ -331,6 +331,8 @@ class NativeGpuSender:
     @property
     def host_bytes(self) -> int: ...
 
+def decline_sharded(trainers: NcclComm, why: str, timeout_s: float = 300.0) -> None: ...
+
 class NativeGpuShardedSender:
     def __new__(
         cls,

@@ -225,11 +225,13 @@ def dim0_shard(rows: int, rank: int, world: int) -> Tuple[int, int]:
     return first, min(per, rows - first)
 
 
-def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]]) -> list:
+def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]], rank: Optional[int] = None) -> list:
     """``(name, local_tensor, full_shape, first_index)`` for ``GpuShardedSender`` from a
     model's ``named_parameters()`` under FSDP2 (``fully_shard``): DTensors on a 1-D mesh,
     ``Shard(0)`` (each rank holds a run of rows) or ``Replicate()`` (rank 0's copy is sent).
-    Plain tensors count as replicated."""
+    Plain tensors count as replicated: the trainer rank ``rank`` (pass the trainers'
+    ``NcclComm.rank``; default: the torch.distributed rank) sends them when it is 0. Call it
+    while FSDP2 holds its parameters sharded (not inside an unsharded forward)."""
     out = []
     for name, t in named_tensors:
         t = getattr(t, "data", t)
@@ -239,7 +241,7 @@ def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]]) -> list:
             row *= d
         placements = getattr(t, "placements", None)
         if placements is None:
-            rank, world, placement = _default_rank(), 1, None
+            me, world, placement = (_default_rank() if rank is None else rank), 1, None
             local = t
         else:
             mesh = t.device_mesh
@@ -247,14 +249,18 @@ def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]]) -> list:
                 raise _errors().InvalidArgumentError(
                     f"{name!r}: a DTensor on a {mesh.ndim}-D mesh; 1-D meshes only"
                 )
-            rank, world, placement = mesh.get_local_rank(), mesh.size(), placements[0]
+            me, world, placement = mesh.get_local_rank(), mesh.size(), placements[0]
             local = t.to_local()
+            if not (placement.is_shard() or placement.is_replicate()):
+                raise _errors().InvalidArgumentError(
+                    f"{name!r} has placement {placement}; Shard(0) or Replicate() only"
+                )
         if placement is not None and placement.is_shard():
             if placement.dim != 0:
                 raise _errors().InvalidArgumentError(
                     f"{name!r} is sharded on dim {placement.dim}; dim 0 only"
                 )
-            first_row, rows = dim0_shard(full[0], rank, world)
+            first_row, rows = dim0_shard(full[0], me, world)
             if local.numel() != rows * row:
                 raise _errors().InvalidArgumentError(
                     f"{name!r}: a local shard of {local.numel()} elements, "
@@ -262,9 +268,12 @@ def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]]) -> list:
                 )
             out.append((name, local, full, first_row * row))
         else:
-            # Replicated: one copy is enough, rank 0's.
-            whole = local.reshape(-1)
-            out.append((name, whole if rank == 0 else whole[:0], full, 0))
+            # Replicated: one copy is enough, rank 0's. (A view, never a copy: the sender
+            # must read the tensor the optimizer updates.)
+            if not local.is_contiguous():
+                raise _errors().InvalidArgumentError(f"tensor {name!r} is not contiguous")
+            whole = local.view(-1)
+            out.append((name, whole if me == 0 else whole[:0], full, 0))
     return out
 
 
@@ -307,15 +316,22 @@ class GpuShardedSender:
         entropy: Union[bool, str] = "auto",
         stage_bytes: int = _native.DEFAULT_STAGE_BYTES,
     ):
-        entropy = _check_options(entropy, snapshot, stage_bytes)
-        self.device = trainers.device if device is None else int(device)
-        shards = list(shards)
-        specs, self._tensors = _specs([(n, t) for n, t, _, _ in shards], self.device)
-        native_shards = []
-        for (name, ptr, dtype, _), (_, t, full, first) in zip(specs, shards):
-            native_shards.append(
-                (name, ptr, dtype, [int(d) for d in full], int(first), int(t.numel()))
-            )
+        try:
+            entropy = _check_options(entropy, snapshot, stage_bytes)
+            self.device = trainers.device if device is None else int(device)
+            shards = list(shards)
+            specs, self._tensors = _specs([(n, t) for n, t, _, _ in shards], self.device)
+            native_shards = []
+            for (name, ptr, dtype, _), (_, t, full, first) in zip(specs, shards):
+                native_shards.append(
+                    (name, ptr, dtype, [int(d) for d in full], int(first), int(t.numel()))
+                )
+        except Exception as e:
+            # The constructor is collective: take part as a refusal, so that the other
+            # trainer ranks fail at once instead of waiting out their timeout.
+            if isinstance(trainers, NcclComm):
+                _native.decline_sharded(trainers, f"{type(e).__name__}: {e}", timeout_s)
+            raise
         self._native = _native.NativeGpuShardedSender(
             trainers, receivers, native_shards, root, chunk_elems, capacity, timeout_s,
             snapshot, entropy, int(stage_bytes),

@@ -238,6 +238,7 @@ impl Phases {
 }
 
 /// A buffer that grows on demand (never past what the caller checked).
+#[derive(Default)]
 struct Growable {
     buf: Option<DeviceBuffer>,
 }

@@ -131,8 +131,7 @@ pub struct GpuShardedSender {
     packed: Growable,
     packed_values: Growable,
     records: Growable,
-    row_mine: Growable,
-    row_all: Growable,
+    rows: RowBuffers,
     /// Leader: the gathered records and sections, a slot's staging, header and manifest.
     gathered_records: Growable,
     gathered_positions: Growable,
@@ -178,80 +177,59 @@ impl GpuShardedSender {
         config: GpuSenderConfig,
     ) -> Result<GpuShardedSender> {
         let local = check_shards(&trainers, &receivers, &shards, &config);
-        // Every rank takes part in the first exchange whatever its own checks said, so that
-        // all fail alike instead of waiting for a rank that left.
-        let head = [
-            local.as_ref().map_or(0, |t| t.hash()),
-            shards.len() as u64,
-            local.is_ok() as u64,
-        ];
-        let mut rows_mine = Growable::new();
-        let mut rows_all = Growable::new();
-        let heads = all_gather_rows(
+        let mut rows = RowBuffers::default();
+        // Every rank takes part in each exchange whatever its own checks said, so that all
+        // fail alike instead of waiting for a rank that left.
+        let table = agree_on_heads(
             &gpu,
             &mut trainers,
-            &mut rows_mine,
-            &mut rows_all,
-            &head,
+            &mut rows,
+            local.map(|t| (t, config.stage_bytes)),
             config.timeout,
-            "the slot tables",
         )?;
-        let table = local?;
-        let refused: Vec<usize> = (0..heads.len()).filter(|&r| heads[r][2] != 1).collect();
-        if !refused.is_empty() {
+        let layout = agree_on_layout(&gpu, &mut trainers, &mut rows, &shards, &table, &config)?;
+        let allocated = Buffers::allocate(&gpu, &shards, &table, &config);
+        let flags = all_gather_rows(
+            &gpu,
+            &mut trainers,
+            &mut rows,
+            &[allocated.is_ok() as u64],
+            config.timeout,
+            "the allocations",
+        )?;
+        let buffers = allocated?;
+        let failed: Vec<usize> = (0..flags.len()).filter(|&r| flags[r][0] != 1).collect();
+        if !failed.is_empty() {
             return Err(CudaError::InvalidArgument(format!(
-                "trainer rank(s) {refused:?} refused their shards or communicators"
-            )));
-        }
-        if heads.iter().any(|h| h[..2] != head[..2]) {
-            return Err(CudaError::InvalidArgument(format!(
-                "trainer ranks hold different slot tables (hash, slots per rank: {heads:?})"
+                "trainer rank(s) {failed:?} could not allocate their buffers"
             )));
         }
         let n = shards.len();
-        let max_width = shards.iter().map(|s| s.dtype.width()).max().unwrap_or(1) as u64;
-        let slot_bytes: Vec<u64> = table.slots().iter().map(|s| s.nbytes()).collect();
-        let stages = plan_stages(&slot_bytes, config.stage_bytes);
-        let stage_elems = stages
-            .iter()
-            .map(|r| shards[r.clone()].iter().map(|s| s.numel).sum::<u64>())
-            .max()
-            .unwrap_or(0);
-        let capacity =
-            ((stage_elems as f64 * config.capacity).ceil() as u64).clamp(1, stage_elems.max(1));
-        let value_bytes = ((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize;
-        let entropy = config.entropy != EntropyMode::Off;
-        let snapshots = shards
-            .iter()
-            .map(|s| Snapshot::allocate(&gpu, config.snapshot, s.nbytes()))
-            .collect::<Result<Vec<_>>>()?;
-        let mut sender = GpuShardedSender {
-            positions: gpu.alloc((capacity * 8 + DECODE_SLACK) as usize)?,
-            values: gpu.alloc(value_bytes)?,
-            old_values: if entropy {
-                Some(gpu.alloc(value_bytes)?)
-            } else {
-                None
-            },
+        Ok(GpuShardedSender {
+            positions: buffers.positions,
+            values: buffers.values,
+            old_values: buffers.old_values,
+            snapshots: buffers.snapshots,
+            header: buffers.header,
+            status: buffers.status,
+            digests_dev: buffers.digests_dev,
+            capacity: buffers.capacity,
+            stages: buffers.stages,
             packed: Growable::new(),
             packed_values: Growable::new(),
             records: Growable::new(),
-            row_mine: rows_mine,
-            row_all: rows_all,
+            rows,
             gathered_records: Growable::new(),
             gathered_positions: Growable::new(),
             gathered_values: Growable::new(),
             staging: Growable::new(),
-            header: gpu.alloc(HEADER_BYTES)?,
             manifest: Growable::new(),
-            status: gpu.alloc(24)?,
-            digests_dev: gpu.alloc_zeroed(n.max(1) * 8)?,
             digests: vec![0; n],
             code_scratch: CodeScratch::new(),
             auto: AutoEntropy::default(),
             outcome: [0; 3],
             pending: None,
-            layout: Vec::new(),
+            layout,
             limits: limits(&table),
             gpu,
             trainers,
@@ -259,52 +237,27 @@ impl GpuShardedSender {
             config,
             shards,
             table,
-            snapshots,
             version: 0,
             needs_seed: true,
-            capacity,
-            stages,
-        };
-        sender.layout = sender.check_layout()?;
-        Ok(sender)
+        })
     }
 
-    /// The lockstep check of the construction, after the tables were found equal: every
-    /// rank's shard ranges, all-gathered; returns them per slot.
-    fn check_layout(&mut self) -> Result<Vec<Vec<(u64, u64)>>> {
-        let n = self.shards.len();
-        let world = self.trainers.nranks();
-        let mut row = Vec::with_capacity(2 * n);
-        for s in &self.shards {
-            row.push(s.first_index);
-            row.push(s.numel);
+    /// For a trainer rank that cannot make its sender (e.g. a binding found its arguments
+    /// wrong): takes its part in the constructor's first exchange as a refusal, so that the
+    /// other ranks' constructors fail at once instead of waiting out `timeout`; returns the
+    /// error for this rank.
+    pub fn decline(
+        gpu: &Gpu,
+        mut trainers: NcclComm,
+        timeout: std::time::Duration,
+        why: String,
+    ) -> CudaError {
+        let mut rows = RowBuffers::default();
+        let declined = Err(CudaError::InvalidArgument(why));
+        match agree_on_heads(gpu, &mut trainers, &mut rows, declined, timeout) {
+            Err(e) => e,
+            Ok(_) => CudaError::InvalidArgument("declined".into()),
         }
-        let rows = self.exchange(&row, "the shard layout")?;
-        let mut layout = Vec::with_capacity(n);
-        for (i, slot) in self.table.slots().iter().enumerate() {
-            let runs: Vec<(u64, u64)> = (0..world)
-                .map(|r| (rows[r][2 * i], rows[r][2 * i + 1]))
-                .collect();
-            let mut next = 0u64;
-            for &(first, numel) in &runs {
-                if numel > 0 && first != next {
-                    return Err(CudaError::InvalidArgument(format!(
-                        "the shards of `{}` do not follow each other in rank order: {runs:?}",
-                        slot.name
-                    )));
-                }
-                next += numel;
-            }
-            if next != slot.numel() {
-                return Err(CudaError::InvalidArgument(format!(
-                    "the shards of `{}` hold {next} of its {} elements: {runs:?}",
-                    slot.name,
-                    slot.numel()
-                )));
-            }
-            layout.push(runs);
-        }
-        Ok(layout)
     }
 
     /// The version the last sync produced.
@@ -334,13 +287,19 @@ impl GpuShardedSender {
         self.trainers.rank() == LEADER
     }
 
-    /// Sends every slot whole (collective), then keeps the new version.
+    /// Sends every slot whole (collective), then keeps the new version. The leader's call
+    /// decides: a rank that calls `seed` while the leader calls `sync` with no seed due
+    /// takes part in that sync.
     ///
     /// # Safety
     /// `wait_stream` must be a live stream of the GPU's context, or 0.
     pub unsafe fn seed(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
-        let settled = self.settle();
-        self.fail_on_error(settled)?;
+        let settled = self.settle(true);
+        if !self.fail_on_error(settled)? {
+            // The leader called `sync` and no seed is due: this rank follows it.
+            // SAFETY: per this function's contract.
+            return unsafe { self.sync_settled(wait_stream) };
+        }
         // SAFETY: per this function's contract.
         unsafe { self.seed_settled(wait_stream) }
     }
@@ -384,12 +343,20 @@ impl GpuShardedSender {
     /// # Safety
     /// As [`GpuShardedSender::seed`].
     pub unsafe fn sync(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
-        let settled = self.settle();
-        self.fail_on_error(settled)?;
-        if self.needs_seed {
+        let settled = self.settle(false);
+        if self.fail_on_error(settled)? {
             // SAFETY: per this function's contract.
             return unsafe { self.seed_settled(wait_stream) };
         }
+        // SAFETY: per this function's contract.
+        unsafe { self.sync_settled(wait_stream) }
+    }
+
+    /// A delta sync, after [`GpuShardedSender::settle`].
+    ///
+    /// # Safety
+    /// As [`GpuShardedSender::seed`].
+    unsafe fn sync_settled(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
         let started = Instant::now();
         self.needs_seed = true;
         let use_entropy = match self.config.entropy {
@@ -433,28 +400,36 @@ impl GpuShardedSender {
     }
 
     /// The start of every call: the leader tells every rank how its last sync ended
-    /// (refused or not, its time, the version the receivers hold), so that all take the
-    /// same decisions from here: a seed after a refusal, and the same [`EntropyMode::Auto`]
-    /// record (the leader's time of the last delta and its count of changes).
-    fn settle(&mut self) -> Result<()> {
+    /// (refused or not, its time, the version the receivers hold) and whether this call
+    /// seeds (it was asked to, or a seed is due), so that all take the same decisions from
+    /// here: a seed after a refusal, the same call on every rank, and the same
+    /// [`EntropyMode::Auto`] record (the leader's time of the last delta and its count of
+    /// changes). Returns whether this call seeds.
+    fn settle(&mut self, asked_seed: bool) -> Result<bool> {
         let stream = self.gpu.stream_handle();
         let status = self.status.ptr();
         if self.is_leader() {
-            let words: Vec<u8> = self.outcome.iter().flat_map(|w| w.to_le_bytes()).collect();
-            // SAFETY: our 24 status bytes (the copy synchronises the stream).
+            let seed = (asked_seed || self.needs_seed || self.outcome[0] != 0) as u64;
+            let words: Vec<u8> = self
+                .outcome
+                .iter()
+                .chain([&seed])
+                .flat_map(|w| w.to_le_bytes())
+                .collect();
+            // SAFETY: our 32 status bytes (the copy synchronises the stream).
             unsafe { self.gpu.copy_to_device(status, &words)? };
         }
-        // SAFETY: our 24 status bytes.
+        // SAFETY: our 32 status bytes.
         unsafe {
             self.trainers
-                .broadcast(status, status, 24, LEADER, stream)?
+                .broadcast(status, status, 32, LEADER, stream)?
         };
         let done = self.gpu.record_done()?;
         self.trainers
             .wait(done, self.config.timeout, "the leader's last outcome")?;
         // SAFETY: written by the broadcast that completed.
-        let words = u64s(&unsafe { self.gpu.download(status, 24)? });
-        let (refused, micros, version) = (words[0], words[1], words[2]);
+        let words = u64s(&unsafe { self.gpu.download(status, 32)? });
+        let (refused, micros, version, seed) = (words[0], words[1], words[2], words[3] != 0);
         if let Some((entropy, changed)) = self.pending.take() {
             if refused == 0 {
                 self.auto.record(entropy, micros as f64 / 1e3, changed);
@@ -465,7 +440,7 @@ impl GpuShardedSender {
             self.version = version;
         }
         self.outcome = [0, 0, self.version];
-        Ok(())
+        Ok(seed)
     }
 
     /// Tells the receivers no sync follows (leader; a no-op on the other ranks).
@@ -487,9 +462,9 @@ impl GpuShardedSender {
         self.wait_receivers("the close")
     }
 
-    /// After a failure part way the ranks are out of step: both communicators are aborted so
-    /// that every peer fails at once instead of waiting out its timeout (make a new sender on
-    /// new communicators). A refusal by a receiver is not such a failure: the leader reports
+    /// After a failure part way the ranks are out of step: both communicators are aborted
+    /// (make a new sender on new communicators); the peers fail at their next collective, at
+    /// the latest when it times out. A refusal by a receiver is not such a failure: the leader reports
     /// it, the others learn it when the next call settles, and that call seeds.
     fn fail_on_error<T>(&mut self, outcome: Result<T>) -> Result<T> {
         if let Err(e) = &outcome {
@@ -603,14 +578,23 @@ impl GpuShardedSender {
         let positions: u64 = rows.iter().map(|r| r.position_bytes).sum();
         let values: u64 = rows.iter().map(|r| r.value_bytes).sum();
         let delta_bytes = fixed + chunks * CHUNK_RECORD_BYTES as u64 + positions + values;
-        let plan = match plan {
-            Some(plan) if rows.iter().all(|r| r.complete) && delta_bytes <= fixed + stage_bytes => {
-                plan
+        let all_complete = rows.iter().all(|r| r.complete);
+        if all_complete {
+            for (j, slot) in range.clone().enumerate() {
+                run.after[slot] = all
+                    .iter()
+                    .fold(0u64, |acc, r| acc.wrapping_add(r[ROW_FIXED + j]));
             }
+        }
+        let plan = match plan {
+            Some(plan) if all_complete && delta_bytes <= fixed + stage_bytes => plan,
             _ => {
-                // Some rank's buffers overflowed, or the delta is not smaller: whole. The
-                // diff refreshed only what it wrote out; every shard is copied again.
-                self.refresh_and_sum(range.clone(), &mut run.after)?;
+                // Some rank's buffers overflowed, or the delta is not smaller: whole. After
+                // an overflow the diff refreshed only what it wrote out, so every shard is
+                // copied again; otherwise snapshots and digests are already current.
+                if !all_complete {
+                    self.refresh_and_sum(range.clone(), &mut run.after)?;
+                }
                 run.totals.payload_bytes += self.send_whole(
                     SyncKind::Dense,
                     s as u32,
@@ -624,11 +608,6 @@ impl GpuShardedSender {
                 return Ok(());
             }
         };
-        for (j, slot) in range.clone().enumerate() {
-            run.after[slot] = all
-                .iter()
-                .fold(0u64, |acc, r| acc.wrapping_add(r[ROW_FIXED + j]));
-        }
         // SAFETY: as plan_chunks, same changes.
         let (pptr, vptr) = unsafe {
             write_chunks(
@@ -686,6 +665,11 @@ impl GpuShardedSender {
                 .gather_exact(vptr, &value_lens, gv, values, LEADER, stream)?;
         }
         if !leader {
+            // The leader has this rank's part once the sends complete. (Waiting here, with
+            // the timeout, rather than in the next stage's diff, which cannot time out.)
+            let done = self.gpu.record_done()?;
+            self.trainers
+                .wait(done, self.config.timeout, "the gather to the leader")?;
             run.totals.payload_bytes += delta_bytes;
             run.totals.chunks += chunks;
             run.phases.lap("gather", &mut run.mark);
@@ -742,6 +726,9 @@ impl GpuShardedSender {
             receivers.broadcast(gp, gp, positions as usize, root, stream)?;
             receivers.broadcast(gv, gv, values as usize, root, stream)?;
         }
+        // With the timeout, before the next stage's diff (which cannot time out) queues
+        // behind these broadcasts.
+        self.wait_receivers("a stage's broadcasts")?;
         run.totals.payload_bytes += delta_bytes;
         run.totals.chunks += chunks;
         run.phases.lap("send", &mut run.mark);
@@ -945,8 +932,7 @@ impl GpuShardedSender {
         all_gather_rows(
             &self.gpu,
             &mut self.trainers,
-            &mut self.row_mine,
-            &mut self.row_all,
+            &mut self.rows,
             row,
             self.config.timeout,
             what,
@@ -992,7 +978,12 @@ fn check_shards(
     }
     for s in shards {
         let w = s.dtype.width() as u64;
-        let slot_numel: u64 = s.shape.iter().product();
+        let Some(slot_numel) = s.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)) else {
+            return Err(CudaError::InvalidArgument(format!(
+                "the shape of `{}` overflows",
+                s.name
+            )));
+        };
         if s.first_index
             .checked_add(s.numel)
             .is_none_or(|e| e > slot_numel)
@@ -1018,13 +1009,12 @@ fn check_shards(
     .map_err(|e| CudaError::InvalidArgument(e.to_string()))
 }
 
-/// All-gathers `row` (the same length on every rank) over `comm` through the two buffers;
-/// returns every rank's row, in rank order.
+/// All-gathers `row` (the same length on every rank) over `comm`; returns every rank's
+/// row, in rank order.
 fn all_gather_rows(
     gpu: &Gpu,
     comm: &mut NcclComm,
-    mine: &mut Growable,
-    all: &mut Growable,
+    rows: &mut RowBuffers,
     row: &[u64],
     timeout: std::time::Duration,
     what: &'static str,
@@ -1034,8 +1024,8 @@ fn all_gather_rows(
         return Ok(vec![Vec::new(); world]);
     }
     let len = (row.len() * 8) as u64;
-    let mine = mine.at_least(gpu, len)?;
-    let all = all.at_least(gpu, len * world as u64)?;
+    let mine = rows.mine.at_least(gpu, len)?;
+    let all = rows.all.at_least(gpu, len * world as u64)?;
     let bytes: Vec<u8> = row.iter().flat_map(|w| w.to_le_bytes()).collect();
     // SAFETY: our buffers, sized above; the copy synchronises the stream.
     unsafe {
@@ -1047,4 +1037,146 @@ fn all_gather_rows(
     // SAFETY: written by the all-gather that completed.
     let got = u64s(&unsafe { gpu.download(all, (len * world as u64) as usize)? });
     Ok(got.chunks(row.len()).map(<[u64]>::to_vec).collect())
+}
+
+/// The buffers of the small all-gathers.
+#[derive(Default)]
+struct RowBuffers {
+    mine: Growable,
+    all: Growable,
+}
+
+/// The constructor's first exchange: every rank's table hash, slot count, stage size and
+/// whether its own checks passed (`local`). Returns the table when every rank agrees.
+fn agree_on_heads(
+    gpu: &Gpu,
+    trainers: &mut NcclComm,
+    rows: &mut RowBuffers,
+    local: Result<(SlotTable, u64)>,
+    timeout: std::time::Duration,
+) -> Result<SlotTable> {
+    let head = match &local {
+        Ok((t, stage_bytes)) => [1, t.hash(), t.len() as u64, *stage_bytes],
+        Err(_) => [0; 4],
+    };
+    let heads = all_gather_rows(gpu, trainers, rows, &head, timeout, "the slot tables")?;
+    let (table, _) = local?;
+    let refused: Vec<usize> = (0..heads.len()).filter(|&r| heads[r][0] != 1).collect();
+    if !refused.is_empty() {
+        return Err(CudaError::InvalidArgument(format!(
+            "trainer rank(s) {refused:?} refused their shards, communicators or settings"
+        )));
+    }
+    if heads.iter().any(|h| h[1..] != head[1..]) {
+        return Err(CudaError::InvalidArgument(format!(
+            "trainer ranks differ in slot table or stage size (ok, hash, slots, stage bytes \
+             per rank: {heads:?})"
+        )));
+    }
+    Ok(table)
+}
+
+/// The constructor's second exchange, after the tables were found equal: every rank's shard
+/// ranges; checks that each slot's shards follow each other in rank order and cover it
+/// exactly, and returns them per slot (`[slot][rank]`: first element, elements).
+fn agree_on_layout(
+    gpu: &Gpu,
+    trainers: &mut NcclComm,
+    rows: &mut RowBuffers,
+    shards: &[GpuShard],
+    table: &SlotTable,
+    config: &GpuSenderConfig,
+) -> Result<Vec<Vec<(u64, u64)>>> {
+    let world = trainers.nranks();
+    let row: Vec<u64> = shards
+        .iter()
+        .flat_map(|s| [s.first_index, s.numel])
+        .collect();
+    let all = all_gather_rows(
+        gpu,
+        trainers,
+        rows,
+        &row,
+        config.timeout,
+        "the shard layout",
+    )?;
+    let mut layout = Vec::with_capacity(shards.len());
+    for (i, slot) in table.slots().iter().enumerate() {
+        let runs: Vec<(u64, u64)> = (0..world)
+            .map(|r| (all[r][2 * i], all[r][2 * i + 1]))
+            .collect();
+        let mut next = 0u64;
+        for &(first, numel) in &runs {
+            if numel > 0 && first != next {
+                return Err(CudaError::InvalidArgument(format!(
+                    "the shards of `{}` do not follow each other in rank order: {runs:?}",
+                    slot.name
+                )));
+            }
+            next = next.saturating_add(numel);
+        }
+        if next != slot.numel() {
+            return Err(CudaError::InvalidArgument(format!(
+                "the shards of `{}` hold {next} of its {} elements: {runs:?}",
+                slot.name,
+                slot.numel()
+            )));
+        }
+        layout.push(runs);
+    }
+    Ok(layout)
+}
+
+/// A trainer rank's device and pinned buffers, allocated before the last exchange of the
+/// constructor (so that a rank short of memory fails with the others).
+struct Buffers {
+    snapshots: Vec<Snapshot>,
+    positions: DeviceBuffer,
+    values: DeviceBuffer,
+    old_values: Option<DeviceBuffer>,
+    header: DeviceBuffer,
+    status: DeviceBuffer,
+    digests_dev: DeviceBuffer,
+    capacity: u64,
+    stages: Vec<Range<usize>>,
+}
+
+impl Buffers {
+    fn allocate(
+        gpu: &Gpu,
+        shards: &[GpuShard],
+        table: &SlotTable,
+        config: &GpuSenderConfig,
+    ) -> Result<Buffers> {
+        let max_width = shards.iter().map(|s| s.dtype.width()).max().unwrap_or(1) as u64;
+        let slot_bytes: Vec<u64> = table.slots().iter().map(|s| s.nbytes()).collect();
+        let stages = plan_stages(&slot_bytes, config.stage_bytes);
+        let stage_elems = stages
+            .iter()
+            .map(|r| shards[r.clone()].iter().map(|s| s.numel).sum::<u64>())
+            .max()
+            .unwrap_or(0);
+        let capacity =
+            ((stage_elems as f64 * config.capacity).ceil() as u64).clamp(1, stage_elems.max(1));
+        let value_bytes = ((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize;
+        let entropy = config.entropy != EntropyMode::Off;
+        Ok(Buffers {
+            snapshots: shards
+                .iter()
+                .map(|s| Snapshot::allocate(gpu, config.snapshot, s.nbytes()))
+                .collect::<Result<Vec<_>>>()?,
+            positions: gpu.alloc((capacity * 8 + DECODE_SLACK) as usize)?,
+            values: gpu.alloc(value_bytes)?,
+            old_values: if entropy {
+                Some(gpu.alloc(value_bytes)?)
+            } else {
+                None
+            },
+            header: gpu.alloc(HEADER_BYTES)?,
+            status: gpu.alloc(32)?,
+            digests_dev: gpu.alloc_zeroed(shards.len().max(1) * 8)?,
+            capacity,
+            stages,
+        })
+    }
 }
