@@ -1,7 +1,8 @@
-//! `deltacast gpu-report`: the GPU sync benchmark's results (the JSON files that
-//! `scripts/gpu-bench.sh` writes, one per model and link) as a table and a bar chart: per run,
-//! the median sync time of the full broadcast, the plain PyTorch delta and deltacast, on a
-//! logarithmic axis.
+//! `deltacast gpu-report`: the GPU sync benchmarks' results as a table and a bar chart, per
+//! run the median sync time of each method on a logarithmic axis. Reads the JSON files of
+//! `scripts/gpu-bench.sh` (bench/gpu_sync.py: full broadcast, plain PyTorch delta, deltacast)
+//! and of bench/gpu_sharded.py (sharded trainers: gather + broadcast, deltacast); one chart
+//! takes the runs of one bench.
 
 use std::path::{Path, PathBuf};
 
@@ -11,18 +12,39 @@ use serde_json::Value;
 
 use crate::bench::plot::{canvas, nice, padded, COLORS};
 
-/// One run of the GPU bench: a model on a link, three medians.
+/// One run of a GPU bench: a model on a link, the median time of each method (deltacast
+/// last).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {
     pub label: String,
-    pub full_ms: f64,
-    pub plain_ms: f64,
-    pub deltacast_ms: f64,
+    /// (method, median ms).
+    pub methods: Vec<(Method, f64)>,
 }
 
-const METHODS: [&str; 3] = ["full NCCL broadcast", "plain PyTorch delta", "deltacast"];
+impl Run {
+    fn deltacast_ms(&self) -> f64 {
+        self.methods.last().map_or(f64::NAN, |m| m.1)
+    }
+}
 
-/// Reads one `gpu_sync_<model>_<link>.json`.
+/// A method of a bench: its name in the legend, in the table, and the JSON pointer of its
+/// median.
+type Method = (&'static str, &'static str, &'static str);
+
+/// The methods of bench/gpu_sync.py's results.
+const SYNC_METHODS: [Method; 3] = [
+    ("full NCCL broadcast", "full", "/summary/full/median_ms"),
+    ("plain PyTorch delta", "plain", "/summary/plain/median_ms"),
+    ("deltacast", "deltacast", "/summary/deltacast/median_ms"),
+];
+
+/// The methods of bench/gpu_sharded.py's results.
+const SHARDED_METHODS: [Method; 2] = [
+    ("gather + broadcast", "whole", "/median_whole_ms"),
+    ("deltacast (sharded)", "deltacast", "/median_deltacast_ms"),
+];
+
+/// Reads one result file of either bench.
 pub fn read_run(path: &Path) -> Result<Run> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     let v: Value = serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
@@ -35,36 +57,64 @@ pub fn read_run(path: &Path) -> Result<Run> {
     if v.pointer("/ok") != Some(&Value::Bool(true)) {
         bail!("{}: the run did not pass its checks", path.display());
     }
-    let entropy = match text_at("/args/entropy") {
+    let sharded = v.pointer("/median_whole_ms").is_some();
+    let entropy_at = if sharded { "/entropy" } else { "/args/entropy" };
+    let entropy = match text_at(entropy_at) {
         "?" | "auto" => String::new(),
         e => format!(" (entropy {e})"),
     };
+    let table: &[Method] = if sharded {
+        &SHARDED_METHODS
+    } else {
+        &SYNC_METHODS
+    };
     Ok(Run {
         label: format!("{} {}{entropy}", text_at("/model"), text_at("/transport")),
-        full_ms: field("/summary/full/median_ms")?,
-        plain_ms: field("/summary/plain/median_ms")?,
-        deltacast_ms: field("/summary/deltacast/median_ms")?,
+        methods: table
+            .iter()
+            .map(|&m| field(m.2).map(|ms| (m, ms)))
+            .collect::<Result<_>>()?,
     })
 }
 
-/// The table, one line per run.
-pub fn table(runs: &[Run]) -> String {
-    let mut out = format!(
-        "{:<28} {:>12} {:>12} {:>14} {:>9} {:>9}\n",
-        "run", "full ms", "plain ms", "deltacast ms", "full/dc", "plain/dc"
-    );
-    for r in runs {
-        out += &format!(
-            "{:<28} {:>12.2} {:>12.2} {:>14.2} {:>8.1}x {:>8.1}x\n",
-            r.label,
-            r.full_ms,
-            r.plain_ms,
-            r.deltacast_ms,
-            r.full_ms / r.deltacast_ms,
-            r.plain_ms / r.deltacast_ms
-        );
+/// The methods of `runs`, which must all come from one bench.
+fn method_names(runs: &[Run]) -> Result<Vec<Method>> {
+    let names: Vec<Method> = runs
+        .first()
+        .map(|r| r.methods.iter().map(|m| m.0).collect())
+        .unwrap_or_default();
+    if runs
+        .iter()
+        .any(|r| !r.methods.iter().map(|m| m.0).eq(names.iter().copied()))
+    {
+        bail!("the files mix the results of different benches: one report per bench");
     }
-    out
+    Ok(names)
+}
+
+/// The table, one line per run: each method's median and its ratio to deltacast's.
+pub fn table(runs: &[Run]) -> Result<String> {
+    let methods = method_names(runs)?;
+    let others = &methods[..methods.len().saturating_sub(1)];
+    let mut out = format!("{:<28}", "run");
+    for m in &methods {
+        out += &format!(" {:>14}", format!("{} ms", m.1));
+    }
+    for m in others {
+        out += &format!(" {:>14}", format!("{}/deltacast", m.1));
+    }
+    out += "\n";
+    for r in runs {
+        out += &format!("{:<28}", r.label);
+        for (_, ms) in &r.methods {
+            out += &format!(" {ms:>14.2}");
+        }
+        for (_, ms) in &r.methods[..others.len()] {
+            out += &format!(" {:>13.1}x", ms / r.deltacast_ms());
+        }
+        out += "\n";
+    }
+    Ok(out)
 }
 
 /// Grouped bars: one group per run, one bar per method, time on a log axis.
@@ -75,9 +125,10 @@ pub fn draw(path: &Path, title: &str, runs: &[Run]) -> Result<()> {
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", path.display());
     let root = canvas(path, title)?;
     let (plot_area, legend_area) = root.split_horizontally(900);
+    let names = method_names(runs)?;
     let times: Vec<f64> = runs
         .iter()
-        .flat_map(|r| [r.full_ms, r.plain_ms, r.deltacast_ms])
+        .flat_map(|r| r.methods.iter().map(|m| m.1))
         .collect();
     let lo = times.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = times.iter().copied().fold(0.0, f64::max);
@@ -100,15 +151,14 @@ pub fn draw(path: &Path, title: &str, runs: &[Run]) -> Result<()> {
         .axis_desc_style(("sans-serif", 17))
         .draw()
         .map_err(err)?;
+    // Bars share the group's width 0.78, whatever the number of methods.
+    let step = 0.78 / names.len() as f64;
     for (g, r) in runs.iter().enumerate() {
-        for (k, ms) in [r.full_ms, r.plain_ms, r.deltacast_ms]
-            .into_iter()
-            .enumerate()
-        {
-            let x0 = g as f64 + 0.12 + 0.26 * k as f64;
+        for (k, &(_, ms)) in r.methods.iter().enumerate() {
+            let x0 = g as f64 + 0.12 + step * k as f64;
             chart
                 .draw_series(std::iter::once(Rectangle::new(
-                    [(x0, floor), (x0 + 0.24, ms)],
+                    [(x0, floor), (x0 + step * 0.92, ms)],
                     COLORS[k].filled(),
                 )))
                 .map_err(err)?;
@@ -123,7 +173,7 @@ pub fn draw(path: &Path, title: &str, runs: &[Run]) -> Result<()> {
             ))
             .map_err(err)?;
     }
-    for (k, name) in METHODS.iter().enumerate() {
+    for (k, &(name, _, _)) in names.iter().enumerate() {
         let y = 40 + 30 * k as i32;
         legend_area
             .draw(&Rectangle::new(
@@ -149,7 +199,7 @@ pub fn run(files: &[PathBuf], out: Option<&Path>, title: &str) -> Result<()> {
         .iter()
         .map(|f| read_run(f))
         .collect::<Result<Vec<_>>>()?;
-    print!("{}", table(&runs));
+    print!("{}", table(&runs)?);
     if let Some(out) = out {
         draw(out, title, &runs)?;
         println!("wrote {}", out.display());

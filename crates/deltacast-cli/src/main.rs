@@ -83,7 +83,7 @@ enum Command {
     },
     /// One trainer and N receivers over loopback for many syncs with random faults (drops, corruption, restarts, tampering, slow readers); reports recovery and memory.
     Soak(soak::SoakArgs),
-    /// The GPU sync benchmark's results (scripts/gpu-bench.sh's JSON files) as a table and, with --out, a bar chart (PNG).
+    /// The GPU sync benchmarks' results (the JSON files of scripts/gpu-bench.sh, or of bench/gpu_sharded.py) as a table and, with --out, a bar chart (PNG).
     GpuReport {
         files: Vec<PathBuf>,
         #[arg(short, long)]

@@ -399,4 +399,23 @@ fn gpu_report_tables_and_draws_the_committed_gpu_results() {
     std::fs::write(&bad, r#"{"ok": true, "summary": {}}"#).unwrap();
     let err = run_err(bin().arg("gpu-report").arg(&bad));
     assert!(err.contains("/summary/full/median_ms"), "{err}");
+    // The sharded bench's results: their own two methods, the ratio recomputed here.
+    let sharded = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../docs/data/gpu-2026-11-30-tenth/sharded-bench/gpu_sharded_7b_socket.json");
+    let out = run_ok(bin().arg("gpu-report").arg(&sharded));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&sharded).unwrap()).unwrap();
+    let ratio = v["median_whole_ms"].as_f64().unwrap() / v["median_deltacast_ms"].as_f64().unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("7b socket"))
+        .expect("7b row");
+    assert!(
+        line.contains(&format!("{ratio:.1}x")),
+        "{line} lacks {ratio:.1}x"
+    );
+    assert!(out.starts_with("run") && out.contains("whole ms"), "{out}");
+    // One report per bench: results of the two benches together are refused.
+    let err = run_err(bin().arg("gpu-report").arg(&files[0]).arg(&sharded));
+    assert!(err.contains("different benches"), "{err}");
 }
