@@ -619,6 +619,29 @@ pub fn rebase_chunk_records(records: &mut [u8], position_base: u64, value_base: 
     Ok(())
 }
 
+/// Checks the shards of one slot of `numel` elements as the trainer ranks hold them, in rank
+/// order (`runs[r]` = (first element, elements) of rank r's shard): the non-empty ones must
+/// follow each other with no gap or overlap, from element 0, and cover the slot exactly.
+/// (Where an empty shard says it starts does not matter.)
+pub fn check_shard_runs(name: &str, numel: u64, runs: &[(u64, u64)]) -> Result<()> {
+    let bad = |why: String| Err(CudaError::InvalidArgument(why));
+    let mut next = 0u64;
+    for &(first, count) in runs {
+        if count > 0 && first != next {
+            return bad(format!(
+                "the shards of `{name}` do not follow each other in rank order: {runs:?}"
+            ));
+        }
+        next = next.saturating_add(count);
+    }
+    if next != numel {
+        return bad(format!(
+            "the shards of `{name}` hold {next} of its {numel} elements: {runs:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// The sections chosen for one chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkChoice {
@@ -1188,5 +1211,72 @@ mod tests {
                 "{chunks} chunks"
             );
         }
+    }
+
+    /// The shard layout check against an oracle that marks every element each shard claims:
+    /// valid exactly when every element is claimed once and the shards run in rank order.
+    #[test]
+    fn shard_runs_are_valid_exactly_when_they_tile_the_slot_in_rank_order() {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |below: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % below
+        };
+        let (mut valid, mut invalid) = (0, 0);
+        for _ in 0..20_000 {
+            let numel = next(40);
+            let world = 1 + next(5) as usize;
+            // Mostly a correct cut (as torch.chunk makes), then a random disturbance.
+            let per = numel.div_ceil(world as u64).max(1);
+            let mut runs: Vec<(u64, u64)> = (0..world as u64)
+                .map(|r| {
+                    let first = (r * per).min(numel);
+                    (first, per.min(numel - first))
+                })
+                .collect();
+            match next(4) {
+                0 => {}
+                1 => {
+                    let r = next(world as u64) as usize;
+                    runs[r].0 = next(numel + 2);
+                }
+                2 => {
+                    let r = next(world as u64) as usize;
+                    runs[r].1 = next(numel + 2);
+                }
+                _ => runs.reverse(),
+            }
+            // The oracle: claims per element, and the claimed starts in rank order.
+            let mut claims = vec![0u32; numel as usize];
+            let mut beyond = false;
+            for &(first, count) in &runs {
+                for e in first..first + count {
+                    match claims.get_mut(e as usize) {
+                        Some(c) => *c += 1,
+                        None => beyond = true,
+                    }
+                }
+            }
+            let starts: Vec<u64> = runs.iter().filter(|r| r.1 > 0).map(|r| r.0).collect();
+            let ordered = starts.windows(2).all(|w| w[0] < w[1]);
+            let tiles = !beyond && claims.iter().all(|&c| c == 1) && ordered;
+            let got = check_shard_runs("w", numel, &runs);
+            assert_eq!(
+                got.is_ok(),
+                tiles,
+                "{numel} elements, runs {runs:?}: {got:?}"
+            );
+            if tiles {
+                valid += 1;
+            } else {
+                invalid += 1;
+            }
+        }
+        assert!(
+            valid > 1000 && invalid > 1000,
+            "{valid} valid, {invalid} invalid"
+        );
     }
 }

@@ -35,8 +35,8 @@ use super::{
 use crate::error::{CudaError, Result};
 use crate::nccl::NcclComm;
 use crate::protocol::{
-    plan_stages, rebase_chunk_records, Header, Manifest, SyncKind, TableLimits, CHUNK_RECORD_BYTES,
-    HEADER_BYTES, MAX_TRAINER_RANKS, SLOT_RECORD_BYTES,
+    check_shard_runs, plan_stages, rebase_chunk_records, Header, Manifest, SyncKind, TableLimits,
+    CHUNK_RECORD_BYTES, HEADER_BYTES, MAX_TRAINER_RANKS, SLOT_RECORD_BYTES,
 };
 use crate::{
     CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput, Gpu, DECODE_SLACK,
@@ -1105,23 +1105,7 @@ fn agree_on_layout(
         let runs: Vec<(u64, u64)> = (0..world)
             .map(|r| (all[r][2 * i], all[r][2 * i + 1]))
             .collect();
-        let mut next = 0u64;
-        for &(first, numel) in &runs {
-            if numel > 0 && first != next {
-                return Err(CudaError::InvalidArgument(format!(
-                    "the shards of `{}` do not follow each other in rank order: {runs:?}",
-                    slot.name
-                )));
-            }
-            next = next.saturating_add(numel);
-        }
-        if next != slot.numel() {
-            return Err(CudaError::InvalidArgument(format!(
-                "the shards of `{}` hold {next} of its {} elements: {runs:?}",
-                slot.name,
-                slot.numel()
-            )));
-        }
+        check_shard_runs(&slot.name, slot.numel(), &runs)?;
         layout.push(runs);
     }
     Ok(layout)
