@@ -565,13 +565,7 @@ fn sharded_rank(
     let receivers =
         (rank == 0).then(|| NcclComm::new(&receivers_uid, 2, 0).expect("receivers comm"));
     let mut rng = Rng(42);
-    let mut host: Vec<Vec<u8>> = SHAPES
-        .iter()
-        .map(|(_, d, s)| {
-            let n = s.iter().product::<u64>() as usize * d.width();
-            (0..n).map(|_| rng.next_u64() as u8).collect()
-        })
-        .collect();
+    let mut host = initial_tensors(&mut rng);
     // (first element, elements, element width) of this rank's shard of each slot.
     let runs: Vec<(usize, usize, usize)> = SHAPES
         .iter()
@@ -622,13 +616,7 @@ fn sharded_rank(
     }
     for (step, &(density, before)) in steps.iter().enumerate() {
         let previous = host.clone();
-        let held = host[TAMPERED_SLOT][0];
-        for ((_, d, _), h) in SHAPES.iter().zip(host.iter_mut()) {
-            mutate(&mut rng, h, d.width(), density);
-        }
-        if before == Before::TamperUnseen {
-            host[TAMPERED_SLOT][0] = held ^ 2;
-        }
+        next_step(&mut rng, &mut host, density, before);
         for ((h, b), run) in host.iter().zip(&bufs).zip(&runs) {
             // SAFETY: the buffer holds exactly this rank's part.
             unsafe { s.gpu().copy_to_device(b.ptr(), &part(h, run)) }.expect("upload");
@@ -666,6 +654,30 @@ fn sharded_rank(
     outcomes
 }
 
+/// The test's tensors before the first step: random bytes laid out as SHAPES.
+fn initial_tensors(rng: &mut Rng) -> Vec<Vec<u8>> {
+    SHAPES
+        .iter()
+        .map(|(_, d, s)| {
+            let n = s.iter().product::<u64>() as usize * d.width();
+            (0..n).map(|_| rng.next_u64() as u8).collect()
+        })
+        .collect()
+}
+
+/// One scripted step of the tensors: `density` of the elements changed; before a
+/// `TamperUnseen` step the tampered element also changes, to bits that differ from the
+/// receiver's and from its tampered ones.
+fn next_step(rng: &mut Rng, host: &mut [Vec<u8>], density: f64, before: Before) {
+    let held = host[TAMPERED_SLOT][0];
+    for ((_, d, _), h) in SHAPES.iter().zip(host.iter_mut()) {
+        mutate(rng, h, d.width(), density);
+    }
+    if before == Before::TamperUnseen {
+        host[TAMPERED_SLOT][0] = held ^ 2;
+    }
+}
+
 /// Runs the scripted steps with the sender's snapshot at `place` (and the entropy codecs or
 /// not); asserts the receiver's bytes after every step; returns (sender outcome, receiver
 /// outcome) and the payload bytes per step.
@@ -684,13 +696,7 @@ fn run_script(
         gpu.make_current().expect("current");
         let comm = NcclComm::new(&uid, 2, 0).expect("comm rank 0");
         let mut rng = Rng(42);
-        let mut host: Vec<Vec<u8>> = SHAPES
-            .iter()
-            .map(|(_, d, s)| {
-                let n = s.iter().product::<u64>() as usize * d.width();
-                (0..n).map(|_| rng.next_u64() as u8).collect()
-            })
-            .collect();
+        let mut host = initial_tensors(&mut rng);
         let bufs: Vec<DeviceBuffer> = host
             .iter()
             .map(|h| gpu.upload(h).expect("upload"))
@@ -722,14 +728,7 @@ fn run_script(
         let mut payloads = vec![report.payload_bytes];
         truth_tx.send((0, host.clone(), outcome(&report))).unwrap();
         for (step, &(density, before)) in steps.iter().enumerate() {
-            let held = host[TAMPERED_SLOT][0];
-            for ((_, d, _), h) in SHAPES.iter().zip(host.iter_mut()) {
-                mutate(&mut rng, h, d.width(), density);
-            }
-            if before == Before::TamperUnseen {
-                // Differs from the bits the receiver held and from its tampered ones.
-                host[TAMPERED_SLOT][0] = held ^ 2;
-            }
+            next_step(&mut rng, &mut host, density, before);
             for (h, b) in host.iter().zip(&bufs) {
                 // SAFETY: the buffer holds exactly h.len() bytes.
                 unsafe { s.gpu().copy_to_device(b.ptr(), h) }.expect("upload");

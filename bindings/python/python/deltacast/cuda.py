@@ -111,7 +111,36 @@ def _check_options(entropy: Union[bool, str], snapshot: str, stage_bytes: int) -
     return entropy
 
 
-class GpuSender:
+class _Sender:
+    """What both senders offer over their native object (``self._native``, on CUDA device
+    ``self.device``). A sharded sender's calls are collective over the trainer ranks, its
+    ``close`` the leader's alone, and its ``digests`` the whole tensors' (the same on every
+    rank)."""
+
+    def seed(self) -> dict:
+        """Sends every tensor whole; returns metrics once every receiver acked."""
+        return self._native.seed(_stream(self.device))
+
+    def sync(self) -> dict:
+        """Sends what changed since the last sync (a seed when one is due): a dict with
+        ``kind`` ('delta', 'dense' or 'seed'), ``version``, ``changed``, ``numel``,
+        ``changed_ratio``, ``payload_bytes``, ``chunks``, ``time_ms``, ``diff_ms``."""
+        return self._native.sync(_stream(self.device))
+
+    def close(self) -> None:
+        """Tells the receivers no sync follows (their ``receive()`` returns ``None``)."""
+        self._native.close()
+
+    @property
+    def version(self) -> int:
+        return self._native.version
+
+    @property
+    def digests(self) -> list:
+        return self._native.digests
+
+
+class GpuSender(_Sender):
     """The trainer side. ``named_tensors``: ``(name, tensor)`` pairs (``named_parameters()``
     works; parameters are read through ``.data``). ``snapshots``: optional tensors of the
     same shapes and dtypes to hold the previous version (else allocated inside).
@@ -180,20 +209,6 @@ class GpuSender:
             entropy, int(stage_bytes),
         )
 
-    def seed(self) -> dict:
-        """Sends every tensor whole; returns metrics once every receiver acked."""
-        return self._native.seed(_stream(self.device))
-
-    def sync(self) -> dict:
-        """Sends what changed since the last sync (a seed when one is due): a dict with
-        ``kind`` ('delta', 'dense' or 'seed'), ``version``, ``changed``, ``numel``,
-        ``changed_ratio``, ``payload_bytes``, ``chunks``, ``time_ms``, ``diff_ms``."""
-        return self._native.sync(_stream(self.device))
-
-    def close(self) -> None:
-        """Tells the receivers no sync follows (their ``receive()`` returns ``None``)."""
-        self._native.close()
-
     @property
     def staging_bytes(self) -> int:
         """Device bytes held besides the tensors: the snapshot when allocated here on the
@@ -204,14 +219,6 @@ class GpuSender:
     def host_bytes(self) -> int:
         """Pinned host bytes held: the snapshot with ``snapshot="pinned"``, else 0."""
         return self._native.host_bytes
-
-    @property
-    def version(self) -> int:
-        return self._native.version
-
-    @property
-    def digests(self) -> list:
-        return self._native.digests
 
 
 def dim0_shard(rows: int, rank: int, world: int) -> Tuple[int, int]:
@@ -283,7 +290,7 @@ def _default_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-class GpuShardedSender:
+class GpuShardedSender(_Sender):
     """One trainer rank of a sharded model (e.g. FSDP2): each rank diffs only its own shards;
     the leader (trainer rank 0) gathers exactly the encoded changes of every rank over
     ``trainers`` (an ``NcclComm`` of the trainer ranks) and sends each sync to the receivers
@@ -336,28 +343,6 @@ class GpuShardedSender:
             trainers, receivers, native_shards, root, chunk_elems, capacity, timeout_s,
             snapshot, entropy, int(stage_bytes),
         )
-
-    def seed(self) -> dict:
-        """Sends every tensor whole (collective); returns once every receiver acked."""
-        return self._native.seed(_stream(self.device))
-
-    def sync(self) -> dict:
-        """Sends what changed since the last sync (collective; a seed when one is due): the
-        same dict as ``GpuSender.sync`` (``changed`` and ``payload_bytes`` over all ranks)."""
-        return self._native.sync(_stream(self.device))
-
-    def close(self) -> None:
-        """Tells the receivers no sync follows (the leader; nothing on the other ranks)."""
-        self._native.close()
-
-    @property
-    def version(self) -> int:
-        return self._native.version
-
-    @property
-    def digests(self) -> list:
-        """Every tensor's whole digest at the last version (the same on every rank)."""
-        return self._native.digests
 
 
 class GpuReceiver:

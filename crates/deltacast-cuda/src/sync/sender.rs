@@ -14,7 +14,10 @@ use super::{
 };
 use crate::error::{CudaError, Result};
 use crate::nccl::NcclComm;
-use crate::protocol::{plan_stages, Header, Manifest, SyncKind, HEADER_BYTES, MIN_CHUNK_ELEMS};
+use crate::protocol::{
+    plan_stages, Header, Manifest, SyncKind, CHUNK_RECORD_BYTES, HEADER_BYTES, MIN_CHUNK_ELEMS,
+    SLOT_RECORD_BYTES,
+};
 use crate::{
     CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent,
     GpuStream, HostBuffer, DECODE_SLACK,
@@ -800,18 +803,9 @@ impl GpuSender {
         phases.mark_now("counted");
         let (pos_bytes, value_bytes) = (plan.position_bytes, plan.value_bytes);
         let num_chunks = plan.records.len() as u64;
-        let manifest = Manifest {
-            digests: self.digests[range.clone()]
-                .iter()
-                .copied()
-                .zip(after[range.clone()].iter().copied())
-                .collect(),
-            chunks: plan.records.clone(),
-        }
-        .encode();
-        let delta_bytes = HEADER_BYTES as u64 + manifest.len() as u64 + pos_bytes + value_bytes;
-        let dense_bytes =
-            (HEADER_BYTES + range.len() * crate::protocol::SLOT_RECORD_BYTES) as u64 + stage_bytes;
+        let fixed = (HEADER_BYTES + range.len() * SLOT_RECORD_BYTES) as u64;
+        let delta_bytes = fixed + num_chunks * CHUNK_RECORD_BYTES as u64 + pos_bytes + value_bytes;
+        let dense_bytes = fixed + stage_bytes;
         if delta_bytes > dense_bytes {
             // Dense wins: the snapshot and digests are already current.
             totals.payload_bytes +=
@@ -834,6 +828,15 @@ impl GpuSender {
             )?
         };
         phases.mark_now("placed");
+        let manifest = Manifest {
+            digests: self.digests[range.clone()]
+                .iter()
+                .copied()
+                .zip(after[range.clone()].iter().copied())
+                .collect(),
+            chunks: plan.records,
+        }
+        .encode();
         phases.lap("encode", mark);
         let header = Header {
             kind: SyncKind::Delta,
