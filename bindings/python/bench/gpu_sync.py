@@ -148,43 +148,117 @@ def free_port() -> int:
 
 
 class Ctx:
-    """What both ranks share: rank, device, store, and a few collectives."""
+    """What both ranks share: rank, device, store, and a few collectives. With ``ipc`` the
+    process group is gloo (NCCL refuses two ranks on one GPU): control messages are CPU
+    tensors, and GPU work is synchronised before each of them."""
 
-    def __init__(self, rank, device, store, cpu):
+    def __init__(self, rank, device, store, cpu, ipc=False):
         import torch
         self.torch = torch
         self.rank = rank
         self.device = device
         self.store = store
         self.cpu = cpu
+        self.ipc = ipc
+        # Where control tensors live: the GPU for NCCL, the host for gloo.
+        self.ctl = torch.device("cpu") if ipc or cpu else device
 
     def cuda_sync(self):
         if not self.cpu:
             self.torch.cuda.synchronize(self.device)
 
+    def meet(self):
+        """Both ranks at one point (host only; the caller synchronised what it must)."""
+        import torch.distributed as dist
+        dist.all_reduce(self.torch.zeros(1, dtype=self.torch.int32, device=self.ctl))
+
     def barrier(self):
         """Untimed meeting point: both ranks idle, all queued GPU work done."""
         import torch.distributed as dist
         self.cuda_sync()
-        t = self.torch.zeros(1, dtype=self.torch.int32, device=self.device)
+        t = self.torch.zeros(1, dtype=self.torch.int32, device=self.ctl)
         dist.all_reduce(t)
         self.cuda_sync()
 
     def ack(self, status: int = 1):
         """The receiver's acknowledgement for (a) and (b): one all-reduce of one int32, entered
         by the receiver after its apply was queued on its stream (so it completes only after
-        the apply). Returns the summed status."""
+        the apply; over gloo the receiver first waits for its GPU). Returns the summed
+        status."""
         import torch.distributed as dist
-        t = self.torch.full((1,), status, dtype=self.torch.int32, device=self.device)
+        if self.ipc:
+            self.cuda_sync()
+        t = self.torch.full((1,), status, dtype=self.torch.int32, device=self.ctl)
         dist.all_reduce(t)
         return t
+
+    def broadcast_ints(self, values, n):
+        """The trainer's ``n`` int64 values to both ranks (timed: part of (b))."""
+        import torch.distributed as dist
+        t = (self.torch.tensor(values, dtype=self.torch.int64, device=self.ctl)
+             if self.rank == 0 else self.torch.empty(n, dtype=self.torch.int64, device=self.ctl))
+        dist.broadcast(t, src=0)
+        return t.tolist()
 
     def sum_ints(self, values):
         """Untimed exchange of a few counters (summed over both ranks)."""
         import torch.distributed as dist
-        t = self.torch.tensor(values, dtype=self.torch.int64, device=self.device)
+        t = self.torch.tensor(values, dtype=self.torch.int64, device=self.ctl)
         dist.all_reduce(t)
         return [int(x) for x in t.tolist()]
+
+
+class NcclBucket:
+    """A bucket each rank holds, moved by one torch.distributed NCCL broadcast."""
+
+    def __init__(self, ctx, nbytes, name):
+        import torch
+        self.buf = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
+
+    def send(self, n):
+        import torch.distributed as dist
+        dist.broadcast(self.buf[:n], src=0)
+
+    def recv_begin(self, n):
+        import torch.distributed as dist
+        dist.broadcast(self.buf[:n], src=0)
+        return self.buf[:n]
+
+    def recv_end(self):
+        pass
+
+
+class IpcBucket:
+    """A bucket on the trainer's GPU that the receiver maps by CUDA IPC (torch's
+    ``reduce_tensor`` handle, shared once through the store), as colocated RL systems hand
+    weights to an inference engine: the trainer fills it, waits for its GPU and says so; the
+    receiver copies out of it, waits for its GPU and says so; then the trainer may refill."""
+
+    def __init__(self, ctx, nbytes, name):
+        import pickle
+        import torch
+        from torch.multiprocessing.reductions import reduce_tensor
+        self.ctx = ctx
+        if ctx.rank == 0:
+            self.buf = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
+            ctx.store.set(f"ipc_{name}", pickle.dumps(reduce_tensor(self.buf)))
+        else:
+            rebuild, rargs = pickle.loads(ctx.store.get(f"ipc_{name}"))
+            self.buf = rebuild(*rargs)
+        ctx.meet()  # the receiver has mapped it before the trainer goes on
+
+    def send(self, n):
+        self.ctx.cuda_sync()
+        self.ctx.meet()  # filled
+        self.ctx.meet()  # drained
+
+    def recv_begin(self, n):
+        self.ctx.meet()
+        return self.buf[:n]
+
+    def recv_end(self):
+        self.ctx.cuda_sync()
+        self.ctx.meet()
 
 
 def make_config(name: str):
@@ -313,27 +387,25 @@ class FullBroadcast:
                     pieces, used = [], 0
         if used:
             self.plan.append((used, pieces))
-        self.bucket = torch.empty(min(bucket_bytes, max(self.total, 1)), dtype=torch.uint8,
-                                  device=ctx.device)
+        self.bucket = (IpcBucket if ctx.ipc else NcclBucket)(
+            ctx, min(bucket_bytes, max(self.total, 1)), "full")
 
     def send(self, tensors):
-        import torch.distributed as dist
         flat = [bytes_view(t) for t in tensors]
-        b = self.bucket
+        b = self.bucket.buf
         for used, pieces in self.plan:
             for i, src, n, dst in pieces:
                 b[dst:dst + n].copy_(flat[i][src:src + n])
-            dist.broadcast(b[:used], src=0)
+            self.bucket.send(used)
         return self.ctx.ack()
 
     def recv(self, targets):
-        import torch.distributed as dist
         flat = [bytes_view(t) for t in targets]
-        b = self.bucket
         for used, pieces in self.plan:
-            dist.broadcast(b[:used], src=0)
+            b = self.bucket.recv_begin(used)
             for i, src, n, dst in pieces:
                 flat[i][src:src + n].copy_(b[dst:dst + n])
+            self.bucket.recv_end()
         return self.ctx.ack()
 
 
@@ -349,7 +421,8 @@ class PlainDelta:
         self.ctx = ctx
         self.n = len(tensors)
         self.cap = bucket_bytes // self.ENTRY
-        self.bucket = torch.empty(self.cap * self.ENTRY, dtype=torch.uint8, device=ctx.device)
+        self.xfer = (IpcBucket if ctx.ipc else NcclBucket)(ctx, self.cap * self.ENTRY, "plain")
+        self.bucket = self.xfer.buf
 
     def _buckets(self, counts):
         """For every bucket: (entries, [(param, first entry within it, length, bucket slot)])."""
@@ -370,15 +443,15 @@ class PlainDelta:
         assert sum(f for f, _ in out) == total
         return out
 
-    def _views(self, k):
+    def _views(self, k, bucket=None):
         import torch
-        pos = self.bucket[:4 * k].view(torch.int32)
-        val = self.bucket[4 * k:6 * k].view(torch.bfloat16)
+        b = self.bucket if bucket is None else bucket
+        pos = b[:4 * k].view(torch.int32)
+        val = b[4 * k:6 * k].view(torch.bfloat16)
         return pos, val
 
     def send(self, cur, snaps):
         import torch
-        import torch.distributed as dist
         idxs, vals = [], []
         for c, s in zip(cur, snaps):
             ne = c.view(torch.int16) != s.view(torch.int16)
@@ -387,29 +460,25 @@ class PlainDelta:
             vals.append(c.flatten()[idx])
         del ne
         counts = [int(i.numel()) for i in idxs]
-        dist.broadcast(torch.tensor(counts, dtype=torch.int64, device=self.ctx.device), src=0)
+        self.ctx.broadcast_ints(counts, self.n)
         for k, segs in self._buckets(counts):
             pos, val = self._views(k)
             for i, a, n, off in segs:
                 pos[off:off + n].copy_(idxs[i][a:a + n])
                 val[off:off + n].copy_(vals[i][a:a + n])
-            dist.broadcast(self.bucket[:self.ENTRY * k], src=0)
+            self.xfer.send(self.ENTRY * k)
         self.ctx.ack()
         return sum(counts)
 
     def recv(self, targets):
-        import torch
-        import torch.distributed as dist
-        counts_t = torch.empty(self.n, dtype=torch.int64, device=self.ctx.device)
-        dist.broadcast(counts_t, src=0)
-        counts = counts_t.tolist()
+        counts = self.ctx.broadcast_ints(None, self.n)
         flat = [t.view(-1) for t in targets]
         for k, segs in self._buckets(counts):
-            dist.broadcast(self.bucket[:self.ENTRY * k], src=0)
-            pos, val = self._views(k)
+            pos, val = self._views(k, self.xfer.recv_begin(self.ENTRY * k))
             for i, _, n, off in segs:
                 # index_copy_ takes int64 indices only: widen on the receiver (wire stays int32).
                 flat[i].index_copy_(0, pos[off:off + n].long(), val[off:off + n])
+            self.xfer.recv_end()
         self.ctx.ack()
         return sum(counts)
 
@@ -491,24 +560,25 @@ def run_rank(rank: int, args, port: int):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     cpu = args.cpu_smoke
+    ipc = args.transport == "ipc"
     if cpu:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     else:
-        device = torch.device("cuda", rank)
+        device = torch.device("cuda", args.devices[rank])
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=args.timeout_s)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timeout)
-    kw = dict(backend="gloo" if cpu else "nccl", store=store, rank=rank, world_size=2,
+    kw = dict(backend="gloo" if cpu or ipc else "nccl", store=store, rank=rank, world_size=2,
               timeout=timeout)
-    if not cpu:
+    if not cpu and not ipc:
         kw["device_id"] = device
     try:
         dist.init_process_group(**kw)
     except TypeError:  # an older torch without device_id
         kw.pop("device_id", None)
         dist.init_process_group(**kw)
-    ctx = Ctx(rank, device, store, cpu)
+    ctx = Ctx(rank, device, store, cpu, ipc)
     ctx.barrier()  # torch's communicator exists from here on
 
     cfg = make_config(args.model)
@@ -537,7 +607,8 @@ def run_rank(rank: int, args, port: int):
     if rank == 0:
         log(f"gpu_sync: model {args.model} ({len(tensors)} tensors, {numel / 1e6:.2f}M elements, "
             f"{fmt_bytes(nbytes)} BF16), transport {args.transport}, "
-            f"{'gloo/CPU' if cpu else 'NCCL ' + torch.cuda.get_device_name(device)}, "
+            f"{'gloo/CPU' if cpu else torch.cuda.get_device_name(device)}"
+            f"{' (both processes on cuda:0)' if ipc and args.devices[1] == 0 else ''}, "
             f"built in {build_s:.1f} s")
 
     # deltacast: both ranks must agree that it runs.
@@ -556,15 +627,21 @@ def run_rank(rank: int, args, port: int):
     sender = receiver = None
     dc_errors = (Exception,)
     if use_dc:
-        if rank == 0:
-            uid = dcc.nccl_unique_id()
-            store.set("deltacast_uid", uid)
-        else:
-            uid = store.get("deltacast_uid")
         if not cpu:
             torch.cuda.empty_cache()  # hand torch's cached blocks back before deltacast allocates
         ordinal = rank if cpu else device.index  # cpu: only with a stand-in module
-        comm = dcc.NcclComm(bytes(uid), 2, rank, ordinal)
+        if ipc:
+            if rank == 0:
+                store.set("deltacast_ipc", f"127.0.0.1:{free_port()}")
+            address = store.get("deltacast_ipc").decode()
+            comm = dcc.IpcComm(address, 2, rank, ordinal, timeout_s=args.timeout_s)
+        else:
+            if rank == 0:
+                uid = dcc.nccl_unique_id()
+                store.set("deltacast_uid", uid)
+            else:
+                uid = store.get("deltacast_uid")
+            comm = dcc.NcclComm(bytes(uid), 2, rank, ordinal)
         stage_kw = ({} if args.stage_mib is None
                     else {"stage_bytes": int(args.stage_mib * (1 << 20))})
         if rank == 0:
@@ -820,7 +897,7 @@ def report(args, rows, recv, totals, gen, use_dc, why, numel, nbytes, ntensors, 
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__,
                      "cuda": torch.version.cuda, "nccl": _nccl_version(torch)},
-        "devices": ([torch.cuda.get_device_name(i) for i in range(2)]
+        "devices": ([f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in args.devices]
                     if not args.cpu_smoke else ["cpu", "cpu"]),
         "build_s": build_s,
         "torch_memory": {"trainer": mem, "receiver": recv["torch_memory"]},
@@ -909,6 +986,8 @@ def out_name(args):
     suffix = {"auto": "", "on": "_entropy", "off": "_noentropy"}[args.entropy]
     if args.stage_mib is not None:
         suffix += f"_stage{args.stage_mib:g}"
+    if args.transport == "ipc" and args.devices[1] == 0:
+        suffix += "_onegpu"
     return f"gpu_sync_{args.model}_{args.transport}{suffix}.json"
 
 
@@ -923,7 +1002,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=8, help="timed steps (default 8)")
     ap.add_argument("--warmup-steps", type=int, default=1,
                     help="steps that run every method but stay out of the medians (default 1)")
-    ap.add_argument("--transport", choices=["nvlink", "socket"], default="nvlink")
+    ap.add_argument("--transport", choices=["nvlink", "socket", "ipc"], default="nvlink",
+                    help="nvlink / socket: NCCL (two GPUs); ipc: CUDA IPC for all three "
+                         "methods, gloo for control (two processes on one GPU, or two GPUs)")
+    ap.add_argument("--same-gpu", action="store_true",
+                    help="with --transport ipc: both processes on cuda:0 even when a second "
+                         "GPU is visible (the default when only one is)")
     ap.add_argument("--out", default="bench-out", help="folder for the JSON (default bench-out)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny model, gloo, two CPU processes; (c) skipped")
@@ -964,11 +1048,15 @@ def main(argv=None):
     import torch
     import torch.multiprocessing as mp
 
+    args.devices = [0, 1]
     if not args.cpu_smoke:
         n = torch.cuda.device_count()
-        if n < 2:
-            log(f"gpu_sync: SKIPPED: needs two GPUs (trainer on cuda:0, receiver on cuda:1), "
-                f"found {n}; NCCL cannot put both ranks on one GPU. Nothing was measured.")
+        if args.transport == "ipc" and n >= 1:
+            args.devices = [0, 0] if n < 2 or args.same_gpu else [0, 1]
+        elif n < 2:
+            log(f"gpu_sync: SKIPPED: --transport {args.transport} needs two GPUs (trainer on "
+                f"cuda:0, receiver on cuda:1), found {n}; NCCL cannot put both ranks on one "
+                f"GPU (--transport ipc can). Nothing was measured.")
             return 0
     port = free_port()
     os.environ["MASTER_PORT"] = str(port)

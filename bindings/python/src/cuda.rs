@@ -5,11 +5,12 @@
 
 use std::time::Duration;
 
-use deltacast_cuda::nccl;
+use deltacast_cuda::link::Link;
 use deltacast_cuda::sync::{
     EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuShard, GpuShardedSender,
     GpuSyncReport, GpuTensor, SnapshotPlace,
 };
+use deltacast_cuda::{ipc, nccl};
 use deltacast_cuda::{CudaError, Gpu};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -64,6 +65,7 @@ pub fn cuda_to_py(err: CudaError) -> PyErr {
             }
             CudaError::Timeout { .. } => raise("SyncTimeoutError", message, &[]),
             CudaError::NcclNotFound(_) | CudaError::Nccl { .. } => raise("NcclError", message, &[]),
+            CudaError::Link { .. } => raise("IpcLinkError", message, &[]),
             CudaError::NotBuilt(_)
             | CudaError::DriverNotFound(_)
             | CudaError::NvrtcNotFound(_)
@@ -187,6 +189,101 @@ impl NcclComm {
     }
 }
 
+/// One rank of a CUDA-IPC link (processes of one machine, any number of them on one GPU):
+/// rank 0 listens at `address` and owns the staging, the others connect. Made once, then
+/// handed to exactly one `GpuSender` (rank 0) or `GpuReceiver`.
+#[pyclass(module = "deltacast._native")]
+pub struct IpcComm {
+    parts: Option<(Gpu, ipc::IpcComm)>,
+    rank: usize,
+    nranks: usize,
+    device: usize,
+}
+
+#[pymethods]
+impl IpcComm {
+    /// Joins the link at `address` ("127.0.0.1:port") as `rank` of `nranks` on CUDA device
+    /// `device`; blocks (GIL released) until every rank has joined, at most `timeout_s`.
+    #[new]
+    #[pyo3(signature = (address, nranks, rank, device, timeout_s=300.0, slots=4, slot_bytes=64 << 20))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        address: &str,
+        nranks: usize,
+        rank: usize,
+        device: usize,
+        timeout_s: f64,
+        slots: u64,
+        slot_bytes: u64,
+    ) -> PyResult<Self> {
+        let options = ipc::IpcOptions {
+            slots,
+            slot_bytes,
+            timeout: timeout(timeout_s)?,
+        };
+        options.check(nranks, rank).py()?;
+        let parts = py
+            .detach(|| -> Result<_, CudaError> {
+                let gpu = Gpu::new(device)?;
+                let comm = ipc::IpcComm::new(&gpu, address, nranks, rank, options)?;
+                Ok((gpu, comm))
+            })
+            .py()?;
+        Ok(IpcComm {
+            parts: Some(parts),
+            rank,
+            nranks,
+            device,
+        })
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    #[getter]
+    fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "IpcComm(rank={}, nranks={}, device={}{})",
+            self.rank,
+            self.nranks,
+            self.device,
+            if self.parts.is_none() { ", taken" } else { "" }
+        )
+    }
+}
+
+/// Either communicator, as a sender or receiver takes it.
+#[derive(FromPyObject)]
+enum AnyComm<'py> {
+    Nccl(PyRefMut<'py, NcclComm>),
+    Ipc(PyRefMut<'py, IpcComm>),
+}
+
+impl AnyComm<'_> {
+    fn take(self) -> PyResult<(Gpu, Link)> {
+        match self {
+            AnyComm::Nccl(mut c) => c.take().map(|(g, c)| (g, c.into())),
+            AnyComm::Ipc(mut c) => c
+                .parts
+                .take()
+                .map(|(g, c)| (g, c.into()))
+                .ok_or_else(|| invalid("this IpcComm already belongs to a sender or receiver")),
+        }
+    }
+}
+
 /// `(name, data_ptr, dtype, shape)` tuples into tensors.
 fn tensors(specs: Vec<(String, u64, String, Vec<u64>)>) -> PyResult<Vec<GpuTensor>> {
     specs
@@ -252,7 +349,7 @@ impl NativeGpuSender {
     #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0, snapshot="device", entropy="auto", stage_bytes=deltacast_cuda::sync::DEFAULT_STAGE_BYTES))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        comm: &mut NcclComm,
+        comm: AnyComm<'_>,
         tensors: Vec<(String, u64, String, Vec<u64>)>,
         snapshots: Option<Vec<u64>>,
         root: usize,
@@ -275,10 +372,10 @@ impl NativeGpuSender {
             entropy,
             stage_bytes,
         };
-        let (gpu, nccl) = comm.take()?;
+        let (gpu, link) = comm.take()?;
         // SAFETY: the Python wrapper passes live CUDA tensors of this device (checked there:
         // device, contiguity, dtype) and keeps references to them for the sender's life.
-        let inner = unsafe { GpuSender::new(gpu, nccl, tensors, snapshots, config) }.py()?;
+        let inner = unsafe { GpuSender::new(gpu, link, tensors, snapshots, config) }.py()?;
         Ok(NativeGpuSender { inner })
     }
 
@@ -510,16 +607,16 @@ impl NativeGpuReceiver {
     #[new]
     #[pyo3(signature = (comm, tensors, root=0, timeout_s=300.0))]
     fn new(
-        comm: &mut NcclComm,
+        comm: AnyComm<'_>,
         tensors: Vec<(String, u64, String, Vec<u64>)>,
         root: usize,
         timeout_s: f64,
     ) -> PyResult<Self> {
         let tensors = self::tensors(tensors)?;
         let timeout = timeout(timeout_s)?;
-        let (gpu, nccl) = comm.take()?;
+        let (gpu, link) = comm.take()?;
         // SAFETY: as for the sender; the tensors are written in place.
-        let inner = unsafe { GpuReceiver::new(gpu, nccl, tensors, root, timeout) }.py()?;
+        let inner = unsafe { GpuReceiver::new(gpu, link, tensors, root, timeout) }.py()?;
         Ok(NativeGpuReceiver { inner })
     }
 

@@ -35,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::write_sync_file, m)?)?;
     m.add_function(wrap_pyfunction!(files::frame_header, m)?)?;
     m.add_class::<cuda::NcclComm>()?;
+    m.add_class::<cuda::IpcComm>()?;
     m.add_class::<cuda::NativeGpuSender>()?;
     m.add_class::<cuda::NativeGpuShardedSender>()?;
     m.add_class::<cuda::NativeGpuReceiver>()?;

@@ -30,6 +30,7 @@ def test_errors_without_a_gpu_are_clear():
 
 def test_error_classes_form_one_tree():
     assert issubclass(dc.NcclError, dc.CudaError)
+    assert issubclass(dc.IpcLinkError, dc.CudaError)
     assert issubclass(dc.CudaError, dc.DeltacastError)
     assert issubclass(dc.SyncTimeoutError, TimeoutError)
     assert issubclass(dc.ReceiverRefusedError, dc.DeltacastError)
@@ -47,6 +48,15 @@ def test_snapshot_place_entropy_and_stages_are_checked_before_anything_runs():
     for bad in (-1, 1.5, "2G", True, 1 << 64):
         with pytest.raises(dc.InvalidArgumentError, match="stage_bytes"):
             dcc.GpuSender(None, [], stage_bytes=bad)
+
+
+def _one_gpu():
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    pytest.importorskip("transformers", reason="transformers not installed")
+    ok, why = dcc.available()
+    if not ok:
+        pytest.skip(why)
+    return torch
 
 
 def _two_gpus():
@@ -75,25 +85,35 @@ def _config():
     )
 
 
-def _trainer(uid, queue, steps, snapshot, stage_bytes):
+def _comm(link, rank, device):
+    """``link``: ``("nccl", unique_id)`` or ``("ipc", address, slots, slot_bytes)``."""
+    if link[0] == "nccl":
+        return dcc.NcclComm(link[1], 2, rank, device)
+    _, address, slots, slot_bytes = link
+    return dcc.IpcComm(address, 2, rank, device, timeout_s=120, slots=slots,
+                       slot_bytes=slot_bytes)
+
+
+def _trainer(link, queue, steps, snapshot, stage_bytes, device=0):
     import torch
     from transformers import Qwen2ForCausalLM
 
-    torch.cuda.set_device(0)
+    torch.cuda.set_device(device)
     torch.manual_seed(0)
-    with torch.device("cuda:0"):
+    dev = f"cuda:{device}"
+    with torch.device(dev):
         model = Qwen2ForCausalLM(_config()).to(torch.bfloat16)
         master = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
     opt = torch.optim.AdamW(master, lr=1e-5)
-    comm = dcc.NcclComm(uid, 2, 0, 0)
+    comm = _comm(link, 0, device)
     sender = dcc.GpuSender(
         comm, model.named_parameters(), chunk_elems=4096, capacity=0.5, snapshot=snapshot,
         stage_bytes=stage_bytes,
     )
     reports = [sender.seed()]
-    gen = torch.Generator(device="cuda:0").manual_seed(1)
+    gen = torch.Generator(device=dev).manual_seed(1)
     for _ in range(steps):
-        tokens = torch.randint(0, 1024, (2, 32), device="cuda:0", generator=gen)
+        tokens = torch.randint(0, 1024, (2, 32), device=dev, generator=gen)
         loss = model(tokens, labels=tokens).loss
         loss.backward()
         for m, p in zip(master, model.parameters()):
@@ -114,15 +134,15 @@ def _trainer(uid, queue, steps, snapshot, stage_bytes):
     queue.put(("trainer", reports, state, sender.host_bytes, model_bytes))
 
 
-def _receiver(uid, queue):
+def _receiver(link, queue, device=1):
     import torch
     from transformers import Qwen2ForCausalLM
 
-    torch.cuda.set_device(1)
+    torch.cuda.set_device(device)
     torch.manual_seed(123)  # other weights than the trainer's: the seed must replace them
-    with torch.device("cuda:1"):
+    with torch.device(f"cuda:{device}"):
         model = Qwen2ForCausalLM(_config()).to(torch.bfloat16)
-    comm = dcc.NcclComm(uid, 2, 1, 1)
+    comm = _comm(link, 1, device)
     receiver = dcc.GpuReceiver(comm, model.named_parameters())
     reports = []
     while True:
@@ -148,12 +168,18 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot, stage_b
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     ctx = mp.get_context("spawn")
+    link = ("nccl", dcc.nccl_unique_id())
+    _check_trained_and_synced(ctx, link, (0, 1), snapshot, stage_bytes)
+
+
+def _check_trained_and_synced(ctx, link, devices, snapshot, stage_bytes, steps=4):
+    """Trains on ``devices[0]``, receives on ``devices[1]`` (two processes of ``ctx``), and
+    checks bit-identity, versions, stages and the receiver's memory."""
     queue = ctx.Queue()
-    uid = dcc.nccl_unique_id()
-    steps = 4
     procs = [
-        ctx.Process(target=_trainer, args=(uid, queue, steps, snapshot, stage_bytes)),
-        ctx.Process(target=_receiver, args=(uid, queue)),
+        ctx.Process(target=_trainer,
+                    args=(link, queue, steps, snapshot, stage_bytes, devices[0])),
+        ctx.Process(target=_receiver, args=(link, queue, devices[1])),
     ]
     for p in procs:
         p.start()
@@ -192,6 +218,82 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot, stage_b
     journal = 2 if stage_bytes != dcc.DEFAULT_STAGE_BYTES else 0
     need = max((r["payload_bytes"] + (8 + journal) * r["changed"] for r in deltas), default=0)
     assert peak_extra < 1.25 * need + (1 << 20), (peak_extra, need, model_bytes)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "devices, slots, slot_bytes, stage_bytes",
+    [
+        # Two processes on one GPU (where NCCL refuses to run), default staging.
+        ((0, 0), 4, 64 << 20, dcc.DEFAULT_STAGE_BYTES),
+        # Slots far smaller than the broadcasts: many pieces, every slot reused many times.
+        ((0, 0), 2, 4096, 1 << 16),
+        # Across two GPUs (peer access), when there are two.
+        ((0, 1), 3, 1 << 20, dcc.DEFAULT_STAGE_BYTES),
+    ],
+)
+def test_qwen2_synced_through_cuda_ipc_is_bit_identical(devices, slots, slot_bytes,
+                                                        stage_bytes):
+    torch = _one_gpu()
+    if torch.cuda.device_count() <= max(devices):
+        pytest.skip(f"{max(devices) + 1} CUDA devices needed")
+    import torch.multiprocessing as mp
+
+    link = ("ipc", f"127.0.0.1:{_free_port()}", slots, slot_bytes)
+    _check_trained_and_synced(mp.get_context("spawn"), link, devices, "device", stage_bytes)
+
+
+def _ipc_quitter(address, queue):
+    """Joins the link as the receiver, then dies before the first sync."""
+    import torch
+
+    torch.cuda.set_device(0)
+    dcc.IpcComm(address, 2, 1, 0, timeout_s=60)
+    queue.put("joined")
+    os._exit(0)
+
+
+def test_a_receiver_that_dies_fails_the_ipc_sender_instead_of_hanging_it():
+    torch = _one_gpu()
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    address = f"127.0.0.1:{_free_port()}"
+    quitter = ctx.Process(target=_ipc_quitter, args=(address, queue))
+    quitter.start()
+    comm = dcc.IpcComm(address, 2, 0, 0, timeout_s=60, slots=2, slot_bytes=4096)
+    assert queue.get(timeout=120) == "joined"
+    quitter.join(timeout=60)
+    t = torch.zeros(1 << 16, dtype=torch.bfloat16, device="cuda:0")
+    sender = dcc.GpuSender(comm, [("t", t)], timeout_s=60)
+    with pytest.raises((dc.IpcLinkError, dc.SyncTimeoutError)):
+        sender.seed()
+    # The link is aborted: the next call fails at once, with the same class.
+    with pytest.raises(dc.IpcLinkError, match="aborted"):
+        sender.sync()
+
+
+def test_ipc_link_arguments_are_checked_before_any_gpu_work():
+    with pytest.raises(dc.InvalidArgumentError, match="at least 2 ranks"):
+        dcc.IpcComm("127.0.0.1:1", 1, 0, 0)
+    with pytest.raises(dc.InvalidArgumentError, match="rank 3 of 2"):
+        dcc.IpcComm("127.0.0.1:1", 2, 3, 0)
+    with pytest.raises(dc.InvalidArgumentError, match="staging slots"):
+        dcc.IpcComm("127.0.0.1:1", 2, 0, 0, slots=0)
+    with pytest.raises(dc.InvalidArgumentError, match="staging slots"):
+        dcc.IpcComm("127.0.0.1:1", 2, 0, 0, slots=65)
+    with pytest.raises(dc.InvalidArgumentError, match="staging slots"):
+        dcc.IpcComm("127.0.0.1:1", 2, 0, 0, slot_bytes=8)
+    with pytest.raises(dc.InvalidArgumentError, match="timeout"):
+        dcc.IpcComm("127.0.0.1:1", 2, 0, 0, timeout_s=0)
 
 
 def _rows_oracle(rows, world):

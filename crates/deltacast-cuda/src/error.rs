@@ -46,6 +46,9 @@ pub enum CudaError {
     /// An NCCL call failed (or a peer failed: NCCL's asynchronous error).
     #[error("NCCL {op} failed: {msg}")]
     Nccl { op: &'static str, msg: String },
+    /// The CUDA-IPC link failed: a peer closed its connection, or its set-up went wrong.
+    #[error("IPC link {op} failed: {msg}")]
+    Link { op: &'static str, msg: String },
     /// A collective did not finish in time; the communicator was aborted.
     #[error("{what} did not finish within {seconds} s; the communicator was aborted")]
     Timeout { what: &'static str, seconds: u64 },

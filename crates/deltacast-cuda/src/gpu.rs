@@ -125,7 +125,7 @@ struct KPlaceCell {
 }
 
 /// Runs `f`, turning a panic inside cudarc (missing library or symbol) into an error.
-fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(payload) => {
@@ -139,7 +139,7 @@ fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     }
 }
 
-fn drv(op: &'static str) -> impl Fn(cu::DriverError) -> CudaError {
+pub(crate) fn drv(op: &'static str) -> impl Fn(cu::DriverError) -> CudaError {
     move |e| {
         let msg = match (e.error_name(), e.error_string()) {
             (Ok(n), Ok(s)) => format!("{} ({})", n.to_string_lossy(), s.to_string_lossy()),
@@ -354,7 +354,7 @@ impl DeviceBuffer {
 /// Runs `release` (a driver call freeing a handle created in `ctx`) with `ctx` current, from
 /// a `Drop`: its errors (a context torn down) cannot be reported there, and a panic must not
 /// escape.
-fn release_in(ctx: sys::CUcontext, release: impl FnOnce()) {
+pub(crate) fn release_in(ctx: sys::CUcontext, release: impl FnOnce()) {
     let _ = guarded(|| {
         // SAFETY: `ctx` is the context the handle was created in (each caller's own field).
         let _ = unsafe { cu::ctx::set_current(ctx) };

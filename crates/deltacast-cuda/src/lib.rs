@@ -40,10 +40,15 @@
 mod error;
 pub use error::{CudaError, Result, NOT_BUILT};
 
+pub mod ipc_frame;
 pub mod protocol;
 
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+pub mod ipc;
+#[cfg(feature = "cuda")]
+pub mod link;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 #[cfg(feature = "cuda")]

@@ -27,6 +27,7 @@ __all__ = [
     "IoError",
     "CudaError",
     "NcclError",
+    "IpcLinkError",
     "SyncTimeoutError",
     "ReceiverRefusedError",
 ]
@@ -116,6 +117,11 @@ class CudaError(DeltacastError):
 class NcclError(CudaError):
     """NCCL could not be loaded, or a collective failed (often: a peer rank died). The
     communicator is aborted; make a new one."""
+
+
+class IpcLinkError(CudaError):
+    """The CUDA-IPC link failed: a peer closed its connection (often: it died), or the link
+    could not be set up. The link is aborted; make a new one."""
 
 
 class SyncTimeoutError(DeltacastError, TimeoutError):

@@ -305,10 +305,28 @@ class NcclComm:
     @property
     def device(self) -> int: ...
 
+class IpcComm:
+    def __new__(
+        cls,
+        address: str,
+        nranks: int,
+        rank: int,
+        device: int,
+        timeout_s: float = 300.0,
+        slots: int = 4,
+        slot_bytes: int = ...,
+    ) -> IpcComm: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def nranks(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+
 class NativeGpuSender:
     def __new__(
         cls,
-        comm: NcclComm,
+        comm: NcclComm | IpcComm,
         tensors: Sequence[_TensorSpec],
         snapshots: Sequence[int] | None = None,
         root: int = 0,
@@ -358,7 +376,7 @@ class NativeGpuShardedSender:
 class NativeGpuReceiver:
     def __new__(
         cls,
-        comm: NcclComm,
+        comm: NcclComm | IpcComm,
         tensors: Sequence[_TensorSpec],
         root: int = 0,
         timeout_s: float = 300.0,

@@ -1,4 +1,5 @@
-"""The GPU sync: CUDA tensors on the trainer, NCCL to the receivers, no host copies.
+"""The GPU sync: CUDA tensors on the trainer, NCCL (or CUDA IPC) to the receivers, no host
+copies.
 
 The trainer's rank makes a ``GpuSender`` over its (contiguous, CUDA) tensors; each rollout
 process makes a ``GpuReceiver`` over the tensors it serves from, e.g. an HF model's
@@ -18,6 +19,13 @@ torch's current stream, and finished when the call returns.
     sender = deltacast.cuda.GpuSender(comm, model.named_parameters(), device=device)
     sender.seed()
     ... optimizer.step(); sender.sync()
+
+Where NCCL cannot run, e.g. the trainer and a rollout engine on one GPU (NCCL refuses two
+ranks on one device), an ``IpcComm`` takes the place of the ``NcclComm``: the processes of one
+machine, rank 0 (the sender) listening on a loopback port, the bytes passing through staging
+buffers on its GPU that the others map by CUDA IPC:
+
+    comm = deltacast.cuda.IpcComm("127.0.0.1:29512", nranks, rank, device)
 """
 
 from __future__ import annotations
@@ -25,12 +33,13 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 from . import _native
-from ._native import NcclComm
+from ._native import IpcComm, NcclComm
 
 __all__ = [
     "available",
     "nccl_unique_id",
     "NcclComm",
+    "IpcComm",
     "GpuSender",
     "GpuShardedSender",
     "GpuReceiver",
@@ -167,7 +176,7 @@ class GpuSender(_Sender):
 
     def __init__(
         self,
-        comm: NcclComm,
+        comm: Union[NcclComm, IpcComm],
         named_tensors: Iterable[Tuple[str, Any]],
         device: Optional[int] = None,
         root: int = 0,
@@ -352,7 +361,7 @@ class GpuReceiver:
 
     def __init__(
         self,
-        comm: NcclComm,
+        comm: Union[NcclComm, IpcComm],
         named_tensors: Iterable[Tuple[str, Any]],
         device: Optional[int] = None,
         root: int = 0,

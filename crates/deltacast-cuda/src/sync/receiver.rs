@@ -8,7 +8,7 @@ use super::{
     Phases,
 };
 use crate::error::{CudaError, Result};
-use crate::nccl::NcclComm;
+use crate::link::Link;
 use crate::protocol::{
     ChunkPositions, ChunkRecord, ChunkValues, Header, Manifest, SyncKind, TableLimits, HEADER_BYTES,
 };
@@ -83,7 +83,7 @@ struct Incoming {
 /// The receiving side of a GPU sync: applies into tensors it is given, all or nothing.
 pub struct GpuReceiver {
     gpu: Gpu,
-    comm: NcclComm,
+    comm: Link,
     root: usize,
     timeout: Duration,
     tensors: Vec<GpuTensor>,
@@ -109,11 +109,12 @@ impl GpuReceiver {
     /// Every pointer must be device memory of `gpu`'s device valid for its tensor's bytes.
     pub unsafe fn new(
         gpu: Gpu,
-        comm: NcclComm,
+        comm: impl Into<Link>,
         tensors: Vec<GpuTensor>,
         root: usize,
         timeout: Duration,
     ) -> Result<GpuReceiver> {
+        let comm = comm.into();
         if root == comm.rank() || root >= comm.nranks() {
             return Err(CudaError::InvalidArgument(format!(
                 "receiver rank {} with root {root} of {}",
@@ -333,6 +334,7 @@ impl GpuReceiver {
                 HEADER_BYTES,
                 self.root,
                 stream,
+                wait,
             )?
         };
         let done = self.gpu.record_done()?;
@@ -354,6 +356,7 @@ impl GpuReceiver {
                 header.manifest_bytes as usize,
                 self.root,
                 stream,
+                self.timeout,
             )?
         };
         let done = self.gpu.record_done()?;
@@ -381,7 +384,7 @@ impl GpuReceiver {
             // this receiver's own tensors).
             unsafe {
                 self.comm
-                    .broadcast(ptr, ptr, len as usize, self.root, stream)?
+                    .broadcast(ptr, ptr, len as usize, self.root, stream, self.timeout)?
             };
         }
         let done = self.gpu.record_done()?;
@@ -441,9 +444,16 @@ impl GpuReceiver {
                 header.position_bytes as usize,
                 self.root,
                 stream,
+                self.timeout,
             )?;
-            self.comm
-                .broadcast(vptr, vptr, header.value_bytes as usize, self.root, stream)?;
+            self.comm.broadcast(
+                vptr,
+                vptr,
+                header.value_bytes as usize,
+                self.root,
+                stream,
+                self.timeout,
+            )?;
         }
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "the delta")?;
@@ -634,8 +644,14 @@ impl GpuReceiver {
         for t in &self.tensors[slots.clone()] {
             // SAFETY: each tensor is valid for nbytes (the caller's promise at construction).
             unsafe {
-                self.comm
-                    .broadcast(t.ptr, t.ptr, t.nbytes() as usize, self.root, stream)?
+                self.comm.broadcast(
+                    t.ptr,
+                    t.ptr,
+                    t.nbytes() as usize,
+                    self.root,
+                    stream,
+                    self.timeout,
+                )?
             };
         }
         let done = self.gpu.record_done()?;

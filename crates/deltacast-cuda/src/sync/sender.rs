@@ -13,7 +13,7 @@ use super::{
     Growable, Phases, SendTotals,
 };
 use crate::error::{CudaError, Result};
-use crate::nccl::NcclComm;
+use crate::link::Link;
 use crate::protocol::{
     plan_stages, Header, Manifest, SyncKind, CHUNK_RECORD_BYTES, HEADER_BYTES, MIN_CHUNK_ELEMS,
     SLOT_RECORD_BYTES,
@@ -387,7 +387,7 @@ pub struct GpuSender {
     diff_gpu: Arc<Gpu>,
     /// The thread that runs the diffs on `diff_gpu`.
     diff_worker: DiffWorker,
-    comm: NcclComm,
+    comm: Link,
     config: GpuSenderConfig,
     tensors: Vec<GpuTensor>,
     table: SlotTable,
@@ -423,12 +423,13 @@ impl GpuSender {
     /// Every pointer must be device memory of `gpu`'s device valid for its tensor's bytes.
     pub unsafe fn new(
         gpu: Gpu,
-        comm: NcclComm,
+        comm: impl Into<Link>,
         tensors: Vec<GpuTensor>,
         snapshots: Option<Vec<DevicePtr>>,
         config: GpuSenderConfig,
     ) -> Result<GpuSender> {
         config.check()?;
+        let comm = comm.into();
         if config.root != comm.rank() {
             return Err(CudaError::InvalidArgument(format!(
                 "the sender is rank {}, the root is {}",
@@ -932,6 +933,7 @@ impl GpuSender {
         payload: &[(DevicePtr, u64)],
     ) -> Result<()> {
         let root = self.config.root;
+        let within = self.config.timeout;
         let side = self.nccl_stream.handle();
         let bufs = &mut self.sets[set];
         let mptr = bufs.manifest.at_least(&self.gpu, manifest.len() as u64)?;
@@ -950,11 +952,13 @@ impl GpuSender {
                 HEADER_BYTES,
                 root,
                 side,
+                within,
             )?;
             self.comm
-                .broadcast(mptr, mptr, manifest.len(), root, side)?;
+                .broadcast(mptr, mptr, manifest.len(), root, side, within)?;
             for &(ptr, len) in payload {
-                self.comm.broadcast(ptr, ptr, len as usize, root, side)?;
+                self.comm
+                    .broadcast(ptr, ptr, len as usize, root, side, within)?;
             }
             self.gpu.record_event(&bufs.sent, side)?;
         }

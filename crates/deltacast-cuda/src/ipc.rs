@@ -1,0 +1,778 @@
+//! A link between processes of one machine through CUDA IPC, for when NCCL cannot be used:
+//! two processes on one GPU (NCCL refuses two ranks on one device), or a host without NCCL.
+//! It offers what the GPU sync needs of a communicator: broadcasts from rank 0 and an
+//! all-reduce (max) of a few words.
+//!
+//! The root (rank 0) owns `slots` staging buffers on its GPU and exports them, with one
+//! "filled" event each, by CUDA IPC handles; every other rank maps them and exports one
+//! "drained" event per slot back. A broadcast is cut into slot-sized pieces; piece `seq` goes
+//! through slot `seq % slots`:
+//!
+//! - root: its stream waits for every rank's "drained" event of that slot (their copy of the
+//!   piece before), copies the piece in, records "filled", and sends `Filled{seq, len, slot}`
+//!   on each rank's TCP connection;
+//! - each rank: reads that frame, makes its stream wait for "filled", copies the slot into
+//!   its destination, records "drained", and sends `Drained{seq}` back.
+//!
+//! Everything on the GPU stays ordered by events (no host synchronisation per piece); the
+//! host frames only guarantee that each event wait refers to the record meant (a rank sends
+//! `Drained` after recording, and the root reads it before reusing the slot). The all-reduce
+//! is host-side: each rank's words go to the root by TCP, the maximum comes back.
+//!
+//! A lost peer closes its connection: reads fail with [`CudaError::Link`] and the sync that
+//! was running fails (receivers undo what they applied). The root must outlive the other
+//! ranks' use of its slots: close the senders and receivers before the process ends.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result as cu, sys};
+
+use crate::error::{CudaError, Result};
+use crate::gpu::{drv, guarded, release_in};
+use crate::ipc_frame::{
+    pieces, Frame, FRAME_BYTES, IPC_HANDLE_BYTES, LINK_VERSION, MAX_REDUCE_WORDS, MAX_SLOTS,
+};
+use crate::{DeviceBuffer, DevicePtr, Gpu};
+
+/// Staging of the root: how many slots, of how many bytes, and the timeout of the set-up and
+/// of each wait for a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpcOptions {
+    pub slots: u64,
+    pub slot_bytes: u64,
+    pub timeout: Duration,
+}
+
+impl IpcOptions {
+    /// Refuses a rank outside `0..nranks`, fewer than 2 ranks, and staging out of bounds
+    /// (before anything touches the GPU).
+    pub fn check(&self, nranks: usize, rank: usize) -> Result<()> {
+        if nranks < 2 || rank >= nranks {
+            return Err(CudaError::InvalidArgument(format!(
+                "rank {rank} of {nranks} (an IPC link joins at least 2 ranks)"
+            )));
+        }
+        if self.slots == 0 || self.slots > MAX_SLOTS || self.slot_bytes < 256 {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} staging slots of {} bytes (1 to {MAX_SLOTS} slots, at least 256 bytes)",
+                self.slots, self.slot_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Default for IpcOptions {
+    /// Four slots of 64 MiB: pieces large enough that a copy dwarfs its frame, enough slots
+    /// that the root runs a few pieces ahead of the slowest rank.
+    fn default() -> Self {
+        IpcOptions {
+            slots: 4,
+            slot_bytes: 64 << 20,
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// One staging slot as this rank sees it.
+struct Slot {
+    /// The root's buffer (owned there, mapped elsewhere: `mapped` is then true).
+    ptr: DevicePtr,
+    mapped: bool,
+    filled: sys::CUevent,
+    /// Root: every other rank's "drained" event (index rank - 1). Others: their own, alone.
+    drained: Vec<sys::CUevent>,
+}
+
+/// One rank of an IPC link (see the module documentation).
+pub struct IpcComm {
+    rank: usize,
+    nranks: usize,
+    ctx: sys::CUcontext,
+    /// Root: the connection of each other rank (index rank - 1). Others: the root's, alone.
+    peers: Vec<TcpStream>,
+    /// Root: pieces each other rank has reported drained (index rank - 1).
+    drained_upto: Vec<u64>,
+    slots: Vec<Slot>,
+    /// Root: the slots' memory (the `Slot::ptr`s).
+    _owned: Vec<DeviceBuffer>,
+    slot_bytes: u64,
+    timeout: Duration,
+    /// Pieces broadcast so far (both sides count the same).
+    seq: u64,
+    aborted: bool,
+}
+
+// SAFETY: a context handle, event handles and sockets; the driver API is thread-safe and
+// every method takes `&mut self`.
+unsafe impl Send for IpcComm {}
+unsafe impl Sync for IpcComm {}
+
+fn link(op: &'static str, msg: impl Into<String>) -> CudaError {
+    CudaError::Link {
+        op,
+        msg: msg.into(),
+    }
+}
+
+/// Sets the read timeout (`None`: wait as long as it takes, for very long ones).
+fn set_timeout(s: &TcpStream, timeout: Duration) -> Result<()> {
+    let t =
+        (timeout < Duration::from_secs(1 << 32)).then_some(timeout.max(Duration::from_millis(1)));
+    s.set_read_timeout(t)
+        .map_err(|e| link("set_read_timeout", e.to_string()))
+}
+
+fn read_exact(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    timeout: Duration,
+    what: &'static str,
+) -> Result<()> {
+    set_timeout(s, timeout)?;
+    s.read_exact(buf).map_err(|e| match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => CudaError::Timeout {
+            what,
+            seconds: timeout.as_secs(),
+        },
+        ErrorKind::UnexpectedEof => link("read", format!("the peer closed the link ({what})")),
+        _ => link("read", format!("{e} ({what})")),
+    })
+}
+
+/// Reads one frame and its trailer (bounded by `Frame::decode`).
+fn read_frame(
+    s: &mut TcpStream,
+    timeout: Duration,
+    what: &'static str,
+) -> Result<(Frame, Vec<u8>)> {
+    let mut head = [0u8; FRAME_BYTES];
+    read_exact(s, &mut head, timeout, what)?;
+    let frame = Frame::decode(&head)?;
+    let mut trailer = vec![0u8; frame.trailer_bytes()];
+    read_exact(s, &mut trailer, timeout, what)?;
+    Ok((frame, trailer))
+}
+
+fn write_frame(s: &mut TcpStream, frame: Frame, trailer: &[u8]) -> Result<()> {
+    let mut msg = Vec::with_capacity(FRAME_BYTES + trailer.len());
+    msg.extend_from_slice(&frame.encode());
+    msg.extend_from_slice(trailer);
+    s.write_all(&msg)
+        .map_err(|e| link("write", format!("{e} (the peer is gone)")))
+}
+
+fn unexpected(got: Frame, wanted: &str) -> CudaError {
+    CudaError::Protocol(format!("IPC link: {got:?} where {wanted} was due"))
+}
+
+fn words_bytes(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+fn bytes_words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect()
+}
+
+fn new_ipc_event() -> Result<sys::CUevent> {
+    let mut ev: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: writes one event handle; an IPC event must also disable timing.
+    unsafe {
+        sys::cuEventCreate(
+            &mut ev,
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+                | sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32,
+        )
+    }
+    .result()
+    .map_err(drv("cuEventCreate"))?;
+    Ok(ev)
+}
+
+fn event_handle(ev: sys::CUevent) -> Result<[u8; IPC_HANDLE_BYTES]> {
+    let mut h = sys::CUipcEventHandle_st { reserved: [0; 64] };
+    // SAFETY: an IPC event of ours; writes one handle.
+    unsafe { sys::cuIpcGetEventHandle(&mut h, ev) }
+        .result()
+        .map_err(drv("cuIpcGetEventHandle"))?;
+    Ok(h.reserved.map(|c| c as u8))
+}
+
+fn open_event(bytes: &[u8]) -> Result<sys::CUevent> {
+    let mut h = sys::CUipcEventHandle_st { reserved: [0; 64] };
+    for (d, &s) in h.reserved.iter_mut().zip(bytes) {
+        *d = s as std::ffi::c_char;
+    }
+    let mut ev: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: writes one event handle; the driver checks the handle it is given.
+    unsafe { sys::cuIpcOpenEventHandle(&mut ev, h) }
+        .result()
+        .map_err(drv("cuIpcOpenEventHandle"))?;
+    Ok(ev)
+}
+
+fn mem_handle(ptr: DevicePtr) -> Result<[u8; IPC_HANDLE_BYTES]> {
+    let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
+    // SAFETY: `ptr` is the base of a cuMemAlloc allocation of ours; writes one handle.
+    unsafe { sys::cuIpcGetMemHandle(&mut h, ptr) }
+        .result()
+        .map_err(drv("cuIpcGetMemHandle"))?;
+    Ok(h.reserved.map(|c| c as u8))
+}
+
+fn open_mem(bytes: &[u8]) -> Result<DevicePtr> {
+    let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
+    for (d, &s) in h.reserved.iter_mut().zip(bytes) {
+        *d = s as std::ffi::c_char;
+    }
+    let mut ptr: sys::CUdeviceptr = 0;
+    // SAFETY: writes one address; the driver checks the handle. Lazy peer access lets a
+    // rank on another GPU of the machine map it too.
+    unsafe {
+        sys::cuIpcOpenMemHandle_v2(
+            &mut ptr,
+            h,
+            sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+        )
+    }
+    .result()
+    .map_err(drv("cuIpcOpenMemHandle"))?;
+    Ok(ptr)
+}
+
+impl IpcComm {
+    /// Joins the link at `address` (a loopback `host:port`) as `rank` of `nranks`, on `gpu`'s
+    /// device: rank 0 listens there and sets up the staging, the others connect (retrying
+    /// until the root listens). Blocks until every rank has joined, at most
+    /// `options.timeout`.
+    pub fn new(
+        gpu: &Gpu,
+        address: &str,
+        nranks: usize,
+        rank: usize,
+        options: IpcOptions,
+    ) -> Result<IpcComm> {
+        options.check(nranks, rank)?;
+        gpu.make_current()?;
+        let ctx = guarded(|| {
+            cu::ctx::get_current()
+                .map_err(drv("cuCtxGetCurrent"))?
+                .ok_or_else(|| link("set-up", "no current CUDA context"))
+        })?;
+        let mut comm = IpcComm {
+            rank,
+            nranks,
+            ctx,
+            peers: Vec::new(),
+            drained_upto: vec![0; nranks - 1],
+            slots: Vec::new(),
+            _owned: Vec::new(),
+            slot_bytes: options.slot_bytes,
+            timeout: options.timeout,
+            seq: 0,
+            aborted: false,
+        };
+        let joined = if rank == 0 {
+            comm.set_up_root(gpu, address, options)
+        } else {
+            comm.set_up_rank(address)
+        };
+        joined.inspect_err(|_| comm.abort())?;
+        Ok(comm)
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    fn set_up_root(&mut self, gpu: &Gpu, address: &str, options: IpcOptions) -> Result<()> {
+        let deadline = Instant::now() + options.timeout;
+        let listener =
+            TcpListener::bind(address).map_err(|e| link("bind", format!("{address}: {e}")))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| link("listen", e.to_string()))?;
+        for _ in 0..options.slots {
+            let buf = gpu.alloc(options.slot_bytes as usize)?;
+            self.slots.push(Slot {
+                ptr: buf.ptr(),
+                mapped: false,
+                filled: guarded(new_ipc_event)?,
+                drained: Vec::new(),
+            });
+            self._owned.push(buf);
+        }
+        let mut trailer = Vec::with_capacity(2 * self.slots.len() * IPC_HANDLE_BYTES);
+        for s in &self.slots {
+            trailer.extend_from_slice(&guarded(|| mem_handle(s.ptr))?);
+        }
+        for s in &self.slots {
+            trailer.extend_from_slice(&guarded(|| event_handle(s.filled))?);
+        }
+        let mut joined: Vec<Option<TcpStream>> = (1..self.nranks).map(|_| None).collect();
+        let mut replies: Vec<Vec<u8>> = vec![Vec::new(); self.nranks - 1];
+        while joined.iter().any(Option::is_none) {
+            let mut s = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if Instant::now() > deadline {
+                        return Err(CudaError::Timeout {
+                            what: "the IPC link's ranks joining",
+                            seconds: options.timeout.as_secs(),
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+                Err(e) => return Err(link("accept", e.to_string())),
+            };
+            s.set_nonblocking(false)
+                .and_then(|()| s.set_nodelay(true))
+                .map_err(|e| link("accept", e.to_string()))?;
+            let (hello, _) = read_frame(&mut s, options.timeout, "a rank's hello")?;
+            let Frame::Hello {
+                rank,
+                nranks,
+                version,
+            } = hello
+            else {
+                return Err(unexpected(hello, "a hello"));
+            };
+            if version != LINK_VERSION || nranks != self.nranks as u64 {
+                return Err(link(
+                    "set-up",
+                    format!(
+                        "a rank speaks link version {version} with {nranks} ranks, this root \
+                         version {LINK_VERSION} with {}",
+                        self.nranks
+                    ),
+                ));
+            }
+            let index = rank
+                .checked_sub(1)
+                .filter(|&i| i < self.nranks as u64 - 1)
+                .ok_or_else(|| link("set-up", format!("a rank says it is rank {rank}")))?
+                as usize;
+            if joined[index].is_some() {
+                return Err(link("set-up", format!("rank {rank} joined twice")));
+            }
+            write_frame(
+                &mut s,
+                Frame::Setup {
+                    slots: options.slots,
+                    slot_bytes: options.slot_bytes,
+                },
+                &trailer,
+            )?;
+            let (reply, handles) = read_frame(&mut s, options.timeout, "a rank's set-up")?;
+            if reply
+                != (Frame::SetupReply {
+                    slots: options.slots,
+                })
+            {
+                return Err(unexpected(reply, "its drained events"));
+            }
+            replies[index] = handles;
+            joined[index] = Some(s);
+        }
+        for handles in &replies {
+            for (slot, h) in self
+                .slots
+                .iter_mut()
+                .zip(handles.chunks_exact(IPC_HANDLE_BYTES))
+            {
+                slot.drained.push(guarded(|| open_event(h))?);
+            }
+        }
+        self.peers = joined.into_iter().flatten().collect();
+        Ok(())
+    }
+
+    fn set_up_rank(&mut self, address: &str) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let addrs: Vec<_> = address
+            .to_socket_addrs()
+            .map_err(|e| link("connect", format!("{address}: {e}")))?
+            .collect();
+        let mut s = loop {
+            match addrs.iter().find_map(|a| TcpStream::connect(a).ok()) {
+                Some(s) => break s,
+                None if Instant::now() > deadline => {
+                    return Err(CudaError::Timeout {
+                        what: "connecting to the IPC link's root",
+                        seconds: self.timeout.as_secs(),
+                    })
+                }
+                None => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        s.set_nodelay(true)
+            .map_err(|e| link("connect", e.to_string()))?;
+        write_frame(
+            &mut s,
+            Frame::Hello {
+                rank: self.rank as u64,
+                nranks: self.nranks as u64,
+                version: LINK_VERSION,
+            },
+            &[],
+        )?;
+        let (setup, handles) = read_frame(&mut s, self.timeout, "the root's staging")?;
+        let Frame::Setup { slots, slot_bytes } = setup else {
+            return Err(unexpected(setup, "the staging"));
+        };
+        self.slot_bytes = slot_bytes;
+        let n = slots as usize;
+        let (mems, events) = handles.split_at(n * IPC_HANDLE_BYTES);
+        let mut reply = Vec::with_capacity(n * IPC_HANDLE_BYTES);
+        for (m, e) in mems
+            .chunks_exact(IPC_HANDLE_BYTES)
+            .zip(events.chunks_exact(IPC_HANDLE_BYTES))
+        {
+            let ptr = guarded(|| open_mem(m))?;
+            // Kept at once, so that a failure below still releases what was opened (Drop).
+            self.slots.push(Slot {
+                ptr,
+                mapped: true,
+                filled: std::ptr::null_mut(),
+                drained: Vec::new(),
+            });
+            let i = self.slots.len() - 1;
+            self.slots[i].filled = guarded(|| open_event(e))?;
+            let drained = guarded(new_ipc_event)?;
+            self.slots[i].drained.push(drained);
+            reply.extend_from_slice(&guarded(|| event_handle(drained))?);
+        }
+        write_frame(&mut s, Frame::SetupReply { slots }, &reply)?;
+        self.peers.push(s);
+        Ok(())
+    }
+
+    fn live(&self) -> Result<()> {
+        if self.aborted {
+            return Err(link(
+                "link",
+                "aborted after an earlier failure; make a new one",
+            ));
+        }
+        // SAFETY: our context (retained by the `Gpu` it came from, which the owner keeps).
+        guarded(|| unsafe { cu::ctx::set_current(self.ctx) }.map_err(drv("cuCtxSetCurrent")))
+    }
+
+    /// Broadcasts `len` bytes from the root's `src` into every rank's `dst`, enqueued on
+    /// `stream`. The root returns once its pieces are enqueued (waiting, at most the link's
+    /// timeout, only for a slot to come free); another rank returns once it has enqueued the
+    /// copy of every piece, having waited up to `within` for the first to be announced.
+    ///
+    /// # Safety
+    /// `src` (root) and `dst` must be device memory of this rank's GPU, valid for `len` bytes
+    /// until the stream has passed the broadcast.
+    pub unsafe fn broadcast(
+        &mut self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: usize,
+        root: usize,
+        stream: u64,
+        within: Duration,
+    ) -> Result<()> {
+        self.live()?;
+        if root != 0 {
+            return Err(CudaError::InvalidArgument(format!(
+                "an IPC link broadcasts from rank 0, not {root}"
+            )));
+        }
+        let done = if self.rank == 0 {
+            // SAFETY: per this function's contract.
+            unsafe { self.send_pieces(src, dst, len as u64, stream) }
+        } else {
+            // SAFETY: per this function's contract.
+            unsafe { self.take_pieces(dst, len as u64, stream, within) }
+        };
+        done.inspect_err(|_| self.abort())
+    }
+
+    /// Root: the pieces of one broadcast into the slots.
+    unsafe fn send_pieces(
+        &mut self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: u64,
+        stream: u64,
+    ) -> Result<()> {
+        let stream = stream as sys::CUstream;
+        if src != dst && len > 0 {
+            // SAFETY: both valid for `len` (the caller's contract).
+            guarded(|| {
+                unsafe { cu::memcpy_dtod_async(dst, src, len as usize, stream) }
+                    .map_err(drv("cuMemcpyDtoDAsync"))
+            })?;
+        }
+        let nslots = self.slots.len() as u64;
+        for (at, n) in pieces(len, self.slot_bytes) {
+            let seq = self.seq;
+            let k = (seq % nslots) as usize;
+            if seq >= nslots {
+                self.await_drained(seq - nslots)?;
+            }
+            let slot = &self.slots[k];
+            guarded(|| {
+                for &ev in &slot.drained {
+                    // SAFETY: an event opened from a peer's handle; the `Drained` frame read
+                    // above guarantees its last record is that peer's copy out of this slot.
+                    unsafe {
+                        cu::stream::wait_event(
+                            stream,
+                            ev,
+                            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                        )
+                    }
+                    .map_err(drv("cuStreamWaitEvent"))?;
+                }
+                // SAFETY: the slot holds `slot_bytes` >= n; `src + at` lies in the source.
+                unsafe { cu::memcpy_dtod_async(slot.ptr, src + at, n as usize, stream) }
+                    .map_err(drv("cuMemcpyDtoDAsync"))?;
+                // SAFETY: our event and the caller's stream.
+                unsafe { cu::event::record(slot.filled, stream) }.map_err(drv("cuEventRecord"))
+            })?;
+            for p in &mut self.peers {
+                write_frame(
+                    p,
+                    Frame::Filled {
+                        seq,
+                        len: n,
+                        slot: k as u64,
+                    },
+                    &[],
+                )?;
+            }
+            self.seq += 1;
+        }
+        Ok(())
+    }
+
+    /// Root: reads frames until every rank has drained piece `seq`.
+    fn await_drained(&mut self, seq: u64) -> Result<()> {
+        for i in 0..self.peers.len() {
+            while self.drained_upto[i] <= seq {
+                let (f, _) = read_frame(&mut self.peers[i], self.timeout, "a rank taking a piece")?;
+                match f {
+                    Frame::Drained { seq: got } if got == self.drained_upto[i] => {
+                        self.drained_upto[i] += 1
+                    }
+                    f => return Err(unexpected(f, "a drained piece, in order")),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Another rank: the pieces of one broadcast out of the slots.
+    unsafe fn take_pieces(
+        &mut self,
+        dst: DevicePtr,
+        len: u64,
+        stream: u64,
+        within: Duration,
+    ) -> Result<()> {
+        let stream = stream as sys::CUstream;
+        let nslots = self.slots.len() as u64;
+        let mut first = true;
+        for (at, n) in pieces(len, self.slot_bytes) {
+            let wait = if first { within } else { self.timeout };
+            first = false;
+            let (f, _) = read_frame(&mut self.peers[0], wait, "the next piece of a broadcast")?;
+            let expected = Frame::Filled {
+                seq: self.seq,
+                len: n,
+                slot: self.seq % nslots,
+            };
+            if f != expected {
+                return Err(unexpected(f, &format!("{expected:?}")));
+            }
+            let slot = &self.slots[(self.seq % nslots) as usize];
+            guarded(|| {
+                // SAFETY: the root's event; its last record is this piece's copy (the root
+                // records it again only after our `Drained` for this piece).
+                unsafe {
+                    cu::stream::wait_event(
+                        stream,
+                        slot.filled,
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                }
+                .map_err(drv("cuStreamWaitEvent"))?;
+                // SAFETY: `dst + at` lies in the destination (caller's contract); the slot
+                // holds at least `n` bytes (the root's `Filled`, checked equal to our cut).
+                unsafe { cu::memcpy_dtod_async(dst + at, slot.ptr, n as usize, stream) }
+                    .map_err(drv("cuMemcpyDtoDAsync"))?;
+                // SAFETY: our event, the caller's stream.
+                unsafe { cu::event::record(slot.drained[0], stream) }.map_err(drv("cuEventRecord"))
+            })?;
+            write_frame(&mut self.peers[0], Frame::Drained { seq: self.seq }, &[])?;
+            self.seq += 1;
+        }
+        Ok(())
+    }
+
+    /// Element-wise maximum of `count` u64 at `buf` over every rank, in place. Waits for
+    /// `stream` first (the words are read on the host), and leaves the result written when
+    /// it returns.
+    ///
+    /// # Safety
+    /// `buf` must be device memory valid for `count` u64.
+    pub unsafe fn all_reduce_max_u64(
+        &mut self,
+        buf: DevicePtr,
+        count: usize,
+        stream: u64,
+    ) -> Result<()> {
+        self.live()?;
+        if count as u64 > MAX_REDUCE_WORDS {
+            return Err(CudaError::InvalidArgument(format!(
+                "an IPC all-reduce of {count} words (at most {MAX_REDUCE_WORDS})"
+            )));
+        }
+        // SAFETY: per this function's contract.
+        let done = unsafe { self.reduce(buf, count, stream) };
+        done.inspect_err(|_| self.abort())
+    }
+
+    unsafe fn reduce(&mut self, buf: DevicePtr, count: usize, stream: u64) -> Result<()> {
+        let mut words = vec![0u64; count];
+        guarded(|| {
+            // SAFETY: the caller's stream.
+            unsafe { cu::stream::synchronize(stream as sys::CUstream) }
+                .map_err(drv("cuStreamSynchronize"))?;
+            // SAFETY: `buf` holds `count` words (caller's contract).
+            unsafe { cu::memcpy_dtoh_sync(&mut words, buf) }.map_err(drv("cuMemcpyDtoH"))
+        })?;
+        let words_frame = Frame::Reduce {
+            words: count as u64,
+        };
+        if self.rank == 0 {
+            for i in 0..self.peers.len() {
+                let got = loop {
+                    let (f, trailer) =
+                        read_frame(&mut self.peers[i], self.timeout, "a rank's ack")?;
+                    match f {
+                        Frame::Drained { seq } if seq == self.drained_upto[i] => {
+                            self.drained_upto[i] += 1
+                        }
+                        f if f == words_frame => break bytes_words(&trailer),
+                        f => return Err(unexpected(f, "an all-reduce")),
+                    }
+                };
+                for (w, g) in words.iter_mut().zip(got) {
+                    *w = (*w).max(g);
+                }
+            }
+            let out = words_bytes(&words);
+            for p in &mut self.peers {
+                write_frame(
+                    p,
+                    Frame::Reduced {
+                        words: count as u64,
+                    },
+                    &out,
+                )?;
+            }
+        } else {
+            write_frame(&mut self.peers[0], words_frame, &words_bytes(&words))?;
+            let (f, trailer) =
+                read_frame(&mut self.peers[0], self.timeout, "the all-reduce's result")?;
+            if f != (Frame::Reduced {
+                words: count as u64,
+            }) {
+                return Err(unexpected(f, "the all-reduce's result"));
+            }
+            words = bytes_words(&trailer);
+        }
+        guarded(|| {
+            // SAFETY: `buf` holds `count` words; a synchronous copy.
+            unsafe { cu::memcpy_htod_sync(buf, &words) }.map_err(drv("cuMemcpyHtoD"))
+        })
+    }
+
+    /// Waits until `event` (recorded on the stream after the link's calls) has completed; after
+    /// `timeout`, or on an error, aborts the link so that no rank stays blocked in it.
+    pub fn wait(&mut self, event: u64, timeout: Duration, what: &'static str) -> Result<()> {
+        self.live()?;
+        let started = Instant::now();
+        loop {
+            // SAFETY: `event` is a live event handle of the caller.
+            match guarded(|| Ok(unsafe { cu::event::query(event as sys::CUevent) })) {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => {}
+                Ok(Err(e)) => {
+                    self.abort();
+                    return Err(drv("cuEventQuery")(e));
+                }
+                Err(e) => {
+                    self.abort();
+                    return Err(e);
+                }
+            }
+            if started.elapsed() > timeout {
+                self.abort();
+                return Err(CudaError::Timeout {
+                    what,
+                    seconds: timeout.as_secs(),
+                });
+            }
+            if started.elapsed() < Duration::from_millis(50) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
+    /// Closes the connections: every peer's next read fails, so none waits for this rank.
+    pub fn abort(&mut self) {
+        if !self.aborted {
+            for p in &self.peers {
+                let _ = p.shutdown(Shutdown::Both);
+            }
+            self.aborted = true;
+        }
+    }
+}
+
+impl Drop for IpcComm {
+    fn drop(&mut self) {
+        self.abort();
+        let slots = std::mem::take(&mut self.slots);
+        release_in(self.ctx, || {
+            // SAFETY: each handle was created or opened here, and is released once.
+            unsafe {
+                // Nothing of ours may still be copying out of (or into) a slot.
+                let _ = cu::ctx::synchronize();
+                for s in &slots {
+                    if !s.filled.is_null() {
+                        let _ = cu::event::destroy(s.filled);
+                    }
+                    for &d in &s.drained {
+                        let _ = cu::event::destroy(d);
+                    }
+                    if s.mapped && s.ptr != 0 {
+                        let _ = sys::cuIpcCloseMemHandle(s.ptr);
+                    }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,100 @@
+//! What carries a GPU sync between the sender and its receivers: NCCL (GPUs of one or many
+//! machines, one rank per GPU) or the CUDA-IPC link (processes of one machine, any of them
+//! on the same GPU). [`crate::sync::GpuSender`] and [`crate::sync::GpuReceiver`] take either.
+
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::ipc::IpcComm;
+use crate::nccl::NcclComm;
+use crate::DevicePtr;
+
+/// A communicator of the GPU sync.
+pub enum Link {
+    Nccl(NcclComm),
+    Ipc(IpcComm),
+}
+
+impl From<NcclComm> for Link {
+    fn from(c: NcclComm) -> Link {
+        Link::Nccl(c)
+    }
+}
+
+impl From<IpcComm> for Link {
+    fn from(c: IpcComm) -> Link {
+        Link::Ipc(c)
+    }
+}
+
+impl Link {
+    pub fn rank(&self) -> usize {
+        match self {
+            Link::Nccl(c) => c.rank(),
+            Link::Ipc(c) => c.rank(),
+        }
+    }
+
+    pub fn nranks(&self) -> usize {
+        match self {
+            Link::Nccl(c) => c.nranks(),
+            Link::Ipc(c) => c.nranks(),
+        }
+    }
+
+    /// Broadcasts `len` bytes from `root`'s `src` into every rank's `dst`, enqueued on
+    /// `stream`. `within` bounds how long a receiver of the IPC link waits for the
+    /// broadcast to be announced (NCCL's waits are bounded in [`Link::wait`]).
+    ///
+    /// # Safety
+    /// As [`NcclComm::broadcast`].
+    pub unsafe fn broadcast(
+        &mut self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: usize,
+        root: usize,
+        stream: u64,
+        within: Duration,
+    ) -> Result<()> {
+        match self {
+            // SAFETY: the caller's contract is NCCL's.
+            Link::Nccl(c) => unsafe { c.broadcast(src, dst, len, root, stream) },
+            // SAFETY: the same contract.
+            Link::Ipc(c) => unsafe { c.broadcast(src, dst, len, root, stream, within) },
+        }
+    }
+
+    /// Element-wise maximum of `count` u64 at `buf` over every rank, in place.
+    ///
+    /// # Safety
+    /// As [`NcclComm::all_reduce_max_u64`].
+    pub unsafe fn all_reduce_max_u64(
+        &mut self,
+        buf: DevicePtr,
+        count: usize,
+        stream: u64,
+    ) -> Result<()> {
+        match self {
+            // SAFETY: the caller's contract.
+            Link::Nccl(c) => unsafe { c.all_reduce_max_u64(buf, count, stream) },
+            // SAFETY: the caller's contract.
+            Link::Ipc(c) => unsafe { c.all_reduce_max_u64(buf, count, stream) },
+        }
+    }
+
+    /// Waits for `event`, aborting the communicator after `timeout` or on a peer's failure.
+    pub fn wait(&mut self, event: u64, timeout: Duration, what: &'static str) -> Result<()> {
+        match self {
+            Link::Nccl(c) => c.wait(event, timeout, what),
+            Link::Ipc(c) => c.wait(event, timeout, what),
+        }
+    }
+
+    pub fn abort(&mut self) {
+        match self {
+            Link::Nccl(c) => c.abort(),
+            Link::Ipc(c) => c.abort(),
+        }
+    }
+}
