@@ -245,6 +245,10 @@ class IpcBucket:
         else:
             rebuild, rargs = pickle.loads(ctx.store.get(f"ipc_{name}"))
             self.buf = rebuild(*rargs)
+        # On another GPU the receiver first copies the bucket to its own (one peer copy),
+        # then unpacks there.
+        self.local = (torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
+                      if self.buf.device != ctx.device else None)
         ctx.meet()  # the receiver has mapped it before the trainer goes on
 
     def send(self, n):
@@ -254,7 +258,10 @@ class IpcBucket:
 
     def recv_begin(self, n):
         self.ctx.meet()
-        return self.buf[:n]
+        if self.local is None:
+            return self.buf[:n]
+        self.local[:n].copy_(self.buf[:n])
+        return self.local[:n]
 
     def recv_end(self):
         self.ctx.cuda_sync()

@@ -251,13 +251,18 @@ def test_qwen2_synced_through_cuda_ipc_is_bit_identical(devices, slots, slot_byt
 
 
 def _ipc_quitter(address, queue):
-    """Joins the link as the receiver, then dies before the first sync."""
+    """Joins the link as the receiver, then is killed before the first sync."""
+    import signal
+
     import torch
 
     torch.cuda.set_device(0)
-    dcc.IpcComm(address, 2, 1, 0, timeout_s=60)
+    comm = dcc.IpcComm(address, 2, 1, 0, timeout_s=30)
     queue.put("joined")
-    os._exit(0)
+    queue.close()
+    queue.join_thread()  # the message is in the pipe before the process dies
+    os.kill(os.getpid(), signal.SIGKILL)
+    del comm
 
 
 def test_a_receiver_that_dies_fails_the_ipc_sender_instead_of_hanging_it():
@@ -269,11 +274,12 @@ def test_a_receiver_that_dies_fails_the_ipc_sender_instead_of_hanging_it():
     address = f"127.0.0.1:{_free_port()}"
     quitter = ctx.Process(target=_ipc_quitter, args=(address, queue))
     quitter.start()
-    comm = dcc.IpcComm(address, 2, 0, 0, timeout_s=60, slots=2, slot_bytes=4096)
-    assert queue.get(timeout=120) == "joined"
-    quitter.join(timeout=60)
+    comm = dcc.IpcComm(address, 2, 0, 0, timeout_s=30, slots=2, slot_bytes=4096)
+    assert queue.get(timeout=60) == "joined"
+    quitter.join(timeout=30)
+    assert quitter.exitcode == -9, quitter.exitcode
     t = torch.zeros(1 << 16, dtype=torch.bfloat16, device="cuda:0")
-    sender = dcc.GpuSender(comm, [("t", t)], timeout_s=60)
+    sender = dcc.GpuSender(comm, [("t", t)], timeout_s=30)
     with pytest.raises((dc.IpcLinkError, dc.SyncTimeoutError)):
         sender.seed()
     # The link is aborted: the next call fails at once, with the same class.

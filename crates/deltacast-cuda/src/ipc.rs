@@ -4,25 +4,27 @@
 //! all-reduce (max) of a few words.
 //!
 //! The root (rank 0) owns `slots` staging buffers on its GPU and exports them, with one
-//! "filled" event each, by CUDA IPC handles; every other rank maps them and exports one
-//! "drained" event per slot back. A broadcast is cut into slot-sized pieces; piece `seq` goes
-//! through slot `seq % slots`:
+//! "filled" event each, by CUDA IPC handles; every other rank maps them. A broadcast is cut
+//! into slot-sized pieces; piece `seq` goes through slot `seq % slots`:
 //!
-//! - root: its stream waits for every rank's "drained" event of that slot (their copy of the
-//!   piece before), copies the piece in, records "filled", and sends `Filled{seq, len, slot}`
-//!   on each rank's TCP connection;
+//! - root: once every rank has reported piece `seq - slots` drained, copies the piece into the
+//!   slot on its stream, records "filled", and sends `Filled{seq, len, slot}` on each rank's
+//!   TCP connection;
 //! - each rank: reads that frame, makes its stream wait for "filled", copies the slot into
-//!   its destination, records "drained", and sends `Drained{seq}` back.
+//!   its destination and records an event of its own; when that copy has completed (at the
+//!   latest before it needs the slot's next piece) it sends `Drained{seq}`.
 //!
-//! Everything on the GPU stays ordered by events (no host synchronisation per piece); the
-//! host frames only guarantee that each event wait refers to the record meant (a rank sends
-//! `Drained` after recording, and the root reads it before reusing the slot). The all-reduce
-//! is host-side: each rank's words go to the root by TCP, the maximum comes back.
+//! No rank synchronises its GPU per piece: the root runs up to `slots` pieces ahead, and a
+//! rank reports its copies in batches, when it waits for its stream anyway. Only the root
+//! exports anything, so only the others must let go first: on drop the root says `Bye` and
+//! waits (briefly) for each rank's `Bye`, which a rank sends once it has released what it
+//! mapped (on reading the root's `Bye`, or when it is dropped itself). The all-reduce is
+//! host-side: each rank's words go to the root by TCP, the maximum comes back.
 //!
 //! A lost peer closes its connection: reads fail with [`CudaError::Link`] and the sync that
-//! was running fails (receivers undo what they applied). The root must outlive the other
-//! ranks' use of its slots: close the senders and receivers before the process ends.
+//! was running fails (receivers undo what they applied), never hangs past the timeout.
 
+use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -78,18 +80,21 @@ impl Default for IpcOptions {
 
 /// One staging slot as this rank sees it.
 struct Slot {
-    /// The root's buffer (owned there, mapped elsewhere: `mapped` is then true).
+    /// The root's buffer (owned there, mapped by the others).
     ptr: DevicePtr,
-    mapped: bool,
+    /// The root's "filled" event (opened from its handle by the others).
     filled: sys::CUevent,
-    /// Root: every other rank's "drained" event (index rank - 1). Others: their own, alone.
-    drained: Vec<sys::CUevent>,
+    /// Others: recorded after their copy out of the slot (an event of their own).
+    copied: sys::CUevent,
 }
 
 /// One rank of an IPC link (see the module documentation).
 pub struct IpcComm {
     rank: usize,
     nranks: usize,
+    /// The device's primary context, retained here (released on drop, after the slots): the
+    /// `Gpu` this link was made with may be dropped first.
+    device: sys::CUdevice,
     ctx: sys::CUcontext,
     /// Root: the connection of each other rank (index rank - 1). Others: the root's, alone.
     peers: Vec<TcpStream>,
@@ -97,7 +102,9 @@ pub struct IpcComm {
     drained_upto: Vec<u64>,
     slots: Vec<Slot>,
     /// Root: the slots' memory (the `Slot::ptr`s).
-    _owned: Vec<DeviceBuffer>,
+    owned: Vec<DeviceBuffer>,
+    /// Others: pieces copied but not yet reported drained, oldest first: (seq, slot).
+    pending: VecDeque<(u64, usize)>,
     slot_bytes: u64,
     timeout: Duration,
     /// Pieces broadcast so far (both sides count the same).
@@ -183,18 +190,17 @@ fn bytes_words(bytes: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-fn new_ipc_event() -> Result<sys::CUevent> {
-    let mut ev: sys::CUevent = std::ptr::null_mut();
-    // SAFETY: writes one event handle; an IPC event must also disable timing.
-    unsafe {
-        sys::cuEventCreate(
-            &mut ev,
-            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
-                | sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32,
-        )
+fn new_event(interprocess: bool) -> Result<sys::CUevent> {
+    let mut flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    if interprocess {
+        // An IPC event must also disable timing.
+        flags |= sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32;
     }
-    .result()
-    .map_err(drv("cuEventCreate"))?;
+    let mut ev: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: writes one event handle.
+    unsafe { sys::cuEventCreate(&mut ev, flags) }
+        .result()
+        .map_err(drv("cuEventCreate"))?;
     Ok(ev)
 }
 
@@ -263,19 +269,21 @@ impl IpcComm {
     ) -> Result<IpcComm> {
         options.check(nranks, rank)?;
         gpu.make_current()?;
+        let device = guarded(|| cu::device::get(gpu.ordinal() as i32).map_err(drv("cuDeviceGet")))?;
+        // SAFETY: retains the primary context of a valid device; released in `drop`.
         let ctx = guarded(|| {
-            cu::ctx::get_current()
-                .map_err(drv("cuCtxGetCurrent"))?
-                .ok_or_else(|| link("set-up", "no current CUDA context"))
+            unsafe { cu::primary_ctx::retain(device) }.map_err(drv("cuDevicePrimaryCtxRetain"))
         })?;
         let mut comm = IpcComm {
             rank,
             nranks,
+            device,
             ctx,
             peers: Vec::new(),
             drained_upto: vec![0; nranks - 1],
             slots: Vec::new(),
-            _owned: Vec::new(),
+            owned: Vec::new(),
+            pending: VecDeque::new(),
             slot_bytes: options.slot_bytes,
             timeout: options.timeout,
             seq: 0,
@@ -309,11 +317,10 @@ impl IpcComm {
             let buf = gpu.alloc(options.slot_bytes as usize)?;
             self.slots.push(Slot {
                 ptr: buf.ptr(),
-                mapped: false,
-                filled: guarded(new_ipc_event)?,
-                drained: Vec::new(),
+                filled: guarded(|| new_event(true))?,
+                copied: std::ptr::null_mut(),
             });
-            self._owned.push(buf);
+            self.owned.push(buf);
         }
         let mut trailer = Vec::with_capacity(2 * self.slots.len() * IPC_HANDLE_BYTES);
         for s in &self.slots {
@@ -323,7 +330,6 @@ impl IpcComm {
             trailer.extend_from_slice(&guarded(|| event_handle(s.filled))?);
         }
         let mut joined: Vec<Option<TcpStream>> = (1..self.nranks).map(|_| None).collect();
-        let mut replies: Vec<Vec<u8>> = vec![Vec::new(); self.nranks - 1];
         while joined.iter().any(Option::is_none) {
             let mut s = match listener.accept() {
                 Ok((s, _)) => s,
@@ -377,25 +383,15 @@ impl IpcComm {
                 },
                 &trailer,
             )?;
-            let (reply, handles) = read_frame(&mut s, options.timeout, "a rank's set-up")?;
+            let (reply, _) = read_frame(&mut s, options.timeout, "a rank mapping the slots")?;
             if reply
-                != (Frame::SetupReply {
+                != (Frame::Joined {
                     slots: options.slots,
                 })
             {
-                return Err(unexpected(reply, "its drained events"));
+                return Err(unexpected(reply, "its mapping of the slots"));
             }
-            replies[index] = handles;
             joined[index] = Some(s);
-        }
-        for handles in &replies {
-            for (slot, h) in self
-                .slots
-                .iter_mut()
-                .zip(handles.chunks_exact(IPC_HANDLE_BYTES))
-            {
-                slot.drained.push(guarded(|| open_event(h))?);
-            }
         }
         self.peers = joined.into_iter().flatten().collect();
         Ok(())
@@ -437,7 +433,6 @@ impl IpcComm {
         self.slot_bytes = slot_bytes;
         let n = slots as usize;
         let (mems, events) = handles.split_at(n * IPC_HANDLE_BYTES);
-        let mut reply = Vec::with_capacity(n * IPC_HANDLE_BYTES);
         for (m, e) in mems
             .chunks_exact(IPC_HANDLE_BYTES)
             .zip(events.chunks_exact(IPC_HANDLE_BYTES))
@@ -446,17 +441,14 @@ impl IpcComm {
             // Kept at once, so that a failure below still releases what was opened (Drop).
             self.slots.push(Slot {
                 ptr,
-                mapped: true,
                 filled: std::ptr::null_mut(),
-                drained: Vec::new(),
+                copied: std::ptr::null_mut(),
             });
             let i = self.slots.len() - 1;
             self.slots[i].filled = guarded(|| open_event(e))?;
-            let drained = guarded(new_ipc_event)?;
-            self.slots[i].drained.push(drained);
-            reply.extend_from_slice(&guarded(|| event_handle(drained))?);
+            self.slots[i].copied = guarded(|| new_event(false))?;
         }
-        write_frame(&mut s, Frame::SetupReply { slots }, &reply)?;
+        write_frame(&mut s, Frame::Joined { slots }, &[])?;
         self.peers.push(s);
         Ok(())
     }
@@ -526,22 +518,11 @@ impl IpcComm {
             let seq = self.seq;
             let k = (seq % nslots) as usize;
             if seq >= nslots {
+                // Every rank's copy of the slot's last piece has completed.
                 self.await_drained(seq - nslots)?;
             }
             let slot = &self.slots[k];
             guarded(|| {
-                for &ev in &slot.drained {
-                    // SAFETY: an event opened from a peer's handle; the `Drained` frame read
-                    // above guarantees its last record is that peer's copy out of this slot.
-                    unsafe {
-                        cu::stream::wait_event(
-                            stream,
-                            ev,
-                            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                        )
-                    }
-                    .map_err(drv("cuStreamWaitEvent"))?;
-                }
                 // SAFETY: the slot holds `slot_bytes` >= n; `src + at` lies in the source.
                 unsafe { cu::memcpy_dtod_async(slot.ptr, src + at, n as usize, stream) }
                     .map_err(drv("cuMemcpyDtoDAsync"))?;
@@ -569,13 +550,63 @@ impl IpcComm {
         for i in 0..self.peers.len() {
             while self.drained_upto[i] <= seq {
                 let (f, _) = read_frame(&mut self.peers[i], self.timeout, "a rank taking a piece")?;
-                match f {
-                    Frame::Drained { seq: got } if got == self.drained_upto[i] => {
-                        self.drained_upto[i] += 1
-                    }
-                    f => return Err(unexpected(f, "a drained piece, in order")),
-                }
+                self.drained(i, f)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Root: takes rank `i + 1`'s frame `f` as a drained piece (they come in order).
+    fn drained(&mut self, i: usize, f: Frame) -> Result<()> {
+        match f {
+            Frame::Drained { seq } if seq == self.drained_upto[i] => {
+                self.drained_upto[i] += 1;
+                Ok(())
+            }
+            Frame::Bye => Err(link("read", format!("rank {} left the link", i + 1))),
+            f => Err(unexpected(f, "a drained piece, in order")),
+        }
+    }
+
+    /// Another rank: reads the root's next frame; a `Bye` releases what was mapped, answers
+    /// it and fails.
+    fn read_from_root(
+        &mut self,
+        timeout: Duration,
+        what: &'static str,
+    ) -> Result<(Frame, Vec<u8>)> {
+        let got = read_frame(&mut self.peers[0], timeout, what)?;
+        if got.0 == Frame::Bye {
+            self.release_mapped();
+            let _ = write_frame(&mut self.peers[0], Frame::Bye, &[]);
+            return Err(link("read", format!("the root closed the link ({what})")));
+        }
+        Ok(got)
+    }
+
+    /// Another rank: reports, in order, the copies that have completed; with `all`, waits for
+    /// every one first.
+    fn report_drained(&mut self, all: bool) -> Result<()> {
+        while let Some(&(seq, k)) = self.pending.front() {
+            let ev = self.slots[k].copied;
+            let done = guarded(|| {
+                if all {
+                    // SAFETY: our event, recorded after a copy.
+                    unsafe { cu::event::synchronize(ev) }.map_err(drv("cuEventSynchronize"))?;
+                    return Ok(true);
+                }
+                // SAFETY: our event.
+                match unsafe { cu::event::query(ev) } {
+                    Ok(()) => Ok(true),
+                    Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+                    Err(e) => Err(drv("cuEventQuery")(e)),
+                }
+            })?;
+            if !done {
+                break;
+            }
+            write_frame(&mut self.peers[0], Frame::Drained { seq }, &[])?;
+            self.pending.pop_front();
         }
         Ok(())
     }
@@ -594,19 +625,35 @@ impl IpcComm {
         for (at, n) in pieces(len, self.slot_bytes) {
             let wait = if first { within } else { self.timeout };
             first = false;
-            let (f, _) = read_frame(&mut self.peers[0], wait, "the next piece of a broadcast")?;
+            // The root refills a slot only after our copy of its last piece: report it.
+            while self
+                .pending
+                .front()
+                .is_some_and(|&(seq, _)| seq + nslots <= self.seq)
+            {
+                let (seq, k) = self.pending[0];
+                let ev = self.slots[k].copied;
+                // SAFETY: our event, recorded after the copy of piece `seq`.
+                guarded(|| {
+                    unsafe { cu::event::synchronize(ev) }.map_err(drv("cuEventSynchronize"))
+                })?;
+                write_frame(&mut self.peers[0], Frame::Drained { seq }, &[])?;
+                self.pending.pop_front();
+            }
+            let (f, _) = self.read_from_root(wait, "the next piece of a broadcast")?;
+            let k = (self.seq % nslots) as usize;
             let expected = Frame::Filled {
                 seq: self.seq,
                 len: n,
-                slot: self.seq % nslots,
+                slot: k as u64,
             };
             if f != expected {
                 return Err(unexpected(f, &format!("{expected:?}")));
             }
-            let slot = &self.slots[(self.seq % nslots) as usize];
+            let slot = &self.slots[k];
             guarded(|| {
-                // SAFETY: the root's event; its last record is this piece's copy (the root
-                // records it again only after our `Drained` for this piece).
+                // SAFETY: the root's event; its last record is this piece's copy (it records
+                // it again only after our `Drained` for this piece).
                 unsafe {
                     cu::stream::wait_event(
                         stream,
@@ -620,9 +667,9 @@ impl IpcComm {
                 unsafe { cu::memcpy_dtod_async(dst + at, slot.ptr, n as usize, stream) }
                     .map_err(drv("cuMemcpyDtoDAsync"))?;
                 // SAFETY: our event, the caller's stream.
-                unsafe { cu::event::record(slot.drained[0], stream) }.map_err(drv("cuEventRecord"))
+                unsafe { cu::event::record(slot.copied, stream) }.map_err(drv("cuEventRecord"))
             })?;
-            write_frame(&mut self.peers[0], Frame::Drained { seq: self.seq }, &[])?;
+            self.pending.push_back((self.seq, k));
             self.seq += 1;
         }
         Ok(())
@@ -652,11 +699,11 @@ impl IpcComm {
     }
 
     unsafe fn reduce(&mut self, buf: DevicePtr, count: usize, stream: u64) -> Result<()> {
+        let stream = stream as sys::CUstream;
         let mut words = vec![0u64; count];
         guarded(|| {
             // SAFETY: the caller's stream.
-            unsafe { cu::stream::synchronize(stream as sys::CUstream) }
-                .map_err(drv("cuStreamSynchronize"))?;
+            unsafe { cu::stream::synchronize(stream) }.map_err(drv("cuStreamSynchronize"))?;
             // SAFETY: `buf` holds `count` words (caller's contract).
             unsafe { cu::memcpy_dtoh_sync(&mut words, buf) }.map_err(drv("cuMemcpyDtoH"))
         })?;
@@ -668,13 +715,10 @@ impl IpcComm {
                 let got = loop {
                     let (f, trailer) =
                         read_frame(&mut self.peers[i], self.timeout, "a rank's ack")?;
-                    match f {
-                        Frame::Drained { seq } if seq == self.drained_upto[i] => {
-                            self.drained_upto[i] += 1
-                        }
-                        f if f == words_frame => break bytes_words(&trailer),
-                        f => return Err(unexpected(f, "an all-reduce")),
+                    if f == words_frame {
+                        break bytes_words(&trailer);
                     }
+                    self.drained(i, f)?;
                 };
                 for (w, g) in words.iter_mut().zip(got) {
                     *w = (*w).max(g);
@@ -691,9 +735,9 @@ impl IpcComm {
                 )?;
             }
         } else {
+            self.report_drained(true)?;
             write_frame(&mut self.peers[0], words_frame, &words_bytes(&words))?;
-            let (f, trailer) =
-                read_frame(&mut self.peers[0], self.timeout, "the all-reduce's result")?;
+            let (f, trailer) = self.read_from_root(self.timeout, "the all-reduce's result")?;
             if f != (Frame::Reduced {
                 words: count as u64,
             }) {
@@ -702,20 +746,27 @@ impl IpcComm {
             words = bytes_words(&trailer);
         }
         guarded(|| {
-            // SAFETY: `buf` holds `count` words; a synchronous copy.
-            unsafe { cu::memcpy_htod_sync(buf, &words) }.map_err(drv("cuMemcpyHtoD"))
+            // On the caller's stream, then waited for: a "synchronous" copy from pageable
+            // memory may return before the device holds the words, and on the legacy
+            // stream it would not be ordered before the caller's next reads.
+            // SAFETY: `buf` holds `count` words; `words` lives until the stream is synchronised.
+            unsafe {
+                cu::memcpy_htod_async(buf, &words, stream).map_err(drv("cuMemcpyHtoDAsync"))?;
+                cu::stream::synchronize(stream).map_err(drv("cuStreamSynchronize"))
+            }
         })
     }
 
     /// Waits until `event` (recorded on the stream after the link's calls) has completed; after
-    /// `timeout`, or on an error, aborts the link so that no rank stays blocked in it.
+    /// `timeout`, or on an error, aborts the link so that no rank stays blocked in it. Then
+    /// reports the copies that have completed (other ranks).
     pub fn wait(&mut self, event: u64, timeout: Duration, what: &'static str) -> Result<()> {
         self.live()?;
         let started = Instant::now();
         loop {
             // SAFETY: `event` is a live event handle of the caller.
             match guarded(|| Ok(unsafe { cu::event::query(event as sys::CUevent) })) {
-                Ok(Ok(())) => return Ok(()),
+                Ok(Ok(())) => break,
                 Ok(Err(e)) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => {}
                 Ok(Err(e)) => {
                     self.abort();
@@ -739,6 +790,10 @@ impl IpcComm {
                 std::thread::sleep(Duration::from_micros(20));
             }
         }
+        if self.rank != 0 {
+            self.report_drained(false).inspect_err(|_| self.abort())?;
+        }
+        Ok(())
     }
 
     /// Closes the connections: every peer's next read fails, so none waits for this rank.
@@ -750,28 +805,79 @@ impl IpcComm {
             self.aborted = true;
         }
     }
+
+    /// Another rank: waits for its copies, then closes what it opened of the root's (its
+    /// slots and events), once.
+    fn release_mapped(&mut self) {
+        if self.rank == 0 {
+            return;
+        }
+        let slots = std::mem::take(&mut self.slots);
+        release_in(self.ctx, || {
+            // SAFETY: each handle was opened (or created) here and is released once, after
+            // this context's work (the copies out of the slots) has finished.
+            unsafe {
+                let _ = cu::ctx::synchronize();
+                for s in &slots {
+                    for ev in [s.filled, s.copied] {
+                        if !ev.is_null() {
+                            let _ = cu::event::destroy(ev);
+                        }
+                    }
+                    if s.ptr != 0 {
+                        let _ = sys::cuIpcCloseMemHandle(s.ptr);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Root: says `Bye` to each rank and waits (a few seconds at most) for each to answer,
+    /// i.e. to have released its mappings of the slots.
+    fn say_bye(&mut self) {
+        let wait = self.timeout.min(Duration::from_secs(10));
+        for p in &mut self.peers {
+            if write_frame(p, Frame::Bye, &[]).is_err() {
+                continue;
+            }
+            let started = Instant::now();
+            while started.elapsed() < wait {
+                match read_frame(p, wait - started.elapsed(), "a rank's bye") {
+                    Ok((Frame::Bye, _)) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        }
+    }
 }
 
 impl Drop for IpcComm {
     fn drop(&mut self) {
+        if self.rank == 0 {
+            if !self.aborted {
+                self.say_bye();
+            }
+        } else {
+            self.release_mapped();
+            if let Some(root) = self.peers.first_mut().filter(|_| !self.aborted) {
+                let _ = write_frame(root, Frame::Bye, &[]);
+            }
+        }
         self.abort();
         let slots = std::mem::take(&mut self.slots);
+        let owned = std::mem::take(&mut self.owned);
+        let device = self.device;
         release_in(self.ctx, || {
-            // SAFETY: each handle was created or opened here, and is released once.
+            // SAFETY: the root's own events and memory, released once, after its work.
             unsafe {
-                // Nothing of ours may still be copying out of (or into) a slot.
                 let _ = cu::ctx::synchronize();
                 for s in &slots {
                     if !s.filled.is_null() {
                         let _ = cu::event::destroy(s.filled);
                     }
-                    for &d in &s.drained {
-                        let _ = cu::event::destroy(d);
-                    }
-                    if s.mapped && s.ptr != 0 {
-                        let _ = sys::cuIpcCloseMemHandle(s.ptr);
-                    }
                 }
+                drop(owned);
+                let _ = cu::primary_ctx::release(device);
             }
         });
     }

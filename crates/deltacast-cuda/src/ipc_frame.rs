@@ -34,16 +34,18 @@ pub enum Frame {
     /// The root's staging: `slots` buffers of `slot_bytes`; followed by `slots` memory
     /// handles, then `slots` event handles (the "filled" events).
     Setup { slots: u64, slot_bytes: u64 },
-    /// A rank's "drained" event handles, one per slot (the trailer).
-    SetupReply { slots: u64 },
+    /// A rank has mapped the `slots` slots and their events.
+    Joined { slots: u64 },
     /// Piece `seq` of the broadcasts, `len` bytes, is in slot `slot` once its event fires.
     Filled { seq: u64, len: u64, slot: u64 },
-    /// A rank has enqueued its copy of piece `seq` (after its "drained" event of that slot).
+    /// A rank's copy of piece `seq` out of its slot has completed: the root may refill it.
     Drained { seq: u64 },
     /// A rank's part of an all-reduce: `words` u64 follow.
     Reduce { words: u64 },
     /// The root's result of an all-reduce: `words` u64 follow.
     Reduced { words: u64 },
+    /// The sender is leaving the link; from the root: release what you mapped of mine.
+    Bye,
 }
 
 impl Frame {
@@ -51,11 +53,12 @@ impl Frame {
         match self {
             Frame::Hello { .. } => 1,
             Frame::Setup { .. } => 2,
-            Frame::SetupReply { .. } => 3,
+            Frame::Joined { .. } => 3,
             Frame::Filled { .. } => 4,
             Frame::Drained { .. } => 5,
             Frame::Reduce { .. } => 6,
             Frame::Reduced { .. } => 7,
+            Frame::Bye => 8,
         }
     }
 
@@ -67,10 +70,11 @@ impl Frame {
                 version,
             } => [rank, nranks, version],
             Frame::Setup { slots, slot_bytes } => [slots, slot_bytes, 0],
-            Frame::SetupReply { slots } => [slots, 0, 0],
+            Frame::Joined { slots } => [slots, 0, 0],
             Frame::Filled { seq, len, slot } => [seq, len, slot],
             Frame::Drained { seq } => [seq, 0, 0],
             Frame::Reduce { words } | Frame::Reduced { words } => [words, 0, 0],
+            Frame::Bye => [0, 0, 0],
         }
     }
 
@@ -111,7 +115,7 @@ impl Frame {
                 slots: a,
                 slot_bytes: b,
             },
-            3 => Frame::SetupReply { slots: a },
+            3 => Frame::Joined { slots: a },
             4 => Frame::Filled {
                 seq: a,
                 len: b,
@@ -120,13 +124,14 @@ impl Frame {
             5 => Frame::Drained { seq: a },
             6 => Frame::Reduce { words: a },
             7 => Frame::Reduced { words: a },
+            8 => Frame::Bye,
             _ => return Err(bad(format!("unknown frame tag {tag}"))),
         };
         if frame.fields() != [a, b, c] {
             return Err(bad(format!("frame tag {tag} with unused fields set")));
         }
         match frame {
-            Frame::Setup { slots, .. } | Frame::SetupReply { slots }
+            Frame::Setup { slots, .. } | Frame::Joined { slots }
                 if slots == 0 || slots > MAX_SLOTS =>
             {
                 Err(bad(format!("{slots} staging slots (1 to {MAX_SLOTS})")))
@@ -145,7 +150,6 @@ impl Frame {
     pub fn trailer_bytes(&self) -> usize {
         match *self {
             Frame::Setup { slots, .. } => 2 * slots as usize * IPC_HANDLE_BYTES,
-            Frame::SetupReply { slots } => slots as usize * IPC_HANDLE_BYTES,
             Frame::Reduce { words } | Frame::Reduced { words } => 8 * words as usize,
             _ => 0,
         }
@@ -182,7 +186,7 @@ mod tests {
             }),
             (1..=MAX_SLOTS, 1..u64::MAX)
                 .prop_map(|(slots, slot_bytes)| Frame::Setup { slots, slot_bytes }),
-            (1..=MAX_SLOTS).prop_map(|slots| Frame::SetupReply { slots }),
+            (1..=MAX_SLOTS).prop_map(|slots| Frame::Joined { slots }),
             (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(seq, len, slot)| Frame::Filled {
                 seq,
                 len,
@@ -191,6 +195,7 @@ mod tests {
             any::<u64>().prop_map(|seq| Frame::Drained { seq }),
             (0..=MAX_REDUCE_WORDS).prop_map(|words| Frame::Reduce { words }),
             (0..=MAX_REDUCE_WORDS).prop_map(|words| Frame::Reduced { words }),
+            Just(Frame::Bye),
         ]
     }
 
@@ -203,7 +208,7 @@ mod tests {
         /// Random bytes never panic, and whatever decodes re-encodes to the same bytes and
         /// announces a bounded trailer.
         #[test]
-        fn random_bytes_decode_or_fail_cleanly(bytes in prop::array::uniform32(any::<u8>()), tag in 0u32..9) {
+        fn random_bytes_decode_or_fail_cleanly(bytes in prop::array::uniform32(any::<u8>()), tag in 0u32..10) {
             let mut bytes = bytes;
             bytes[..4].copy_from_slice(&MAGIC.to_le_bytes());
             bytes[4..8].copy_from_slice(&tag.to_le_bytes());
@@ -262,8 +267,8 @@ mod tests {
                 slots: 2,
                 slot_bytes: 0,
             },
-            Frame::SetupReply { slots: 0 },
-            Frame::SetupReply {
+            Frame::Joined { slots: 0 },
+            Frame::Joined {
                 slots: u64::MAX / 2,
             },
             Frame::Reduce {

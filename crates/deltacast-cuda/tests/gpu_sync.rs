@@ -5,8 +5,11 @@
 //! uploaded from), and after a refusal they must equal the previous version's (plus the
 //! tamper): a refused sync applies nothing, in every stage.
 //!
-//! Needs two GPUs and NCCL; otherwise each test prints why it is skipped and passes
-//! (`DELTACAST_REQUIRE_GPU=1` turns that into a failure).
+//! The same script also runs over the CUDA-IPC link, the receiver in a process of its own
+//! (IPC handles cannot be opened in the process that made them), both on GPU 0.
+//!
+//! Needs two GPUs and NCCL (the IPC tests: one GPU); otherwise each test prints why it is
+//! skipped and passes (`DELTACAST_REQUIRE_GPU=1` turns that into a failure).
 #![cfg(feature = "cuda")]
 
 #[path = "../../deltacast/tests/common/mod.rs"]
@@ -16,6 +19,8 @@ use std::sync::{mpsc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use deltacast::DType;
+use deltacast_cuda::ipc::{IpcComm, IpcOptions};
+use deltacast_cuda::link::Link;
 use deltacast_cuda::nccl::{unique_id, NcclComm};
 use deltacast_cuda::protocol::SyncKind;
 use deltacast_cuda::sync::{
@@ -45,6 +50,60 @@ fn two_gpus() -> bool {
     }
     eprintln!("skipping GPU sync test: {why}");
     false
+}
+
+fn one_gpu() -> bool {
+    let why = match Gpu::device_count() {
+        Ok(n) if n >= 1 => return true,
+        Ok(_) => "no GPU".to_string(),
+        Err(e) => e.to_string(),
+    };
+    if std::env::var("DELTACAST_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        panic!("DELTACAST_REQUIRE_GPU=1 but: {why}");
+    }
+    eprintln!("skipping GPU sync test: {why}");
+    false
+}
+
+/// How the sender and the receiver of a script are linked.
+#[derive(Debug, Clone)]
+enum LinkSpec {
+    /// NCCL: sender on GPU 0, receiver on GPU 1 (threads of this process).
+    Nccl([u8; deltacast_cuda::nccl::UNIQUE_ID_BYTES]),
+    /// CUDA IPC at this loopback address, with these staging slots (count, bytes): both
+    /// on GPU 0, the receiver in a process of its own.
+    Ipc(String, u64, u64),
+}
+
+impl LinkSpec {
+    fn receiver_gpu(&self) -> usize {
+        match self {
+            LinkSpec::Nccl(_) => 1,
+            LinkSpec::Ipc(..) => 0,
+        }
+    }
+
+    /// Joins as `rank` on `gpu` (the current context).
+    fn join(&self, gpu: &Gpu, rank: usize) -> Link {
+        match self {
+            LinkSpec::Nccl(uid) => NcclComm::new(uid, 2, rank).expect("nccl comm").into(),
+            LinkSpec::Ipc(address, slots, slot_bytes) => {
+                let options = IpcOptions {
+                    slots: *slots,
+                    slot_bytes: *slot_bytes,
+                    timeout: Duration::from_secs(60),
+                };
+                IpcComm::new(gpu, address, 2, rank, options)
+                    .expect("ipc link")
+                    .into()
+            }
+        }
+    }
+}
+
+fn free_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    format!("127.0.0.1:{}", l.local_addr().expect("address").port())
 }
 
 use common::{mutate, Rng};
@@ -178,6 +237,39 @@ fn syncs_in_stages_stay_bit_identical_and_undo_refused_stages() {
         assert!(names[10].starts_with("refused"), "{names:?}");
         assert_eq!(names[11], "seed/1");
     }
+}
+
+#[test]
+fn ipc_link_two_processes_on_one_gpu_stay_bit_identical() {
+    // The NCCL scripts again, over the CUDA-IPC link, sender and receiver on GPU 0: with
+    // slots far smaller than the tensors (many pieces per broadcast, every slot reused, the
+    // root waiting for the receiver to drain them), in one stage and in seven.
+    let _serial = serial();
+    if !one_gpu() {
+        return;
+    }
+    let small = || LinkSpec::Ipc(free_address(), 3, 4096);
+    let (kinds, _) = run_script_over(small(), SnapshotPlace::Device, EntropyMode::Auto, 0, STEPS);
+    check_kinds(&kinds);
+    let (staged, _) = run_script_over(
+        small(),
+        SnapshotPlace::Device,
+        EntropyMode::On,
+        1,
+        STEPS_STAGED,
+    );
+    let names: Vec<&str> = staged.iter().map(|k| k.0.as_str()).collect();
+    assert!(names[10].starts_with("refused"), "{names:?}");
+    assert_eq!(names[11], "seed/1");
+    // The default staging (four 64 MiB slots): each broadcast is one piece.
+    let (kinds, _) = run_script_over(
+        LinkSpec::Ipc(free_address(), 4, 64 << 20),
+        SnapshotPlace::PinnedHost,
+        EntropyMode::Off,
+        0,
+        STEPS,
+    );
+    check_kinds(&kinds);
 }
 
 #[test]
@@ -445,20 +537,9 @@ fn sharded_receiver_process() {
     for (i, b) in uid.iter_mut().enumerate() {
         *b = u8::from_str_radix(&uid_hex[2 * i..2 * i + 2], 16).expect("uid hex");
     }
-    let steps = if script == "staged" {
-        STEPS_STAGED
-    } else {
-        STEPS
-    };
     let (got_tx, got_rx) = mpsc::channel::<StepReport>();
-    receive_steps(uid, steps, got_tx);
-    for (step, tensors, outcome) in got_rx {
-        eprintln!("sharded receiver step {step}: {outcome}");
-        std::fs::write(dir.join(format!("{step}.outcome")), outcome).expect("write");
-        for (i, t) in tensors.iter().enumerate() {
-            std::fs::write(dir.join(format!("{step}.{i}")), t).expect("write");
-        }
-    }
+    receive_steps(LinkSpec::Nccl(uid), script_named(script), got_tx);
+    write_steps(&dir, got_rx);
 }
 
 /// Where rank 0's shard of a slot of `numel` elements ends (rank 1 holds the rest): uneven
@@ -496,39 +577,14 @@ fn run_sharded(
     // The receiver shares GPU 1 with trainer rank 1, so it runs in a process of its own: two
     // communicators' kernels in one CUDA context can deadlock (any device-synchronising call
     // of one thread waits for the other's blocked NCCL kernel); in two processes they do not.
-    let dir = std::env::temp_dir().join(format!("deltacast-sharded-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let script = if std::ptr::eq(steps, STEPS_STAGED) {
-        "staged"
-    } else {
-        "plain"
-    };
-    let child = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "sharded_receiver_process",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(
-            RECEIVER_ENV,
-            format!("{}:{script}:{}", hex(&receivers_uid), dir.display()),
-        )
-        .status()
-        .expect("receiver process");
-    assert!(child.success(), "the receiver process failed: {child}");
     let (got_tx, got_rx) = mpsc::channel::<StepReport>();
-    for step in 0..=steps.len() {
-        let outcome = std::fs::read_to_string(dir.join(format!("{step}.outcome")))
-            .expect("the receiver's outcome");
-        let tensors = (0..SHAPES.len())
-            .map(|i| std::fs::read(dir.join(format!("{step}.{i}"))).expect("received bytes"))
-            .collect();
-        got_tx.send((step, tensors, outcome)).unwrap();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    receiver_process(
+        "sharded_receiver_process",
+        RECEIVER_ENV,
+        &hex(&receivers_uid),
+        steps,
+        got_tx,
+    );
     let kinds = compare_steps(steps, &truth_rx, &got_rx);
     let outcomes: Vec<Vec<String>> = ranks
         .into_iter()
@@ -687,14 +743,26 @@ fn run_script(
     stage_bytes: u64,
     steps: &'static [(f64, Before)],
 ) -> (Vec<(String, String)>, Vec<u64>) {
-    let uid = unique_id().expect("unique id");
+    let link = LinkSpec::Nccl(unique_id().expect("unique id"));
+    run_script_over(link, place, entropy, stage_bytes, steps)
+}
+
+/// [`run_script`] over `link`.
+fn run_script_over(
+    link: LinkSpec,
+    place: SnapshotPlace,
+    entropy: EntropyMode,
+    stage_bytes: u64,
+    steps: &'static [(f64, Before)],
+) -> (Vec<(String, String)>, Vec<u64>) {
     let (truth_tx, truth_rx) = mpsc::channel::<StepReport>();
     let (got_tx, got_rx) = mpsc::channel::<StepReport>();
 
+    let sender_link = link.clone();
     let sender = std::thread::spawn(move || {
         let gpu = Gpu::new(0).expect("gpu 0");
         gpu.make_current().expect("current");
-        let comm = NcclComm::new(&uid, 2, 0).expect("comm rank 0");
+        let comm = sender_link.join(&gpu, 0);
         let mut rng = Rng(42);
         let mut host = initial_tensors(&mut rng);
         let bufs: Vec<DeviceBuffer> = host
@@ -753,26 +821,135 @@ fn run_script(
         payloads
     });
 
-    let receiver = std::thread::spawn(move || receive_steps(uid, steps, got_tx));
+    let receiver = match &link {
+        LinkSpec::Nccl(_) => {
+            let link = link.clone();
+            std::thread::spawn(move || receive_steps(link, steps, got_tx))
+        }
+        LinkSpec::Ipc(address, slots, slot_bytes) => {
+            let spec = format!("{address}:{slots}:{slot_bytes}");
+            std::thread::spawn(move || {
+                receiver_process(
+                    "ipc_receiver_process",
+                    IPC_RECEIVER_ENV,
+                    &spec,
+                    steps,
+                    got_tx,
+                )
+            })
+        }
+    };
 
     let kinds = compare_steps(steps, &truth_rx, &got_rx);
     let payloads = sender.join().expect("sender thread");
     receiver.join().expect("receiver thread");
-    eprintln!("kinds per step ({place:?} snapshot, entropy {entropy:?}): {kinds:?}, payload bytes {payloads:?}");
+    eprintln!("kinds per step ({link:?}, {place:?} snapshot, entropy {entropy:?}): {kinds:?}, payload bytes {payloads:?}");
     (kinds, payloads)
+}
+
+/// Set in the environment of [`ipc_receiver_process`]'s process: `host:port:slots:bytes`
+/// (then `:dir`, added by [`receiver_process`]).
+const IPC_RECEIVER_ENV: &str = "DELTACAST_TEST_IPC_RECEIVER";
+
+/// The receiver of an IPC script, run by [`run_script_over`] as a process of its own (does
+/// nothing when the test binary runs it otherwise).
+#[test]
+fn ipc_receiver_process() {
+    let Ok(spec) = std::env::var(IPC_RECEIVER_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.splitn(6, ':').collect();
+    let [host, port, slots, bytes, script, dir] = parts[..] else {
+        panic!("bad {IPC_RECEIVER_ENV}: {spec}");
+    };
+    let link = LinkSpec::Ipc(
+        format!("{host}:{port}"),
+        slots.parse().expect("slots"),
+        bytes.parse().expect("slot bytes"),
+    );
+    let steps = script_named(script);
+    let (got_tx, got_rx) = mpsc::channel::<StepReport>();
+    receive_steps(link, steps, got_tx);
+    write_steps(std::path::Path::new(dir), got_rx);
+}
+
+fn script_named(name: &str) -> &'static [(f64, Before)] {
+    if name == "staged" {
+        STEPS_STAGED
+    } else {
+        STEPS
+    }
+}
+
+fn script_name(steps: &'static [(f64, Before)]) -> &'static str {
+    if std::ptr::eq(steps, STEPS_STAGED) {
+        "staged"
+    } else {
+        "plain"
+    }
+}
+
+/// What a receiver process leaves for its parent: per step its outcome and every tensor's
+/// bytes, as files in `dir`.
+fn write_steps(dir: &std::path::Path, got_rx: mpsc::Receiver<StepReport>) {
+    for (step, tensors, outcome) in got_rx {
+        eprintln!("receiver process, step {step}: {outcome}");
+        std::fs::write(dir.join(format!("{step}.outcome")), outcome).expect("write");
+        for (i, t) in tensors.iter().enumerate() {
+            std::fs::write(dir.join(format!("{step}.{i}")), t).expect("write");
+        }
+    }
+}
+
+/// Runs test `test` of this binary as a receiver process (`env` = `spec:script:dir`), waits
+/// for it, and sends what it left, step by step, to `got_tx`.
+fn receiver_process(
+    test: &str,
+    env: &str,
+    spec: &str,
+    steps: &'static [(f64, Before)],
+    got_tx: mpsc::Sender<StepReport>,
+) {
+    let dir = std::env::temp_dir().join(format!(
+        "deltacast-{test}-{}-{}",
+        std::process::id(),
+        free_address().replace([':', '.'], "_")
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env(
+            env,
+            format!("{spec}:{}:{}", script_name(steps), dir.display()),
+        )
+        .status()
+        .expect("receiver process");
+    assert!(child.success(), "the receiver process failed: {child}");
+    for step in 0..=steps.len() {
+        let outcome = std::fs::read_to_string(dir.join(format!("{step}.outcome")))
+            .expect("the receiver's outcome");
+        let tensors = (0..SHAPES.len())
+            .map(|i| std::fs::read(dir.join(format!("{step}.{i}"))).expect("received bytes"))
+            .collect();
+        got_tx
+            .send((step, tensors, outcome))
+            .expect("the comparison");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The receiver's side of a script: rank 1 of `uid` on GPU 1, root 0; before each step it
 /// does what the step says (tampers), then receives, and sends the step, its tensors' bytes
 /// and outcome to `got_tx`; returns when the sender closes.
 fn receive_steps(
-    uid: [u8; deltacast_cuda::nccl::UNIQUE_ID_BYTES],
+    link: LinkSpec,
     steps: &'static [(f64, Before)],
     got_tx: mpsc::Sender<StepReport>,
 ) {
-    let gpu = Gpu::new(1).expect("gpu 1");
+    let gpu = Gpu::new(link.receiver_gpu()).expect("receiver's gpu");
     gpu.make_current().expect("current");
-    let comm = NcclComm::new(&uid, 2, 1).expect("comm rank 1");
+    let comm = link.join(&gpu, 1);
     let bufs: Vec<DeviceBuffer> = SHAPES
         .iter()
         .map(|(_, d, s)| {

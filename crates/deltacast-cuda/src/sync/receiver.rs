@@ -82,7 +82,6 @@ struct Incoming {
 
 /// The receiving side of a GPU sync: applies into tensors it is given, all or nothing.
 pub struct GpuReceiver {
-    gpu: Gpu,
     comm: Link,
     root: usize,
     timeout: Duration,
@@ -100,6 +99,9 @@ pub struct GpuReceiver {
     discard: Growable,
     code_scratch: CodeScratch,
     status: DeviceBuffer,
+    // Last: fields drop in order, and every buffer, stream and event above is released
+    // in this context (the primary context, released with the last `Gpu` of the device).
+    gpu: Gpu,
 }
 
 impl GpuReceiver {

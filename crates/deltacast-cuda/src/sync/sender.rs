@@ -380,11 +380,6 @@ struct SyncRun {
 
 /// The trainer side of a GPU sync.
 pub struct GpuSender {
-    /// Encodes and sends (its stream has the device's greatest priority).
-    gpu: Gpu,
-    /// The caller's handle of the same device, with a stream and scratch of its own, for
-    /// the diffs: the next stage's diff runs there while this one is encoded on `gpu`.
-    diff_gpu: Arc<Gpu>,
     /// The thread that runs the diffs on `diff_gpu`.
     diff_worker: DiffWorker,
     comm: Link,
@@ -411,6 +406,13 @@ pub struct GpuSender {
     /// Recorded on the NCCL stream after the ack.
     acked: GpuEvent,
     status: DeviceBuffer,
+    // Last: fields drop in order, and every buffer, stream and event above is released
+    // in this context (the primary context, released with the last `Gpu` of the device).
+    /// Encodes and sends (its stream has the device's greatest priority).
+    gpu: Gpu,
+    /// The caller's handle of the same device, with a stream and scratch of its own, for
+    /// the diffs: the next stage's diff runs there while this one is encoded on `gpu`.
+    diff_gpu: Arc<Gpu>,
 }
 
 impl GpuSender {

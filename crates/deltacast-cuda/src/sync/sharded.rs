@@ -104,7 +104,6 @@ impl StageRow {
 
 /// A trainer rank's side of a sharded GPU sync.
 pub struct GpuShardedSender {
-    gpu: Gpu,
     trainers: NcclComm,
     /// The leader's communicator with the receivers (the leader is its root); `None` on the
     /// other ranks.
@@ -147,6 +146,9 @@ pub struct GpuShardedSender {
     outcome: [u64; 3],
     /// (entropy used, changes) of the last sync, recorded once the leader's time arrives.
     pending: Option<(bool, u64)>,
+    // Last: fields drop in order, and every buffer, stream and event above is released
+    // in this context (the primary context, released with the last `Gpu` of the device).
+    gpu: Gpu,
 }
 
 /// One sharded delta sync in progress.
