@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU sync benchmark (issue 5): deltacast vs a full NCCL broadcast vs a plain PyTorch delta,
 # trainer on GPU 0 and receiver on GPU 1, at Qwen2.5-0.5B and -7B shape, over NVLink and over
-# NCCL sockets on loopback. Runs bindings/python/bench/gpu_sync.py once per (model, transport).
+# NCCL sockets on loopback; on a machine with one GPU, both processes on it over CUDA IPC
+# (transport "ipc": all three methods without NCCL). Runs bindings/python/bench/gpu_sync.py
+# once per (model, transport).
 #
 #   scripts/gpu-bench.sh [--steps N] [--runs "0.5b:nvlink 7b:socket:off ..."] [--out DIR]
 #                        [-- extra gpu_sync.py arguments]
@@ -13,7 +15,7 @@
 # either, the baselines still run and the deltacast column says why it was skipped.
 #
 # Env (each also a flag above): GPU_BENCH_STEPS (default 8 timed steps, after 1 warm-up step),
-# GPU_BENCH_RUNS (default "0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket"; a third field
+# GPU_BENCH_RUNS (default "0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket", on one GPU "0.5b:ipc"; a third field
 # on|off|auto sets deltacast's entropy codecs, default auto; a fourth the stage size in MiB,
 # default the library's),
 # GPU_BENCH_RUN_TIMEOUT (seconds per run, default 420), PYTHON (default python3).
@@ -23,7 +25,7 @@
 # NVLink multicast stays off (machine rule): NCCL_NVLS_ENABLE=0,
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 (gpu_sync.py sets them again).
 #
-# Exit status: 0 when every run passed or the machine has fewer than two GPUs (SKIPPED);
+# Exit status: 0 when every run passed or the machine has no GPU (SKIPPED);
 # 1 when any run failed a check, crashed or timed out, or deltacast did not run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +36,7 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 STEPS=${GPU_BENCH_STEPS:-8}
 RUNS=${GPU_BENCH_RUNS:-"0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket"}
+RUNS_GIVEN=${GPU_BENCH_RUNS:-}
 RUN_TIMEOUT=${GPU_BENCH_RUN_TIMEOUT:-420}
 WHEELS=${DELTACAST_WHEELS:-.whl}
 SITE=${DELTACAST_SITE:-/tmp/site}
@@ -43,7 +46,7 @@ EXTRA=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --steps) STEPS=$2; shift 2 ;;
-        --runs) RUNS=$2; shift 2 ;;
+        --runs) RUNS=$2; RUNS_GIVEN=1; shift 2 ;;
         --out) OUT_DIR=$2; shift 2 ;;
         --) shift; EXTRA=("$@"); break ;;
         -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
@@ -82,11 +85,17 @@ except Exception as e:
           "-> the deltacast column will be skipped")
 EOF
 
-# Two GPUs or nothing to measure.
+# Two GPUs: NCCL runs. One GPU: NCCL cannot put both ranks on it, so the runs go over CUDA IPC,
+# trainer and receiver as two processes on that GPU (0.5B only: at 7B the two processes need
+# more memory than one H200 has). None: nothing to measure.
 ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-if [ "${ngpu:-0}" -lt 2 ]; then
-    say "gpu-bench: SKIPPED: needs two GPUs (trainer on GPU 0, receiver on GPU 1), found ${ngpu:-0}"
+if [ "${ngpu:-0}" -lt 1 ]; then
+    say "gpu-bench: SKIPPED: no GPU found"
     exit 0
+fi
+if [ "${ngpu:-0}" -lt 2 ] && [ -z "${RUNS_GIVEN:-}" ]; then
+    RUNS="0.5b:ipc"
+    say "gpu-bench: one GPU: trainer and receiver as two processes on it, over CUDA IPC (runs: $RUNS)"
 fi
 {
     "$PY" -c 'import torch, transformers; print("== torch", torch.__version__, "cuda", torch.version.cuda, "| transformers", transformers.__version__)'

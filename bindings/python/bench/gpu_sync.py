@@ -3,14 +3,23 @@
 
     python bindings/python/bench/gpu_sync.py --model 0.5b|7b --transport nvlink|socket
                                               [--steps 8] [--warmup-steps 1] [--out DIR]
+    python bindings/python/bench/gpu_sync.py --model 0.5b --transport ipc [--same-gpu] [...]
     python bindings/python/bench/gpu_sync.py --cpu-smoke [--steps 3] [--out DIR]
 
 Two processes, started by this script (torch.multiprocessing.spawn, MASTER_ADDR=127.0.0.1):
-rank 0 is the trainer on cuda:0, rank 1 the receiver on cuda:1. With fewer than two GPUs it
-says so and exits 0 (SKIPPED): NCCL does not put two ranks of one communicator on one GPU
-(communicator set-up fails with "Duplicate GPU detected"; NCCL's maintainers call it
-unsupported, NVIDIA/nccl issue 418), and all three methods run over NCCL, so two processes on
-one GPU cannot run them.
+rank 0 is the trainer on cuda:0, rank 1 the receiver on cuda:1. NCCL does not put two ranks of
+one communicator on one GPU (communicator set-up fails with "Duplicate GPU detected"; NCCL's
+maintainers call it unsupported, NVIDIA/nccl issue 418), so with fewer than two GPUs
+--transport nvlink/socket says so and exits 0 (SKIPPED).
+
+--transport ipc runs without NCCL: both processes on cuda:0 when only one GPU is visible (or
+with --same-gpu; else cuda:0 and cuda:1), torch.distributed over gloo for control messages
+(CPU tensors, each sent after the sender's GPU work it announces has finished), and each
+method's bytes by CUDA IPC: (a) and (b) through a bucket on the trainer's GPU that the
+receiver mapped once (torch's reduce_tensor handle; per bucket the trainer fills it and says
+so, the receiver copies out of it, on another GPU first into a bucket of its own, and says so),
+(c) through deltacast's IpcComm. Where the descriptions below say "broadcast" and "NCCL
+all-reduce", read those. The output file gets an _onegpu suffix when both ran on cuda:0.
 
 The trainer holds a Qwen2 model built from a config at Qwen2.5-0.5B or Qwen2.5-7B shape (random
 init in fp32, nothing downloaded); the fp32 tensors become the masters and the model is converted

@@ -38,6 +38,25 @@ const SYNC_METHODS: [Method; 3] = [
     ("deltacast", "deltacast", "/summary/deltacast/median_ms"),
 ];
 
+/// The methods of bench/gpu_sync.py's results with `--transport ipc`: no NCCL anywhere.
+const IPC_METHODS: [Method; 3] = [
+    (
+        "full copy through a CUDA-IPC bucket",
+        "full",
+        "/summary/full/median_ms",
+    ),
+    (
+        "plain PyTorch delta (CUDA-IPC bucket)",
+        "plain",
+        "/summary/plain/median_ms",
+    ),
+    (
+        "deltacast (CUDA-IPC link)",
+        "deltacast",
+        "/summary/deltacast/median_ms",
+    ),
+];
+
 /// The methods of bench/gpu_sharded.py's results.
 const SHARDED_METHODS: [Method; 2] = [
     ("gather + broadcast", "whole", "/median_whole_ms"),
@@ -63,13 +82,25 @@ pub fn read_run(path: &Path) -> Result<Run> {
         "?" | "auto" => String::new(),
         e => format!(" (entropy {e})"),
     };
+    // An IPC run says where its two processes ran.
+    let gpus = match v.pointer("/args/devices").and_then(Value::as_array) {
+        Some(d) if text_at("/transport") == "ipc" && d.len() == 2 && d[0] == d[1] => " 1 GPU",
+        Some(_) if text_at("/transport") == "ipc" => " 2 GPUs",
+        _ => "",
+    };
     let table: &[Method] = if sharded {
         &SHARDED_METHODS
+    } else if text_at("/transport") == "ipc" {
+        &IPC_METHODS
     } else {
         &SYNC_METHODS
     };
     Ok(Run {
-        label: format!("{} {}{entropy}", text_at("/model"), text_at("/transport")),
+        label: format!(
+            "{} {}{gpus}{entropy}",
+            text_at("/model"),
+            text_at("/transport")
+        ),
         methods: table
             .iter()
             .map(|&m| field(m.2).map(|ms| (m, ms)))
@@ -87,7 +118,10 @@ fn method_names(runs: &[Run]) -> Result<Vec<Method>> {
         .iter()
         .any(|r| !r.methods.iter().map(|m| m.0).eq(names.iter().copied()))
     {
-        bail!("the files mix the results of different benches: one report per bench");
+        bail!(
+            "the files mix the results of different benches (or of NCCL and CUDA-IPC runs): \
+             one report per bench"
+        );
     }
     Ok(names)
 }

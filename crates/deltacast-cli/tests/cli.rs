@@ -418,4 +418,21 @@ fn gpu_report_tables_and_draws_the_committed_gpu_results() {
     // One report per bench: results of the two benches together are refused.
     let err = run_err(bin().arg("gpu-report").arg(&files[0]).arg(&sharded));
     assert!(err.contains("different benches"), "{err}");
+    // A CUDA-IPC run (two processes on one GPU): its own legend, its place in the label,
+    // and not mixed with NCCL runs.
+    let ipc = Path::new(env!("CARGO_MANIFEST_DIR")).join(
+        "../../docs/data/gpu-2026-11-30-eleventh/one-gpu/bench/gpu_sync_0.5b_ipc_onegpu.json",
+    );
+    let out = run_ok(bin().arg("gpu-report").arg(&ipc));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ipc).unwrap()).unwrap();
+    let ms = |m: &str| v["summary"][m]["median_ms"].as_f64().unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("0.5b ipc 1 GPU"))
+        .expect("0.5b ipc row");
+    let ratio = format!("{:.1}x", ms("plain") / ms("deltacast"));
+    assert!(line.contains(&ratio), "{line} lacks {ratio}");
+    let err = run_err(bin().arg("gpu-report").arg(&files[0]).arg(&ipc));
+    assert!(err.contains("CUDA-IPC"), "{err}");
 }

@@ -1,6 +1,6 @@
 //! The GPU sync: a trainer rank ([`GpuSender`]) pushes its tensors to receivers
-//! ([`GpuReceiver`]) over NCCL, sending only the changed elements (message layout in
-//! [`crate::protocol`]).
+//! ([`GpuReceiver`]) over NCCL or the CUDA-IPC link ([`crate::link::Link`]), sending only the
+//! changed elements (message layout in [`crate::protocol`]).
 //!
 //! A sync runs in stages, each a consecutive run of tensors of about
 //! [`GpuSenderConfig::stage_bytes`]. Per stage the sender runs one batched diff over its
