@@ -71,6 +71,17 @@ pub enum CudaError {
     ReceiverRefused(u64),
 }
 
+impl CudaError {
+    /// Whether this is a failure of the link itself (a peer gone, a collective that did not
+    /// finish), as opposed to a refusal of what it carried.
+    pub fn is_link_failure(&self) -> bool {
+        matches!(
+            self,
+            CudaError::Link { .. } | CudaError::Nccl { .. } | CudaError::Timeout { .. }
+        )
+    }
+}
+
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;
 
 /// The message of [`CudaError::NotBuilt`].

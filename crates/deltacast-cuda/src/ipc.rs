@@ -15,14 +15,18 @@
 //!   latest before it needs the slot's next piece) it sends `Drained{seq}`.
 //!
 //! No rank synchronises its GPU per piece: the root runs up to `slots` pieces ahead, and a
-//! rank reports its copies in batches, when it waits for its stream anyway. Only the root
-//! exports anything, so only the others must let go first: on drop the root says `Bye` and
-//! waits (briefly) for each rank's `Bye`, which a rank sends once it has released what it
-//! mapped (on reading the root's `Bye`, or when it is dropped itself). The all-reduce is
+//! rank reports its copies in batches, when it waits for its stream anyway. The all-reduce is
 //! host-side: each rank's words go to the root by TCP, the maximum comes back.
 //!
+//! Only the root exports anything, so the others must let go first: a rank releases what it
+//! mapped and says `Bye` when the sender closes the sync ([`IpcComm::leave`], on the close
+//! header), when it reads the root's `Bye`, or when it is dropped; the root's `leave` (on
+//! `close`) and drop say `Bye` and wait, a few seconds at most, for every rank's `Bye` or end
+//! of connection before freeing the slots.
+//!
 //! A lost peer closes its connection: reads fail with [`CudaError::Link`] and the sync that
-//! was running fails (receivers undo what they applied), never hangs past the timeout.
+//! was running fails (receivers undo what they applied). Every wait, on a socket or on the
+//! GPU, is bounded by a timeout.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -78,6 +82,91 @@ impl Default for IpcOptions {
     }
 }
 
+/// How long the root waits for the other ranks to let go of its slots, and a rank for its
+/// copies out of them, before freeing anyway.
+const FAREWELL: Duration = Duration::from_secs(10);
+
+/// When a wait must end; `None` for timeouts too long to add to the clock (no end).
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: Option<Instant>,
+    timeout: Duration,
+}
+
+impl Deadline {
+    fn after(timeout: Duration) -> Deadline {
+        Deadline {
+            at: Instant::now().checked_add(timeout),
+            timeout,
+        }
+    }
+
+    fn left(&self) -> Duration {
+        self.at.map_or(Duration::MAX, |at| {
+            at.saturating_duration_since(Instant::now())
+        })
+    }
+
+    fn passed(&self) -> bool {
+        self.at.is_some_and(|at| Instant::now() >= at)
+    }
+
+    fn expired(&self, what: &'static str) -> CudaError {
+        CudaError::Timeout {
+            what,
+            seconds: self.timeout.as_secs(),
+        }
+    }
+}
+
+/// Polls `done` until it says so, spinning briefly and then sleeping, until `deadline`.
+fn poll(
+    deadline: Deadline,
+    what: &'static str,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        if done()? {
+            return Ok(());
+        }
+        if deadline.passed() {
+            return Err(deadline.expired(what));
+        }
+        // Spin while the wait is likely short (its latency is what a sync measures), then
+        // back off so a long wait does not burn a core.
+        if started.elapsed() < Duration::from_millis(50) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+/// Whether `ev`'s last record has completed.
+fn event_done(ev: sys::CUevent) -> Result<bool> {
+    guarded(|| {
+        // SAFETY: a live event of the caller's.
+        match unsafe { cu::event::query(ev) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(drv("cuEventQuery")(e)),
+        }
+    })
+}
+
+/// Whether everything enqueued on `stream` has completed.
+fn stream_done(stream: sys::CUstream) -> Result<bool> {
+    guarded(|| {
+        // SAFETY: a live stream of the caller's.
+        match unsafe { sys::cuStreamQuery(stream) }.result() {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(drv("cuStreamQuery")(e)),
+        }
+    })
+}
+
 /// One staging slot as this rank sees it.
 struct Slot {
     /// The root's buffer (owned there, mapped by the others).
@@ -109,7 +198,10 @@ pub struct IpcComm {
     timeout: Duration,
     /// Pieces broadcast so far (both sides count the same).
     seq: u64,
+    /// Set by a failure: the connections are shut for writing, nothing more is sent.
     aborted: bool,
+    /// Set by `leave`: the farewell is done (what was mapped is released).
+    left: bool,
 }
 
 // SAFETY: a context handle, event handles and sockets; the driver API is thread-safe and
@@ -135,31 +227,28 @@ fn set_timeout(s: &TcpStream, timeout: Duration) -> Result<()> {
 fn read_exact(
     s: &mut TcpStream,
     buf: &mut [u8],
-    timeout: Duration,
+    deadline: Deadline,
     what: &'static str,
 ) -> Result<()> {
-    set_timeout(s, timeout)?;
+    set_timeout(s, deadline.left())?;
     s.read_exact(buf).map_err(|e| match e.kind() {
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => CudaError::Timeout {
-            what,
-            seconds: timeout.as_secs(),
-        },
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => deadline.expired(what),
         ErrorKind::UnexpectedEof => link("read", format!("the peer closed the link ({what})")),
         _ => link("read", format!("{e} ({what})")),
     })
 }
 
-/// Reads one frame and its trailer (bounded by `Frame::decode`).
+/// Reads one frame and its trailer (bounded by `Frame::decode`) by `deadline`.
 fn read_frame(
     s: &mut TcpStream,
-    timeout: Duration,
+    deadline: Deadline,
     what: &'static str,
 ) -> Result<(Frame, Vec<u8>)> {
     let mut head = [0u8; FRAME_BYTES];
-    read_exact(s, &mut head, timeout, what)?;
+    read_exact(s, &mut head, deadline, what)?;
     let frame = Frame::decode(&head)?;
     let mut trailer = vec![0u8; frame.trailer_bytes()];
-    read_exact(s, &mut trailer, timeout, what)?;
+    read_exact(s, &mut trailer, deadline, what)?;
     Ok((frame, trailer))
 }
 
@@ -169,6 +258,16 @@ fn write_frame(s: &mut TcpStream, frame: Frame, trailer: &[u8]) -> Result<()> {
     msg.extend_from_slice(trailer);
     s.write_all(&msg)
         .map_err(|e| link("write", format!("{e} (the peer is gone)")))
+}
+
+/// Reads frames until a `Bye` or the end of the connection, at most until `deadline`.
+fn await_bye(s: &mut TcpStream, deadline: Deadline) {
+    while !deadline.passed() {
+        match read_frame(s, deadline, "a farewell") {
+            Ok((Frame::Bye, _)) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
 }
 
 fn unexpected(got: Frame, wanted: &str) -> CudaError {
@@ -255,6 +354,16 @@ fn open_mem(bytes: &[u8]) -> Result<DevicePtr> {
     Ok(ptr)
 }
 
+/// The size of the allocation `ptr` starts (a mapped slot's, to check the root's word).
+fn allocation_bytes(ptr: DevicePtr) -> Result<u64> {
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: writes one address and one size.
+    unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
+        .result()
+        .map_err(drv("cuMemGetAddressRange"))?;
+    Ok(if base == ptr { size as u64 } else { 0 })
+}
+
 impl IpcComm {
     /// Joins the link at `address` (a loopback `host:port`) as `rank` of `nranks`, on `gpu`'s
     /// device: rank 0 listens there and sets up the staging, the others connect (retrying
@@ -288,11 +397,13 @@ impl IpcComm {
             timeout: options.timeout,
             seq: 0,
             aborted: false,
+            left: false,
         };
+        let deadline = Deadline::after(options.timeout);
         let joined = if rank == 0 {
-            comm.set_up_root(gpu, address, options)
+            comm.set_up_root(gpu, address, options, deadline)
         } else {
-            comm.set_up_rank(address)
+            comm.set_up_rank(address, deadline)
         };
         joined.inspect_err(|_| comm.abort())?;
         Ok(comm)
@@ -306,8 +417,13 @@ impl IpcComm {
         self.nranks
     }
 
-    fn set_up_root(&mut self, gpu: &Gpu, address: &str, options: IpcOptions) -> Result<()> {
-        let deadline = Instant::now() + options.timeout;
+    fn set_up_root(
+        &mut self,
+        gpu: &Gpu,
+        address: &str,
+        options: IpcOptions,
+        deadline: Deadline,
+    ) -> Result<()> {
         let listener =
             TcpListener::bind(address).map_err(|e| link("bind", format!("{address}: {e}")))?;
         listener
@@ -334,11 +450,8 @@ impl IpcComm {
             let mut s = match listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if Instant::now() > deadline {
-                        return Err(CudaError::Timeout {
-                            what: "the IPC link's ranks joining",
-                            seconds: options.timeout.as_secs(),
-                        });
+                    if deadline.passed() {
+                        return Err(deadline.expired("the IPC link's ranks joining"));
                     }
                     std::thread::sleep(Duration::from_millis(2));
                     continue;
@@ -348,14 +461,20 @@ impl IpcComm {
             s.set_nonblocking(false)
                 .and_then(|()| s.set_nodelay(true))
                 .map_err(|e| link("accept", e.to_string()))?;
-            let (hello, _) = read_frame(&mut s, options.timeout, "a rank's hello")?;
+            // A connection that is not a rank saying hello (garbage, or closed at once) is
+            // dropped; the root goes on waiting for its ranks.
+            let hello = match read_frame(&mut s, deadline, "a rank's hello") {
+                Ok((f @ Frame::Hello { .. }, _)) => f,
+                Ok(_) | Err(CudaError::Protocol(_)) | Err(CudaError::Link { .. }) => continue,
+                Err(e) => return Err(e),
+            };
             let Frame::Hello {
                 rank,
                 nranks,
                 version,
             } = hello
             else {
-                return Err(unexpected(hello, "a hello"));
+                continue;
             };
             if version != LINK_VERSION || nranks != self.nranks as u64 {
                 return Err(link(
@@ -383,7 +502,7 @@ impl IpcComm {
                 },
                 &trailer,
             )?;
-            let (reply, _) = read_frame(&mut s, options.timeout, "a rank mapping the slots")?;
+            let (reply, _) = read_frame(&mut s, deadline, "a rank mapping the slots")?;
             if reply
                 != (Frame::Joined {
                     slots: options.slots,
@@ -397,8 +516,7 @@ impl IpcComm {
         Ok(())
     }
 
-    fn set_up_rank(&mut self, address: &str) -> Result<()> {
-        let deadline = Instant::now() + self.timeout;
+    fn set_up_rank(&mut self, address: &str, deadline: Deadline) -> Result<()> {
         let addrs: Vec<_> = address
             .to_socket_addrs()
             .map_err(|e| link("connect", format!("{address}: {e}")))?
@@ -406,11 +524,8 @@ impl IpcComm {
         let mut s = loop {
             match addrs.iter().find_map(|a| TcpStream::connect(a).ok()) {
                 Some(s) => break s,
-                None if Instant::now() > deadline => {
-                    return Err(CudaError::Timeout {
-                        what: "connecting to the IPC link's root",
-                        seconds: self.timeout.as_secs(),
-                    })
+                None if deadline.passed() => {
+                    return Err(deadline.expired("connecting to the IPC link's root"))
                 }
                 None => std::thread::sleep(Duration::from_millis(20)),
             }
@@ -426,7 +541,7 @@ impl IpcComm {
             },
             &[],
         )?;
-        let (setup, handles) = read_frame(&mut s, self.timeout, "the root's staging")?;
+        let (setup, handles) = read_frame(&mut s, deadline, "the root's staging")?;
         let Frame::Setup { slots, slot_bytes } = setup else {
             return Err(unexpected(setup, "the staging"));
         };
@@ -444,6 +559,12 @@ impl IpcComm {
                 filled: std::ptr::null_mut(),
                 copied: std::ptr::null_mut(),
             });
+            let mapped = guarded(|| allocation_bytes(ptr))?;
+            if mapped < slot_bytes {
+                return Err(CudaError::Protocol(format!(
+                    "IPC link: the root announces slots of {slot_bytes} bytes, one maps {mapped}"
+                )));
+            }
             let i = self.slots.len() - 1;
             self.slots[i].filled = guarded(|| open_event(e))?;
             self.slots[i].copied = guarded(|| new_event(false))?;
@@ -454,20 +575,22 @@ impl IpcComm {
     }
 
     fn live(&self) -> Result<()> {
+        if self.left {
+            return Err(link("link", "closed by the sender; make a new one"));
+        }
         if self.aborted {
             return Err(link(
                 "link",
                 "aborted after an earlier failure; make a new one",
             ));
         }
-        // SAFETY: our context (retained by the `Gpu` it came from, which the owner keeps).
+        // SAFETY: our context (retained in `new`, released in `drop`).
         guarded(|| unsafe { cu::ctx::set_current(self.ctx) }.map_err(drv("cuCtxSetCurrent")))
     }
 
     /// Broadcasts `len` bytes from the root's `src` into every rank's `dst`, enqueued on
-    /// `stream`. The root returns once its pieces are enqueued (waiting, at most the link's
-    /// timeout, only for a slot to come free); another rank returns once it has enqueued the
-    /// copy of every piece, having waited up to `within` for the first to be announced.
+    /// `stream`. Waits at most `within`: the root, for the ranks to drain the slots it needs;
+    /// another rank, for each piece to be announced. Returns once every piece is enqueued.
     ///
     /// # Safety
     /// `src` (root) and `dst` must be device memory of this rank's GPU, valid for `len` bytes
@@ -487,12 +610,13 @@ impl IpcComm {
                 "an IPC link broadcasts from rank 0, not {root}"
             )));
         }
+        let deadline = Deadline::after(within);
         let done = if self.rank == 0 {
             // SAFETY: per this function's contract.
-            unsafe { self.send_pieces(src, dst, len as u64, stream) }
+            unsafe { self.send_pieces(src, dst, len as u64, stream, deadline) }
         } else {
             // SAFETY: per this function's contract.
-            unsafe { self.take_pieces(dst, len as u64, stream, within) }
+            unsafe { self.take_pieces(dst, len as u64, stream, deadline) }
         };
         done.inspect_err(|_| self.abort())
     }
@@ -504,6 +628,7 @@ impl IpcComm {
         dst: DevicePtr,
         len: u64,
         stream: u64,
+        deadline: Deadline,
     ) -> Result<()> {
         let stream = stream as sys::CUstream;
         if src != dst && len > 0 {
@@ -519,7 +644,7 @@ impl IpcComm {
             let k = (seq % nslots) as usize;
             if seq >= nslots {
                 // Every rank's copy of the slot's last piece has completed.
-                self.await_drained(seq - nslots)?;
+                self.await_drained(seq - nslots, deadline)?;
             }
             let slot = &self.slots[k];
             guarded(|| {
@@ -546,20 +671,21 @@ impl IpcComm {
     }
 
     /// Root: reads frames until every rank has drained piece `seq`.
-    fn await_drained(&mut self, seq: u64) -> Result<()> {
+    fn await_drained(&mut self, seq: u64, deadline: Deadline) -> Result<()> {
         for i in 0..self.peers.len() {
             while self.drained_upto[i] <= seq {
-                let (f, _) = read_frame(&mut self.peers[i], self.timeout, "a rank taking a piece")?;
+                let (f, _) = read_frame(&mut self.peers[i], deadline, "a rank taking a piece")?;
                 self.drained(i, f)?;
             }
         }
         Ok(())
     }
 
-    /// Root: takes rank `i + 1`'s frame `f` as a drained piece (they come in order).
+    /// Root: takes rank `i + 1`'s frame `f` as a drained piece (they come in order, and
+    /// only for pieces sent).
     fn drained(&mut self, i: usize, f: Frame) -> Result<()> {
         match f {
-            Frame::Drained { seq } if seq == self.drained_upto[i] => {
+            Frame::Drained { seq } if seq == self.drained_upto[i] && seq < self.seq => {
                 self.drained_upto[i] += 1;
                 Ok(())
             }
@@ -572,37 +698,26 @@ impl IpcComm {
     /// it and fails.
     fn read_from_root(
         &mut self,
-        timeout: Duration,
+        deadline: Deadline,
         what: &'static str,
     ) -> Result<(Frame, Vec<u8>)> {
-        let got = read_frame(&mut self.peers[0], timeout, what)?;
+        let got = read_frame(&mut self.peers[0], deadline, what)?;
         if got.0 == Frame::Bye {
-            self.release_mapped();
-            let _ = write_frame(&mut self.peers[0], Frame::Bye, &[]);
+            self.leave();
             return Err(link("read", format!("the root closed the link ({what})")));
         }
         Ok(got)
     }
 
     /// Another rank: reports, in order, the copies that have completed; with `all`, waits for
-    /// every one first.
+    /// every one first (at most the link's timeout).
     fn report_drained(&mut self, all: bool) -> Result<()> {
+        let deadline = Deadline::after(self.timeout);
         while let Some(&(seq, k)) = self.pending.front() {
             let ev = self.slots[k].copied;
-            let done = guarded(|| {
-                if all {
-                    // SAFETY: our event, recorded after a copy.
-                    unsafe { cu::event::synchronize(ev) }.map_err(drv("cuEventSynchronize"))?;
-                    return Ok(true);
-                }
-                // SAFETY: our event.
-                match unsafe { cu::event::query(ev) } {
-                    Ok(()) => Ok(true),
-                    Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
-                    Err(e) => Err(drv("cuEventQuery")(e)),
-                }
-            })?;
-            if !done {
+            if all {
+                poll(deadline, "a copy out of a slot", || event_done(ev))?;
+            } else if !event_done(ev)? {
                 break;
             }
             write_frame(&mut self.peers[0], Frame::Drained { seq }, &[])?;
@@ -617,14 +732,11 @@ impl IpcComm {
         dst: DevicePtr,
         len: u64,
         stream: u64,
-        within: Duration,
+        deadline: Deadline,
     ) -> Result<()> {
         let stream = stream as sys::CUstream;
         let nslots = self.slots.len() as u64;
-        let mut first = true;
         for (at, n) in pieces(len, self.slot_bytes) {
-            let wait = if first { within } else { self.timeout };
-            first = false;
             // The root refills a slot only after our copy of its last piece: report it.
             while self
                 .pending
@@ -633,14 +745,15 @@ impl IpcComm {
             {
                 let (seq, k) = self.pending[0];
                 let ev = self.slots[k].copied;
-                // SAFETY: our event, recorded after the copy of piece `seq`.
-                guarded(|| {
-                    unsafe { cu::event::synchronize(ev) }.map_err(drv("cuEventSynchronize"))
-                })?;
+                poll(
+                    Deadline::after(self.timeout),
+                    "a copy out of a slot",
+                    || event_done(ev),
+                )?;
                 write_frame(&mut self.peers[0], Frame::Drained { seq }, &[])?;
                 self.pending.pop_front();
             }
-            let (f, _) = self.read_from_root(wait, "the next piece of a broadcast")?;
+            let (f, _) = self.read_from_root(deadline, "the next piece of a broadcast")?;
             let k = (self.seq % nslots) as usize;
             let expected = Frame::Filled {
                 seq: self.seq,
@@ -663,7 +776,8 @@ impl IpcComm {
                 }
                 .map_err(drv("cuStreamWaitEvent"))?;
                 // SAFETY: `dst + at` lies in the destination (caller's contract); the slot
-                // holds at least `n` bytes (the root's `Filled`, checked equal to our cut).
+                // holds at least `n` bytes (checked when mapped; `n` is our own cut, which
+                // the root's `Filled` was checked to equal).
                 unsafe { cu::memcpy_dtod_async(dst + at, slot.ptr, n as usize, stream) }
                     .map_err(drv("cuMemcpyDtoDAsync"))?;
                 // SAFETY: our event, the caller's stream.
@@ -700,11 +814,14 @@ impl IpcComm {
 
     unsafe fn reduce(&mut self, buf: DevicePtr, count: usize, stream: u64) -> Result<()> {
         let stream = stream as sys::CUstream;
+        let deadline = Deadline::after(self.timeout);
         let mut words = vec![0u64; count];
+        poll(deadline, "the work before an all-reduce", || {
+            stream_done(stream)
+        })?;
         guarded(|| {
-            // SAFETY: the caller's stream.
-            unsafe { cu::stream::synchronize(stream) }.map_err(drv("cuStreamSynchronize"))?;
-            // SAFETY: `buf` holds `count` words (caller's contract).
+            // SAFETY: `buf` holds `count` words (caller's contract); the stream that wrote
+            // them has completed.
             unsafe { cu::memcpy_dtoh_sync(&mut words, buf) }.map_err(drv("cuMemcpyDtoH"))
         })?;
         let words_frame = Frame::Reduce {
@@ -713,8 +830,7 @@ impl IpcComm {
         if self.rank == 0 {
             for i in 0..self.peers.len() {
                 let got = loop {
-                    let (f, trailer) =
-                        read_frame(&mut self.peers[i], self.timeout, "a rank's ack")?;
+                    let (f, trailer) = read_frame(&mut self.peers[i], deadline, "a rank's ack")?;
                     if f == words_frame {
                         break bytes_words(&trailer);
                     }
@@ -737,7 +853,7 @@ impl IpcComm {
         } else {
             self.report_drained(true)?;
             write_frame(&mut self.peers[0], words_frame, &words_bytes(&words))?;
-            let (f, trailer) = self.read_from_root(self.timeout, "the all-reduce's result")?;
+            let (f, trailer) = self.read_from_root(deadline, "the all-reduce's result")?;
             if f != (Frame::Reduced {
                 words: count as u64,
             }) {
@@ -745,16 +861,15 @@ impl IpcComm {
             }
             words = bytes_words(&trailer);
         }
+        // On the caller's stream, then waited for: a "synchronous" copy from pageable memory
+        // may return before the device holds the words, and on the legacy stream it would
+        // not be ordered before the caller's next reads.
         guarded(|| {
-            // On the caller's stream, then waited for: a "synchronous" copy from pageable
-            // memory may return before the device holds the words, and on the legacy
-            // stream it would not be ordered before the caller's next reads.
-            // SAFETY: `buf` holds `count` words; `words` lives until the stream is synchronised.
-            unsafe {
-                cu::memcpy_htod_async(buf, &words, stream).map_err(drv("cuMemcpyHtoDAsync"))?;
-                cu::stream::synchronize(stream).map_err(drv("cuStreamSynchronize"))
-            }
-        })
+            // SAFETY: `buf` holds `count` words; `words` lives until the copy has completed
+            // (polled below).
+            unsafe { cu::memcpy_htod_async(buf, &words, stream) }.map_err(drv("cuMemcpyHtoDAsync"))
+        })?;
+        poll(deadline, "an all-reduce's result", || stream_done(stream))
     }
 
     /// Waits until `event` (recorded on the stream after the link's calls) has completed; after
@@ -762,62 +877,83 @@ impl IpcComm {
     /// reports the copies that have completed (other ranks).
     pub fn wait(&mut self, event: u64, timeout: Duration, what: &'static str) -> Result<()> {
         self.live()?;
-        let started = Instant::now();
-        loop {
-            // SAFETY: `event` is a live event handle of the caller.
-            match guarded(|| Ok(unsafe { cu::event::query(event as sys::CUevent) })) {
-                Ok(Ok(())) => break,
-                Ok(Err(e)) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => {}
-                Ok(Err(e)) => {
-                    self.abort();
-                    return Err(drv("cuEventQuery")(e));
-                }
-                Err(e) => {
-                    self.abort();
-                    return Err(e);
-                }
-            }
-            if started.elapsed() > timeout {
-                self.abort();
-                return Err(CudaError::Timeout {
-                    what,
-                    seconds: timeout.as_secs(),
-                });
-            }
-            if started.elapsed() < Duration::from_millis(50) {
-                std::thread::yield_now();
+        let waited = poll(Deadline::after(timeout), what, || {
+            event_done(event as sys::CUevent)
+        })
+        .and_then(|()| {
+            if self.rank == 0 {
+                Ok(())
             } else {
-                std::thread::sleep(Duration::from_micros(20));
+                self.report_drained(false)
             }
-        }
-        if self.rank != 0 {
-            self.report_drained(false).inspect_err(|_| self.abort())?;
-        }
-        Ok(())
+        });
+        waited.inspect_err(|_| self.abort())
     }
 
-    /// Closes the connections: every peer's next read fails, so none waits for this rank.
+    /// How long to wait for a broadcast's bytes once its call returned, for a caller that
+    /// would otherwise wait `idle` (for a sync to start): here the announcement came within
+    /// the call, so the bytes follow within the link's timeout.
+    pub fn announced_wait(&self, _idle: Duration) -> Duration {
+        self.timeout
+    }
+
+    /// Ends this rank's part in the link, orderly: another rank waits for its copies,
+    /// releases what it mapped of the root's and says `Bye`; the root says `Bye` and waits
+    /// (at most a few seconds) for each rank's, so that none still maps its slots when they
+    /// are freed. Later calls fail; dropping is then quick.
+    pub fn leave(&mut self) {
+        if self.left {
+            return;
+        }
+        if self.rank == 0 {
+            let deadline = Deadline::after(self.timeout.min(FAREWELL));
+            for p in &mut self.peers {
+                if !self.aborted && write_frame(p, Frame::Bye, &[]).is_err() {
+                    continue;
+                }
+                await_bye(p, deadline);
+            }
+        } else {
+            self.release_mapped();
+            if let Some(root) = self.peers.first_mut().filter(|_| !self.aborted) {
+                let _ = write_frame(root, Frame::Bye, &[]);
+            }
+        }
+        for p in &self.peers {
+            let _ = p.shutdown(Shutdown::Both);
+        }
+        self.left = true;
+    }
+
+    /// After a failure: shuts the connections for writing, so that every peer's next read
+    /// fails and none waits for this rank (reading stays open for the farewell on drop).
     pub fn abort(&mut self) {
         if !self.aborted {
             for p in &self.peers {
-                let _ = p.shutdown(Shutdown::Both);
+                let _ = p.shutdown(Shutdown::Write);
             }
             self.aborted = true;
         }
     }
 
-    /// Another rank: waits for its copies, then closes what it opened of the root's (its
-    /// slots and events), once.
+    /// Another rank: waits (a few seconds at most) for its copies out of the slots, then
+    /// closes what it opened of the root's, once.
     fn release_mapped(&mut self) {
         if self.rank == 0 {
             return;
         }
         let slots = std::mem::take(&mut self.slots);
+        self.pending.clear();
+        let deadline = Deadline::after(self.timeout.min(FAREWELL));
         release_in(self.ctx, || {
+            for s in &slots {
+                if !s.copied.is_null() {
+                    let _ = poll(deadline, "a copy out of a slot", || event_done(s.copied));
+                }
+            }
             // SAFETY: each handle was opened (or created) here and is released once, after
-            // this context's work (the copies out of the slots) has finished.
+            // the copies out of its slot (waited for above, or given up on).
             unsafe {
-                let _ = cu::ctx::synchronize();
                 for s in &slots {
                     for ev in [s.filled, s.copied] {
                         if !ev.is_null() {
@@ -831,54 +967,31 @@ impl IpcComm {
             }
         });
     }
-
-    /// Root: says `Bye` to each rank and waits (a few seconds at most) for each to answer,
-    /// i.e. to have released its mappings of the slots.
-    fn say_bye(&mut self) {
-        let wait = self.timeout.min(Duration::from_secs(10));
-        for p in &mut self.peers {
-            if write_frame(p, Frame::Bye, &[]).is_err() {
-                continue;
-            }
-            let started = Instant::now();
-            while started.elapsed() < wait {
-                match read_frame(p, wait - started.elapsed(), "a rank's bye") {
-                    Ok((Frame::Bye, _)) | Err(_) => break,
-                    Ok(_) => {}
-                }
-            }
-        }
-    }
 }
 
 impl Drop for IpcComm {
     fn drop(&mut self) {
-        if self.rank == 0 {
-            if !self.aborted {
-                self.say_bye();
-            }
-        } else {
-            self.release_mapped();
-            if let Some(root) = self.peers.first_mut().filter(|_| !self.aborted) {
-                let _ = write_frame(root, Frame::Bye, &[]);
-            }
-        }
-        self.abort();
+        self.leave();
         let slots = std::mem::take(&mut self.slots);
         let owned = std::mem::take(&mut self.owned);
         let device = self.device;
+        let deadline = Deadline::after(self.timeout.min(FAREWELL));
         release_in(self.ctx, || {
-            // SAFETY: the root's own events and memory, released once, after its work.
+            // The root's own copies into the slots first (a few seconds at most).
+            for s in &slots {
+                let _ = poll(deadline, "a copy into a slot", || event_done(s.filled));
+            }
+            // SAFETY: the root's own events and memory, released once.
             unsafe {
-                let _ = cu::ctx::synchronize();
                 for s in &slots {
                     if !s.filled.is_null() {
                         let _ = cu::event::destroy(s.filled);
                     }
                 }
-                drop(owned);
-                let _ = cu::primary_ctx::release(device);
             }
+            drop(owned);
+            // SAFETY: the retain of `new`, released once, after everything of this context.
+            let _ = unsafe { cu::primary_ctx::release(device) };
         });
     }
 }

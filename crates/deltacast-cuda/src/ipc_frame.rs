@@ -18,7 +18,7 @@ pub const MAX_SLOTS: u64 = 64;
 /// Most u64 words one all-reduce may carry.
 pub const MAX_REDUCE_WORDS: u64 = 64;
 /// The link's version; both ends must speak the same.
-pub const LINK_VERSION: u64 = 1;
+pub const LINK_VERSION: u64 = 2;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"DCIP");
 

@@ -91,6 +91,25 @@ impl Link {
         }
     }
 
+    /// How long a receiver waits for a broadcast's bytes once the call returned, when it
+    /// would otherwise wait `idle` for a sync to start: NCCL's broadcast returns at once, so
+    /// the whole idle wait is still ahead; the IPC link's returns once the sync announced
+    /// itself, so only its timeout is.
+    pub fn announced_wait(&self, idle: Duration) -> Duration {
+        match self {
+            Link::Nccl(_) => idle,
+            Link::Ipc(c) => c.announced_wait(idle),
+        }
+    }
+
+    /// Ends this rank's part in the link once the sender closed it (the IPC link's farewell:
+    /// see [`IpcComm::leave`]; nothing for NCCL).
+    pub fn leave(&mut self) {
+        if let Link::Ipc(c) = self {
+            c.leave();
+        }
+    }
+
     pub fn abort(&mut self) {
         match self {
             Link::Nccl(c) => c.abort(),

@@ -1,6 +1,7 @@
 //! Each rollout process's side of the GPU sync: [`GpuReceiver`] checks and applies a sync
 //! stage by stage, all or nothing (see the module above).
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::{
@@ -285,6 +286,9 @@ impl GpuReceiver {
             phases.lap("wait", mark);
             if header.kind == SyncKind::Close {
                 if prev.is_none() {
+                    // Nothing follows: let go of the link (the IPC link's root waits for
+                    // that before freeing its staging).
+                    self.comm.leave();
                     return Ok(None);
                 }
                 self.comm.abort();
@@ -312,9 +316,14 @@ impl GpuReceiver {
                     _ => self.apply_whole(&header, &manifest, got),
                 };
                 phases.lap("apply", mark);
-                if let Err(e) = applied {
-                    self.undo(got);
-                    got.failure = Some(e);
+                match applied {
+                    Ok(()) => {}
+                    // The link failed under the stage: nothing can be matched any more.
+                    Err(e) if e.is_link_failure() => return Err(e),
+                    Err(e) => {
+                        self.undo(got);
+                        got.failure = Some(e);
+                    }
                 }
             }
             if header.stage + 1 == header.stages {
@@ -340,6 +349,7 @@ impl GpuReceiver {
             )?
         };
         let done = self.gpu.record_done()?;
+        let wait = self.comm.announced_wait(wait);
         self.comm.wait(done, wait, "waiting for the next sync")?;
         // SAFETY: our header buffer, complete.
         let head = unsafe { self.gpu.download(self.header.ptr(), HEADER_BYTES)? };
@@ -432,12 +442,23 @@ impl GpuReceiver {
         }
         let bufs = &mut self.stages[stage];
         // The decoders look a few bytes past a section's end: the slack keeps that inside.
-        let pptr = bufs
+        let sized = bufs
             .positions
-            .at_least(&self.gpu, header.position_bytes + DECODE_SLACK)?;
-        let vptr = bufs
-            .values
-            .at_least(&self.gpu, header.value_bytes + DECODE_SLACK)?;
+            .at_least(&self.gpu, header.position_bytes + DECODE_SLACK)
+            .and_then(|p| {
+                let v = bufs
+                    .values
+                    .at_least(&self.gpu, header.value_bytes + DECODE_SLACK)?;
+                Ok((p, v))
+            });
+        let (pptr, vptr) = match sized {
+            Ok(ptrs) => ptrs,
+            Err(e) => {
+                // Refused for want of memory: the stage's broadcasts must still be matched.
+                self.discard_stage(header)?;
+                return Err(e);
+            }
+        };
         // SAFETY: sized above (bounded by this receiver's own table in Header::decode).
         unsafe {
             self.comm.broadcast(
@@ -611,6 +632,23 @@ impl GpuReceiver {
         Ok(())
     }
 
+    /// Copies the bytes of the tensors of `slots` into stage `stage`'s journal (enqueued
+    /// before the stage's broadcasts): (tensor, copy, bytes) of each.
+    fn journal_whole(&mut self, stage: usize, slots: Range<usize>) -> Result<Vec<(u64, u64, u64)>> {
+        let bytes: u64 = self.tensors[slots.clone()].iter().map(|t| t.nbytes()).sum();
+        let base = self.stages[stage].journal.at_least(&self.gpu, bytes)?;
+        let mut saved = Vec::with_capacity(slots.len());
+        let mut at = base;
+        for t in &self.tensors[slots] {
+            // SAFETY: the journal holds the stage's bytes; the tensor is ours. Enqueued on
+            // the stream the broadcasts follow.
+            unsafe { self.gpu.copy_device(at, t.ptr, t.nbytes() as usize)? };
+            saved.push((t.ptr, at, t.nbytes()));
+            at += t.nbytes();
+        }
+        Ok(saved)
+    }
+
     /// A seed or dense stage: the bytes land in the tensors directly. A dense stage that is
     /// not the last first copies the bytes it replaces into its journal (so that a later
     /// stage's failure can undo it); a seed or a last stage does not, so a failure of its
@@ -628,18 +666,15 @@ impl GpuReceiver {
             while self.stages.len() <= stage {
                 self.stages.push(StageBuffers::new());
             }
-            let bytes: u64 = self.tensors[slots.clone()].iter().map(|t| t.nbytes()).sum();
-            let base = self.stages[stage].journal.at_least(&self.gpu, bytes)?;
-            let mut saved = Vec::with_capacity(slots.len());
-            let mut at = base;
-            for t in &self.tensors[slots.clone()] {
-                // SAFETY: the journal holds the stage's bytes; the tensor is ours. Enqueued
-                // on the stream the broadcast below follows.
-                unsafe { self.gpu.copy_device(at, t.ptr, t.nbytes() as usize)? };
-                saved.push((t.ptr, at, t.nbytes()));
-                at += t.nbytes();
+            match self.journal_whole(stage, slots.clone()) {
+                Ok(saved) => got.applied.push(Applied::Whole { saved }),
+                Err(e) => {
+                    // Refused before anything was written: the broadcasts must still be
+                    // matched.
+                    self.discard_stage(header)?;
+                    return Err(e);
+                }
             }
-            got.applied.push(Applied::Whole { saved });
         } else {
             got.clobbered = true;
         }

@@ -882,7 +882,10 @@ impl GpuSender {
         // No manifest follows a close (receivers stop at the header).
         self.wait_set(0)?;
         self.broadcast_stage(0, &header, &[], &[])?;
-        self.wait_set(0)
+        self.wait_set(0)?;
+        // The receivers let go of the link on the close; the IPC link's root waits for that.
+        self.comm.leave();
+        Ok(())
     }
 
     /// Copies the tensors of slots `slots` into their snapshots and recomputes their digests
