@@ -1,4 +1,4 @@
-//! The host messages of the CUDA-IPC link ([`crate::ipc::IpcComm`]): fixed 32-byte frames on
+//! The host messages of the CUDA-IPC link (`ipc::IpcComm`, with the `cuda` feature): fixed 32-byte frames on
 //! a loopback TCP connection between the root and each other rank, some followed by a
 //! trailer whose length the frame gives and this module bounds. The bytes of a broadcast
 //! never travel here: they go through the root's staging slots on the GPU; these frames only
