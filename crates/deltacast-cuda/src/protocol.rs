@@ -1,8 +1,8 @@
 //! The GPU sync's message layout (host side, no GPU needed, so it is tested everywhere).
 //!
-//! A GPU sync moves device buffers with NCCL, not the framed byte stream of the core: frames
-//! are assembled and checksummed on the host, and copying a whole delta through host memory
-//! would cost more than the link. A sync is one or more stages, each a consecutive run of
+//! A GPU sync moves device buffers with NCCL (or the CUDA-IPC link, `ipc::IpcComm`), not the
+//! framed byte stream of the core: frames are assembled and checksummed on the host, and
+//! copying a whole delta through host memory would cost more than the link. A sync is one or more stages, each a consecutive run of
 //! slots (so that the receiver checks and applies one stage while the sender diffs the
 //! next); each stage is four broadcasts from the trainer's root rank:
 //!
