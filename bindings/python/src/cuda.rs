@@ -110,6 +110,12 @@ pub fn nccl_unique_id(py: Python<'_>) -> PyResult<Bound<'_, PyBytes>> {
     Ok(PyBytes::new(py, &id))
 }
 
+/// How both communicators show themselves.
+fn comm_repr(kind: &str, rank: usize, nranks: usize, device: usize, taken: bool) -> String {
+    let taken = if taken { ", taken" } else { "" };
+    format!("{kind}(rank={rank}, nranks={nranks}, device={device}{taken})")
+}
+
 /// One rank of an NCCL communicator on one GPU. Made once, then handed to exactly one
 /// `GpuSender` or `GpuReceiver`, which owns it from then on.
 #[pyclass(module = "deltacast._native")]
@@ -171,12 +177,12 @@ impl NcclComm {
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "NcclComm(rank={}, nranks={}, device={}{})",
+        comm_repr(
+            "NcclComm",
             self.rank,
             self.nranks,
             self.device,
-            if self.parts.is_none() { ", taken" } else { "" }
+            self.parts.is_none(),
         )
     }
 }
@@ -254,12 +260,12 @@ impl IpcComm {
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "IpcComm(rank={}, nranks={}, device={}{})",
+        comm_repr(
+            "IpcComm",
             self.rank,
             self.nranks,
             self.device,
-            if self.parts.is_none() { ", taken" } else { "" }
+            self.parts.is_none(),
         )
     }
 }

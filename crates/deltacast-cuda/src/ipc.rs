@@ -40,6 +40,7 @@ use crate::gpu::{drv, guarded, release_in};
 use crate::ipc_frame::{
     pieces, Frame, FRAME_BYTES, IPC_HANDLE_BYTES, LINK_VERSION, MAX_REDUCE_WORDS, MAX_SLOTS,
 };
+use crate::sync::u64s;
 use crate::{DeviceBuffer, DevicePtr, Gpu};
 
 /// Staging of the root: how many slots, of how many bytes, and the timeout of the set-up and
@@ -276,17 +277,6 @@ fn unexpected(got: Frame, wanted: &str) -> CudaError {
 
 fn words_bytes(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
-}
-
-fn bytes_words(bytes: &[u8]) -> Vec<u64> {
-    bytes
-        .chunks_exact(8)
-        .map(|c| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            u64::from_le_bytes(w)
-        })
-        .collect()
 }
 
 fn new_event(interprocess: bool) -> Result<sys::CUevent> {
@@ -832,7 +822,7 @@ impl IpcComm {
                 let got = loop {
                     let (f, trailer) = read_frame(&mut self.peers[i], deadline, "a rank's ack")?;
                     if f == words_frame {
-                        break bytes_words(&trailer);
+                        break u64s(&trailer);
                     }
                     self.drained(i, f)?;
                 };
@@ -859,7 +849,7 @@ impl IpcComm {
             }) {
                 return Err(unexpected(f, "the all-reduce's result"));
             }
-            words = bytes_words(&trailer);
+            words = u64s(&trailer);
         }
         // On the caller's stream, then waited for: a "synchronous" copy from pageable memory
         // may return before the device holds the words, and on the legacy stream it would

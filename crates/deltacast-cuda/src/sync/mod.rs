@@ -317,7 +317,8 @@ fn digest_inputs(tensors: &[GpuTensor], slots: Range<usize>) -> Vec<DigestInput>
         .collect()
 }
 
-fn u64s(bytes: &[u8]) -> Vec<u64> {
+/// Little-endian u64 words of `bytes` (a trailing partial word is dropped).
+pub(crate) fn u64s(bytes: &[u8]) -> Vec<u64> {
     bytes
         .chunks_exact(8)
         .map(|c| {
