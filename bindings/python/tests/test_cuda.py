@@ -172,15 +172,9 @@ def test_qwen2_trained_on_gpu0_synced_to_gpu1_is_bit_identical(snapshot, stage_b
     _check_trained_and_synced(ctx, link, (0, 1), snapshot, stage_bytes)
 
 
-def _check_trained_and_synced(ctx, link, devices, snapshot, stage_bytes, steps=4):
-    """Trains on ``devices[0]``, receives on ``devices[1]`` (two processes of ``ctx``), and
-    checks bit-identity, versions, stages and the receiver's memory."""
-    queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=_trainer,
-                    args=(link, queue, steps, snapshot, stage_bytes, devices[0])),
-        ctx.Process(target=_receiver, args=(link, queue, devices[1])),
-    ]
+def _run_all(procs, queue):
+    """Starts the processes, collects what each put on ``queue`` (by its first item), and
+    checks that every one exited cleanly."""
     for p in procs:
         p.start()
     got = {}
@@ -190,6 +184,19 @@ def _check_trained_and_synced(ctx, link, devices, snapshot, stage_bytes, steps=4
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
+    return got
+
+
+def _check_trained_and_synced(ctx, link, devices, snapshot, stage_bytes, steps=4):
+    """Trains on ``devices[0]``, receives on ``devices[1]`` (two processes of ``ctx``), and
+    checks bit-identity, versions, stages and the receiver's memory."""
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_trainer,
+                    args=(link, queue, steps, snapshot, stage_bytes, devices[0])),
+        ctx.Process(target=_receiver, args=(link, queue, devices[1])),
+    ]
+    got = _run_all(procs, queue)
     _, sent, truth, host_bytes, trainer_model_bytes = got["trainer"]
     # The snapshot is in pinned host memory exactly when asked for.
     assert host_bytes == (trainer_model_bytes if snapshot == "pinned" else 0)
@@ -424,15 +431,7 @@ def test_fsdp2_sharded_trainer_synced_to_a_receiver_is_bit_identical():
         )
         for r in range(2)
     ] + [ctx.Process(target=_fsdp_receiver, args=(receivers_uid, queue))]
-    for p in procs:
-        p.start()
-    got = {}
-    for _ in procs:
-        item = queue.get(timeout=300)
-        got[item[0]] = item
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = _run_all(procs, queue)
     _, sent0, truth, kept0, digests0 = got["trainer0"]
     _, sent1, truth1, kept1, digests1 = got["trainer1"]
     _, received, state, _, rdigests = got["receiver"]

@@ -31,7 +31,7 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::{result as cu, sys};
 
@@ -41,6 +41,7 @@ use crate::ipc_frame::{
     pieces, Frame, FRAME_BYTES, IPC_HANDLE_BYTES, LINK_VERSION, MAX_REDUCE_WORDS, MAX_SLOTS,
 };
 use crate::sync::u64s;
+use crate::wait::{event_done, poll, stream_done, Deadline};
 use crate::{DeviceBuffer, DevicePtr, Gpu};
 
 /// Staging of the root: how many slots, of how many bytes, and the timeout of the set-up and
@@ -86,87 +87,6 @@ impl Default for IpcOptions {
 /// How long the root waits for the other ranks to let go of its slots, and a rank for its
 /// copies out of them, before freeing anyway.
 const FAREWELL: Duration = Duration::from_secs(10);
-
-/// When a wait must end; `None` for timeouts too long to add to the clock (no end).
-#[derive(Debug, Clone, Copy)]
-struct Deadline {
-    at: Option<Instant>,
-    timeout: Duration,
-}
-
-impl Deadline {
-    fn after(timeout: Duration) -> Deadline {
-        Deadline {
-            at: Instant::now().checked_add(timeout),
-            timeout,
-        }
-    }
-
-    fn left(&self) -> Duration {
-        self.at.map_or(Duration::MAX, |at| {
-            at.saturating_duration_since(Instant::now())
-        })
-    }
-
-    fn passed(&self) -> bool {
-        self.at.is_some_and(|at| Instant::now() >= at)
-    }
-
-    fn expired(&self, what: &'static str) -> CudaError {
-        CudaError::Timeout {
-            what,
-            seconds: self.timeout.as_secs(),
-        }
-    }
-}
-
-/// Polls `done` until it says so, spinning briefly and then sleeping, until `deadline`.
-fn poll(
-    deadline: Deadline,
-    what: &'static str,
-    mut done: impl FnMut() -> Result<bool>,
-) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        if done()? {
-            return Ok(());
-        }
-        if deadline.passed() {
-            return Err(deadline.expired(what));
-        }
-        // Spin while the wait is likely short (its latency is what a sync measures), then
-        // back off so a long wait does not burn a core.
-        if started.elapsed() < Duration::from_millis(50) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
-    }
-}
-
-/// Whether `ev`'s last record has completed.
-fn event_done(ev: sys::CUevent) -> Result<bool> {
-    guarded(|| {
-        // SAFETY: a live event of the caller's.
-        match unsafe { cu::event::query(ev) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
-            Err(e) => Err(drv("cuEventQuery")(e)),
-        }
-    })
-}
-
-/// Whether everything enqueued on `stream` has completed.
-fn stream_done(stream: sys::CUstream) -> Result<bool> {
-    guarded(|| {
-        // SAFETY: a live stream of the caller's.
-        match unsafe { sys::cuStreamQuery(stream) }.result() {
-            Ok(()) => Ok(true),
-            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
-            Err(e) => Err(drv("cuStreamQuery")(e)),
-        }
-    })
-}
 
 /// One staging slot as this rank sees it.
 struct Slot {

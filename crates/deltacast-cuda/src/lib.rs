@@ -54,6 +54,8 @@ pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod sync;
 #[cfg(feature = "cuda")]
+mod wait;
+#[cfg(feature = "cuda")]
 pub use gpu::{
     compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu, GpuEvent,
     GpuStream, HostBuffer, DECODE_SLACK,

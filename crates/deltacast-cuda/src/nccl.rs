@@ -8,11 +8,12 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::{result as cu, sys};
 
 use crate::error::{CudaError, Result};
+use crate::wait::{event_done, poll, Deadline};
 use crate::DevicePtr;
 
 /// Bytes of an `ncclUniqueId`.
@@ -415,47 +416,24 @@ impl NcclComm {
     /// communicator so that no rank stays blocked in it.
     pub fn wait(&mut self, event: u64, timeout: Duration, what: &'static str) -> Result<()> {
         let api = self.live()?;
-        let started = Instant::now();
-        loop {
-            // SAFETY: `event` is a live event handle of the caller.
-            match unsafe { cu::event::query(event as sys::CUevent) } {
-                Ok(()) => return Ok(()),
-                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => {}
-                Err(e) => {
-                    self.abort();
-                    return Err(CudaError::Driver {
-                        op: "cuEventQuery",
-                        msg: format!("{:?}", e.0),
-                    });
-                }
+        let comm = self.comm;
+        let waited = poll(Deadline::after(timeout), what, || {
+            if event_done(event as sys::CUevent)? {
+                return Ok(true);
             }
             let mut status: Status = 0;
             // SAFETY: writes one status.
-            let got = unsafe { (api.comm_get_async_error)(self.comm, &mut status) };
+            let got = unsafe { (api.comm_get_async_error)(comm, &mut status) };
             if got != 0 || (status != 0 && status != IN_PROGRESS) {
-                let err = check(
+                check(
                     api,
                     "a collective (peer failure)",
                     if got != 0 { got } else { status },
-                );
-                self.abort();
-                return err;
+                )?;
             }
-            if started.elapsed() > timeout {
-                self.abort();
-                return Err(CudaError::Timeout {
-                    what,
-                    seconds: timeout.as_secs(),
-                });
-            }
-            // Spin while a sync is likely to finish soon (its latency is what we measure), then
-            // back off so a long wait does not burn a core.
-            if started.elapsed() < Duration::from_millis(50) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        }
+            Ok(false)
+        });
+        waited.inspect_err(|_| self.abort())
     }
 
     /// Aborts the communicator (pending collectives are cancelled on this rank).
