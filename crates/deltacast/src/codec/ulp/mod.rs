@@ -52,22 +52,24 @@ mod reference;
 mod x86;
 
 use crate::error::CodecError;
+use decode::{decode_width, FAST};
+use encode::encode_width;
 pub(crate) use format::min_len;
 
 pub fn encode(width: usize, old: &[u8], new: &[u8], out: &mut Vec<u8>) {
     match width {
-        1 => encode::encode_width::<1>(old, new, out),
-        2 => encode::encode_width::<2>(old, new, out),
-        4 => encode::encode_width::<4>(old, new, out),
+        1 => encode_width::<1>(old, new, out),
+        2 => encode_width::<2>(old, new, out),
+        4 => encode_width::<4>(old, new, out),
         _ => panic!("ulp: element width {width} is not 1, 2 or 4 bytes"),
     }
 }
 
 pub fn decode(width: usize, input: &[u8], old: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
     match width {
-        1 => decode::decode_width::<1, { decode::FAST }>(input, old, out),
-        2 => decode::decode_width::<2, { decode::FAST }>(input, old, out),
-        4 => decode::decode_width::<4, { decode::FAST }>(input, old, out),
+        1 => decode_width::<1, FAST>(input, old, out),
+        2 => decode_width::<2, FAST>(input, old, out),
+        4 => decode_width::<4, FAST>(input, old, out),
         _ => Err(CodecError::Unsupported {
             codec: "ulp",
             what: "elements of this width",
