@@ -3,8 +3,7 @@
 //! Without a GPU (or without the `cuda` feature) each test prints why it is skipped and passes;
 //! with `DELTACAST_REQUIRE_GPU=1` a missing GPU fails instead (what the GPU runs use).
 
-#[path = "../../deltacast/tests/common/mod.rs"]
-mod common;
+use deltacast_testkit as common;
 
 use deltacast::codec::{encode_positions, PosCodec, ValCodec};
 use deltacast::diff::{diff_and_refresh, Changes};

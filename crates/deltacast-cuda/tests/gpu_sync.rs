@@ -12,8 +12,7 @@
 //! skipped and passes (`DELTACAST_REQUIRE_GPU=1` turns that into a failure).
 #![cfg(feature = "cuda")]
 
-#[path = "../../deltacast/tests/common/mod.rs"]
-mod common;
+use deltacast_testkit as common;
 
 use std::sync::{mpsc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;

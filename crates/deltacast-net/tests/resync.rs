@@ -15,9 +15,8 @@ use deltacast_net::{
     ClientEvent, NetConfig, Secret, SessionConfig, SyncClient, SyncReport, SyncServer,
 };
 
-#[path = "../../deltacast/tests/common/mod.rs"]
-mod common;
 use common::Rng;
+use deltacast_testkit as common;
 
 const KEY: &str = "resync-test-secret-0123456789";
 

@@ -17,9 +17,7 @@ use std::time::Duration;
 const RANGE: u32 = 1 << 20;
 const DENSITIES: [f64; 4] = [0.001, 0.01, 0.1, 0.5];
 
-#[path = "common/chunk.rs"]
-mod common_chunk;
-use common_chunk::{chunk, Chunk};
+use deltacast_testkit::adamw_chunk::{chunk, Chunk};
 
 fn codecs(c: &mut Criterion) {
     let chunks: Vec<(f64, Chunk)> = DENSITIES.iter().map(|&d| (d, chunk(d, RANGE))).collect();

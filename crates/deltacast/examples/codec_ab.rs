@@ -33,9 +33,7 @@ fn range() -> u32 {
     })
 }
 
-#[path = "../benches/common/chunk.rs"]
-mod common_chunk;
-use common_chunk::Chunk;
+use deltacast_testkit::adamw_chunk::{chunk_seeded, Chunk};
 
 /// `CHUNKS=n` (default 1) different chunks of the same kind: each measurement goes over all
 /// of them, as a sync encodes chunk after chunk of new data, so no predictor learns one
@@ -47,7 +45,7 @@ fn chunks(density: f64) -> Vec<Chunk> {
         .unwrap_or(1)
         .max(1);
     (0..n)
-        .map(|seed| common_chunk::chunk_seeded(density, range(), seed))
+        .map(|seed| chunk_seeded(density, range(), seed))
         .collect()
 }
 

@@ -14,6 +14,8 @@ mod bitmap;
 mod bits;
 mod gaps;
 mod raw;
+#[cfg(test)]
+mod trace_tests;
 mod ulp;
 
 use crate::error::CodecError;
