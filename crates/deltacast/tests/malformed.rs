@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use deltacast::codec::{CodecChoice, PosCodec, ValCodec};
 use deltacast::flush::FlushConfig;
-use deltacast::wire::{checksum, split_frames, CHECKSUM_LEN, HEADER_LEN};
+use deltacast::wire::{checksum, split_frames, CHECKSUM_LEN, HEADER_LEN, WIRE_VERSION};
 use deltacast::{DType, Error, Receiver, Sender, SlotInfo, SlotTable};
 
 struct Setup {
@@ -320,7 +320,7 @@ fn random_bytes_and_absurd_stream_lengths_are_errors_with(in_place: bool) {
         let mut with_magic = junk.clone();
         if n >= 8 {
             with_magic[..4].copy_from_slice(b"DCST");
-            with_magic[4..6].copy_from_slice(&1u16.to_le_bytes());
+            with_magic[4..6].copy_from_slice(&WIRE_VERSION.to_le_bytes());
             assert!(s.receiver.receive(&with_magic).is_err());
             assert!(split_frames(&with_magic).is_err() || n >= 72);
         }
@@ -329,7 +329,7 @@ fn random_bytes_and_absurd_stream_lengths_are_errors_with(in_place: bool) {
     // A stream claiming an exabyte frame: refused by length check, not by allocation.
     let mut header = vec![0u8; 64];
     header[..4].copy_from_slice(b"DCST");
-    header[4..6].copy_from_slice(&1u16.to_le_bytes());
+    header[4..6].copy_from_slice(&WIRE_VERSION.to_le_bytes());
     header[32..40].copy_from_slice(&(1u64 << 60).to_le_bytes());
     assert!(matches!(
         split_frames(&header),
