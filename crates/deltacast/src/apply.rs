@@ -131,6 +131,7 @@ impl Staging {
             }
             FrameKind::Delta => {
                 for e in &frame.entries {
+                    table.get(e.slot)?;
                     let used = &mut self.slot_use[e.slot as usize];
                     if let SlotUse::Dense(other) = *used {
                         return Err(Error::Malformed(format!(
@@ -416,7 +417,9 @@ impl<S: SlotStore> Receiver<S> {
         staging.wire_bytes += bytes.len() as u64;
         staging.all_dense &= h.kind == FrameKind::Dense;
 
-        // Structural checks in order, then decode the chunks in parallel.
+        // Structural checks in order (a dense frame's cover first: it names the problem
+        // best), then decode the chunks in parallel.
+        staging.claim_slots(&self.table, &frame)?;
         for e in &frame.entries {
             let slot = self.table.get(e.slot)?;
             let end = e.start + e.range; // no overflow: checked by parse_frame
@@ -438,7 +441,6 @@ impl<S: SlotStore> Receiver<S> {
                 )));
             }
         }
-        staging.claim_slots(&self.table, &frame)?;
         if h.flush_index == 0 && h.is_final && staging.kind == FrameKind::Delta {
             // The whole sync is this one verified flush: apply it in one pass, undo on failure.
             let wire_bytes = staging.wire_bytes;
