@@ -18,7 +18,7 @@ use deltacast::codec::{encode_positions, encode_values, PosCodec, ValCodec};
 use deltacast::digest::digest_slot;
 use deltacast::dtype::{from_ordered, load_bits, store_bits, to_ordered};
 use deltacast::wire::{FrameWriter, SlotDigest};
-use deltacast::{FrameKind, Receiver};
+use deltacast::{FrameKind, Receiver, SlotTable};
 use deltacast_fuzz::{
     cut_frames, golden_entropy, golden_small, mixed, reseal, scenario_for, seal, Feeder,
 };
@@ -169,66 +169,89 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
     let held = r.store().clone();
     let mut model = held.clone();
     let mut honest = true;
-    let kind = [FrameKind::Seed, FrameKind::Delta, FrameKind::Verify][plan.kind as usize % 3];
+    // Dense: a delta sync whose even frames are dense.
+    let kind = [
+        FrameKind::Seed,
+        FrameKind::Delta,
+        FrameKind::Verify,
+        FrameKind::Dense,
+    ][plan.kind as usize % 4];
+    let delta_sync = kind.family() == FrameKind::Delta;
     let nframes = 1 + plan.frames as usize % 4;
     let mut chunks = Vec::new();
     let width = |slot: u32| table.slots()[slot as usize].dtype.width();
+    // Per slot: the dense frame that sends it whole.
+    let mut dense_in: Vec<Option<usize>> = vec![None; table.len()];
 
     match kind {
         FrameKind::Delta => {
             let mut touched = HashSet::new();
             for c in plan.chunks.iter().take(16) {
                 let slot = (c.slot as usize % table.len()) as u32;
+                let frame = c.frame as usize % nframes;
+                let made = delta_chunk(c, slot, frame, &table, &held, &mut model, &mut touched);
+                honest &= made.as_ref().is_none_or(|(_, fresh)| *fresh);
+                chunks.extend(made.map(|(chunk, _)| chunk));
+            }
+        }
+        FrameKind::Dense => {
+            // A delta sync mixing frame kinds: even frames dense, odd frames delta. A slot is
+            // sent whole by one even frame (its digest record there, a held value resent now
+            // and then) or gets delta chunks in odd frames, never both.
+            let mut touched = HashSet::new();
+            for c in plan.chunks.iter().take(16) {
+                let slot = (c.slot as usize % table.len()) as u32;
                 let (numel, w) = (table.slots()[slot as usize].numel(), width(slot));
-                if numel == 0 {
+                let busy = touched.iter().any(|&(s, _)| s == slot);
+                if numel == 0 || dense_in[slot as usize].is_some() {
                     continue;
                 }
-                let start = c.start as u64 % numel;
-                let range = 1 + c.range as u64 % (numel - start);
-                let pos = PosCodec::ALL[c.pos as usize % 5];
+                if c.step % 3 != 0 {
+                    if nframes >= 2 {
+                        let frame = (c.frame as usize % (nframes / 2)) * 2 + 1;
+                        let made =
+                            delta_chunk(c, slot, frame, &table, &held, &mut model, &mut touched);
+                        honest &= made.as_ref().is_none_or(|(_, fresh)| *fresh);
+                        chunks.extend(made.map(|(chunk, _)| chunk));
+                    }
+                    continue;
+                }
+                if busy {
+                    continue;
+                }
+                let frame = (c.frame as usize % nframes) & !1;
+                dense_in[slot as usize] = Some(frame);
                 let mut rng = Rng(c.seed as u64);
-                let mut rel: Vec<u32> = (0..range as u32)
-                    .filter(|_| pos == PosCodec::All || rng.next() % 256 <= c.density as u32)
-                    .collect();
-                if rel.is_empty() {
-                    rel.push(rng.next() % range as u32);
-                }
-                let (mut old, mut new) = (Vec::new(), Vec::new());
-                let mask = if w == 4 {
-                    u32::MAX
-                } else {
-                    (1u32 << (8 * w)) - 1
-                };
-                for &p in &rel {
-                    let index = (start + p as u64) as usize;
-                    honest &= touched.insert((slot, index));
-                    let a = load_bits(&held[slot as usize], w, index);
-                    let b = if c.step % 2 == 0 {
-                        let d = 1 + rng.next() % 4;
-                        let d = if rng.next().is_multiple_of(2) {
-                            d
+                let piece = 1 + c.range as u64;
+                let mut start = 0u64;
+                while start < numel {
+                    let mut range = piece.min(numel - start);
+                    if chunks.len() >= 60 {
+                        range = numel - start;
+                    }
+                    let mut new = Vec::new();
+                    for index in start as usize..(start + range) as usize {
+                        let b = if rng.next() % 4 == 0 {
+                            load_bits(&held[slot as usize], w, index)
                         } else {
-                            d.wrapping_neg()
+                            rng.next()
                         };
-                        from_ordered(to_ordered(a, w).wrapping_add(d) & mask, w)
-                    } else {
-                        a ^ ((rng.next() & mask).max(1))
-                    };
-                    old.extend_from_slice(&a.to_le_bytes()[..w]);
-                    new.extend_from_slice(&b.to_le_bytes()[..w]);
-                    store_bits(&mut model[slot as usize], w, index, b);
+                        new.extend_from_slice(&b.to_le_bytes()[..w]);
+                        store_bits(&mut model[slot as usize], w, index, b);
+                    }
+                    chunks.push(Chunk {
+                        frame,
+                        slot,
+                        pos: PosCodec::All,
+                        val: ValCodec::Raw,
+                        start,
+                        range,
+                        rel: (0..range as u32).collect(),
+                        old: Vec::new(),
+                        new,
+                    });
+                    start += range;
                 }
-                chunks.push(Chunk {
-                    frame: c.frame as usize % nframes,
-                    slot,
-                    pos,
-                    val: ValCodec::ALL[c.val as usize % 2],
-                    start,
-                    range,
-                    rel,
-                    old,
-                    new,
-                });
             }
         }
         FrameKind::Seed => {
@@ -290,7 +313,7 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
                 }
             }
         }
-        FrameKind::Verify => {}
+        FrameKind::Verify | FrameKind::Close => {}
     }
 
     let model_digests: Vec<u64> = (0..table.len() as u32)
@@ -299,8 +322,8 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
     let mut records: Vec<Option<SlotDigest>> = (0..table.len())
         .map(|id| {
             let base = match kind {
-                FrameKind::Delta => r.digests()[id],
-                FrameKind::Seed => 0,
+                FrameKind::Delta | FrameKind::Dense => r.digests()[id],
+                FrameKind::Seed | FrameKind::Close => 0,
                 FrameKind::Verify => model_digests[id],
             };
             Some(SlotDigest {
@@ -316,7 +339,7 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
         match lie {
             Lie::Base(s, v) => {
                 if let Some(rec) = &mut records[pick(s)] {
-                    honest &= kind != FrameKind::Delta || rec.base == *v;
+                    honest &= !delta_sync || rec.base == *v;
                     rec.base = *v;
                 }
             }
@@ -344,7 +367,7 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
     };
     honest &= kind == FrameKind::Seed || current.is_some();
     // No version follows the last one: a delta from there must be refused, not wrap.
-    honest &= kind != FrameKind::Delta || current != Some(u64::MAX);
+    honest &= !delta_sync || current != Some(u64::MAX);
     let version = match plan.skew {
         0..240 => version,
         255 => {
@@ -360,7 +383,17 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
     let digest_frame = plan.digest_frame as usize % nframes;
     let mut frames: Vec<Vec<u8>> = (0..nframes)
         .map(|i| {
-            let mut w = FrameWriter::new(kind, version, table.hash(), i as u32);
+            let frame_kind = match kind {
+                FrameKind::Dense if i % 2 == 1 => FrameKind::Delta,
+                other => other,
+            };
+            let mut w = FrameWriter::new(frame_kind, version, table.hash(), i as u32);
+            if plan.frames & 0x80 != 0 {
+                // The GPU's layout: count known, sections split at values_start.
+                w = w
+                    .with_flush_count(nframes as u32)
+                    .split_sections(4, [1, 2, 4][plan.frames as usize % 3]);
+            }
             for c in chunks.iter().filter(|c| c.frame == i) {
                 let (mut pos, mut val) = (Vec::new(), Vec::new());
                 encode_positions(c.pos, &c.rel, c.range as u32, &mut pos);
@@ -373,8 +406,16 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
                 let count = c.rel.len() as u64;
                 w.push_chunk(c.slot, c.pos, c.val, c.start, c.range, count, &pos, &val);
             }
+            // A dense slot's record travels in its frame, every other one in the digest frame.
+            let here = |rec: &&SlotDigest| match dense_in[rec.slot as usize] {
+                Some(frame) => frame == i,
+                None => i == digest_frame,
+            };
+            for rec in records.iter().flatten().filter(here) {
+                w.push_digest(*rec);
+            }
             if i == digest_frame {
-                for rec in records.iter().flatten().chain(&twice) {
+                for rec in &twice {
                     w.push_digest(*rec);
                 }
             }
@@ -419,4 +460,71 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
     } else if honest {
         panic!("honest {kind:?} sync did not complete: {last:?}");
     }
+}
+
+/// One delta chunk of `slot` in `frame` as plan `c` says, its changes applied to `model`.
+/// `None` when the slot is empty; the flag is false when an element was already changed by an
+/// earlier chunk of the sync (an element sent twice: the sync must be refused).
+fn delta_chunk(
+    c: &ChunkPlan,
+    slot: u32,
+    frame: usize,
+    table: &SlotTable,
+    held: &[Vec<u8>],
+    model: &mut [Vec<u8>],
+    touched: &mut HashSet<(u32, usize)>,
+) -> Option<(Chunk, bool)> {
+    let mut fresh = true;
+    let info = &table.slots()[slot as usize];
+    let (numel, w) = (info.numel(), info.dtype.width());
+    if numel == 0 {
+        return None;
+    }
+    let start = c.start as u64 % numel;
+    let range = 1 + c.range as u64 % (numel - start);
+    let pos = PosCodec::ALL[c.pos as usize % 5];
+    let mut rng = Rng(c.seed as u64);
+    let mut rel: Vec<u32> = (0..range as u32)
+        .filter(|_| pos == PosCodec::All || rng.next() % 256 <= c.density as u32)
+        .collect();
+    if rel.is_empty() {
+        rel.push(rng.next() % range as u32);
+    }
+    let (mut old, mut new) = (Vec::new(), Vec::new());
+    let mask = if w == 4 {
+        u32::MAX
+    } else {
+        (1u32 << (8 * w)) - 1
+    };
+    for &p in &rel {
+        let index = (start + p as u64) as usize;
+        fresh &= touched.insert((slot, index));
+        let a = load_bits(&held[slot as usize], w, index);
+        let b = if c.step % 2 == 0 {
+            let d = 1 + rng.next() % 4;
+            let d = if rng.next().is_multiple_of(2) {
+                d
+            } else {
+                d.wrapping_neg()
+            };
+            from_ordered(to_ordered(a, w).wrapping_add(d) & mask, w)
+        } else {
+            a ^ ((rng.next() & mask).max(1))
+        };
+        old.extend_from_slice(&a.to_le_bytes()[..w]);
+        new.extend_from_slice(&b.to_le_bytes()[..w]);
+        store_bits(&mut model[slot as usize], w, index, b);
+    }
+    let chunk = Chunk {
+        frame,
+        slot,
+        pos,
+        val: ValCodec::ALL[c.val as usize % 2],
+        start,
+        range,
+        rel,
+        old,
+        new,
+    };
+    Some((chunk, fresh))
 }

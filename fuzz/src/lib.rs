@@ -174,7 +174,7 @@ impl Feeder {
     /// they were, and the store too unless the receiver writes flushes as they arrive
     /// (`set_apply_as_received`); a refused frame leaves everything as it was when the sync
     /// started (what in-place flushes wrote goes back) and nothing staged; a completed sync
-    /// leaves running digests that match memory. Returns the outcome.
+    /// leaves running digests that match memory; a close changes nothing. Returns the outcome.
     pub fn feed(
         &mut self,
         r: &mut Receiver,
@@ -186,6 +186,14 @@ impl Feeder {
         }
         let result = r.receive(frame);
         match &result {
+            Ok(Some(outcome)) if outcome.kind == deltacast::FrameKind::Close => {
+                // A close between syncs: reported, nothing changes.
+                assert!(r.store() == &before.0, "a close changed the store");
+                assert_eq!(r.version(), before.1, "a close changed the version");
+                assert_eq!(r.digests(), &before.2[..], "a close changed the digests");
+                assert_eq!(outcome.version, before.1.unwrap_or(0));
+                assert!(!r.is_staging());
+            }
             Ok(Some(outcome)) => {
                 assert_eq!(r.version(), Some(outcome.version));
                 assert_eq!(outcome.state_digest, r.state_digest());

@@ -1,14 +1,19 @@
-//! Golden vectors for wire format v1: fixed table and data, frames compared byte for byte with
-//! the files in tests/golden/ (regenerate with DELTACAST_BLESS=1 only on a deliberate format
-//! change), and decoded by the receiver to the expected weights.
+//! Golden vectors for wire format v2: fixed tables and data, frames made by the library's
+//! writers and compared byte for byte with the files in tests/golden/, then decoded by the
+//! receiver to the expected weights. Regenerate them only on a deliberate format change:
+//! `DELTACAST_BLESS=1 cargo test -p deltacast --test golden` (then the fuzz seeds:
+//! `cargo run --manifest-path fuzz/Cargo.toml --example seeds`), and update
+//! docs/wire-format.md.
 //!
 //! The delta frame (abs32+raw), annotated (see docs/wire-format.md):
 //! ```text
-//! 0000  44 43 53 54 01 00 01 01   "DCST", wire version 1, kind 1 (delta), flags FINAL
+//! 0000  44 43 53 54 02 00 01 01   "DCST", wire version 2, kind 1 (delta), flags FINAL
 //! 0008  02 00 00 00 00 00 00 00   version 2
 //! 0010  .. table hash (8 B) ..
 //! 0018  00 00 00 00 02 00 00 00   flush 0, 2 manifest entries
-//! 0020  .. frame_len (8 B) ..     digest_count 2 at 0x28, zeros to 0x40
+//! 0020  .. frame_len (8 B) ..
+//! 0028  02 00 00 00 00 00 00 00   2 digest records, flush_count 0 (a streaming writer)
+//! 0030  00 .. 00 (16 B)           values_start 0 (sections interleaved), reserved
 //! 0040  entry 0: slot 0, abs32, raw, start 0, range 4, count 2, sections
 //! 0080  entry 1: slot 1, abs32, raw, start 1, range 1, count 1, sections
 //! 00c0  digest records (slot, 0, base, new) × 2
@@ -16,11 +21,13 @@
 //! ....  xxh3-64 checksum
 //! ```
 
+mod staged;
+
 use std::path::PathBuf;
 
 use deltacast::codec::{CodecChoice, PosCodec, ValCodec};
 use deltacast::flush::FlushConfig;
-use deltacast::wire::{parse_frame, split_frames, FrameKind};
+use deltacast::wire::{close_frame, parse_frame, split_frames, FrameKind};
 use deltacast::{DType, Receiver, Sender, SlotInfo, SlotTable};
 
 fn table() -> SlotTable {
@@ -69,7 +76,7 @@ fn check_or_bless(name: &str, bytes: &[u8]) {
     assert_eq!(
         bytes,
         expected.as_slice(),
-        "{name} changed: the encoder no longer produces wire format v1 as recorded"
+        "{name} changed: the encoder no longer produces wire format v2 as recorded"
     );
 }
 
@@ -203,7 +210,7 @@ fn golden_frames_decode_to_the_expected_state() {
     // Independent byte-level reading of the delta header, per docs/wire-format.md.
     assert_eq!(
         &delta[0..8],
-        &[0x44, 0x43, 0x53, 0x54, 0x01, 0x00, 0x01, 0x01]
+        &[0x44, 0x43, 0x53, 0x54, 0x02, 0x00, 0x01, 0x01]
     );
     assert_eq!(u64::from_le_bytes(delta[8..16].try_into().unwrap()), 2);
     assert_eq!(
@@ -215,6 +222,9 @@ fn golden_frames_decode_to_the_expected_state() {
         u64::from_le_bytes(delta[32..40].try_into().unwrap()),
         delta.len() as u64
     );
+    assert_eq!(u32::from_le_bytes(delta[40..44].try_into().unwrap()), 2);
+    // flush_count 0 (not known to a streaming writer), values_start 0, reserved 0.
+    assert_eq!(&delta[44..64], &[0; 20]);
     let entry0 = &delta[64..128];
     assert_eq!(&entry0[0..8], &[0, 0, 0, 0, 1, 0, 0, 0]); // slot 0, abs32, raw
     assert_eq!(u64::from_le_bytes(entry0[24..32].try_into().unwrap()), 2); // two changes
@@ -233,6 +243,127 @@ fn golden_frames_decode_to_the_expected_state() {
     for f in split_frames(&delta).unwrap() {
         r.receive(f).unwrap();
     }
+    assert_eq!(r.store(), &next);
+    assert_eq!(r.version(), Some(2));
+}
+
+/// A sync as the GPU sends it: stage 0 sends slot `w` dense (two `all`+`raw` chunks, an
+/// unchanged element resent), stage 1 slot `b` as a delta; each frame carries its own slot's
+/// digest record, `flush_count` 2 and sections split at `values_start`.
+fn staged_golden() -> Vec<Vec<u8>> {
+    let (base, next) = states();
+    staged::staged_sync(
+        &table(),
+        2,
+        &base,
+        &next,
+        &[(0..1, staged::Stage::Dense), (1..2, staged::Stage::Delta)],
+        4,
+        CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw),
+    )
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+#[test]
+fn staged_dense_and_close_golden_frames() {
+    let frames = staged_golden();
+    check_or_bless("dense_v2_staged.dcast", &frames.concat());
+    let close = close_frame(2, table().hash());
+    check_or_bless("close_v2.dcast", &close);
+
+    let recorded = std::fs::read(golden("dense_v2_staged.dcast")).unwrap();
+    let frames = split_frames(&recorded).unwrap();
+    assert_eq!(frames.len(), 2);
+    // Independent byte-level reading of the dense frame, per docs/wire-format.md.
+    let dense = frames[0];
+    assert_eq!(
+        &dense[0..8],
+        &[0x44, 0x43, 0x53, 0x54, 0x02, 0x00, 0x03, 0x00]
+    );
+    assert_eq!(u64_at(dense, 8), 2);
+    assert_eq!(u64_at(dense, 16), table().hash());
+    assert_eq!((u32_at(dense, 24), u32_at(dense, 28)), (0, 2)); // flush 0, 2 entries
+    assert_eq!(u64_at(dense, 32), dense.len() as u64);
+    assert_eq!((u32_at(dense, 40), u32_at(dense, 44)), (1, 2)); // 1 digest, 2 flushes
+    let sections_start = 64 + 2 * 64 + 24;
+    // No position bytes in a dense frame: the values begin where the sections do.
+    assert_eq!(u64_at(dense, 48), sections_start as u64);
+    assert_eq!(&dense[56..64], &[0; 8]);
+    let (base, next) = states();
+    for (e, (start, range)) in [(0u64, 4u64), (4, 2)].into_iter().enumerate() {
+        let entry = &dense[64 + 64 * e..128 + 64 * e];
+        assert_eq!(&entry[0..8], &[0, 0, 0, 0, 0, 0, 0, 0]); // slot 0, all, raw
+        assert_eq!(
+            (u64_at(entry, 8), u64_at(entry, 16), u64_at(entry, 24)),
+            (start, range, range)
+        );
+        assert_eq!(u64_at(entry, 40), 0);
+        let (at, len) = (u64_at(entry, 48) as usize, u64_at(entry, 56) as usize);
+        assert_eq!(len, range as usize * 2);
+        assert_eq!(&dense[at..at + len], &next[0][start as usize * 2..][..len]);
+    }
+    let digest = &dense[192..216];
+    assert_eq!(u32_at(digest, 0), 0);
+    assert_eq!(
+        u64_at(digest, 8),
+        deltacast::digest::digest_slot(0, 2, &base[0])
+    );
+    assert_eq!(
+        u64_at(digest, 16),
+        deltacast::digest::digest_slot(0, 2, &next[0])
+    );
+    // The delta frame: FINAL, flush 1 of 2, its positions before values_start.
+    let delta = frames[1];
+    assert_eq!(&delta[4..8], &[0x02, 0x00, 0x01, 0x01]);
+    assert_eq!((u32_at(delta, 24), u32_at(delta, 44)), (1, 2));
+    let values_start = u64_at(delta, 48);
+    let entry = &delta[64..128];
+    assert_eq!(&entry[0..8], &[1, 0, 0, 0, 1, 0, 0, 0]); // slot 1, abs32, raw
+    assert_eq!(u64_at(entry, 32), 64 + 64 + 24);
+    assert!(u64_at(entry, 32) + u64_at(entry, 40) <= values_start);
+    assert_eq!(u64_at(entry, 48), values_start);
+    let at = values_start as usize;
+    assert_eq!(&delta[at..at + 4], &[0xc3, 0x16, 0x01, 0x00]);
+
+    // Applied on a receiver that holds the golden seed: the expected state, reported dense
+    // only if every frame is.
+    let mut r = Receiver::new(table());
+    for f in split_frames(&std::fs::read(golden("seed_v1.dcast")).unwrap()).unwrap() {
+        r.receive(f).unwrap();
+    }
+    assert!(r.receive(frames[0]).unwrap().is_none());
+    let outcome = r.receive(frames[1]).unwrap().expect("a complete sync");
+    assert_eq!(
+        (outcome.kind, outcome.version, outcome.flushes),
+        (FrameKind::Delta, 2, 2)
+    );
+    assert_eq!(r.store(), &next);
+
+    // The close frame: a header and a checksum, nothing else; the receiver reports it and
+    // changes nothing.
+    let close = std::fs::read(golden("close_v2.dcast")).unwrap();
+    assert_eq!(close.len(), 72);
+    assert_eq!(
+        &close[0..8],
+        &[0x44, 0x43, 0x53, 0x54, 0x02, 0x00, 0x04, 0x01]
+    );
+    assert_eq!(u64_at(&close, 8), 2);
+    assert_eq!(u64_at(&close, 16), table().hash());
+    assert_eq!(u64_at(&close, 32), 72);
+    assert_eq!(&close[24..32], &[0; 8]);
+    assert_eq!(&close[40..64], &[0; 24]);
+    let outcome = r.receive(&close).unwrap().expect("an outcome");
+    assert_eq!(
+        (outcome.kind, outcome.version, outcome.changed),
+        (FrameKind::Close, 2, 0)
+    );
     assert_eq!(r.store(), &next);
     assert_eq!(r.version(), Some(2));
 }

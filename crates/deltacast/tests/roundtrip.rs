@@ -276,3 +276,128 @@ fn a_store_without_slots_mut_applies_the_same() {
         assert_eq!(owned.store(), &current, "step {step}");
     }
 }
+
+mod staged;
+
+/// Syncs laid out as the GPU sends them (one frame per stage of consecutive slots, each stage
+/// dense or delta with the digest records of its own slots, sections split at values_start),
+/// over random tables (empty and odd-sized slots, every dtype), random changes with NaN
+/// payloads, ±0 and subnormals among them, random stage cuts and chunk grids: the receiver
+/// ends exactly where the changes, applied by hand from a map, say, whether it stages, writes
+/// flushes as they arrive, or borrows one slot at a time.
+#[test]
+fn staged_dense_and_delta_mixes_apply_like_a_naive_reference() {
+    use staged::{staged_sync, Stage};
+    use std::collections::HashMap;
+
+    let mut mixed = 0;
+    for case in 0..80u64 {
+        let mut rng = Rng(1000 + case);
+        let n = 1 + rng.below(6) as usize;
+        let table = random_table(&mut rng, n, 3000);
+        let base = random_buffers(&mut rng, &table);
+        // The reference: (slot, element) → new bits, applied by hand.
+        let mut changes: HashMap<(usize, usize), Vec<u8>> = HashMap::new();
+        for (s, info) in table.slots().iter().enumerate() {
+            let w = info.dtype.width();
+            let density = [0.0, 0.01, 0.3, 1.0][rng.below(4) as usize];
+            let sp = specials(w);
+            for i in 0..info.numel() as usize {
+                if !rng.chance(density) {
+                    continue;
+                }
+                let bits = if rng.chance(0.3) {
+                    sp[rng.below(sp.len() as u64) as usize]
+                } else {
+                    rng.next_u64() as u32
+                };
+                let new = bits.to_le_bytes()[..w].to_vec();
+                if new != base[s][i * w..(i + 1) * w] {
+                    changes.insert((s, i), new);
+                }
+            }
+        }
+        let mut expected = base.clone();
+        for (&(s, i), bits) in &changes {
+            let w = bits.len();
+            expected[s][i * w..(i + 1) * w].copy_from_slice(bits);
+        }
+        // Stages: consecutive runs of slots, each dense or delta (sometimes one stage of all).
+        let mut stages = Vec::new();
+        let mut first = 0;
+        while first < n {
+            let len = if case % 5 == 0 {
+                n
+            } else {
+                1 + rng.below((n - first) as u64) as usize
+            };
+            let len = len.min(n - first);
+            let kind = if rng.chance(0.5) {
+                Stage::Dense
+            } else {
+                Stage::Delta
+            };
+            stages.push((first..first + len, kind));
+            first += len;
+        }
+        let chunk = [1u64, 7, 64, 1000, 1 << 20][rng.below(5) as usize];
+        let codec = CODECS[rng.below(CODECS.len() as u64) as usize];
+        let frames = staged_sync(&table, 2, &base, &expected, &stages, chunk, codec);
+        let all_dense = stages.iter().all(|(_, k)| *k == Stage::Dense);
+        mixed += usize::from(!all_dense && stages.iter().any(|(_, k)| *k == Stage::Dense));
+        let changed: u64 = stages
+            .iter()
+            .flat_map(|(slots, kind)| slots.clone().map(move |s| (s, *kind)))
+            .map(|(s, kind)| match kind {
+                Stage::Dense => table.slots()[s].numel(),
+                Stage::Delta => changes.keys().filter(|&&(cs, _)| cs == s).count() as u64,
+            })
+            .sum();
+        let want_digest = (0..n)
+            .map(|s| {
+                deltacast::digest::digest_slot(
+                    s as u32,
+                    table.slots()[s].dtype.width(),
+                    &expected[s],
+                )
+            })
+            .fold(0u64, u64::wrapping_add);
+        let check = |outcome: Option<deltacast::SyncOutcome>, what: &str| {
+            let outcome = outcome.unwrap_or_else(|| panic!("case {case} {what}: no outcome"));
+            let kind = if all_dense {
+                FrameKind::Dense
+            } else {
+                FrameKind::Delta
+            };
+            assert_eq!(outcome.kind, kind, "case {case} {what}");
+            assert_eq!(outcome.version, 2);
+            assert_eq!(outcome.flushes as usize, frames.len());
+            assert_eq!(outcome.changed, changed, "case {case} {what}");
+            assert_eq!(outcome.state_digest, want_digest);
+        };
+        for in_place in [false, true] {
+            let mut r = Receiver::with_state(table.clone(), base.clone(), Some(1)).unwrap();
+            r.set_apply_as_received(in_place);
+            let mut last = None;
+            for (i, f) in frames.iter().enumerate() {
+                last = r.receive(f).unwrap();
+                assert_eq!(last.is_some(), i + 1 == frames.len());
+            }
+            check(last, if in_place { "in place" } else { "staged" });
+            assert_eq!(r.store(), &expected, "case {case} (in place: {in_place})");
+            assert!(r.recompute_digests().is_empty());
+        }
+        let mut one =
+            Receiver::with_state(table.clone(), OneAtATime(base.clone()), Some(1)).unwrap();
+        let mut last = None;
+        for f in &frames {
+            last = one.receive(f).unwrap();
+        }
+        check(last, "one slot at a time");
+        assert_eq!(one.store().0, expected, "case {case} (one slot at a time)");
+    }
+    assert!(
+        mixed >= 20,
+        "only {mixed} syncs mixed dense and delta frames"
+    );
+}
