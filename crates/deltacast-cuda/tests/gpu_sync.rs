@@ -18,11 +18,11 @@ mod common;
 use std::sync::{mpsc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use deltacast::wire::FrameKind;
 use deltacast::DType;
 use deltacast_cuda::ipc::{IpcComm, IpcOptions};
 use deltacast_cuda::link::Link;
 use deltacast_cuda::nccl::{unique_id, NcclComm};
-use deltacast_cuda::protocol::SyncKind;
 use deltacast_cuda::sync::{
     EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuShard, GpuShardedSender,
     GpuSyncReport, GpuTensor, SnapshotPlace,
@@ -691,7 +691,7 @@ fn sharded_rank(
         // SAFETY: stream 0 is the legacy default stream.
         let got = match unsafe { s.sync(0) } {
             Ok(r) => {
-                if r.kind != SyncKind::Seed {
+                if r.kind != FrameKind::Seed {
                     assert_eq!(r.changed, naive, "rank {rank} step {}: changes", step + 1);
                 }
                 outcome(&r)
@@ -1044,7 +1044,7 @@ fn compare_steps(
 /// A sync's outcome as the tests compare it: kind, `+dense` when some stages went whole
 /// while others were deltas, and the number of stages.
 fn outcome(r: &GpuSyncReport) -> String {
-    let mixed = if r.kind == SyncKind::Delta && r.dense_stages > 0 {
+    let mixed = if r.kind == FrameKind::Delta && r.dense_stages > 0 {
         "+dense"
     } else {
         ""
