@@ -456,7 +456,9 @@ fn sharded_senders_refuse_bad_layouts_on_every_rank() {
                     let trainers = NcclComm::new(&uid, 2, rank).expect("comm");
                     // The leader's communicator with the receivers: one of the leader alone.
                     let receivers = (rank == 0 && case != "no receivers").then(|| {
-                        NcclComm::new(&unique_id().expect("id"), 1, 0).expect("comm of one")
+                        Link::from(
+                            NcclComm::new(&unique_id().expect("id"), 1, 0).expect("comm of one"),
+                        )
                     });
                     let buf = gpu.alloc_zeroed(2000).expect("alloc");
                     let (first, numel) = match (rank, case) {
@@ -618,8 +620,8 @@ fn sharded_rank(
     let gpu = Gpu::new(rank).expect("gpu");
     gpu.make_current().expect("current");
     let trainers = NcclComm::new(&trainers_uid, 2, rank).expect("trainers comm");
-    let receivers =
-        (rank == 0).then(|| NcclComm::new(&receivers_uid, 2, 0).expect("receivers comm"));
+    let receivers = (rank == 0)
+        .then(|| Link::from(NcclComm::new(&receivers_uid, 2, 0).expect("receivers comm")));
     let mut rng = Rng(42);
     let mut host = initial_tensors(&mut rng);
     // (first element, elements, element width) of this rank's shard of each slot.

@@ -34,6 +34,7 @@ use super::{
     limits, ms, u64s, EntropyMode, GpuSenderConfig, GpuSyncReport, Growable, Phases, SendTotals,
 };
 use crate::error::{CudaError, Result};
+use crate::link::Link;
 use crate::nccl::NcclComm;
 use crate::protocol::{
     check_shard_runs, decode_chunk_records, decode_header, decode_stage, plan_stages,
@@ -109,7 +110,7 @@ pub struct GpuShardedSender {
     trainers: NcclComm,
     /// The leader's communicator with the receivers (the leader is its root); `None` on the
     /// other ranks.
-    receivers: Option<NcclComm>,
+    receivers: Option<Link>,
     config: GpuSenderConfig,
     shards: Vec<GpuShard>,
     table: SlotTable,
@@ -176,7 +177,7 @@ impl GpuShardedSender {
     pub unsafe fn new(
         gpu: Gpu,
         mut trainers: NcclComm,
-        receivers: Option<NcclComm>,
+        receivers: Option<Link>,
         shards: Vec<GpuShard>,
         config: GpuSenderConfig,
     ) -> Result<GpuShardedSender> {
@@ -718,12 +719,13 @@ impl GpuShardedSender {
             .map_err(|e| CudaError::Protocol(format!("the leader's own stage {s}: {e}")))?;
         self.broadcast_head(&stage)?;
         let root = self.config.root;
+        let within = self.config.timeout;
         let receivers = self.receivers_mut()?;
         // SAFETY: the gathered sections, sized above; the stream orders the broadcasts after
         // the gathers that fill them.
         unsafe {
-            receivers.broadcast(gp, gp, positions as usize, root, stream)?;
-            receivers.broadcast(gv, gv, values as usize, root, stream)?;
+            receivers.broadcast(gp, gp, positions as usize, root, stream, within)?;
+            receivers.broadcast(gv, gv, values as usize, root, stream, within)?;
         }
         // With the timeout, before the next stage's diff (which cannot time out) queues
         // behind these broadcasts.
@@ -734,7 +736,7 @@ impl GpuShardedSender {
         Ok(())
     }
 
-    fn receivers_mut(&mut self) -> Result<&mut NcclComm> {
+    fn receivers_mut(&mut self) -> Result<&mut Link> {
         self.receivers.as_mut().ok_or_else(|| {
             CudaError::InvalidArgument("only the leader talks to the receivers".into())
         })
@@ -832,6 +834,7 @@ impl GpuShardedSender {
         };
         let stream = self.gpu.stream_handle();
         let root = self.config.root;
+        let within = self.config.timeout;
         for i in slots {
             let w = self.shards[i].dtype.width() as u64;
             let lens: Vec<u64> = self.layout[i].iter().map(|&(_, n)| n * w).collect();
@@ -857,6 +860,7 @@ impl GpuShardedSender {
                             len as usize,
                             root,
                             stream,
+                            within,
                         )?;
                     }
                 }
@@ -872,6 +876,7 @@ impl GpuShardedSender {
     /// close: only its header).
     fn broadcast_head(&mut self, stage: &Stage) -> Result<()> {
         let root = self.config.root;
+        let within = self.config.timeout;
         let stream = self.gpu.stream_handle();
         let manifest = match stage.kind() {
             FrameKind::Close => Vec::new(),
@@ -888,9 +893,9 @@ impl GpuShardedSender {
         let receivers = self.receivers_mut()?;
         // SAFETY: as above; the buffers stay until the stream has passed the broadcasts.
         unsafe {
-            receivers.broadcast(hptr, hptr, HEADER_BYTES, root, stream)?;
+            receivers.broadcast(hptr, hptr, HEADER_BYTES, root, stream, within)?;
             if !manifest.is_empty() {
-                receivers.broadcast(mptr, mptr, manifest.len(), root, stream)?;
+                receivers.broadcast(mptr, mptr, manifest.len(), root, stream, within)?;
             }
         }
         Ok(())
@@ -962,7 +967,7 @@ impl GpuShardedSender {
 /// This rank's own checks of its arguments; the slot table they make.
 fn check_shards(
     trainers: &NcclComm,
-    receivers: &Option<NcclComm>,
+    receivers: &Option<Link>,
     shards: &[GpuShard],
     config: &GpuSenderConfig,
 ) -> Result<SlotTable> {
