@@ -3,14 +3,21 @@
 //! flush (chunks not overlapping) is instead applied while it is decoded, one visit per
 //! element, and written back if the digests do not prove it. Either way a receiver is never
 //! left between two versions when `receive` returns.
+//!
+//! A delta sync may mix delta frames (changed elements) and dense frames (every element of
+//! the slots they name, as a GPU stage sends them when a delta would not be smaller): a dense
+//! slot's new digest is summed afresh from its values, so its cover must be exact and no
+//! other frame may touch it (docs/wire-format.md).
+
+mod chunks;
 
 use rayon::prelude::*;
 
-use crate::codec::{decode_positions, decode_values, PosCodec, ValCodec};
-use crate::digest::{chunk_change, chunk_terms, digest_slot};
+use crate::digest::digest_slot;
 use crate::error::{Error, Result};
 use crate::slot::SlotTable;
-use crate::wire::{parse_frame, ChunkEntry, Frame, FrameKind, SlotDigest};
+use crate::wire::{check_dense_cover, parse_frame, Frame, FrameKind, SlotDigest};
+use chunks::{apply_chunks, chunk_bytes, decode_entry, write_back, write_frame, StagedChunk};
 
 /// Where a receiver keeps its slots' bytes: owned buffers, or borrowed tensors (bindings).
 pub trait SlotStore: Sync {
@@ -39,36 +46,27 @@ impl SlotStore for Vec<Vec<u8>> {
     }
 }
 
-/// One decoded chunk waiting for the rest of its sync.
-#[derive(Debug)]
-struct StagedChunk {
-    slot: u32,
-    start: u64,
-    /// Elements of the chunk's range (`[start, start + range)` holds every position).
-    range: u64,
-    /// Positions relative to `start`; empty when every element of the range is set (seed/all).
-    rel: Vec<u32>,
-    all: bool,
-    /// New bit patterns, `width` bytes each.
-    values: Vec<u8>,
-    /// Computed while decoding, from the bits held then (a staged sync writes nothing before it
-    /// completes, so they are the bits before the sync): for a delta, how the chunk moves its
-    /// slot's digest; for a seed, the digest terms of its elements.
-    digest: u64,
-    /// A delta element whose new bits equal the held bits (slot index), reported by
-    /// `finish_sync` after the base digests were checked (a wrong base shows as that).
-    noop: Option<u64>,
-    /// The bits held before, at the chunk's positions: kept only by the one-pass apply of a
-    /// single-flush delta, which writes them back if the sync does not verify.
-    old: Vec<u8>,
+/// What the frames of a delta sync received so far did to one slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotUse {
+    Untouched,
+    /// Delta chunks (any number of frames).
+    Delta,
+    /// Sent whole by the dense frame of this flush index; no other frame may touch it.
+    Dense(u32),
 }
 
 /// A sync being received.
 #[derive(Debug)]
 struct Staging {
+    /// The sync's family: seed, delta (delta and dense frames) or verify.
     kind: FrameKind,
+    /// Every frame so far was dense (the outcome then says dense).
+    all_dense: bool,
     version: u64,
     next_flush: u32,
+    /// Flush 0's `flush_count`: every frame of the sync must say the same.
+    flush_count: u32,
     chunks: Vec<StagedChunk>,
     sender_digests: Vec<Option<SlotDigest>>,
     /// Per slot: elements staged so far. Chunks may come in any order (pieces of different
@@ -82,12 +80,80 @@ struct Staging {
     /// overlaps one of them, which sharded senders may send, makes the sync go back to
     /// staging).
     written: Vec<Vec<(u64, u64)>>,
+    /// Per slot, in a delta sync: delta chunks, or dense in which flush.
+    slot_use: Vec<SlotUse>,
 }
 
-/// What a completed sync did.
+impl Staging {
+    /// The kind a completed sync reports: dense when every frame was dense.
+    fn outcome_kind(&self) -> FrameKind {
+        if self.kind == FrameKind::Delta && self.all_dense {
+            FrameKind::Dense
+        } else {
+            self.kind
+        }
+    }
+
+    /// Slots a dense frame of this sync sent whole: their new digest starts from 0.
+    fn dense_slots(&self) -> impl Iterator<Item = usize> + '_ {
+        self.slot_use
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| matches!(u, SlotUse::Dense(_)))
+            .map(|(id, _)| id)
+    }
+
+    /// Records what a delta or dense frame does to each slot, refusing a dense slot that is
+    /// not covered exactly once by its frame or that another frame of the sync touches.
+    fn claim_slots(&mut self, table: &SlotTable, frame: &Frame<'_>) -> Result<()> {
+        let flush = frame.header.flush_index;
+        let name = |slot: u32| &table.slots()[slot as usize].name;
+        match frame.header.kind {
+            FrameKind::Dense => {
+                for slot in check_dense_cover(table, &frame.entries)? {
+                    let used = &mut self.slot_use[slot as usize];
+                    match *used {
+                        SlotUse::Untouched => *used = SlotUse::Dense(flush),
+                        SlotUse::Delta => {
+                            return Err(Error::Malformed(format!(
+                                "flush {flush} sends slot `{}` dense, an earlier flush of the sync carried delta chunks of it",
+                                name(slot)
+                            )));
+                        }
+                        SlotUse::Dense(other) => {
+                            return Err(Error::Malformed(format!(
+                                "slot `{}` is sent dense by flushes {other} and {flush}",
+                                name(slot)
+                            )));
+                        }
+                    }
+                }
+            }
+            FrameKind::Delta => {
+                for e in &frame.entries {
+                    let used = &mut self.slot_use[e.slot as usize];
+                    if let SlotUse::Dense(other) = *used {
+                        return Err(Error::Malformed(format!(
+                            "flush {flush} carries a delta chunk of slot `{}`, sent dense by flush {other}",
+                            name(e.slot)
+                        )));
+                    }
+                    *used = SlotUse::Delta;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// What a completed sync did, or that the sender closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyncOutcome {
+    /// Seed, delta (a sync of delta frames, or of delta and dense frames), dense (dense frames
+    /// only), verify, or close: the sender said no sync follows, nothing changed.
     pub kind: FrameKind,
+    /// The version held after the sync (for a close: the version held, 0 if none).
     pub version: u64,
     pub flushes: u32,
     pub changed: u64,
@@ -266,10 +332,27 @@ impl<S: SlotStore> Receiver<S> {
                 local: self.table.hash(),
             });
         }
+        if h.kind == FrameKind::Close {
+            if self.staging.is_some() {
+                // `receive` drops the half-received sync (its in-place writes undone).
+                return Err(Error::IncompleteSync(
+                    "the sender closed in the middle of a sync".into(),
+                ));
+            }
+            return Ok(Some(SyncOutcome {
+                kind: FrameKind::Close,
+                version: self.version.unwrap_or(0),
+                flushes: 1,
+                changed: 0,
+                wire_bytes: bytes.len() as u64,
+                state_digest: self.state_digest(),
+            }));
+        }
+        let family = h.kind.family();
         if h.flush_index == 0 {
-            match h.kind {
+            match family {
                 FrameKind::Delta | FrameKind::Verify => {
-                    let expected = if h.kind == FrameKind::Delta {
+                    let expected = if family == FrameKind::Delta {
                         // No version follows u64::MAX (a seed may bring a receiver there).
                         self.version.and_then(|v| v.checked_add(1))
                     } else {
@@ -283,20 +366,23 @@ impl<S: SlotStore> Receiver<S> {
                         });
                     }
                 }
-                FrameKind::Seed => {}
+                _ => {}
             }
             // A new sync replaces one left half received (its in-place writes undone).
             self.drop_staging();
             self.staging = Some(Staging {
-                kind: h.kind,
+                kind: family,
+                all_dense: true,
                 version: h.version,
                 next_flush: 0,
+                flush_count: h.flush_count,
                 chunks: Vec::new(),
                 sender_digests: vec![None; self.table.len()],
                 slot_count: vec![0; self.table.len()],
                 wire_bytes: 0,
-                in_place: self.apply_as_received && h.kind == FrameKind::Delta,
+                in_place: self.apply_as_received && family == FrameKind::Delta,
                 written: vec![Vec::new(); self.table.len()],
+                slot_use: vec![SlotUse::Untouched; self.table.len()],
             });
         }
         let Some(staging) = self.staging.as_mut() else {
@@ -306,18 +392,29 @@ impl<S: SlotStore> Receiver<S> {
                 got: h.flush_index,
             });
         };
-        if staging.version != h.version
-            || staging.kind != h.kind
-            || staging.next_flush != h.flush_index
-        {
+        if staging.version != h.version || staging.next_flush != h.flush_index {
             return Err(Error::FlushOutOfOrder {
                 version: staging.version,
                 expected: staging.next_flush,
                 got: h.flush_index,
             });
         }
+        if staging.kind != family {
+            return Err(Error::Malformed(format!(
+                "a {} frame in a {} sync",
+                h.kind.name(),
+                staging.kind.name()
+            )));
+        }
+        if staging.flush_count != h.flush_count {
+            return Err(Error::Malformed(format!(
+                "flush {} says the sync has {} flushes, flush 0 said {}",
+                h.flush_index, h.flush_count, staging.flush_count
+            )));
+        }
         staging.next_flush += 1;
         staging.wire_bytes += bytes.len() as u64;
+        staging.all_dense &= h.kind == FrameKind::Dense;
 
         // Structural checks in order, then decode the chunks in parallel.
         for e in &frame.entries {
@@ -341,10 +438,11 @@ impl<S: SlotStore> Receiver<S> {
                 )));
             }
         }
+        staging.claim_slots(&self.table, &frame)?;
         if h.flush_index == 0 && h.is_final && staging.kind == FrameKind::Delta {
             // The whole sync is this one verified flush: apply it in one pass, undo on failure.
             let wire_bytes = staging.wire_bytes;
-            if let Some(outcome) = self.apply_single_delta(&frame, wire_bytes)? {
+            if let Some(outcome) = self.apply_single(&frame, wire_bytes)? {
                 self.staging = None;
                 return Ok(Some(outcome));
             }
@@ -366,7 +464,7 @@ impl<S: SlotStore> Receiver<S> {
         let written_in_place = staging.in_place;
         let store = &self.store;
         let table = &self.table;
-        let kind = staging.kind;
+        let kind = h.kind;
         let decoded: Vec<Result<StagedChunk>> = if written_in_place {
             Vec::new()
         } else {
@@ -436,18 +534,15 @@ impl<S: SlotStore> Receiver<S> {
         Ok(true)
     }
 
-    /// A delta sync of a single flush (already checksummed and checked for structure):
+    /// A delta sync of a single flush, delta or dense (already checksummed and checked for
+    /// structure, a dense frame's cover too):
     /// decodes and applies it in one pass over the held state, chunk by chunk in parallel,
     /// keeping each chunk's old bits; then checks no-ops and digests and, if anything fails,
     /// writes the old bits back, so the state ends as it was. Reading the held bits and writing
     /// the new ones in the same visit saves the second pass over the state that staging needs.
     /// `None`, before anything is written, when the store cannot lend all slots at once or two
     /// chunks' ranges overlap (the caller then stages as usual).
-    fn apply_single_delta(
-        &mut self,
-        frame: &Frame<'_>,
-        wire_bytes: u64,
-    ) -> Result<Option<SyncOutcome>> {
+    fn apply_single(&mut self, frame: &Frame<'_>, wire_bytes: u64) -> Result<Option<SyncOutcome>> {
         // The sender's digests, all present and the base ones ours, before anything is written.
         let mut sender: Vec<Option<SlotDigest>> = vec![None; self.table.len()];
         for d in &frame.digests {
@@ -485,6 +580,9 @@ impl<S: SlotStore> Receiver<S> {
         let table = &self.table;
         let mut failure = None;
         let mut next = self.digests.clone();
+        for id in self.staging.iter().flat_map(Staging::dense_slots) {
+            next[id] = 0;
+        }
         let mut changed = 0u64;
         for c in &chunks {
             if failure.is_none() {
@@ -515,7 +613,7 @@ impl<S: SlotStore> Receiver<S> {
         self.digests = next;
         self.version = Some(frame.header.version);
         Ok(Some(SyncOutcome {
-            kind: FrameKind::Delta,
+            kind: frame.header.kind,
             version: frame.header.version,
             flushes: 1,
             changed,
@@ -548,7 +646,7 @@ impl<S: SlotStore> Receiver<S> {
         self.digests = new_digests;
         self.version = Some(staging.version);
         Ok(SyncOutcome {
-            kind: staging.kind,
+            kind: staging.outcome_kind(),
             version: staging.version,
             flushes: staging.next_flush,
             changed,
@@ -596,6 +694,9 @@ impl<S: SlotStore> Receiver<S> {
                     }
                 }
                 let mut next = self.digests.clone();
+                for id in staging.dense_slots() {
+                    next[id] = 0;
+                }
                 for c in &staging.chunks {
                     if let Some(index) = c.noop {
                         let slot = &self.table.slots()[c.slot as usize].name;
@@ -614,7 +715,8 @@ impl<S: SlotStore> Receiver<S> {
                 }
                 next
             }
-            FrameKind::Verify => {
+            // A staged sync's kind is its family: seed, delta or verify.
+            FrameKind::Verify | FrameKind::Close | FrameKind::Dense => {
                 let actual: Vec<u64> = (0..self.table.len() as u32)
                     .into_par_iter()
                     .map(|id| {
@@ -638,346 +740,5 @@ impl<S: SlotStore> Receiver<S> {
             }
         }
         Ok(new_digests)
-    }
-}
-
-/// Decodes one manifest entry against the receiver's current state.
-/// `held` is the chunk's range of its slot as the receiver holds it; `keep_old` keeps the bits
-/// read there (at the chunk's positions) in the result.
-fn decode_entry(
-    table: &SlotTable,
-    held: &[u8],
-    frame: &Frame<'_>,
-    e: &ChunkEntry,
-    kind: FrameKind,
-    keep_old: bool,
-) -> Result<StagedChunk> {
-    let slot = table.get(e.slot)?;
-    let width = slot.dtype.width();
-    let codec_err = |source| Error::Codec {
-        slot: e.slot,
-        start: e.start,
-        source,
-    };
-    // `count` ≤ `range` ≤ u32::MAX (parse_frame); a section can only yield that many items.
-    let range = e.range as u32;
-    let count = e.count as u32;
-    let all = e.pos_codec == PosCodec::All;
-    // Refuse a count the value section cannot hold before decoding positions: `all` and
-    // `holes` positions take no bytes per position, so a tiny frame could otherwise make the
-    // receiver allocate 4 bytes per element of the range. Raw values are exactly `width` bytes
-    // each; an ulp code word is at least one bit.
-    match e.val_codec {
-        ValCodec::Raw if e.val_len != count as u64 * width as u64 => {
-            return Err(codec_err(crate::error::CodecError::Malformed {
-                codec: "raw",
-                reason: format!(
-                    "section has {} bytes, {count} values need {}",
-                    e.val_len,
-                    count as u64 * width as u64
-                ),
-            }));
-        }
-        ValCodec::Ulp if e.val_len.saturating_mul(8) < count as u64 => {
-            return Err(codec_err(crate::error::CodecError::Truncated {
-                needed: (count as u64).div_ceil(8),
-                available: e.val_len,
-            }));
-        }
-        _ => {}
-    }
-    let mut rel = Vec::new();
-    if all {
-        // Every element of the range: nothing to expand (a seed's `all` chunks would otherwise
-        // materialize one u32 per element).
-        if count != range {
-            return Err(codec_err(crate::error::CodecError::Malformed {
-                codec: "all",
-                reason: format!("count {count} differs from range {range}"),
-            }));
-        }
-        let input = frame.positions(e);
-        if !input.is_empty() {
-            return Err(codec_err(crate::error::CodecError::TrailingBytes {
-                count: count as u64,
-                extra: input.len() as u64,
-            }));
-        }
-    } else {
-        decode_positions(e.pos_codec, frame.positions(e), count, range, &mut rel)
-            .map_err(codec_err)?;
-    }
-    let positions = (!all).then_some(rel.as_slice());
-    // The held bits at the chunk's positions: what ulp steps start from and what a delta's
-    // digest change subtracts. One pass over the held state, whose cache lines are the cost.
-    let held_old = |old: &mut Vec<u8>| gather(width, held, positions, count as usize, old);
-    let mut old = Vec::new();
-    let values = match e.val_codec {
-        // Length checked above.
-        ValCodec::Raw => frame.values(e).to_vec(),
-        codec => {
-            held_old(&mut old);
-            let mut values = Vec::new();
-            decode_values(codec, width, frame.values(e), &old, &mut values).map_err(codec_err)?;
-            values
-        }
-    };
-    let (digest, noop) = match kind {
-        FrameKind::Delta => {
-            if old.len() != values.len() {
-                held_old(&mut old);
-            }
-            let (sum, noop) = chunk_change(e.slot, width, e.start, positions, &old, &values);
-            let noop = noop.map(|k| e.start + positions.map_or(k as u64, |rel| rel[k] as u64));
-            (sum, noop)
-        }
-        FrameKind::Seed => (
-            chunk_terms(e.slot, width, e.start, positions, &values),
-            None,
-        ),
-        // Verify frames carry no entries (parse_frame).
-        FrameKind::Verify => (0, None),
-    };
-    if !keep_old {
-        old = Vec::new();
-    }
-    Ok(StagedChunk {
-        slot: e.slot,
-        start: e.start,
-        range: e.range,
-        rel,
-        all,
-        values,
-        digest,
-        noop,
-        old,
-    })
-}
-
-/// The bytes of chunk `e`'s range in its slot `held` (inside the slot: checked against the
-/// table before decoding).
-fn chunk_bytes<'h>(held: &'h [u8], width: usize, e: &ChunkEntry) -> &'h [u8] {
-    let at = e.start as usize * width;
-    &held[at..at + e.range as usize * width]
-}
-
-/// The `width`-byte elements of `held` (a chunk's range) at `positions` (every element when
-/// `None`, then `count` of them) into `out`.
-fn gather(width: usize, held: &[u8], positions: Option<&[u32]>, count: usize, out: &mut Vec<u8>) {
-    fn at<const W: usize>(held: &[u8], rel: &[u32], out: &mut Vec<u8>) {
-        let held = held.as_chunks::<W>().0;
-        out.resize(rel.len() * W, 0);
-        for (o, &p) in out.as_chunks_mut::<W>().0.iter_mut().zip(rel) {
-            *o = held[p as usize];
-        }
-    }
-    out.clear();
-    match (positions, width) {
-        (None, _) => out.extend_from_slice(&held[..count * width]),
-        (Some(rel), 1) => at::<1>(held, rel, out),
-        (Some(rel), 2) => at::<2>(held, rel, out),
-        (Some(rel), _) => at::<4>(held, rel, out),
-    }
-}
-
-/// Decodes a delta frame's chunks against the bits held and writes each at once, one part per
-/// chunk in parallel, keeping each chunk's old bits (the one-pass apply, for a single-flush
-/// delta and for flushes applied as received). `None`, before anything is written, when the
-/// store cannot lend all slots at once or two chunks' ranges overlap (staging computes every
-/// digest change from the bits before the sync, which is what refuses an element sent twice,
-/// wire-format.md; applied in turn they would not). A decoding error leaves its part
-/// untouched, writes back what the other parts wrote, and is returned.
-fn write_frame<S: SlotStore>(
-    table: &SlotTable,
-    store: &mut S,
-    frame: &Frame<'_>,
-) -> Result<Option<Vec<StagedChunk>>> {
-    let Some(slots) = store.slots_mut() else {
-        return Ok(None);
-    };
-    let mut by_slot: Vec<Vec<&ChunkEntry>> = vec![Vec::new(); table.len()];
-    for e in &frame.entries {
-        by_slot[e.slot as usize].push(e);
-    }
-    let mut jobs: Vec<SlotPart<'_, &ChunkEntry>> = Vec::new();
-    for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
-        split_parts(dst, slot.dtype.width(), list, &mut jobs);
-    }
-    if jobs.iter().any(|job| job.items.len() > 1) {
-        return Ok(None);
-    }
-    let mut results: Vec<(Vec<StagedChunk>, Option<Error>)> = jobs
-        .par_iter_mut()
-        .map(|job| {
-            let mut done = Vec::with_capacity(job.items.len());
-            for e in &job.items {
-                let at = (e.start - job.first) as usize * job.width;
-                let held = &job.part[at..at + e.range as usize * job.width];
-                match decode_entry(table, held, frame, e, FrameKind::Delta, true) {
-                    Ok(c) => {
-                        write_chunk(job.part, job.width, job.first, &c, &c.values);
-                        done.push(c);
-                    }
-                    Err(err) => return (done, Some(err)),
-                }
-            }
-            (done, None)
-        })
-        .collect();
-    if let Some(err) = results.iter_mut().find_map(|(_, e)| e.take()) {
-        jobs.par_iter_mut()
-            .zip(&results)
-            .for_each(|(job, (done, _))| {
-                for c in done.iter().rev() {
-                    write_chunk(job.part, job.width, job.first, c, &c.old);
-                }
-            });
-        return Err(err);
-    }
-    Ok(Some(
-        results.into_iter().flat_map(|(done, _)| done).collect(),
-    ))
-}
-
-/// Writes the old bits of chunks written in place back (such chunks never overlap).
-fn write_back<S: SlotStore>(table: &SlotTable, store: &mut S, chunks: &[StagedChunk]) {
-    let mut by_slot: Vec<Vec<&StagedChunk>> = vec![Vec::new(); table.len()];
-    for c in chunks {
-        by_slot[c.slot as usize].push(c);
-    }
-    let Some(slots) = store.slots_mut() else {
-        // Chunks are only written in place into stores that lend all slots at once.
-        return;
-    };
-    let mut jobs = Vec::new();
-    for ((dst, list), slot) in slots.into_iter().zip(&mut by_slot).zip(table.slots()) {
-        split_parts(dst, slot.dtype.width(), list, &mut jobs);
-    }
-    jobs.into_par_iter().for_each(|p| {
-        for c in p.items.iter().rev() {
-            write_chunk(p.part, p.width, p.first, c, &c.old);
-        }
-    });
-}
-
-/// Applies verified chunks: every slot's chunks in parallel, each into its own disjoint part
-/// of the slot (chunks whose ranges overlap, which a sharded sender may produce, go into one
-/// part, in order). Returns the number of elements written.
-fn apply_chunks<S: SlotStore>(table: &SlotTable, store: &mut S, chunks: &[StagedChunk]) -> u64 {
-    let mut by_slot: Vec<Vec<&StagedChunk>> = vec![Vec::new(); table.len()];
-    for c in chunks {
-        by_slot[c.slot as usize].push(c);
-    }
-    let changed = chunks
-        .iter()
-        .map(|c| if c.all { c.range } else { c.rel.len() as u64 })
-        .sum();
-    let widths: Vec<usize> = table.slots().iter().map(|s| s.dtype.width()).collect();
-    if let Some(slots) = store.slots_mut() {
-        let mut jobs = Vec::new();
-        for ((dst, list), width) in slots.into_iter().zip(&mut by_slot).zip(&widths) {
-            split_parts(dst, *width, list, &mut jobs);
-        }
-        jobs.into_par_iter().for_each(apply_part);
-    } else {
-        for (id, list) in by_slot.iter_mut().enumerate() {
-            if list.is_empty() {
-                continue;
-            }
-            let mut jobs = Vec::new();
-            split_parts(store.slot_mut(id as u32), widths[id], list, &mut jobs);
-            jobs.into_par_iter().for_each(apply_part);
-        }
-    }
-    changed
-}
-
-/// One unit of parallel apply: a part of a slot starting at element `first`, its element
-/// width, and the chunks (staged, or a frame's entries) that lie inside it, in start order.
-struct SlotPart<'a, T> {
-    part: &'a mut [u8],
-    width: usize,
-    first: u64,
-    items: Vec<T>,
-}
-
-/// A chunk's `[start, start + range)` in its slot.
-trait Span {
-    fn span(&self) -> (u64, u64);
-}
-
-impl Span for &StagedChunk {
-    fn span(&self) -> (u64, u64) {
-        (self.start, self.range)
-    }
-}
-
-impl Span for &ChunkEntry {
-    fn span(&self) -> (u64, u64) {
-        (self.start, self.range)
-    }
-}
-
-/// Cuts `dst` (a whole slot) into disjoint parts, one per group of chunks with overlapping
-/// ranges (`list` is sorted by start here).
-fn split_parts<'a, T: Span + Copy>(
-    mut dst: &'a mut [u8],
-    width: usize,
-    list: &mut [T],
-    parts: &mut Vec<SlotPart<'a, T>>,
-) {
-    list.sort_by_key(|c| c.span().0);
-    let mut consumed = 0u64; // elements of the slot before `dst`
-    let mut i = 0;
-    while i < list.len() {
-        let (first, range) = list[i].span();
-        let mut end = first + range;
-        let mut j = i + 1;
-        while j < list.len() && list[j].span().0 < end {
-            let (start, range) = list[j].span();
-            end = end.max(start + range);
-            j += 1;
-        }
-        // Chunk ranges lie inside the slot (checked when received), and groups are ascending.
-        let rest = std::mem::take(&mut dst);
-        let (_, rest) = rest.split_at_mut((first - consumed) as usize * width);
-        let (part, rest) = rest.split_at_mut((end - first) as usize * width);
-        dst = rest;
-        consumed = end;
-        parts.push(SlotPart {
-            part,
-            width,
-            first,
-            items: list[i..j].to_vec(),
-        });
-        i = j;
-    }
-}
-
-fn apply_part(p: SlotPart<'_, &StagedChunk>) {
-    for c in p.items {
-        write_chunk(p.part, p.width, p.first, c, &c.values);
-    }
-}
-
-/// Writes `values` (a chunk's new bits, or its old bits to undo it) at chunk `c`'s positions
-/// of `part`, a part of the slot starting at element `first`.
-fn write_chunk(part: &mut [u8], width: usize, first: u64, c: &StagedChunk, values: &[u8]) {
-    fn scatter<const W: usize>(dst: &mut [u8], rel: &[u32], values: &[u8]) {
-        let dst = dst.as_chunks_mut::<W>().0;
-        for (&p, v) in rel.iter().zip(values.as_chunks::<W>().0) {
-            dst[p as usize] = *v;
-        }
-    }
-    let at = (c.start - first) as usize * width;
-    if c.all {
-        part[at..at + values.len()].copy_from_slice(values);
-        return;
-    }
-    let dst = &mut part[at..at + c.range as usize * width];
-    match width {
-        1 => scatter::<1>(dst, &c.rel, values),
-        2 => scatter::<2>(dst, &c.rel, values),
-        _ => scatter::<4>(dst, &c.rel, values),
     }
 }

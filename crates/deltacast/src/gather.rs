@@ -12,14 +12,13 @@
 
 use rayon::prelude::*;
 
-use crate::codec::{PosCodec, ValCodec};
 use crate::convert::{ParamPlan, SlotMap};
 use crate::diff::{diff_and_refresh, Changes};
 use crate::digest::{changes_at, element_hash, slot_salt};
 use crate::dtype::load_bits;
 use crate::error::{Error, Result};
 use crate::flush::{encode_changes, FlushConfig, ReadyChunk, SyncEncoder, SyncStats};
-use crate::wire::{u32_at, u64_at, FrameKind, SlotDigest};
+use crate::wire::{u64_at, ChunkEntry, FrameKind, SlotDigest, ENTRY_LEN};
 
 /// How a trainer rank reaches the others. Implemented over TCP and in-process channels by
 /// `deltacast-net` (and by NCCL on GPUs). Every call is collective or paired: all ranks make the
@@ -63,8 +62,9 @@ impl GatherLink for SoloLink {
 
 /// Bytes per slot in a rank's matrix row: count, encoded bytes, digest base, digest new.
 const MATRIX_CELL: usize = 32;
-/// Bytes of a chunk record header in a gathered piece.
-const RECORD_HEADER: usize = 48;
+/// Bytes of a chunk record's header in a gathered piece: a manifest entry, the one chunk
+/// record of the format.
+const RECORD_HEADER: usize = ENTRY_LEN;
 
 /// How the sharded sync is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -575,60 +575,72 @@ pub fn plan_sub_rounds(
     plan
 }
 
-/// A chunk record as gathered: a 48-byte header then the two sections.
+/// A chunk record as gathered: its manifest entry ([`ChunkEntry`], 64 bytes, the section
+/// offsets relative to the record: positions at 64, values right after them), then the two
+/// sections.
 fn write_record(out: &mut Vec<u8>, c: &ReadyChunk) {
-    out.extend_from_slice(&c.slot.to_le_bytes());
-    out.push(c.pos_codec as u8);
-    out.push(c.val_codec as u8);
-    out.extend_from_slice(&[0, 0]);
-    for v in [
-        c.start,
-        c.range,
-        c.count,
-        c.positions.len() as u64,
-        c.values.len() as u64,
-    ] {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
+    let entry = ChunkEntry {
+        slot: c.slot,
+        pos_codec: c.pos_codec,
+        val_codec: c.val_codec,
+        start: c.start,
+        range: c.range,
+        count: c.count,
+        pos_offset: RECORD_HEADER as u64,
+        pos_len: c.positions.len() as u64,
+        val_offset: (RECORD_HEADER + c.positions.len()) as u64,
+        val_len: c.values.len() as u64,
+    };
+    let mut record = [0u8; RECORD_HEADER];
+    entry.encode_into(&mut record);
+    out.extend_from_slice(&record);
     out.extend_from_slice(&c.positions);
     out.extend_from_slice(&c.values);
 }
 
-/// Reads one chunk record, checking every length against what is there.
+/// Reads one chunk record, checking the entry ([`ChunkEntry::decode`]), that its sections
+/// follow it as [`write_record`] lays them out, and every length against what is there.
 fn read_record(b: &[u8]) -> Result<(ReadyChunk, usize)> {
-    if b.len() < RECORD_HEADER {
-        return Err(Error::Truncated {
+    let entry = ChunkEntry::decode(b).map_err(|e| match e {
+        Error::Truncated {
+            needed, available, ..
+        } => Error::Truncated {
             what: "gathered chunk record",
-            needed: RECORD_HEADER as u64,
+            needed,
+            available,
+        },
+        Error::Malformed(reason) => Error::Malformed(format!("gathered chunk: {reason}")),
+        other => other,
+    })?;
+    let pos_at = RECORD_HEADER as u64;
+    if entry.pos_offset != pos_at || entry.val_offset != pos_at + entry.pos_len {
+        return Err(Error::Malformed(format!(
+            "gathered chunk of slot {}: sections at {} and {}, expected {pos_at} and {}",
+            entry.slot,
+            entry.pos_offset,
+            entry.val_offset,
+            pos_at.saturating_add(entry.pos_len)
+        )));
+    }
+    // No overflow: decode checked the value section's end.
+    let total = entry.val_end();
+    if total > b.len() as u64 {
+        return Err(Error::Truncated {
+            what: "gathered chunk sections",
+            needed: total,
             available: b.len() as u64,
         });
     }
-    let pos_codec = PosCodec::from_code(b[4]).ok_or_else(|| {
-        Error::Malformed(format!("gathered chunk: unknown position codec {}", b[4]))
-    })?;
-    let val_codec = ValCodec::from_code(b[5])
-        .ok_or_else(|| Error::Malformed(format!("gathered chunk: unknown value codec {}", b[5])))?;
-    let (pos_len, val_len) = (u64_at(b, 32), u64_at(b, 40));
-    let total = (RECORD_HEADER as u64)
-        .checked_add(pos_len)
-        .and_then(|t| t.checked_add(val_len));
-    let Some(total) = total.filter(|&t| t <= b.len() as u64) else {
-        return Err(Error::Truncated {
-            what: "gathered chunk sections",
-            needed: total.unwrap_or(u64::MAX),
-            available: b.len() as u64,
-        });
-    };
-    let pos_end = RECORD_HEADER + pos_len as usize;
+    let (pos_end, total) = (entry.pos_end() as usize, total as usize);
     let chunk = ReadyChunk {
-        slot: u32_at(b, 0),
-        start: u64_at(b, 8),
-        range: u64_at(b, 16),
-        count: u64_at(b, 24),
-        pos_codec,
-        val_codec,
+        slot: entry.slot,
+        start: entry.start,
+        range: entry.range,
+        count: entry.count,
+        pos_codec: entry.pos_codec,
+        val_codec: entry.val_codec,
         positions: b[RECORD_HEADER..pos_end].to_vec(),
-        values: b[pos_end..total as usize].to_vec(),
+        values: b[pos_end..total].to_vec(),
     };
-    Ok((chunk, total as usize))
+    Ok((chunk, total))
 }

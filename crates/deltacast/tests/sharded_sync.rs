@@ -329,12 +329,12 @@ fn run_case(
             receiver.digests(),
             "step {step}: in place"
         );
-        // The gather moves the encoded changes and a 48-byte header per chunk, nothing else.
+        // The gather moves the encoded changes and a 64-byte manifest entry per chunk, nothing else.
         let g = &report.gather;
         assert!(g.gathered_bytes >= g.gathered_payload);
         if g.gathered_payload > 0 {
-            let chunks = (g.gathered_bytes - g.gathered_payload) / 48;
-            assert_eq!(g.gathered_bytes, g.gathered_payload + chunks * 48);
+            let chunks = (g.gathered_bytes - g.gathered_payload) / 64;
+            assert_eq!(g.gathered_bytes, g.gathered_payload + chunks * 64);
         }
         assert_eq!(report.sync.as_ref().unwrap().changed, g.changed);
     }
