@@ -20,7 +20,8 @@
 # default the library's),
 # GPU_BENCH_RUN_TIMEOUT (seconds per run, default 420), PYTHON (default python3).
 # Results: $OUT if set (the device tool's folder), else ./bench-out: one JSON per run
-# (gpu_sync_<model>_<transport>.json) and the whole log (gpu-bench.log).
+# (gpu_sync_<model>_<transport>.json) and the whole log (gpu-bench.log). A run kept for the
+# record goes to docs/data/gpu-sync/<what it measured>/, with a line in that folder's README.
 #
 # NVLink multicast stays off (machine rule): NCCL_NVLS_ENABLE=0,
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 (gpu_sync.py sets them again).

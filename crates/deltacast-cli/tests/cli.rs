@@ -368,7 +368,8 @@ fn recorded_traces_replay_bit_for_bit_through_diff_and_apply() {
 
 #[test]
 fn gpu_report_tables_and_draws_the_committed_gpu_results() {
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/data/gpu-2026-11-29/entropy");
+    let data =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/data/gpu-sync/entropy-codecs");
     let files: Vec<PathBuf> = ["gpu_sync_0.5b_nvlink.json", "gpu_sync_7b_socket.json"]
         .iter()
         .map(|f| data.join(f))
@@ -401,7 +402,7 @@ fn gpu_report_tables_and_draws_the_committed_gpu_results() {
     assert!(err.contains("/summary/full/median_ms"), "{err}");
     // The sharded bench's results: their own two methods, the ratio recomputed here.
     let sharded = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../docs/data/gpu-2026-11-30-tenth/sharded-bench/gpu_sharded_7b_socket.json");
+        .join("../../docs/data/gpu-sharded/early-return/gpu_sharded_7b_socket.json");
     let out = run_ok(bin().arg("gpu-report").arg(&sharded));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&sharded).unwrap()).unwrap();
@@ -420,9 +421,8 @@ fn gpu_report_tables_and_draws_the_committed_gpu_results() {
     assert!(err.contains("different benches"), "{err}");
     // A CUDA-IPC run (two processes on one GPU): its own legend, its place in the label,
     // and not mixed with NCCL runs.
-    let ipc = Path::new(env!("CARGO_MANIFEST_DIR")).join(
-        "../../docs/data/gpu-2026-11-30-eleventh/one-gpu/bench/gpu_sync_0.5b_ipc_onegpu.json",
-    );
+    let ipc = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../docs/data/gpu-sync/ipc-one-gpu/gpu_sync_0.5b_ipc_onegpu.json");
     let out = run_ok(bin().arg("gpu-report").arg(&ipc));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&ipc).unwrap()).unwrap();
