@@ -12,14 +12,14 @@ use deltacast::{DType, SlotInfo, SlotTable};
 
 /// The tensors of the captured sync (the GPU test's SHAPES).
 const SHAPES: &[(&str, DType, &[u64])] = &[
-    ("empty", DType::BF16, &[0]),
-    ("one", DType::BF16, &[1]),
-    ("odd", DType::BF16, &[7]),
-    ("grid_edge", DType::BF16, &[4097]),
     ("big", DType::BF16, &[3, 100_003]),
+    ("empty", DType::BF16, &[0]),
+    ("f16", DType::F16, &[4096, 3]),
     ("f32", DType::F32, &[12_289]),
     ("f8", DType::F8E4M3, &[8_195]),
-    ("f16", DType::F16, &[4096, 3]),
+    ("grid_edge", DType::BF16, &[4097]),
+    ("odd", DType::BF16, &[7]),
+    ("one", DType::BF16, &[1]),
 ];
 
 fn data() -> PathBuf {
@@ -43,7 +43,12 @@ fn deltacast(args: &[&std::ffi::OsStr]) -> String {
 fn a_gpu_made_sync_applies_bit_for_bit_with_deltacast_apply() {
     let dir = data();
     let mut syncs: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e} (the golden GPU sync is part of the repository)", dir.display()))
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (the golden GPU sync is part of the repository)",
+                dir.display()
+            )
+        })
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "dcast"))
         .collect();
@@ -64,7 +69,11 @@ fn a_gpu_made_sync_applies_bit_for_bit_with_deltacast_apply() {
     .expect("table");
     let tmp = tempfile::tempdir().expect("tempdir");
     // The seed applies onto any checkpoint of these tensors: zeros.
-    let zeros: Vec<Vec<u8>> = table.slots().iter().map(|s| vec![0u8; s.nbytes() as usize]).collect();
+    let zeros: Vec<Vec<u8>> = table
+        .slots()
+        .iter()
+        .map(|s| vec![0u8; s.nbytes() as usize])
+        .collect();
     let zero_slices: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
     let mut base = tmp.path().join("base.safetensors");
     write_checkpoint(&base, &table, &zero_slices).expect("base");
@@ -90,7 +99,12 @@ fn a_gpu_made_sync_applies_bit_for_bit_with_deltacast_apply() {
     let mut at = 0;
     for (id, s) in table.slots().iter().enumerate() {
         let n = s.nbytes() as usize;
-        assert_eq!(got.slot_bytes(id as u32), &want[at..at + n], "tensor `{}`", s.name);
+        assert_eq!(
+            got.slot_bytes(id as u32),
+            &want[at..at + n],
+            "tensor `{}`",
+            s.name
+        );
         at += n;
     }
     assert_eq!(at, want.len(), "final.bin holds exactly the tensors");

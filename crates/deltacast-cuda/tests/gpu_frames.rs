@@ -33,15 +33,17 @@ fn gpu() -> Option<Gpu> {
     }
 }
 
+/// In name order, as a safetensors checkpoint's table has them (so that `deltacast apply`
+/// takes the captured sync onto one).
 const SHAPES: &[(&str, DType, &[u64])] = &[
-    ("empty", DType::BF16, &[0]),
-    ("one", DType::BF16, &[1]),
-    ("odd", DType::BF16, &[7]),
-    ("grid_edge", DType::BF16, &[4097]),
     ("big", DType::BF16, &[3, 100_003]),
+    ("empty", DType::BF16, &[0]),
+    ("f16", DType::F16, &[4096, 3]),
     ("f32", DType::F32, &[12_289]),
     ("f8", DType::F8E4M3, &[8_195]),
-    ("f16", DType::F16, &[4096, 3]),
+    ("grid_edge", DType::BF16, &[4097]),
+    ("odd", DType::BF16, &[7]),
+    ("one", DType::BF16, &[1]),
 ];
 
 /// Densities of the scripted steps: tiny, none, dense enough to go whole (capacity 0.25),

@@ -88,17 +88,17 @@ impl TableLimits {
     }
 
     /// Positions of a delta never exceed one bitmap of every element or one u32 per element,
-    /// whichever is larger, plus 4 bytes of padding per chunk (a sender takes gaps only where
+    /// whichever is larger, plus 8 bytes of padding per chunk (a sender takes gaps only where
     /// they are smaller than abs32).
     pub fn max_position_bytes(&self, slots: std::ops::Range<usize>, chunks: u64) -> u64 {
         let elems = self.elements(slots);
-        (elems.saturating_mul(4)).saturating_add(chunks.saturating_mul(4))
+        (elems.saturating_mul(4)).saturating_add(chunks.saturating_mul(8))
     }
 
     /// Values of a delta never exceed its slots' bytes (ulp only where smaller than raw) plus
-    /// 4 bytes of padding per chunk.
+    /// 8 bytes of padding per chunk.
     pub fn max_value_bytes(&self, slots: std::ops::Range<usize>, chunks: u64) -> u64 {
-        self.bytes(slots).saturating_add(chunks.saturating_mul(4))
+        self.bytes(slots).saturating_add(chunks.saturating_mul(8))
     }
 }
 

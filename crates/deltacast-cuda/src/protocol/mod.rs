@@ -468,13 +468,15 @@ pub fn decode_header(b: &[u8], table: &TableLimits) -> Result<FrameHeader> {
             }
         }
         _ => {
-            let most_entries: u64 = table
+            // One entry per grid cell at most (a CPU seed's chunks), or per 2^32 - 1 elements.
+            let whole_entries: u64 = table
                 .slots
                 .iter()
                 .map(|&(n, _)| n.div_ceil(MAX_CHUNK_RANGE))
                 .sum();
-            // Each slot's bytes, plus what aligns each to its width.
-            let most_bytes = table.bytes(all).saturating_add(slots.saturating_mul(4));
+            let most_entries = table.max_chunks(all.clone()).max(whole_entries);
+            // Each slot's bytes, plus what aligns each section (to 8 at most).
+            let most_bytes = table.bytes(all).saturating_add(entries.saturating_mul(8));
             if entries > most_entries || positions != 0 || values > most_bytes {
                 return Err(bad(format!(
                     "a {} stage of {entries} chunks and {values} bytes for slots of {} bytes",

@@ -683,6 +683,31 @@ fn cpu_syncs_survive_restaging_and_reassembly_bit_for_bit() {
                 .expect("sync");
             let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
             let parts = device_parts(&refs).expect("restage");
+            // What a GPU receiver checks of the parts, before it allocates or receives.
+            let limits = TableLimits {
+                hash: table.hash(),
+                num_slots: table.len(),
+                total_elements: table.total_elements(),
+                total_bytes: table.total_bytes(),
+                slots: table
+                    .slots()
+                    .iter()
+                    .map(|s| (s.numel(), s.dtype.width()))
+                    .collect(),
+            };
+            let head = decode_header(&parts[0], &limits)
+                .unwrap_or_else(|e| panic!("{codec} sync {k}: header refused: {e}"));
+            match decode_stage(head, &parts[1], &limits) {
+                Ok(stage) => {
+                    assert_eq!(stage.slots(), 0..table.len());
+                    assert!(stage.follows(None, table.len()).is_ok());
+                }
+                // Only what the GPU does not decode is refused, by name.
+                Err(e) => assert!(
+                    codec == "holes+raw" || codec == "auto",
+                    "{codec} sync {k}: {e}"
+                ),
+            }
             let mut assembler = FrameAssembler::new();
             let mut rebuilt = Vec::new();
             for p in &parts {
