@@ -533,7 +533,7 @@ impl NativeGpuShardedSender {
             }
         };
         let receivers = receivers
-            .map(|r| r.take().map(|(_, comm)| comm))
+            .map(|r| r.take().map(|(_, comm)| Link::from(comm)))
             .transpose()?;
         let (gpu, nccl) = trainers.take()?;
         // SAFETY: the Python wrapper passes live CUDA tensors of this device (checked there:

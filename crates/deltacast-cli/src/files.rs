@@ -113,7 +113,7 @@ pub fn apply(base: &Path, delta: &Path, output: &Path, json_out: bool) -> Result
         );
     }
     let base_version = match header.kind {
-        FrameKind::Delta => Some(header.version - 1),
+        FrameKind::Delta | FrameKind::Dense => header.version.checked_sub(1),
         _ => None,
     };
     let mut receiver = Receiver::with_state(table.clone(), ckpt.to_buffers(), base_version)?;

@@ -44,6 +44,8 @@ pub mod ipc_frame;
 pub mod protocol;
 
 #[cfg(feature = "cuda")]
+pub mod frame_link;
+#[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]
 pub mod ipc;

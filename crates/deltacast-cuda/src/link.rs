@@ -1,10 +1,12 @@
 //! What carries a GPU sync between the sender and its receivers: NCCL (GPUs of one or many
-//! machines, one rank per GPU) or the CUDA-IPC link (processes of one machine, any of them
-//! on the same GPU). [`crate::sync::GpuSender`] and [`crate::sync::GpuReceiver`] take either.
+//! machines, one rank per GPU), the CUDA-IPC link (processes of one machine, any of them
+//! on the same GPU), or frames of the core's format (a file, a socket: [`FrameLink`]).
+//! [`crate::sync::GpuSender`] and [`crate::sync::GpuReceiver`] take any of them.
 
 use std::time::Duration;
 
 use crate::error::Result;
+use crate::frame_link::FrameLink;
 use crate::ipc::IpcComm;
 use crate::nccl::NcclComm;
 use crate::DevicePtr;
@@ -13,6 +15,13 @@ use crate::DevicePtr;
 pub enum Link {
     Nccl(NcclComm),
     Ipc(IpcComm),
+    Frames(FrameLink),
+}
+
+impl From<FrameLink> for Link {
+    fn from(c: FrameLink) -> Link {
+        Link::Frames(c)
+    }
 }
 
 impl From<NcclComm> for Link {
@@ -32,6 +41,7 @@ impl Link {
         match self {
             Link::Nccl(c) => c.rank(),
             Link::Ipc(c) => c.rank(),
+            Link::Frames(c) => c.rank(),
         }
     }
 
@@ -39,6 +49,7 @@ impl Link {
         match self {
             Link::Nccl(c) => c.nranks(),
             Link::Ipc(c) => c.nranks(),
+            Link::Frames(c) => c.nranks(),
         }
     }
 
@@ -62,6 +73,8 @@ impl Link {
             Link::Nccl(c) => unsafe { c.broadcast(src, dst, len, root, stream) },
             // SAFETY: the same contract.
             Link::Ipc(c) => unsafe { c.broadcast(src, dst, len, root, stream, within) },
+            // SAFETY: the same contract.
+            Link::Frames(c) => unsafe { c.broadcast(src, dst, len, stream) },
         }
     }
 
@@ -80,6 +93,8 @@ impl Link {
             Link::Nccl(c) => unsafe { c.all_reduce_max_u64(buf, count, stream) },
             // SAFETY: the caller's contract.
             Link::Ipc(c) => unsafe { c.all_reduce_max_u64(buf, count, stream) },
+            // SAFETY: the caller's contract.
+            Link::Frames(c) => unsafe { c.all_reduce_max_u64(buf, count, stream) },
         }
     }
 
@@ -88,6 +103,7 @@ impl Link {
         match self {
             Link::Nccl(c) => c.wait(event, timeout, what),
             Link::Ipc(c) => c.wait(event, timeout, what),
+            Link::Frames(c) => c.wait(event, timeout, what),
         }
     }
 
@@ -97,7 +113,7 @@ impl Link {
     /// itself, so only its timeout is.
     pub fn announced_wait(&self, idle: Duration) -> Duration {
         match self {
-            Link::Nccl(_) => idle,
+            Link::Nccl(_) | Link::Frames(_) => idle,
             Link::Ipc(c) => c.announced_wait(idle),
         }
     }
@@ -114,6 +130,7 @@ impl Link {
         match self {
             Link::Nccl(c) => c.abort(),
             Link::Ipc(c) => c.abort(),
+            Link::Frames(c) => c.abort(),
         }
     }
 }

@@ -17,11 +17,11 @@ use deltacast_testkit as common;
 use std::sync::{mpsc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use deltacast::wire::FrameKind;
 use deltacast::DType;
 use deltacast_cuda::ipc::{IpcComm, IpcOptions};
 use deltacast_cuda::link::Link;
 use deltacast_cuda::nccl::{unique_id, NcclComm};
-use deltacast_cuda::protocol::SyncKind;
 use deltacast_cuda::sync::{
     EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuShard, GpuShardedSender,
     GpuSyncReport, GpuTensor, SnapshotPlace,
@@ -455,7 +455,9 @@ fn sharded_senders_refuse_bad_layouts_on_every_rank() {
                     let trainers = NcclComm::new(&uid, 2, rank).expect("comm");
                     // The leader's communicator with the receivers: one of the leader alone.
                     let receivers = (rank == 0 && case != "no receivers").then(|| {
-                        NcclComm::new(&unique_id().expect("id"), 1, 0).expect("comm of one")
+                        Link::from(
+                            NcclComm::new(&unique_id().expect("id"), 1, 0).expect("comm of one"),
+                        )
                     });
                     let buf = gpu.alloc_zeroed(2000).expect("alloc");
                     let (first, numel) = match (rank, case) {
@@ -617,8 +619,8 @@ fn sharded_rank(
     let gpu = Gpu::new(rank).expect("gpu");
     gpu.make_current().expect("current");
     let trainers = NcclComm::new(&trainers_uid, 2, rank).expect("trainers comm");
-    let receivers =
-        (rank == 0).then(|| NcclComm::new(&receivers_uid, 2, 0).expect("receivers comm"));
+    let receivers = (rank == 0)
+        .then(|| Link::from(NcclComm::new(&receivers_uid, 2, 0).expect("receivers comm")));
     let mut rng = Rng(42);
     let mut host = initial_tensors(&mut rng);
     // (first element, elements, element width) of this rank's shard of each slot.
@@ -690,7 +692,7 @@ fn sharded_rank(
         // SAFETY: stream 0 is the legacy default stream.
         let got = match unsafe { s.sync(0) } {
             Ok(r) => {
-                if r.kind != SyncKind::Seed {
+                if r.kind != FrameKind::Seed {
                     assert_eq!(r.changed, naive, "rank {rank} step {}: changes", step + 1);
                 }
                 outcome(&r)
@@ -1043,7 +1045,7 @@ fn compare_steps(
 /// A sync's outcome as the tests compare it: kind, `+dense` when some stages went whole
 /// while others were deltas, and the number of stages.
 fn outcome(r: &GpuSyncReport) -> String {
-    let mixed = if r.kind == SyncKind::Delta && r.dense_stages > 0 {
+    let mixed = if r.kind == FrameKind::Delta && r.dense_stages > 0 {
         "+dense"
     } else {
         ""

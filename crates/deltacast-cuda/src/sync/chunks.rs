@@ -4,7 +4,10 @@
 
 use super::Growable;
 use crate::error::Result;
-use crate::protocol::{choose_sections, ChunkChoice, ChunkPositions, ChunkRecord, ChunkValues};
+use deltacast::codec::{PosCodec, ValCodec};
+use deltacast::wire::ChunkEntry;
+
+use crate::protocol::{choose_sections, ChunkChoice};
 use crate::{
     ApplyPositions, CodeChunk, CodePlace, CodeScratch, CodeValues, DevicePtr, DiffResult,
     EncodeInput, Gpu, GridChunk,
@@ -33,8 +36,8 @@ pub(super) struct StageTensor {
 
 /// A stage's chunks with their sections chosen and placed, nothing written yet.
 pub(super) struct ChunkPlan {
-    /// The chunk records, offsets relative to the stage's packed sections.
-    pub records: Vec<ChunkRecord>,
+    /// The chunk records, offsets relative to the stage's packed position and value regions.
+    pub records: Vec<ChunkEntry>,
     /// Bytes of the packed position sections (each section 4-aligned).
     pub position_bytes: u64,
     /// Bytes of the value sections: packed (entropy), else the end of the last chunk's
@@ -113,7 +116,7 @@ pub(super) unsafe fn plan_chunks(
         let choice = choose_sections(g.count, g.range, w, sizes.get(i).map(|s| (s.gaps, s.ulp)));
         // Bitmaps are written as whole u32 words; every section starts 4-aligned.
         let room = match choice.positions {
-            ChunkPositions::Bitmap => g.range.div_ceil(32) * 4,
+            PosCodec::Bitmap => g.range.div_ceil(32) * 4,
             _ => choice.position_len.next_multiple_of(4),
         };
         let value_offset = if entropy {
@@ -127,17 +130,17 @@ pub(super) unsafe fn plan_chunks(
             at
         };
         placed.push((i, choice, position_bytes));
-        records.push(ChunkRecord {
+        records.push(ChunkEntry {
             slot: t.slot,
-            positions: choice.positions,
-            values: choice.values,
+            pos_codec: choice.positions,
+            val_codec: choice.values,
             start: g.start,
             range: g.range,
             count: g.count,
-            position_offset: position_bytes,
-            position_len: choice.position_len,
-            value_offset,
-            value_len: choice.value_len,
+            pos_offset: position_bytes,
+            pos_len: choice.position_len,
+            val_offset: value_offset,
+            val_len: choice.value_len,
         });
         position_bytes += room;
     }
@@ -197,9 +200,9 @@ pub(super) unsafe fn write_chunks(
         .iter()
         .filter_map(|&(i, c, off)| {
             let codec = match c.positions {
-                ChunkPositions::Abs32 => ApplyPositions::Abs32,
-                ChunkPositions::Bitmap => ApplyPositions::Bitmap,
-                ChunkPositions::Gaps => return None,
+                PosCodec::Abs32 => ApplyPositions::Abs32,
+                PosCodec::Bitmap => ApplyPositions::Bitmap,
+                _ => return None,
             };
             Some((plan.grid[i], codec, pptr + off))
         })
@@ -213,13 +216,13 @@ pub(super) unsafe fn write_chunks(
             .iter()
             .zip(&plan.records)
             .map(|(&(_, c, off), r)| CodePlace {
-                gaps: (c.positions == ChunkPositions::Gaps).then_some(pptr + off),
+                gaps: (c.positions == PosCodec::Gaps).then_some(pptr + off),
                 values: Some((
                     match c.values {
-                        ChunkValues::Ulp => CodeValues::Ulp,
-                        ChunkValues::Raw => CodeValues::Raw,
+                        ValCodec::Ulp => CodeValues::Ulp,
+                        ValCodec::Raw => CodeValues::Raw,
                     },
-                    vptr + r.value_offset,
+                    vptr + r.val_offset,
                 )),
             })
             .collect();

@@ -37,7 +37,9 @@ use std::time::Instant;
 use deltacast::{DType, SlotInfo, SlotTable};
 
 use crate::error::{CudaError, Result};
-use crate::protocol::{SyncKind, TableLimits};
+use deltacast::wire::FrameKind;
+
+use crate::protocol::TableLimits;
 use crate::{DeviceBuffer, DevicePtr, DigestInput, Gpu};
 
 mod chunks;
@@ -82,7 +84,7 @@ impl GpuTensor {
 /// What one sync did, for metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuSyncReport {
-    pub kind: SyncKind,
+    pub kind: FrameKind,
     pub version: u64,
     /// Elements that differ from the previous version (every element for a seed).
     pub changed: u64,
@@ -111,7 +113,7 @@ impl GpuSyncReport {
     /// The report of a seed: every element, one stage sent whole.
     fn seed(version: u64, numel: u64, payload_bytes: u64, started: Instant) -> GpuSyncReport {
         GpuSyncReport {
-            kind: SyncKind::Seed,
+            kind: FrameKind::Seed,
             version,
             changed: numel,
             numel,
@@ -156,9 +158,9 @@ impl SendTotals {
         let any_delta = self.any_delta(stages);
         GpuSyncReport {
             kind: if any_delta {
-                SyncKind::Delta
+                FrameKind::Delta
             } else {
-                SyncKind::Dense
+                FrameKind::Dense
             },
             version,
             changed: self.changed,

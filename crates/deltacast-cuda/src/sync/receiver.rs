@@ -4,15 +4,16 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use deltacast::codec::{PosCodec, ValCodec};
+use deltacast::wire::{ChunkEntry, FrameHeader, FrameKind};
+
 use super::{
     check_tensors, digest_inputs, limits, ms, slot_table, GpuSyncReport, GpuTensor, Growable,
     Phases,
 };
 use crate::error::{CudaError, Result};
 use crate::link::Link;
-use crate::protocol::{
-    ChunkPositions, ChunkRecord, ChunkValues, Header, Manifest, SyncKind, TableLimits, HEADER_BYTES,
-};
+use crate::protocol::{decode_header, decode_stage, Stage, TableLimits, HEADER_BYTES};
 use crate::{
     journal_layout, ApplyInput, ApplyPositions, CodeScratch, DecodeInput, DecodePositions,
     DeviceBuffer, DevicePtr, Gpu, DECODE_SLACK,
@@ -224,7 +225,7 @@ impl GpuReceiver {
             }
             None => {
                 self.digests = std::mem::take(&mut got.digests);
-                self.version = last.version;
+                self.version = last.header.version;
                 None
             }
         };
@@ -245,9 +246,9 @@ impl GpuReceiver {
         }
         Ok(Some(GpuSyncReport {
             kind: if got.any_delta {
-                SyncKind::Delta
+                FrameKind::Delta
             } else {
-                last.kind
+                last.kind()
             },
             version: self.version,
             changed: got.changed,
@@ -257,7 +258,7 @@ impl GpuReceiver {
             time_ms: ms(started),
             diff_ms: 0.0,
             entropy: got.entropy,
-            stages: last.stages,
+            stages: last.count(),
             dense_stages: got.dense_stages,
             phases: phases.finish("receiver"),
         }))
@@ -273,8 +274,8 @@ impl GpuReceiver {
         got: &mut Incoming,
         phases: &mut Phases,
         mark: &mut Instant,
-    ) -> Result<Option<Header>> {
-        let mut prev: Option<Header> = None;
+    ) -> Result<Option<Stage>> {
+        let mut prev: Option<Stage> = None;
         loop {
             // Waiting for the next sync can take a whole training step: no timeout unless
             // asked; the stages of a sync follow each other.
@@ -284,7 +285,7 @@ impl GpuReceiver {
             };
             let header = self.receive_header(wait)?;
             phases.lap("wait", mark);
-            if header.kind == SyncKind::Close {
+            if header.kind == FrameKind::Close {
                 if prev.is_none() {
                     // Nothing follows: let go of the link (the IPC link's root waits for
                     // that before freeing its staging).
@@ -296,24 +297,24 @@ impl GpuReceiver {
                     "a close in the middle of a sync".into(),
                 ));
             }
-            if let Err(e) = header.follows(prev.as_ref()) {
+            let stage = self.receive_manifest(header)?;
+            if let Err(e) = stage.follows(prev.as_ref(), self.tensors.len()) {
                 self.comm.abort();
                 return Err(e);
             }
-            let manifest = self.receive_manifest(&header)?;
             phases.lap("manifest", mark);
-            got.payload_bytes += HEADER_BYTES as u64
-                + header.manifest_bytes
-                + header.position_bytes
-                + header.value_bytes;
-            got.chunks += header.num_chunks;
+            got.payload_bytes += stage.wire_bytes();
+            got.chunks += match stage.kind() {
+                FrameKind::Delta => stage.entries.len() as u64,
+                _ => 0,
+            };
             if got.failure.is_some() {
-                self.discard_stage(&header)?;
+                self.discard_stage(&stage)?;
                 phases.lap("payload", mark);
             } else {
-                let applied = match header.kind {
-                    SyncKind::Delta => self.apply_delta(&header, &manifest, got, phases, mark),
-                    _ => self.apply_whole(&header, &manifest, got),
+                let applied = match stage.kind() {
+                    FrameKind::Delta => self.apply_delta(&stage, got, phases, mark),
+                    _ => self.apply_whole(&stage, got),
                 };
                 phases.lap("apply", mark);
                 match applied {
@@ -326,16 +327,16 @@ impl GpuReceiver {
                     }
                 }
             }
-            if header.stage + 1 == header.stages {
-                return Ok(Some(header));
+            if stage.is_last() {
+                return Ok(Some(stage));
             }
-            prev = Some(header);
+            prev = Some(stage);
         }
     }
 
     /// Receives and checks a stage's header (a bad one aborts the communicator: without it
     /// the next broadcasts cannot be matched).
-    fn receive_header(&mut self, wait: Duration) -> Result<Header> {
+    fn receive_header(&mut self, wait: Duration) -> Result<FrameHeader> {
         let stream = self.gpu.stream_handle();
         // SAFETY: our header buffer.
         unsafe {
@@ -353,41 +354,33 @@ impl GpuReceiver {
         self.comm.wait(done, wait, "waiting for the next sync")?;
         // SAFETY: our header buffer, complete.
         let head = unsafe { self.gpu.download(self.header.ptr(), HEADER_BYTES)? };
-        Header::decode(&head, &self.limits).inspect_err(|_| self.comm.abort())
+        decode_header(&head, &self.limits).inspect_err(|_| self.comm.abort())
     }
 
     /// Receives and checks a stage's manifest (bounded by the checked header).
-    fn receive_manifest(&mut self, header: &Header) -> Result<Manifest> {
+    fn receive_manifest(&mut self, header: FrameHeader) -> Result<Stage> {
         let stream = self.gpu.stream_handle();
-        let mptr = self.manifest.at_least(&self.gpu, header.manifest_bytes)?;
+        let len = header.entry_count as u64 * 64 + header.digest_count as u64 * 24;
+        let mptr = self.manifest.at_least(&self.gpu, len)?;
         // SAFETY: sized above.
         unsafe {
-            self.comm.broadcast(
-                mptr,
-                mptr,
-                header.manifest_bytes as usize,
-                self.root,
-                stream,
-                self.timeout,
-            )?
+            self.comm
+                .broadcast(mptr, mptr, len as usize, self.root, stream, self.timeout)?
         };
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "the manifest")?;
         // SAFETY: complete (waited above).
-        let mbytes = unsafe { self.gpu.download(mptr, header.manifest_bytes as usize)? };
-        Manifest::decode(&mbytes, header, &self.limits).inspect_err(|_| self.comm.abort())
+        let mbytes = unsafe { self.gpu.download(mptr, len as usize)? };
+        decode_stage(header, &mbytes, &self.limits).inspect_err(|_| self.comm.abort())
     }
 
     /// Receives a stage after this sync was refused, into scratch: the broadcasts must be
     /// matched, the bytes are not used.
-    fn discard_stage(&mut self, header: &Header) -> Result<()> {
+    fn discard_stage(&mut self, stage: &Stage) -> Result<()> {
         let stream = self.gpu.stream_handle();
-        let lens: Vec<u64> = match header.kind {
-            SyncKind::Delta => vec![header.position_bytes, header.value_bytes],
-            _ => self.tensors[header.slots()]
-                .iter()
-                .map(|t| t.nbytes())
-                .collect(),
+        let lens: Vec<u64> = match stage.kind() {
+            FrameKind::Delta => vec![stage.position_bytes(), stage.value_bytes()],
+            _ => stage.entries.iter().map(|e| e.val_len).collect(),
         };
         let most = lens.iter().copied().max().unwrap_or(0);
         let ptr = self.discard.at_least(&self.gpu, most)?;
@@ -429,33 +422,32 @@ impl GpuReceiver {
 
     fn apply_delta(
         &mut self,
-        header: &Header,
-        manifest: &Manifest,
+        stage: &Stage,
         got: &mut Incoming,
         phases: &mut Phases,
         mark: &mut Instant,
     ) -> Result<()> {
         let stream = self.gpu.stream_handle();
-        let stage = header.stage as usize;
-        while self.stages.len() <= stage {
+        let index = stage.index() as usize;
+        while self.stages.len() <= index {
             self.stages.push(StageBuffers::new());
         }
-        let bufs = &mut self.stages[stage];
+        let bufs = &mut self.stages[index];
         // The decoders look a few bytes past a section's end: the slack keeps that inside.
         let sized = bufs
             .positions
-            .at_least(&self.gpu, header.position_bytes + DECODE_SLACK)
+            .at_least(&self.gpu, stage.position_bytes() + DECODE_SLACK)
             .and_then(|p| {
                 let v = bufs
                     .values
-                    .at_least(&self.gpu, header.value_bytes + DECODE_SLACK)?;
+                    .at_least(&self.gpu, stage.value_bytes() + DECODE_SLACK)?;
                 Ok((p, v))
             });
         let (pptr, vptr) = match sized {
             Ok(ptrs) => ptrs,
             Err(e) => {
                 // Refused for want of memory: the stage's broadcasts must still be matched.
-                self.discard_stage(header)?;
+                self.discard_stage(stage)?;
                 return Err(e);
             }
         };
@@ -464,7 +456,7 @@ impl GpuReceiver {
             self.comm.broadcast(
                 pptr,
                 pptr,
-                header.position_bytes as usize,
+                stage.position_bytes() as usize,
                 self.root,
                 stream,
                 self.timeout,
@@ -472,7 +464,7 @@ impl GpuReceiver {
             self.comm.broadcast(
                 vptr,
                 vptr,
-                header.value_bytes as usize,
+                stage.value_bytes() as usize,
                 self.root,
                 stream,
                 self.timeout,
@@ -481,65 +473,47 @@ impl GpuReceiver {
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "the delta")?;
         phases.lap("payload", mark);
-        let first = header.first_slot as usize;
-        if self.version == 0 || header.version != self.version + 1 {
-            return Err(CudaError::BaseMismatch {
-                held: self.version,
-                slot: first as u32,
-                expected: manifest.digests.first().map_or(0, |d| d.0),
-                actual: self.digests.get(first).copied().unwrap_or(0),
-            });
-        }
-        for (i, &(before, _)) in manifest.digests.iter().enumerate() {
-            let held = self.digests[first + i];
-            if before != held {
-                return Err(CudaError::BaseMismatch {
-                    held: self.version,
-                    slot: (first + i) as u32,
-                    expected: before,
-                    actual: held,
-                });
-            }
-        }
+        self.check_base(stage)?;
         // Entropy-coded sections are decoded into staging first (positions as abs32, values
         // as raw), then checked and applied like the others.
-        let width = |c: &ChunkRecord| self.tensors[c.slot as usize].dtype.width() as u64;
+        let width = |c: &ChunkEntry| self.tensors[c.slot as usize].dtype.width() as u64;
         let mut pos_stage = 0u64;
         let mut val_stage = 0u64;
-        let mut stage_at = Vec::with_capacity(manifest.chunks.len());
-        for c in &manifest.chunks {
+        let mut stage_at = Vec::with_capacity(stage.entries.len());
+        for c in &stage.entries {
             stage_at.push((pos_stage, val_stage));
             // 16-aligned, so the decoders can write whole vectors.
-            if c.positions == ChunkPositions::Gaps {
+            if c.pos_codec == PosCodec::Gaps {
                 pos_stage += (c.count * 4).next_multiple_of(16);
             }
-            if c.values == ChunkValues::Ulp {
+            if c.val_codec == ValCodec::Ulp {
                 val_stage += (c.count * width(c)).next_multiple_of(16);
             }
         }
-        let bufs = &mut self.stages[stage];
+        let bufs = &mut self.stages[index];
         let sp = bufs
             .decoded_positions
             .at_least(&self.gpu, pos_stage + DECODE_SLACK)?;
         let sv = bufs.decoded_values.at_least(&self.gpu, val_stage)?;
         let mut decode = Vec::new();
         let mut decode_chunk = Vec::new();
-        let mut inputs = Vec::with_capacity(manifest.chunks.len());
-        for (k, (c, &(ps, vs))) in manifest.chunks.iter().zip(&stage_at).enumerate() {
+        let mut inputs = Vec::with_capacity(stage.entries.len());
+        for (k, (c, &(ps, vs))) in stage.entries.iter().zip(&stage_at).enumerate() {
             let t = &self.tensors[c.slot as usize];
             let w = t.dtype.width() as u64;
-            let wire_pos = pptr + c.position_offset;
-            let wire_val = vptr + c.value_offset;
-            let (positions, pos_section, pos_len) = match c.positions {
-                ChunkPositions::Abs32 => (ApplyPositions::Abs32, wire_pos, c.position_len),
-                ChunkPositions::Bitmap => (ApplyPositions::Bitmap, wire_pos, c.position_len),
-                ChunkPositions::Gaps => (ApplyPositions::Abs32, sp + ps, c.count * 4),
+            let wire_pos = pptr + stage.position_offset(c);
+            let wire_val = vptr + stage.value_offset(c);
+            // decode_stage lets only abs32, gaps and bitmap through.
+            let (positions, pos_section, pos_len) = match c.pos_codec {
+                PosCodec::Bitmap => (ApplyPositions::Bitmap, wire_pos, c.pos_len),
+                PosCodec::Gaps => (ApplyPositions::Abs32, sp + ps, c.count * 4),
+                _ => (ApplyPositions::Abs32, wire_pos, c.pos_len),
             };
-            let (val_section, val_len) = match c.values {
-                ChunkValues::Raw => (wire_val, c.value_len),
-                ChunkValues::Ulp => (sv + vs, c.count * w),
+            let (val_section, val_len) = match c.val_codec {
+                ValCodec::Raw => (wire_val, c.val_len),
+                ValCodec::Ulp => (sv + vs, c.count * w),
             };
-            if c.positions == ChunkPositions::Gaps || c.values == ChunkValues::Ulp {
+            if c.pos_codec == PosCodec::Gaps || c.val_codec == ValCodec::Ulp {
                 decode_chunk.push(k);
                 decode.push(DecodeInput {
                     held: t.ptr,
@@ -548,20 +522,20 @@ impl GpuReceiver {
                     start: c.start,
                     range: c.range,
                     count: c.count,
-                    positions: match c.positions {
-                        ChunkPositions::Gaps => DecodePositions::Gaps {
+                    positions: match c.pos_codec {
+                        PosCodec::Gaps => DecodePositions::Gaps {
                             section: wire_pos,
-                            len: c.position_len,
+                            len: c.pos_len,
                             out: sp + ps,
                         },
                         _ => DecodePositions::Abs32 {
                             section: wire_pos,
-                            len: c.position_len,
+                            len: c.pos_len,
                         },
                     },
-                    values: (c.values == ChunkValues::Ulp).then_some((
+                    values: (c.val_codec == ValCodec::Ulp).then_some((
                         wire_val,
-                        c.value_len,
+                        c.val_len,
                         sv + vs,
                     )),
                 });
@@ -598,17 +572,17 @@ impl GpuReceiver {
         // Digests of every slot: the stage's from the manifest, the others as held (they
         // get no chunk here, so their change is 0).
         let mut expected = self.digests.clone();
-        for (i, &(_, a)) in manifest.digests.iter().enumerate() {
-            expected[first + i] = a;
+        for d in &stage.digests {
+            expected[d.slot as usize] = d.new;
         }
         // The last stage is never undone; the others keep what they overwrite.
-        let journaled = header.stage + 1 < header.stages;
+        let journaled = !stage.is_last();
         // SAFETY: sections lie inside the received buffers (Manifest::decode checked the
         // offsets against the announced lengths, which the buffers hold); slots are ours;
         // the journal is sized by its layout.
         let new = unsafe {
             if journaled {
-                let journal = self.stages[stage]
+                let journal = self.stages[index]
                     .journal
                     .at_least(&self.gpu, journal_layout(&inputs).1)?;
                 let new = self.gpu.apply_verified_journaled(
@@ -624,19 +598,45 @@ impl GpuReceiver {
                     .apply_verified(&inputs, false, &self.digests, &expected)?
             }
         };
-        for i in header.slots() {
+        for i in stage.slots() {
             got.digests[i] = new[i];
         }
-        got.changed += manifest.chunks.iter().map(|c| c.count).sum::<u64>();
+        got.changed += stage.entries.iter().map(|c| c.count).sum::<u64>();
         got.any_delta = true;
         Ok(())
     }
 
-    /// Copies the bytes of the tensors of `slots` into stage `stage`'s journal (enqueued
+    /// The delta or dense stage's base: the receiver holds the version before it and, per
+    /// slot of the stage, the digest it starts from.
+    fn check_base(&self, stage: &Stage) -> Result<()> {
+        let first = stage.slots().start;
+        if self.version == 0 || stage.header.version != self.version + 1 {
+            return Err(CudaError::BaseMismatch {
+                held: self.version,
+                slot: first as u32,
+                expected: stage.digests.first().map_or(0, |d| d.base),
+                actual: self.digests.get(first).copied().unwrap_or(0),
+            });
+        }
+        for d in &stage.digests {
+            let held = self.digests[d.slot as usize];
+            if d.base != held {
+                return Err(CudaError::BaseMismatch {
+                    held: self.version,
+                    slot: d.slot,
+                    expected: d.base,
+                    actual: held,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the bytes of the tensors of `slots` into stage `index`'s journal (enqueued
     /// before the stage's broadcasts): (tensor, copy, bytes) of each.
-    fn journal_whole(&mut self, stage: usize, slots: Range<usize>) -> Result<Vec<(u64, u64, u64)>> {
+    fn journal_whole(&mut self, index: usize, slots: Range<usize>) -> Result<Vec<(u64, u64, u64)>> {
         let bytes: u64 = self.tensors[slots.clone()].iter().map(|t| t.nbytes()).sum();
-        let base = self.stages[stage].journal.at_least(&self.gpu, bytes)?;
+        let base = self.stages[index].journal.at_least(&self.gpu, bytes)?;
         let mut saved = Vec::with_capacity(slots.len());
         let mut at = base;
         for t in &self.tensors[slots] {
@@ -649,42 +649,46 @@ impl GpuReceiver {
         Ok(saved)
     }
 
-    /// A seed or dense stage: the bytes land in the tensors directly. A dense stage that is
-    /// not the last first copies the bytes it replaces into its journal (so that a later
-    /// stage's failure can undo it); a seed or a last stage does not, so a failure of its
-    /// own digests leaves no version held.
-    fn apply_whole(
-        &mut self,
-        header: &Header,
-        manifest: &Manifest,
-        got: &mut Incoming,
-    ) -> Result<()> {
+    /// A seed or dense stage: each entry's section lands in its tensor directly. A dense
+    /// stage (whose base is checked like a delta's) that is not the last first copies the
+    /// bytes it replaces into its journal (so that a later stage's failure can undo it); a
+    /// seed or a last stage does not, so a failure of its own digests leaves no version held.
+    fn apply_whole(&mut self, stage: &Stage, got: &mut Incoming) -> Result<()> {
         let stream = self.gpu.stream_handle();
-        let slots = header.slots();
-        if header.kind == SyncKind::Dense && header.stage + 1 < header.stages {
-            let stage = header.stage as usize;
-            while self.stages.len() <= stage {
+        let slots = stage.slots();
+        if stage.kind() == FrameKind::Dense {
+            if let Err(e) = self.check_base(stage) {
+                self.discard_stage(stage)?;
+                return Err(e);
+            }
+        }
+        if stage.kind() == FrameKind::Dense && !stage.is_last() {
+            let index = stage.index() as usize;
+            while self.stages.len() <= index {
                 self.stages.push(StageBuffers::new());
             }
-            match self.journal_whole(stage, slots.clone()) {
+            match self.journal_whole(index, slots.clone()) {
                 Ok(saved) => got.applied.push(Applied::Whole { saved }),
                 Err(e) => {
                     // Refused before anything was written: the broadcasts must still be
                     // matched.
-                    self.discard_stage(header)?;
+                    self.discard_stage(stage)?;
                     return Err(e);
                 }
             }
         } else {
             got.clobbered = true;
         }
-        for t in &self.tensors[slots.clone()] {
-            // SAFETY: each tensor is valid for nbytes (the caller's promise at construction).
+        for e in &stage.entries {
+            let t = &self.tensors[e.slot as usize];
+            let dst = t.ptr + e.start * t.dtype.width() as u64;
+            // SAFETY: decode_stage checked that the entries tile their slots, so each lies
+            // inside its tensor, valid for nbytes (the caller's promise at construction).
             unsafe {
                 self.comm.broadcast(
-                    t.ptr,
-                    t.ptr,
-                    t.nbytes() as usize,
+                    dst,
+                    dst,
+                    e.val_len as usize,
                     self.root,
                     stream,
                     self.timeout,
@@ -698,11 +702,11 @@ impl GpuReceiver {
             self.gpu
                 .digest(&digest_inputs(&self.tensors, slots.clone()))?
         };
-        for (i, (&(_, expected), &actual)) in manifest.digests.iter().zip(&digests).enumerate() {
-            if expected != actual {
+        for (d, &actual) in stage.digests.iter().zip(&digests) {
+            if d.new != actual {
                 return Err(CudaError::DigestMismatch {
-                    slot: (slots.start + i) as u32,
-                    expected,
+                    slot: d.slot,
+                    expected: d.new,
                     actual,
                 });
             }

@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use deltacast::wire::FrameKind;
 use deltacast::SlotTable;
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
@@ -15,8 +16,7 @@ use super::{
 use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{
-    plan_stages, Header, Manifest, SyncKind, CHUNK_RECORD_BYTES, HEADER_BYTES, MIN_CHUNK_ELEMS,
-    SLOT_RECORD_BYTES,
+    plan_stages, Stage, CHUNK_RECORD_BYTES, HEADER_BYTES, MIN_CHUNK_ELEMS, SLOT_RECORD_BYTES,
 };
 use crate::{
     CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent,
@@ -578,7 +578,7 @@ impl GpuSender {
         let all = 0..self.tensors.len();
         let mut after = self.refresh(all.clone())?;
         let version = self.version + 1;
-        let payload_bytes = self.send_whole(SyncKind::Seed, 0, 1, all, version, &mut after)?;
+        let payload_bytes = self.send_whole(FrameKind::Seed, 0, 1, all, version, &mut after)?;
         self.finish(version, after)?;
         let numel = self.table.total_elements();
         Ok(GpuSyncReport::seed(
@@ -764,7 +764,7 @@ impl GpuSender {
             let got = self.refresh(range.clone())?;
             after[range.clone()].copy_from_slice(&got);
             totals.payload_bytes +=
-                self.send_whole(SyncKind::Dense, s as u32, stages, range, version, after)?;
+                self.send_whole(FrameKind::Dense, s as u32, stages, range, version, after)?;
             totals.dense_stages += 1;
             phases.lap("encode", mark);
             return Ok(());
@@ -808,11 +808,11 @@ impl GpuSender {
         let num_chunks = plan.records.len() as u64;
         let fixed = (HEADER_BYTES + range.len() * SLOT_RECORD_BYTES) as u64;
         let delta_bytes = fixed + num_chunks * CHUNK_RECORD_BYTES as u64 + pos_bytes + value_bytes;
-        let dense_bytes = fixed + stage_bytes;
+        let dense_bytes = fixed + (range.len() * CHUNK_RECORD_BYTES) as u64 + stage_bytes;
         if delta_bytes > dense_bytes {
             // Dense wins: the snapshot and digests are already current.
             totals.payload_bytes +=
-                self.send_whole(SyncKind::Dense, s as u32, stages, range, version, after)?;
+                self.send_whole(FrameKind::Dense, s as u32, stages, range, version, after)?;
             totals.dense_stages += 1;
             phases.lap("encode", mark);
             return Ok(());
@@ -831,34 +831,26 @@ impl GpuSender {
             )?
         };
         phases.mark_now("placed");
-        let manifest = Manifest {
-            digests: self.digests[range.clone()]
-                .iter()
-                .copied()
-                .zip(after[range.clone()].iter().copied())
-                .collect(),
-            chunks: plan.records,
-        }
-        .encode();
-        phases.lap("encode", mark);
-        let header = Header {
-            kind: SyncKind::Delta,
+        let digests: Vec<(u64, u64)> = self.digests[range.clone()]
+            .iter()
+            .copied()
+            .zip(after[range.clone()].iter().copied())
+            .collect();
+        let stage = Stage::delta(
             version,
-            table_hash: self.table.hash(),
-            num_slots: self.tensors.len() as u32,
-            num_chunks,
-            manifest_bytes: manifest.len() as u64,
-            position_bytes: pos_bytes,
-            value_bytes,
-            stage: s as u32,
+            self.table.hash(),
+            s as u32,
             stages,
-            first_slot: range.start as u32,
-            stage_slots: range.len() as u32,
-        };
+            range.start as u32,
+            &digests,
+            plan.records,
+            pos_bytes,
+            value_bytes,
+        )?;
+        phases.lap("encode", mark);
         self.broadcast_stage(
             set,
-            &header,
-            &manifest,
+            &stage,
             &[(packed, pos_bytes), (values_ptr, value_bytes)],
         )?;
         phases.lap("send", mark);
@@ -869,19 +861,10 @@ impl GpuSender {
 
     /// Tells the receivers no sync follows (their `receive` returns `None`).
     pub fn close(&mut self) -> Result<()> {
-        let header = Header::whole(
-            SyncKind::Close,
-            self.version,
-            self.table.hash(),
-            self.tensors.len() as u32,
-            0,
-            0,
-            0,
-            0,
-        );
+        let close = Stage::close(self.version, self.table.hash());
         // No manifest follows a close (receivers stop at the header).
         self.wait_set(0)?;
-        self.broadcast_stage(0, &header, &[], &[])?;
+        self.broadcast_stage(0, &close, &[])?;
         self.wait_set(0)?;
         // The receivers let go of the link on the close; the IPC link's root waits for that.
         self.comm.leave();
@@ -929,17 +912,21 @@ impl GpuSender {
 
     /// Uploads a stage's header and manifest into set `set` and broadcasts them and then
     /// `payload` (device address, bytes) on the NCCL stream, after everything enqueued so
-    /// far on the GPU's stream. Returns without waiting; `wait_set` waits.
+    /// far on the GPU's stream. Returns without waiting; `wait_set` waits. A close has no
+    /// manifest: only its header is sent.
     fn broadcast_stage(
         &mut self,
         set: usize,
-        header: &Header,
-        manifest: &[u8],
+        stage: &Stage,
         payload: &[(DevicePtr, u64)],
     ) -> Result<()> {
         let root = self.config.root;
         let within = self.config.timeout;
         let side = self.nccl_stream.handle();
+        let manifest = match stage.kind() {
+            FrameKind::Close => Vec::new(),
+            _ => stage.encode_manifest(),
+        };
         let bufs = &mut self.sets[set];
         let mptr = bufs.manifest.at_least(&self.gpu, manifest.len() as u64)?;
         // SAFETY: our buffers, sized for what is copied, not in flight (the caller waited);
@@ -947,8 +934,8 @@ impl GpuSender {
         // (the diff's and encoder's output, and the tensors after the caller's stream).
         unsafe {
             self.gpu
-                .copy_to_device(bufs.header.ptr(), &header.encode())?;
-            self.gpu.copy_to_device(mptr, manifest)?;
+                .copy_to_device(bufs.header.ptr(), &stage.encode_header())?;
+            self.gpu.copy_to_device(mptr, &manifest)?;
             self.gpu.record_event(&self.ready, 0)?;
             self.gpu.stream_wait_event(side, &self.ready)?;
             self.comm.broadcast(
@@ -959,8 +946,10 @@ impl GpuSender {
                 side,
                 within,
             )?;
-            self.comm
-                .broadcast(mptr, mptr, manifest.len(), root, side, within)?;
+            if !manifest.is_empty() {
+                self.comm
+                    .broadcast(mptr, mptr, manifest.len(), root, side, within)?;
+            }
             for &(ptr, len) in payload {
                 self.comm
                     .broadcast(ptr, ptr, len as usize, root, side, within)?;
@@ -971,11 +960,11 @@ impl GpuSender {
         Ok(())
     }
 
-    /// Seed or dense stage: header, digests, then the stage's tensors whole. Returns the
-    /// bytes broadcast.
+    /// Seed or dense stage: header, digests, then each entry's section straight from its
+    /// tensor. Returns the bytes broadcast.
     fn send_whole(
         &mut self,
-        kind: SyncKind,
+        kind: FrameKind,
         stage: u32,
         stages: u32,
         slots: Range<usize>,
@@ -984,33 +973,42 @@ impl GpuSender {
     ) -> Result<u64> {
         let set = stage as usize % self.sets.len();
         self.wait_set(set)?;
-        // A seed or dense stage does not depend on what the receiver held: "before" is 0.
-        let manifest = Manifest {
-            digests: after[slots.clone()].iter().map(|&a| (0, a)).collect(),
-            chunks: Vec::new(),
-        }
-        .encode();
-        let bytes: u64 = self.tensors[slots.clone()].iter().map(|t| t.nbytes()).sum();
-        let header = Header {
+        // A seed does not depend on what the receiver held: its "before" is 0; a dense
+        // stage starts from the previous version, like a delta.
+        let digests: Vec<(u64, u64)> = slots
+            .clone()
+            .map(|i| {
+                let before = if kind == FrameKind::Seed {
+                    0
+                } else {
+                    self.digests[i]
+                };
+                (before, after[i])
+            })
+            .collect();
+        let sizes: Vec<(u64, usize)> = self.tensors[slots.clone()]
+            .iter()
+            .map(|t| (t.numel(), t.dtype.width()))
+            .collect();
+        let whole = Stage::whole(
             kind,
             version,
-            table_hash: self.table.hash(),
-            num_slots: self.tensors.len() as u32,
-            num_chunks: 0,
-            manifest_bytes: manifest.len() as u64,
-            position_bytes: 0,
-            value_bytes: bytes,
-            stage,
-            stages,
-            first_slot: slots.start as u32,
-            stage_slots: slots.len() as u32,
-        };
-        let payload: Vec<(DevicePtr, u64)> = self.tensors[slots]
+            self.table.hash(),
+            (stage, stages),
+            slots.start as u32,
+            &sizes,
+            &digests,
+        );
+        let payload: Vec<(DevicePtr, u64)> = whole
+            .entries
             .iter()
-            .map(|t| (t.ptr, t.nbytes()))
+            .map(|e| {
+                let t = &self.tensors[e.slot as usize];
+                (t.ptr + e.start * t.dtype.width() as u64, e.val_len)
+            })
             .collect();
-        self.broadcast_stage(set, &header, &manifest, &payload)?;
-        Ok(HEADER_BYTES as u64 + manifest.len() as u64 + bytes)
+        self.broadcast_stage(set, &whole, &payload)?;
+        Ok(whole.wire_bytes())
     }
 
     /// The ack: an all-reduce (max) of every rank's status after the last stage; the sender

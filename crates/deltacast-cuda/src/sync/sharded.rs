@@ -25,6 +25,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
+use deltacast::wire::FrameKind;
 use deltacast::{DType, SlotInfo, SlotTable};
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
@@ -33,10 +34,12 @@ use super::{
     limits, ms, u64s, EntropyMode, GpuSenderConfig, GpuSyncReport, Growable, Phases, SendTotals,
 };
 use crate::error::{CudaError, Result};
+use crate::link::Link;
 use crate::nccl::NcclComm;
 use crate::protocol::{
-    check_shard_runs, plan_stages, rebase_chunk_records, Header, Manifest, SyncKind, TableLimits,
-    CHUNK_RECORD_BYTES, HEADER_BYTES, MAX_TRAINER_RANKS, SLOT_RECORD_BYTES,
+    check_shard_runs, decode_chunk_records, decode_header, decode_stage, plan_stages,
+    rebase_chunk_records, Stage, TableLimits, CHUNK_RECORD_BYTES, HEADER_BYTES, MAX_TRAINER_RANKS,
+    SLOT_RECORD_BYTES,
 };
 use crate::{
     CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput, Gpu, DECODE_SLACK,
@@ -107,7 +110,7 @@ pub struct GpuShardedSender {
     trainers: NcclComm,
     /// The leader's communicator with the receivers (the leader is its root); `None` on the
     /// other ranks.
-    receivers: Option<NcclComm>,
+    receivers: Option<Link>,
     config: GpuSenderConfig,
     shards: Vec<GpuShard>,
     table: SlotTable,
@@ -174,7 +177,7 @@ impl GpuShardedSender {
     pub unsafe fn new(
         gpu: Gpu,
         mut trainers: NcclComm,
-        receivers: Option<NcclComm>,
+        receivers: Option<Link>,
         shards: Vec<GpuShard>,
         config: GpuSenderConfig,
     ) -> Result<GpuShardedSender> {
@@ -320,7 +323,7 @@ impl GpuShardedSender {
             let mut after = self.digests.clone();
             self.refresh_and_sum(all.clone(), &mut after)?;
             let version = self.version + 1;
-            let payload_bytes = self.send_whole(SyncKind::Seed, 0, 1, all, version, &after)?;
+            let payload_bytes = self.send_whole(FrameKind::Seed, 0, 1, all, version, &after)?;
             self.finish(version, after, started, None)?;
             Ok(payload_bytes)
         })();
@@ -450,17 +453,8 @@ impl GpuShardedSender {
         if !self.is_leader() {
             return Ok(());
         }
-        let header = Header::whole(
-            SyncKind::Close,
-            self.version,
-            self.table.hash(),
-            self.shards.len() as u32,
-            0,
-            0,
-            0,
-            0,
-        );
-        self.broadcast_head(&header, &[])?;
+        let close = Stage::close(self.version, self.table.hash());
+        self.broadcast_head(&close)?;
         self.wait_receivers("the close")
     }
 
@@ -580,6 +574,7 @@ impl GpuShardedSender {
         let positions: u64 = rows.iter().map(|r| r.position_bytes).sum();
         let values: u64 = rows.iter().map(|r| r.value_bytes).sum();
         let delta_bytes = fixed + chunks * CHUNK_RECORD_BYTES as u64 + positions + values;
+        let dense_bytes = fixed + (range.len() * CHUNK_RECORD_BYTES) as u64 + stage_bytes;
         let all_complete = rows.iter().all(|r| r.complete);
         if all_complete {
             for (j, slot) in range.clone().enumerate() {
@@ -589,7 +584,7 @@ impl GpuShardedSender {
             }
         }
         let plan = match plan {
-            Some(plan) if all_complete && delta_bytes <= fixed + stage_bytes => plan,
+            Some(plan) if all_complete && delta_bytes <= dense_bytes => plan,
             _ => {
                 // Some rank's buffers overflowed, or the delta is not smaller: whole. After
                 // an overflow the diff refreshed only what it wrote out, so every shard is
@@ -598,7 +593,7 @@ impl GpuShardedSender {
                     self.refresh_and_sum(range.clone(), &mut run.after)?;
                 }
                 run.totals.payload_bytes += self.send_whole(
-                    SyncKind::Dense,
+                    FrameKind::Dense,
                     s as u32,
                     stages,
                     range,
@@ -623,11 +618,14 @@ impl GpuShardedSender {
             )?
         };
         run.phases.lap("encode", &mut run.mark);
-        let records = Manifest {
-            digests: Vec::new(),
-            chunks: plan.records,
+        let mut records = vec![0u8; plan.records.len() * CHUNK_RECORD_BYTES];
+        for (c, rec) in plan
+            .records
+            .iter()
+            .zip(records.as_chunks_mut::<CHUNK_RECORD_BYTES>().0)
+        {
+            c.encode_into(rec);
         }
-        .encode();
         let rptr = self.records.at_least(&self.gpu, records.len() as u64)?;
         // SAFETY: our buffer, sized above (synchronises the stream).
         unsafe { self.gpu.copy_to_device(rptr, &records)? };
@@ -686,11 +684,6 @@ impl GpuShardedSender {
             self.gpu
                 .download(gr, (chunks * CHUNK_RECORD_BYTES as u64) as usize)?
         };
-        let mut manifest = Vec::with_capacity(range.len() * SLOT_RECORD_BYTES + gathered.len());
-        for slot in range.clone() {
-            manifest.extend_from_slice(&self.digests[slot].to_le_bytes());
-            manifest.extend_from_slice(&run.after[slot].to_le_bytes());
-        }
         let (mut at, mut pos_base, mut val_base) = (0usize, 0u64, 0u64);
         for r in &rows {
             let len = r.chunks as usize * CHUNK_RECORD_BYTES;
@@ -699,34 +692,40 @@ impl GpuShardedSender {
             pos_base += r.position_bytes;
             val_base += r.value_bytes;
         }
-        manifest.extend_from_slice(&gathered);
-        let header = Header {
-            kind: SyncKind::Delta,
-            version: run.version,
-            table_hash: self.table.hash(),
-            num_slots: self.shards.len() as u32,
-            num_chunks: chunks,
-            manifest_bytes: manifest.len() as u64,
-            position_bytes: positions,
-            value_bytes: values,
-            stage: s as u32,
-            stages,
-            first_slot: range.start as u32,
-            stage_slots: range.len() as u32,
-        };
+        let digests: Vec<(u64, u64)> = range
+            .clone()
+            .map(|slot| (self.digests[slot], run.after[slot]))
+            .collect();
         // What the receivers will check first, checked here: a fault in the assembly is this
         // rank's error, not a protocol abort at every receiver.
-        Header::decode(&header.encode(), &self.limits)
-            .and_then(|h| Manifest::decode(&manifest, &h, &self.limits))
+        let stage = decode_chunk_records(&gathered)
+            .and_then(|records| {
+                Stage::delta(
+                    run.version,
+                    self.table.hash(),
+                    s as u32,
+                    stages,
+                    range.start as u32,
+                    &digests,
+                    records,
+                    positions,
+                    values,
+                )
+            })
+            .and_then(|stage| {
+                let h = decode_header(&stage.encode_header(), &self.limits)?;
+                decode_stage(h, &stage.encode_manifest(), &self.limits)
+            })
             .map_err(|e| CudaError::Protocol(format!("the leader's own stage {s}: {e}")))?;
-        self.broadcast_head(&header, &manifest)?;
+        self.broadcast_head(&stage)?;
         let root = self.config.root;
+        let within = self.config.timeout;
         let receivers = self.receivers_mut()?;
         // SAFETY: the gathered sections, sized above; the stream orders the broadcasts after
         // the gathers that fill them.
         unsafe {
-            receivers.broadcast(gp, gp, positions as usize, root, stream)?;
-            receivers.broadcast(gv, gv, values as usize, root, stream)?;
+            receivers.broadcast(gp, gp, positions as usize, root, stream, within)?;
+            receivers.broadcast(gv, gv, values as usize, root, stream, within)?;
         }
         // With the timeout, before the next stage's diff (which cannot time out) queues
         // behind these broadcasts.
@@ -737,7 +736,7 @@ impl GpuShardedSender {
         Ok(())
     }
 
-    fn receivers_mut(&mut self) -> Result<&mut NcclComm> {
+    fn receivers_mut(&mut self) -> Result<&mut Link> {
         self.receivers.as_mut().ok_or_else(|| {
             CudaError::InvalidArgument("only the leader talks to the receivers".into())
         })
@@ -782,42 +781,46 @@ impl GpuShardedSender {
     }
 
     /// A seed or dense stage: the leader sends header and digests, then each slot whole,
-    /// gathered from the shards into one slot's staging. Returns the bytes broadcast.
+    /// gathered from the shards into one slot's staging, entry by entry. Returns the bytes
+    /// broadcast.
     fn send_whole(
         &mut self,
-        kind: SyncKind,
+        kind: FrameKind,
         stage: u32,
         stages: u32,
         slots: Range<usize>,
         version: u64,
         after: &[u64],
     ) -> Result<u64> {
-        let manifest = Manifest {
-            digests: after[slots.clone()].iter().map(|&a| (0, a)).collect(),
-            chunks: Vec::new(),
-        }
-        .encode();
-        let bytes: u64 = self.table.slots()[slots.clone()]
+        // A seed does not depend on what the receiver held: its "before" is 0; a dense
+        // stage starts from the previous version, like a delta.
+        let digests: Vec<(u64, u64)> = slots
+            .clone()
+            .map(|i| {
+                let before = if kind == FrameKind::Seed {
+                    0
+                } else {
+                    self.digests[i]
+                };
+                (before, after[i])
+            })
+            .collect();
+        let sizes: Vec<(u64, usize)> = self.table.slots()[slots.clone()]
             .iter()
-            .map(|s| s.nbytes())
-            .sum();
+            .map(|s| (s.numel(), s.dtype.width()))
+            .collect();
+        let whole = Stage::whole(
+            kind,
+            version,
+            self.table.hash(),
+            (stage, stages),
+            slots.start as u32,
+            &sizes,
+            &digests,
+        );
         let leader = self.is_leader();
         if leader {
-            let header = Header {
-                kind,
-                version,
-                table_hash: self.table.hash(),
-                num_slots: self.shards.len() as u32,
-                num_chunks: 0,
-                manifest_bytes: manifest.len() as u64,
-                position_bytes: 0,
-                value_bytes: bytes,
-                stage,
-                stages,
-                first_slot: slots.start as u32,
-                stage_slots: slots.len() as u32,
-            };
-            self.broadcast_head(&header, &manifest)?;
+            self.broadcast_head(&whole)?;
         }
         let largest = self.table.slots()[slots.clone()]
             .iter()
@@ -831,50 +834,69 @@ impl GpuShardedSender {
         };
         let stream = self.gpu.stream_handle();
         let root = self.config.root;
+        let within = self.config.timeout;
         for i in slots {
             let w = self.shards[i].dtype.width() as u64;
             let lens: Vec<u64> = self.layout[i].iter().map(|&(_, n)| n * w).collect();
-            let total = self.table.slots()[i].nbytes();
             let src = self.shards[i].ptr;
             // SAFETY: the shard (constructor contract); on the leader the staging holds the
-            // largest slot. The stream orders each gather after the last slot's broadcast.
+            // largest slot, and each entry of the slot lies inside it. The stream orders each
+            // gather after the last slot's broadcasts.
             unsafe {
                 self.trainers
                     .gather_exact(src, &lens, staging, largest, LEADER, stream)?;
                 if leader {
-                    self.receivers_mut()?.broadcast(
-                        staging,
-                        staging,
-                        total as usize,
-                        root,
-                        stream,
-                    )?;
+                    let entries: Vec<(u64, u64)> = whole
+                        .entries
+                        .iter()
+                        .filter(|e| e.slot as usize == i)
+                        .map(|e| (e.start * w, e.val_len))
+                        .collect();
+                    let receivers = self.receivers_mut()?;
+                    for (at, len) in entries {
+                        receivers.broadcast(
+                            staging + at,
+                            staging + at,
+                            len as usize,
+                            root,
+                            stream,
+                            within,
+                        )?;
+                    }
                 }
             }
         }
         let done = self.gpu.record_done()?;
         self.trainers
             .wait(done, self.config.timeout, "a whole stage's gathers")?;
-        Ok(HEADER_BYTES as u64 + manifest.len() as u64 + bytes)
+        Ok(whole.wire_bytes())
     }
 
-    /// Leader: uploads and broadcasts a stage's header and manifest to the receivers.
-    fn broadcast_head(&mut self, header: &Header, manifest: &[u8]) -> Result<()> {
+    /// Leader: uploads and broadcasts a stage's header and manifest to the receivers (a
+    /// close: only its header).
+    fn broadcast_head(&mut self, stage: &Stage) -> Result<()> {
         let root = self.config.root;
+        let within = self.config.timeout;
         let stream = self.gpu.stream_handle();
+        let manifest = match stage.kind() {
+            FrameKind::Close => Vec::new(),
+            _ => stage.encode_manifest(),
+        };
         let mptr = self.manifest.at_least(&self.gpu, manifest.len() as u64)?;
         let hptr = self.header.ptr();
         // SAFETY: our buffers, sized for what is copied (each copy synchronises the stream,
         // so no earlier broadcast still reads them).
         unsafe {
-            self.gpu.copy_to_device(hptr, &header.encode())?;
-            self.gpu.copy_to_device(mptr, manifest)?;
+            self.gpu.copy_to_device(hptr, &stage.encode_header())?;
+            self.gpu.copy_to_device(mptr, &manifest)?;
         }
         let receivers = self.receivers_mut()?;
         // SAFETY: as above; the buffers stay until the stream has passed the broadcasts.
         unsafe {
-            receivers.broadcast(hptr, hptr, HEADER_BYTES, root, stream)?;
-            receivers.broadcast(mptr, mptr, manifest.len(), root, stream)?;
+            receivers.broadcast(hptr, hptr, HEADER_BYTES, root, stream, within)?;
+            if !manifest.is_empty() {
+                receivers.broadcast(mptr, mptr, manifest.len(), root, stream, within)?;
+            }
         }
         Ok(())
     }
@@ -945,7 +967,7 @@ impl GpuShardedSender {
 /// This rank's own checks of its arguments; the slot table they make.
 fn check_shards(
     trainers: &NcclComm,
-    receivers: &Option<NcclComm>,
+    receivers: &Option<Link>,
     shards: &[GpuShard],
     config: &GpuSenderConfig,
 ) -> Result<SlotTable> {

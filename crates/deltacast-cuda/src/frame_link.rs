@@ -1,0 +1,241 @@
+//! A link that turns a GPU sync into frames of the core's format and back, so that a GPU
+//! sync leaves the device: a [`GpuSender`](crate::sync::GpuSender) on a capture link writes
+//! each stage as a file frame (to a file, a socket, anything that writes), and a
+//! [`GpuReceiver`](crate::sync::GpuReceiver) on a replay link applies the syncs it reads,
+//! whoever made them (a CPU `deltacast::Sender`, `deltacast diff`, a captured GPU sync).
+//!
+//! It is a link of two ranks: the capture side is the root (rank 0), the replay side the
+//! receiver (rank 1); the other end is the byte stream. Every part moves through host
+//! memory, so this is for leaving the device, not for speed.
+
+use std::io::{Read, Write};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use cudarc::driver::sys;
+use deltacast::wire;
+
+use crate::error::{CudaError, Result};
+use crate::protocol::{device_parts, FrameAssembler};
+use crate::wait::{event_done, poll, Deadline};
+use crate::{DevicePtr, Gpu};
+
+enum End {
+    /// Root: the assembled frames go to `sink`.
+    Capture {
+        assembler: FrameAssembler,
+        sink: Mutex<Box<dyn Write + Send>>,
+    },
+    /// Receiver: the parts of the next sync read from `source`, in order.
+    Replay {
+        source: Mutex<Box<dyn Read + Send>>,
+        parts: std::collections::VecDeque<Vec<u8>>,
+        /// The last ack this receiver gave (1: it refused).
+        refused: bool,
+    },
+}
+
+/// A link whose other end is a stream of frames (see the module above).
+pub struct FrameLink {
+    gpu: Gpu,
+    end: End,
+}
+
+fn io(op: &'static str) -> impl Fn(std::io::Error) -> CudaError {
+    move |e| CudaError::Link {
+        op,
+        msg: e.to_string(),
+    }
+}
+
+impl FrameLink {
+    /// The root's end: a sender on this link writes each stage it sends to `sink` as a
+    /// frame (checksummed), a close as a close frame.
+    pub fn capture(gpu: Gpu, sink: impl Write + Send + 'static) -> FrameLink {
+        FrameLink {
+            gpu,
+            end: End::Capture {
+                assembler: FrameAssembler::new(),
+                sink: Mutex::new(Box::new(sink)),
+            },
+        }
+    }
+
+    /// A receiver's end: each sync is read from `source` (frames back to back, as `.dcast`
+    /// files hold them); the end of the stream reads as the sender's close.
+    pub fn replay(gpu: Gpu, source: impl Read + Send + 'static) -> FrameLink {
+        FrameLink {
+            gpu,
+            end: End::Replay {
+                source: Mutex::new(Box::new(source)),
+                parts: Default::default(),
+                refused: false,
+            },
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        match self.end {
+            End::Capture { .. } => 0,
+            End::Replay { .. } => 1,
+        }
+    }
+
+    pub fn nranks(&self) -> usize {
+        2
+    }
+
+    /// Whether the receiver refused the last sync it acked (replay end).
+    pub fn refused(&self) -> bool {
+        matches!(self.end, End::Replay { refused: true, .. })
+    }
+
+    /// The capture end takes `len` bytes at `src` as the next part of a stage; the replay
+    /// end writes the next part of the sync being read to `dst`, which must be `len` bytes.
+    ///
+    /// # Safety
+    /// `src` (capture) or `dst` (replay) must be device memory valid for `len` bytes, and
+    /// `stream` a live stream of the GPU's context.
+    pub unsafe fn broadcast(
+        &mut self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: usize,
+        stream: u64,
+    ) -> Result<()> {
+        // Our copies follow what the caller enqueued before on its stream.
+        // SAFETY: per this function's contract.
+        unsafe { self.gpu.wait_for_stream(stream)? };
+        match &mut self.end {
+            End::Capture { assembler, sink } => {
+                // SAFETY: per this function's contract; ordered after `stream` above.
+                let part = unsafe { self.gpu.download(src, len)? };
+                if let Some(frame) = assembler.push(&part)? {
+                    let mut sink = sink.lock().unwrap_or_else(|p| p.into_inner());
+                    sink.write_all(&frame).map_err(io("write"))?;
+                    sink.flush().map_err(io("flush"))?;
+                }
+                Ok(())
+            }
+            End::Replay { source, parts, .. } => {
+                if parts.is_empty() {
+                    let source = source.get_mut().unwrap_or_else(|p| p.into_inner());
+                    *parts = read_sync(source)?.into();
+                }
+                let part = parts.pop_front().unwrap_or_default();
+                if part.len() != len {
+                    parts.clear();
+                    return Err(CudaError::Protocol(format!(
+                        "the frames carry a part of {} bytes where this receiver takes {len}: \
+                         not a sync of its slots",
+                        part.len()
+                    )));
+                }
+                // SAFETY: per this function's contract; ordered after `stream` above.
+                unsafe { self.gpu.copy_to_device(dst, &part) }
+            }
+        }
+    }
+
+    /// The ack: nothing to combine on the capture end (no receiver refuses); the replay end
+    /// keeps its own.
+    ///
+    /// # Safety
+    /// `buf` must hold `count` u64 of device memory; `stream` a live stream.
+    pub unsafe fn all_reduce_max_u64(
+        &mut self,
+        buf: DevicePtr,
+        count: usize,
+        stream: u64,
+    ) -> Result<()> {
+        if let End::Replay { refused, parts, .. } = &mut self.end {
+            // SAFETY: per this function's contract.
+            unsafe { self.gpu.wait_for_stream(stream)? };
+            // SAFETY: per this function's contract.
+            let words = unsafe { self.gpu.download(buf, count * 8)? };
+            *refused = words.iter().any(|&b| b != 0);
+            // A refused sync's remaining parts (none, when the receiver took them all).
+            parts.clear();
+        }
+        Ok(())
+    }
+
+    pub fn wait(&mut self, event: u64, timeout: Duration, what: &'static str) -> Result<()> {
+        poll(Deadline::after(timeout), what, || {
+            event_done(event as sys::CUevent)
+        })
+    }
+
+    pub fn abort(&mut self) {
+        if let End::Replay { parts, .. } = &mut self.end {
+            parts.clear();
+        }
+    }
+}
+
+/// Reads the frames of the next sync (through its `FINAL` frame) and cuts them into device
+/// parts; at the end of the stream, a close.
+fn read_sync(source: &mut dyn Read) -> Result<Vec<Vec<u8>>> {
+    let mut frames: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut head = [0u8; wire::HEADER_LEN];
+        match read_exact_or_end(source, &mut head)? {
+            false if frames.is_empty() => {
+                return Ok(vec![close_header()]);
+            }
+            false => {
+                return Err(CudaError::Protocol(
+                    "the frames end in the middle of a sync".into(),
+                ))
+            }
+            true => {}
+        }
+        let header =
+            wire::FrameHeader::decode(&head).map_err(|e| CudaError::Protocol(e.to_string()))?;
+        let mut frame = head.to_vec();
+        let rest = header.frame_len - wire::HEADER_LEN as u64;
+        // A frame is read as far as the stream holds it, never sized by its claim alone.
+        let got = (&mut *source)
+            .take(rest)
+            .read_to_end(&mut frame)
+            .map_err(io("read"))?;
+        if got as u64 != rest {
+            return Err(CudaError::Protocol(format!(
+                "a frame of {} bytes cut short at {}",
+                header.frame_len,
+                frame.len()
+            )));
+        }
+        let last = header.is_final;
+        frames.push(frame);
+        if last {
+            break;
+        }
+    }
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    device_parts(&refs)
+}
+
+/// Fills `buf`, or returns `false` at a clean end of the stream (nothing read).
+fn read_exact_or_end(source: &mut dyn Read, buf: &mut [u8]) -> Result<bool> {
+    let mut at = 0;
+    while at < buf.len() {
+        match source.read(&mut buf[at..]) {
+            Ok(0) if at == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(CudaError::Protocol(format!(
+                    "a frame header cut short at {at} bytes"
+                )))
+            }
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io("read")(e)),
+        }
+    }
+    Ok(true)
+}
+
+/// The header of a close (the stream ended: no sync follows).
+fn close_header() -> Vec<u8> {
+    crate::protocol::Stage::close(0, 0).encode_header().to_vec()
+}

@@ -1,0 +1,202 @@
+//! What a GPU receiver knows of its own slots and bounds every announced size by, and the
+//! plans both sides derive the same way: the stages of a sync and each chunk's sections.
+
+use deltacast::codec::{PosCodec, ValCodec};
+
+use super::{MAX_TRAINER_RANKS, MIN_CHUNK_ELEMS};
+use crate::error::{CudaError, Result};
+
+/// Items per block of the entropy codecs (docs/codecs.md).
+const CODE_BLOCK: u64 = 1024;
+
+/// Cuts slots of `slot_bytes` each into consecutive stages of whole slots: a last stage of
+/// the fewest trailing slots that hold half of `stage_bytes` (the receiver's work on it is
+/// what the sync waits for after the sender's last diff, so it is kept small), and before it
+/// as few stages of about equal size as keep each near `stage_bytes`: each closed once it
+/// holds its share (`ceil(bytes before the last stage / stage_bytes)` shares), a remainder
+/// under half a share joining the stage before it. `stage_bytes` 0 gives one stage. Always
+/// at least one stage (`0..0` for no slots).
+#[allow(clippy::single_range_in_vec_init)] // a list of one stage, not of its slots
+pub fn plan_stages(slot_bytes: &[u64], stage_bytes: u64) -> Vec<std::ops::Range<usize>> {
+    let n = slot_bytes.len();
+    if stage_bytes == 0 || n == 0 {
+        return vec![0..n];
+    }
+    let mut tail = n;
+    let mut held = 0u64;
+    while tail > 0 && (held < stage_bytes.div_ceil(2) || tail == n) {
+        tail -= 1;
+        held += slot_bytes[tail];
+    }
+    let before: u64 = slot_bytes[..tail].iter().sum();
+    let share = before.div_ceil(before.div_ceil(stage_bytes).max(1)).max(1);
+    let mut stages: Vec<std::ops::Range<usize>> = Vec::new();
+    let (mut start, mut held) = (0, 0u64);
+    for (i, &b) in slot_bytes[..tail].iter().enumerate() {
+        held += b;
+        if held >= share {
+            stages.push(start..i + 1);
+            (start, held) = (i + 1, 0);
+        }
+    }
+    if start < tail {
+        match stages.last_mut() {
+            Some(last) if held < share.div_ceil(2) => last.end = tail,
+            _ => stages.push(start..tail),
+        }
+    }
+    stages.push(tail..n);
+    stages
+}
+
+/// What the receiver knows of its own slots, against which every announced size is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableLimits {
+    pub hash: u64,
+    pub num_slots: usize,
+    pub total_elements: u64,
+    pub total_bytes: u64,
+    /// Per slot: (elements, width).
+    pub slots: Vec<(u64, usize)>,
+}
+
+impl TableLimits {
+    fn range(&self, slots: std::ops::Range<usize>) -> &[(u64, usize)] {
+        self.slots.get(slots).unwrap_or(&[])
+    }
+
+    /// Elements of the slots `slots`.
+    pub fn elements(&self, slots: std::ops::Range<usize>) -> u64 {
+        self.range(slots).iter().map(|&(n, _)| n).sum()
+    }
+
+    /// Bytes of the slots `slots`.
+    pub fn bytes(&self, slots: std::ops::Range<usize>) -> u64 {
+        self.range(slots).iter().map(|&(n, w)| n * w as u64).sum()
+    }
+
+    /// Chunks of a delta over `slots` never exceed, per slot, one per [`MIN_CHUNK_ELEMS`]
+    /// elements (senders use a grid at least that coarse) plus one more per shard border
+    /// (a sharded sender's ranks each cut the grid cell their shards meet in), nor the
+    /// slot's elements (chunks hold at least one change each, and do not overlap). This
+    /// bounds the manifest.
+    pub fn max_chunks(&self, slots: std::ops::Range<usize>) -> u64 {
+        self.range(slots)
+            .iter()
+            .map(|&(n, _)| n.min(n.div_ceil(MIN_CHUNK_ELEMS) + MAX_TRAINER_RANKS - 1))
+            .sum()
+    }
+
+    /// Positions of a delta never exceed one bitmap of every element or one u32 per element,
+    /// whichever is larger, plus 8 bytes of padding per chunk (a sender takes gaps only where
+    /// they are smaller than abs32).
+    pub fn max_position_bytes(&self, slots: std::ops::Range<usize>, chunks: u64) -> u64 {
+        let elems = self.elements(slots);
+        (elems.saturating_mul(4)).saturating_add(chunks.saturating_mul(8))
+    }
+
+    /// Values of a delta never exceed its slots' bytes (ulp only where smaller than raw) plus
+    /// 8 bytes of padding per chunk.
+    pub fn max_value_bytes(&self, slots: std::ops::Range<usize>, chunks: u64) -> u64 {
+        self.bytes(slots).saturating_add(chunks.saturating_mul(8))
+    }
+}
+
+/// The lengths a section may have: (least, most) bytes.
+pub(crate) fn section_bounds(positions: PosCodec, count: u64, range: u64) -> (u64, u64) {
+    let blocks = count.div_ceil(CODE_BLOCK);
+    match positions {
+        PosCodec::All => (0, 0),
+        PosCodec::Abs32 => (count * 4, count * 4),
+        PosCodec::Bitmap => (range.div_ceil(8), range.div_ceil(8)),
+        // A directory entry per block, then 1 to 48 bits per gap.
+        PosCodec::Gaps => (
+            7 * blocks + (count - blocks).div_ceil(8),
+            7 * blocks + (count - blocks) * 6,
+        ),
+        // Not decoded on the GPU: refused before any length is looked at.
+        PosCodec::Holes => (u64::MAX, 0),
+    }
+}
+
+pub(crate) fn value_bounds(values: ValCodec, count: u64, width: u64) -> (u64, u64) {
+    let blocks = count.div_ceil(CODE_BLOCK);
+    match values {
+        ValCodec::Raw => (count * width, count * width),
+        // A directory entry per block, then 1 to (2·nb + 1) bits per value.
+        ValCodec::Ulp => (
+            4 * blocks + count.div_ceil(8),
+            4 * blocks + (count * (16 * width + 1)).div_ceil(8),
+        ),
+    }
+}
+
+/// Checks the shards of one slot of `numel` elements as the trainer ranks hold them, in rank
+/// order (`runs[r]` = (first element, elements) of rank r's shard): the non-empty ones must
+/// follow each other with no gap or overlap, from element 0, and cover the slot exactly.
+/// (Where an empty shard says it starts does not matter.)
+pub fn check_shard_runs(name: &str, numel: u64, runs: &[(u64, u64)]) -> Result<()> {
+    let bad = |why: String| Err(CudaError::InvalidArgument(why));
+    let mut next = 0u64;
+    for &(first, count) in runs {
+        if count > 0 && first != next {
+            return bad(format!(
+                "the shards of `{name}` do not follow each other in rank order: {runs:?}"
+            ));
+        }
+        next = next.saturating_add(count);
+    }
+    if next != numel {
+        return bad(format!(
+            "the shards of `{name}` hold {next} of its {numel} elements: {runs:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// The sections chosen for one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkChoice {
+    pub positions: PosCodec,
+    pub values: ValCodec,
+    pub position_len: u64,
+    pub value_len: u64,
+}
+
+/// The smallest sections for a chunk of `count` changes over `range` elements of `width`
+/// bytes: positions abs32, bitmap or (when sized, `entropy = Some((gaps, ulp))`) gaps; values
+/// raw or ulp, ulp only with listed positions. Ties keep the simpler codec. Never larger than
+/// abs32 + raw or bitmap + raw.
+pub fn choose_sections(
+    count: u64,
+    range: u64,
+    width: u64,
+    entropy: Option<(u64, u64)>,
+) -> ChunkChoice {
+    let abs32 = count * 4;
+    let bitmap = range.div_ceil(8);
+    let raw = count * width;
+    let (list, list_len) = match entropy {
+        Some((gaps, _)) if gaps < abs32 => (PosCodec::Gaps, gaps),
+        _ => (PosCodec::Abs32, abs32),
+    };
+    let (values, value_len) = match entropy {
+        Some((_, ulp)) if ulp < raw => (ValCodec::Ulp, ulp),
+        _ => (ValCodec::Raw, raw),
+    };
+    if bitmap + raw <= list_len + value_len {
+        ChunkChoice {
+            positions: PosCodec::Bitmap,
+            values: ValCodec::Raw,
+            position_len: bitmap,
+            value_len: raw,
+        }
+    } else {
+        ChunkChoice {
+            positions: list,
+            values,
+            position_len: list_len,
+            value_len,
+        }
+    }
+}
