@@ -6,8 +6,7 @@
 //! files that CI applies without a GPU: crates/deltacast/tests/data/gpu-sync/).
 #![cfg(feature = "cuda")]
 
-#[path = "../../deltacast/tests/common/mod.rs"]
-mod common;
+use deltacast_testkit as common;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
