@@ -7,8 +7,9 @@
 //!   port 0 and prints their addresses; the parent then starts ranks `1..N` and the receivers
 //!   with those addresses.
 //! - Every rank builds and steps only its FSDP `Shard(0)` block of each tensor, and syncs through
-//!   [`RankSender`](deltacast::gather::RankSender) (lockstep gather to the leader); the leader broadcasts each frame to the
-//!   receivers, collects their acks and checks them against its state digest.
+//!   [`RankSender`](deltacast::gather::RankSender) (lockstep gather to the leader); the leader
+//!   broadcasts each frame to the receivers, collects their acks and checks them against its
+//!   state digest.
 //! - `worker receiver` applies frames with [`deltacast::Receiver`] and acks every sync.
 //!
 //! Children talk to the parent through tagged lines on stdout (`@deltacast KIND {json}`); their
