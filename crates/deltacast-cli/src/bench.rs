@@ -31,7 +31,7 @@ use serde_json::Value;
 
 use deltacast::flush::DEFAULT_CHUNK_ELEMS;
 
-use crate::output::{bytes, json_line, progress};
+use crate::output::{bytes, count, json_line, progress, ByteSize};
 use crate::processes::random_secret;
 use fleet::{check_interrupt, install_signal_handlers, wait_for, Fleet, Msg};
 use netns::{LinkSpec, Topology};
@@ -84,11 +84,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Largest deltacast flush (suffixes K, M, G).
-    #[arg(long, default_value = "512M", value_parser = crate::parse_size)]
-    bucket_size: u64,
+    #[arg(long, default_value = "512M", value_parser = ByteSize::parse)]
+    bucket_size: ByteSize,
     /// Bucket of the full broadcast (gathered and sent in a pipeline).
-    #[arg(long, default_value = "64M", value_parser = crate::parse_size)]
-    full_bucket_size: u64,
+    #[arg(long, default_value = "64M", value_parser = ByteSize::parse)]
+    full_bucket_size: ByteSize,
     /// Elements per chunk.
     #[arg(long, default_value_t = DEFAULT_CHUNK_ELEMS)]
     chunk_elems: u64,
@@ -176,16 +176,17 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let hide = args.json || !std::io::stderr().is_terminal();
     if !args.json {
         println!(
-            "deltacast bench: {} ({:.1} M BF16 parameters, full copy {}), {} trainer rank(s) on one \
-             host, {} receiver host(s); methods {}; {} step(s) per link, lr {:e}",
+            "deltacast bench: {} ({:.1} M BF16 parameters, full copy {}), {} on one host, {}; \
+             methods {}; {} per link, lr {:e}, flushes of up to {}",
             shape.name,
             table.total_elements() as f64 / 1e6,
             bytes(table.total_bytes()),
-            args.trainers,
-            args.receivers,
+            count(args.trainers as u64, "trainer rank", "trainer ranks"),
+            count(args.receivers as u64, "receiver host", "receiver hosts"),
             methods.join(", "),
-            args.steps,
+            count(args.steps, "step", "steps"),
             args.lr,
+            args.bucket_size,
         );
         if args.loopback {
             println!("links: loopback only (127.0.0.1, no namespaces, no shaping)");

@@ -55,14 +55,19 @@ pub struct ModelArgs {
     /// Exit when stdin closes: the parent holds it open, so a worker never outlives it.
     #[arg(long)]
     watch_stdin: bool,
+    /// Model shape (as `demo --preset`).
     #[arg(long)]
     preset: String,
+    /// Transformer layers, overriding the preset's.
     #[arg(long)]
     layers: Option<u64>,
+    /// Optimizer steps after the seed.
     #[arg(long)]
     steps: u64,
+    /// Learning rate of the AdamW-like generator.
     #[arg(long)]
     lr: f32,
+    /// Seed of the random weights and updates (every process must use the same).
     #[arg(long)]
     seed: u64,
     #[command(flatten)]
@@ -93,7 +98,7 @@ impl ModelArgs {
             format!("--steps={}", self.steps),
             format!("--lr={}", self.lr),
             format!("--seed={}", self.seed),
-            format!("--bucket-size={}", self.wire.bucket_size),
+            format!("--bucket-size={}", self.wire.bucket_size.arg()),
             format!("--codec={}", self.wire.codec),
             format!("--chunk-elems={}", self.wire.chunk_elems),
         ];
@@ -109,8 +114,10 @@ impl ModelArgs {
 pub enum WorkerRole {
     /// One trainer rank; rank 0 also serves frames to the receivers.
     Trainer {
+        /// This rank (0 is the leader).
         #[arg(long)]
         rank: usize,
+        /// Trainer ranks in all.
         #[arg(long)]
         world: usize,
         /// Rank 0: the address to bind (port 0 for any); others: the leader's address.
@@ -127,6 +134,7 @@ pub enum WorkerRole {
     },
     /// One receiver.
     Receiver {
+        /// This receiver's number (for messages).
         #[arg(long)]
         index: usize,
         /// The leader's frame server.
@@ -224,7 +232,7 @@ pub(crate) fn slot_map(shape: &ModelShape) -> Result<SlotMap> {
 
 /// Timeouts and limits of every link; the secret comes from `DELTACAST_SECRET`.
 fn net_config(wire: &WireArgs) -> Result<NetConfig> {
-    Ok(NetConfig::from_env_or_file(None)?.with_bucket_size(wire.bucket_size))
+    Ok(NetConfig::from_env_or_file(None)?.with_bucket_size(wire.bucket_size.bytes()))
 }
 
 fn loopback(addr: &str, what: &str) -> Result<SocketAddr> {

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::netns::LinkSpec;
 use super::{plot, BenchArgs};
-use crate::output::{bytes, json_line};
+use crate::output::{bytes, count, json_line};
 
 /// One method's sync of one step on one link.
 #[derive(Debug, Clone)]
@@ -267,7 +267,7 @@ pub(super) fn report(
                 "type": "run", "preset": args.preset, "layers": args.layers,
                 "steps": args.steps, "trainers": args.trainers, "receivers": args.receivers,
                 "methods": args.methods, "lr": args.lr, "seed": args.seed,
-                "bucket_size": args.bucket_size, "full_bucket_size": args.full_bucket_size,
+                "bucket_size": args.bucket_size.bytes(), "full_bucket_size": args.full_bucket_size.bytes(),
                 "chunk_elems": args.chunk_elems, "apply_as_received": args.apply_as_received,
                 "loopback": args.loopback,
             })
@@ -280,18 +280,18 @@ pub(super) fn report(
         }
         std::fs::write(dir.join("results.jsonl"), lines)?;
         let made = format!(
-            "\nRun: preset {}{}, {} steps, {} trainer ranks, {} receiver(s), methods {}, flushes \
-             of up to {} bytes, chunks of {} elements, receivers {}{}.\n",
+            "\nRun: preset {}{}, {}, {}, {}, methods {}, flushes of up to {}, chunks of {}, \
+             receivers {}{}.\n",
             args.preset,
             args.layers
-                .map(|l| format!(" ({l} layers)"))
+                .map(|l| format!(" ({})", count(l, "layer", "layers")))
                 .unwrap_or_default(),
-            args.steps,
-            args.trainers,
-            args.receivers,
+            count(args.steps, "step", "steps"),
+            count(args.trainers as u64, "trainer rank", "trainer ranks"),
+            count(args.receivers as u64, "receiver", "receivers"),
             args.methods,
             args.bucket_size,
-            args.chunk_elems,
+            count(args.chunk_elems, "element", "elements"),
             if args.apply_as_received {
                 "applying flushes as they arrive"
             } else {
@@ -305,7 +305,7 @@ pub(super) fn report(
             "{}{}",
             args.preset,
             args.layers
-                .map(|l| format!(" ({l} layers)"))
+                .map(|l| format!(" ({})", count(l, "layer", "layers")))
                 .unwrap_or_default()
         );
         let points: Vec<plot::Point> = summaries
@@ -323,9 +323,9 @@ pub(super) fn report(
             eprintln!("no plot: a loopback run has no link rate to plot against");
         } else {
             let title = format!(
-                "{shape}: sync time per step, {} trainer rank(s) to {} receiver(s){}",
-                args.trainers,
-                args.receivers,
+                "{shape}: sync time per step, {} to {}{}",
+                count(args.trainers as u64, "trainer rank", "trainer ranks"),
+                count(args.receivers as u64, "receiver", "receivers"),
                 if samples.iter().any(|s| !s.delay_emulated) {
                     ", rate-shaped links"
                 } else {

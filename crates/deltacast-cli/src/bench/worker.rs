@@ -29,9 +29,10 @@ use clap::{Args, Subcommand};
 
 use deltacast_net::NetConfig;
 
+use crate::output::ByteSize;
 use crate::processes::exit_when_parent_goes;
 use crate::synthetic::{preset, ModelShape, PRESETS};
-use crate::{parse_size, WireArgs};
+use crate::WireArgs;
 
 mod receiver;
 mod trainer;
@@ -44,21 +45,28 @@ const FULL_HEADER: usize = 32;
 /// What every process of a bench run is started with (all must agree).
 #[derive(Args, Debug, Clone)]
 pub struct BenchModel {
+    /// Model shape (as `bench --preset`).
     #[arg(long)]
     pub preset: String,
+    /// Transformer layers, overriding the preset's.
     #[arg(long)]
     pub layers: Option<u64>,
+    /// Learning rate of the AdamW-like generator.
     #[arg(long)]
     pub lr: f32,
+    /// Seed of the random weights and updates (every process must use the same).
     #[arg(long)]
     pub seed: u64,
     /// Comma-separated: `full` and codec names (`abs32+raw`, `auto`, …).
     #[arg(long)]
     pub methods: String,
-    #[arg(long, value_parser = parse_size)]
-    pub bucket_size: u64,
-    #[arg(long, value_parser = parse_size)]
-    pub full_bucket_size: u64,
+    /// Largest deltacast flush (4096, 64K, 512M, 1G).
+    #[arg(long, value_parser = ByteSize::parse)]
+    pub bucket_size: ByteSize,
+    /// Bucket of the full broadcast.
+    #[arg(long, value_parser = ByteSize::parse)]
+    pub full_bucket_size: ByteSize,
+    /// Elements per chunk.
     #[arg(long)]
     pub chunk_elems: u64,
     /// Receivers write each flush of a delta as it arrives (`Receiver::set_apply_as_received`).
@@ -125,8 +133,8 @@ impl BenchModel {
             format!("--lr={}", self.lr),
             format!("--seed={}", self.seed),
             format!("--methods={}", self.methods),
-            format!("--bucket-size={}", self.bucket_size),
-            format!("--full-bucket-size={}", self.full_bucket_size),
+            format!("--bucket-size={}", self.bucket_size.arg()),
+            format!("--full-bucket-size={}", self.full_bucket_size.arg()),
             format!("--chunk-elems={}", self.chunk_elems),
         ];
         if let Some(l) = self.layers {
@@ -141,8 +149,8 @@ impl BenchModel {
     /// Link settings for one method's frame connection (frames up to its bucket size).
     fn net_config(&self, method: &Method) -> Result<NetConfig> {
         let bucket = match method {
-            Method::Full => self.full_bucket_size + FULL_HEADER as u64,
-            Method::Delta { .. } => self.bucket_size,
+            Method::Full => self.full_bucket_size.bytes() + FULL_HEADER as u64,
+            Method::Delta { .. } => self.bucket_size.bytes(),
         };
         Ok(NetConfig::from_env_or_file(None)?.with_bucket_size(bucket))
     }
@@ -174,8 +182,10 @@ impl Method {
 pub enum BenchWorker {
     /// One trainer rank; rank 0 also serves frames and takes the parent's commands.
     Trainer {
+        /// This rank (0 is the leader).
         #[arg(long)]
         rank: usize,
+        /// Trainer ranks in all.
         #[arg(long)]
         world: usize,
         /// Rank 0: the address to bind (port 0); others: the leader's address.
@@ -192,6 +202,7 @@ pub enum BenchWorker {
     },
     /// One receiver: one connection and one state per method.
     Receiver {
+        /// This receiver's number (its host, for messages).
         #[arg(long)]
         index: usize,
         /// The leader's frame servers, comma-separated, in method order.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::output::{bytes, json_line};
+use crate::output::{bytes, count, hex64, json_line};
 use crate::WireArgs;
 
 use super::{random_secret, ModelArgs, TAG};
@@ -167,19 +167,24 @@ pub fn run(opts: ProcessDemo) -> Result<()> {
     let table = shape.slot_table();
     if !opts.json {
         println!(
-            "deltacast demo: {} ({} tensors, {:.1} M BF16 parameters, full copy {}), {} trainer \
-             processes (FSDP Shard(0)), {} receiver processes, loopback TCP, lr {:e}, codec {}, \
-             bucket {}",
+            "deltacast demo: {} ({}, {:.1} M BF16 parameters, full copy {}), {} (FSDP \
+             Shard(0)), {}, loopback TCP, lr {:e}, codec {}, bucket {}",
             shape.name,
-            table.len(),
+            count(table.len() as u64, "tensor", "tensors"),
             table.total_elements() as f64 / 1e6,
             bytes(table.total_bytes()),
-            opts.trainers,
-            opts.receivers,
+            count(opts.trainers as u64, "trainer process", "trainer processes"),
+            count(
+                opts.receivers as u64,
+                "receiver process",
+                "receiver processes"
+            ),
             opts.lr,
             config.codec.name(),
-            bytes(config.bucket_size as u64),
+            opts.wire.bucket_size(),
         );
+        // Nothing else is printed until the seed (step 0) is synced, seconds on a large model.
+        eprintln!("starting the processes, building the model and seeding the receivers…");
     }
     let (tx, rx) = channel::<Event>();
     let mut fleet = Fleet {
@@ -401,7 +406,10 @@ impl Printer {
             };
             let check = match r["recomputed_mismatches"].as_u64() {
                 Some(0) => "full digest recomputation: all slots match".to_string(),
-                Some(n) => format!("full digest recomputation: {n} slots differ"),
+                Some(n) => format!(
+                    "full digest recomputation: {}",
+                    count(n, "slot differs", "slots differ")
+                ),
                 None => String::new(),
             };
             let dropped = if r["dropped_staged_sync"].as_bool() == Some(true) {
@@ -410,9 +418,9 @@ impl Printer {
                 ""
             };
             lines.push(format!(
-                "receiver {}: {at} (state digest {:016x}){dropped}; {check}",
+                "receiver {}: {at} (state digest {}){dropped}; {check}",
                 r["index"],
-                r["state_digest"].as_u64().unwrap_or(0)
+                hex64(r["state_digest"].as_u64().unwrap_or(0))
             ));
         }
         for l in lines {

@@ -7,6 +7,7 @@ use deltacast::Receiver;
 use deltacast_net::{Ack, FrameClient, NetError};
 
 use super::{loopback, net_config, peak_rss_bytes, slot_map, tell_parent, ModelArgs, DONE};
+use crate::output::count;
 
 pub(super) fn receiver(index: usize, frames: &str, model_args: &ModelArgs) -> Result<()> {
     let shape = model_args.shape()?;
@@ -69,7 +70,10 @@ pub(super) fn receiver(index: usize, frames: &str, model_args: &ModelArgs) -> Re
     };
     match end {
         Ok(_) if mismatched == 0 => Ok(()),
-        Ok(_) => bail!("receiver {index}: {mismatched} slots differ from their running digest"),
+        Ok(_) => bail!(
+            "receiver {index}: {} from their running digest",
+            count(mismatched as u64, "slot differs", "slots differ")
+        ),
         Err(e) => bail!(
             "receiver {index}: {e}; stays at {at}{}",
             if dropped {

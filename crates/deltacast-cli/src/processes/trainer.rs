@@ -13,6 +13,7 @@ use deltacast::placement::{local_block, DTensorLayout, MeshPlacement};
 use deltacast::{FrameKind, SlotTable};
 use deltacast_net::{Ack, Collective, FrameServer, NetError, TcpCollective};
 
+use crate::output::hex64;
 use crate::synthetic::{ModelShape, SyntheticModel};
 
 use super::{
@@ -326,8 +327,11 @@ pub(crate) fn check_acks(
         } else if a.ok {
             ok = false;
             eprintln!(
-                "{id}: acked version {} digest {:016x}, the trainer has {} {:016x}",
-                a.version, a.state_digest, report.version, report.state_digest
+                "{id}: acked version {} digest {}, the trainer has {} {}",
+                a.version,
+                hex64(a.state_digest),
+                report.version,
+                hex64(report.state_digest)
             );
         } else {
             ok = false;

@@ -18,6 +18,7 @@ use deltacast::{FrameKind, SlotTable};
 use deltacast_net::{Collective, FrameServer, NetConfig, TcpCollective};
 
 use super::{bench_addr, BenchModel, Method, FULL_HEADER, FULL_MAGIC};
+use crate::output::hex64;
 use crate::processes::{
     check_acks, exit_when_parent_goes, fsdp_plans, net, peak_rss_bytes, slot_map, tell_parent,
     NetLink, DONE,
@@ -232,7 +233,7 @@ impl Trainer {
             first_elem,
             slot_ids,
             table,
-            full_bucket: usize::try_from(args.full_bucket_size)?,
+            full_bucket: usize::try_from(args.full_bucket_size.bytes())?,
             lr: args.lr,
             step: 0,
         })
@@ -612,8 +613,11 @@ impl Trainer {
                 Ok(a) => {
                     ok = false;
                     eprintln!(
-                        "full broadcast: {id} holds digest {:016x} at step {}, the trainer {:016x} at {}",
-                        a.state_digest, a.version, expect, self.step
+                        "full broadcast: {id} holds digest {} at step {}, the trainer {} at {}",
+                        hex64(a.state_digest),
+                        a.version,
+                        hex64(expect),
+                        self.step
                     );
                 }
                 Err(e) => bail!("full broadcast: lost {id} before its digest: {e}"),
