@@ -23,6 +23,17 @@ pub fn dtype_name(d: DType) -> &'static str {
         DType::F32 => "f32",
         DType::F8E4M3 => "f8_e4m3",
         DType::F8E5M2 => "f8_e5m2",
+        DType::Bool => "bool",
+        DType::U8 => "u8",
+        DType::I8 => "i8",
+        DType::U16 => "u16",
+        DType::I16 => "i16",
+        DType::U32 => "u32",
+        DType::I32 => "i32",
+        DType::U64 => "u64",
+        DType::I64 => "i64",
+        DType::F64 => "f64",
+        DType::F8E8M0 => "f8_e8m0",
     }
 }
 
@@ -124,13 +135,13 @@ fn dtype_fits(arr: &Bound<'_, PyUntypedArray>, dtype: DType) -> Result<(), Strin
     let descr = arr.dtype();
     // `str(dtype)` costs a Python call: only for ml_dtypes types and messages.
     let shown = || descr.str().map(|s| s.to_string()).unwrap_or_default();
-    if descr.itemsize() != dtype.width() {
+    if descr.itemsize() != dtype.element_size() {
         return Err(format!(
             "array of dtype {} ({} bytes) for a {} slot ({} bytes per element)",
             shown(),
             descr.itemsize(),
             dtype_name(dtype),
-            dtype.width()
+            dtype.element_size()
         ));
     }
     if descr.is_native_byteorder() == Some(false) {
@@ -138,14 +149,16 @@ fn dtype_fits(arr: &Bound<'_, PyUntypedArray>, dtype: DType) -> Result<(), Strin
     }
     let ok = match descr.kind() {
         b'u' | b'i' => true,
-        b'f' => matches!(dtype, DType::F32 | DType::F16),
+        b'f' => matches!(dtype, DType::F32 | DType::F16 | DType::F64),
+        b'b' => dtype == DType::Bool,
         // ml_dtypes' bfloat16 / float8 types.
         b'V' => {
             let expected = match dtype {
                 DType::BF16 => "bfloat16",
                 DType::F8E4M3 => "float8_e4m3fn",
                 DType::F8E5M2 => "float8_e5m2",
-                DType::F16 | DType::F32 => "",
+                DType::F8E8M0 => "float8_e8m0fnu",
+                _ => "",
             };
             shown() == expected
         }
@@ -200,7 +213,7 @@ pub fn check_array(
     if writable && flags & NPY_ARRAY_WRITEABLE == 0 {
         return Err(bad("array is read-only; a receiver writes into it".into()));
     }
-    let len = arr.len() * dtype.width();
+    let len = arr.len() * dtype.element_size();
     Ok(RawView { ptr: data, len })
 }
 

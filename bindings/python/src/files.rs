@@ -20,7 +20,16 @@ pub fn numpy_dtype(d: DType) -> &'static str {
         DType::F32 => "<f4",
         DType::F16 => "<f2",
         DType::BF16 => "<u2",
-        DType::F8E4M3 | DType::F8E5M2 => "u1",
+        DType::F8E4M3 | DType::F8E5M2 | DType::F8E8M0 | DType::U8 => "u1",
+        DType::Bool => "?",
+        DType::I8 => "i1",
+        DType::U16 => "<u2",
+        DType::I16 => "<i2",
+        DType::U32 => "<u4",
+        DType::I32 => "<i4",
+        DType::U64 => "<u8",
+        DType::I64 => "<i8",
+        DType::F64 => "<f8",
     }
 }
 

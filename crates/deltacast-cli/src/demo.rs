@@ -11,7 +11,7 @@ use serde_json::json;
 
 use deltacast::{FrameKind, Receiver, Sender};
 
-use crate::output::{bytes, json_line, progress};
+use crate::output::{bytes, count, hex64, json_line, phase, progress};
 use crate::synthetic::{preset, SyntheticModel, PRESETS};
 use crate::WireArgs;
 
@@ -109,15 +109,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let full_bytes = table.total_bytes();
     if !args.json {
         println!(
-            "deltacast demo: {} ({} tensors, {:.1} M BF16 parameters, full copy {}), {} receivers, lr {:e}, codec {}, bucket {}",
+            "deltacast demo: {} ({}, {:.1} M BF16 parameters, full copy {}), {}, lr {:e}, codec {}, bucket {}",
             shape.name,
-            table.len(),
+            count(table.len() as u64, "tensor", "tensors"),
             total as f64 / 1e6,
             bytes(full_bytes),
-            args.receivers,
+            count(args.receivers as u64, "receiver", "receivers"),
             args.lr,
             config.codec.name(),
-            bytes(config.bucket_size as u64),
+            args.wire.bucket_size(),
         );
     }
 
@@ -153,8 +153,22 @@ pub fn run(args: DemoArgs) -> Result<()> {
             train_ms = t.elapsed().as_secs_f64() * 1e3;
             bar.finish_and_clear();
         }
+        // The seed carries the whole model (seconds on a large one): show how far it got.
+        let seed_bar = (step == 0).then(|| {
+            phase(
+                full_bytes,
+                &format!(
+                    "seeding {}",
+                    count(args.receivers as u64, "receiver", "receivers")
+                ),
+                args.json,
+            )
+        });
         let started = Instant::now();
         let report = sender.sync(&model.slices(), |frame| {
+            if let Some(bar) = &seed_bar {
+                bar.inc(frame.len() as u64);
+            }
             let frame = Arc::new(frame);
             for tx in &frame_txs {
                 tx.send(Arc::clone(&frame)).map_err(|_| {
@@ -163,6 +177,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
             }
             Ok(())
         })?;
+        if let Some(bar) = &seed_bar {
+            bar.set_message("receivers applying");
+        }
         let mut digest_ok = true;
         for _ in 0..args.receivers {
             match ack_rx.recv().context("receiver threads ended early")? {
@@ -173,7 +190,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 } => {
                     if version != sender.version() || digest != report.state_digest {
                         digest_ok = false;
-                        eprintln!("receiver {receiver}: acked version {version} digest {digest:016x}, sender has {} {:016x}", sender.version(), report.state_digest);
+                        eprintln!(
+                            "receiver {receiver}: acked version {version} digest {}, sender has {} {}",
+                            hex64(digest),
+                            sender.version(),
+                            hex64(report.state_digest)
+                        );
                     }
                 }
                 Ack::Failed { receiver, error } => {
@@ -183,6 +205,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
             }
         }
         let sync_ms = started.elapsed().as_secs_f64() * 1e3;
+        if let Some(bar) = seed_bar {
+            bar.finish_and_clear();
+        }
         all_ok &= digest_ok;
         let s = &report.stats;
         let kind = if report.kind == FrameKind::Seed {
@@ -213,21 +238,29 @@ pub fn run(args: DemoArgs) -> Result<()> {
             );
         }
     }
+    // Closing the channels makes every receiver recompute all its digests from memory.
     drop(frame_txs);
+    let bar = phase(
+        args.receivers as u64,
+        "recomputing every receiver's digests",
+        args.json,
+    );
     let mut mismatched = 0usize;
     for h in handles {
         let bad = h
             .join()
             .map_err(|_| anyhow!("a receiver thread panicked"))?;
         mismatched += bad;
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     if !args.json {
         println!(
             "full recomputation of every receiver's digest: {}",
             if mismatched == 0 {
                 "all slots match".to_string()
             } else {
-                format!("{mismatched} slots differ")
+                count(mismatched as u64, "slot differs", "slots differ")
             }
         );
     }

@@ -17,6 +17,8 @@ use clap::{Args, Parser, Subcommand};
 use deltacast::flush::{FlushConfig, DEFAULT_BUCKET_SIZE, DEFAULT_CHUNK_ELEMS};
 use deltacast::CodecChoice;
 
+use output::ByteSize;
+
 /// Lossless delta sync of model weights: send only the elements whose bits changed.
 #[derive(Parser)]
 #[command(name = "deltacast", version, about)]
@@ -31,8 +33,11 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Write the sync that turns OLD into NEW to a .dcast file (carries OLD's digest).
     Diff {
+        /// The checkpoint the receivers hold (safetensors).
         old: PathBuf,
+        /// The checkpoint to bring them to: the same tensor names, dtypes and shapes.
         new: PathBuf,
+        /// The sync file to write (atomically: all of it or nothing).
         #[arg(short, long)]
         output: PathBuf,
         /// Version the delta brings a receiver to (the base is this minus one).
@@ -40,30 +45,40 @@ enum Command {
         version: u64,
         #[command(flatten)]
         wire: WireArgs,
+        /// One JSON object instead of a line of text.
         #[arg(long)]
         json: bool,
     },
     /// Apply a .dcast file to BASE and write the result to OUT (never a partial OUT).
     Apply {
+        /// The checkpoint the delta was made from (its digests are checked first).
         base: PathBuf,
+        /// The sync file `diff` wrote.
         delta: PathBuf,
+        /// The checkpoint to write (atomically: all of it or nothing).
         #[arg(short, long)]
         output: PathBuf,
+        /// One JSON object instead of a line of text.
         #[arg(long)]
         json: bool,
     },
-    /// Wire bytes of one step (OLD NEW) or of every step of a trace (--trace T --base B), against the entropy bound.
+    /// Wire bytes of one step (OLD NEW) or of every step of a trace (--trace T --base B), against the entropy bound of docs/codecs.md.
     Stats {
+        /// The checkpoint before the step (safetensors).
         old: Option<PathBuf>,
+        /// The checkpoint after the step.
         new: Option<PathBuf>,
-        /// A recorded trace (step{k}::{param}::idx / ::val tensors).
+        /// A recorded trace: `step{k}::{param}::idx` (I32 positions) and `::val` (new values)
+        /// tensors, as in crates/deltacast/tests/data/traces/trace_dense_lr1e-06.safetensors.
         #[arg(long, requires = "base", conflicts_with_all = ["old", "new"])]
         trace: Option<PathBuf>,
-        /// The trace's base checkpoint (base::{param} tensors).
+        /// The trace's base checkpoint (`base::{param}` tensors, e.g.
+        /// crates/deltacast/tests/data/traces/trace_dense_lr1e-06_base.safetensors).
         #[arg(long, requires = "trace")]
         base: Option<PathBuf>,
         #[command(flatten)]
         wire: WireArgs,
+        /// One JSON object per step (and a total) instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -85,18 +100,28 @@ enum Command {
     Soak(soak::SoakArgs),
     /// The GPU sync benchmarks' results (the JSON files of scripts/gpu-bench.sh, or of bench/gpu_sharded.py) as a table and, with --out, a bar chart (PNG).
     GpuReport {
+        /// Result files of one bench (all of scripts/gpu-bench.sh, or all of gpu_sharded.py).
         files: Vec<PathBuf>,
+        /// Also draw the medians as a bar chart into this PNG file.
         #[arg(short, long)]
         out: Option<PathBuf>,
+        /// The chart's title.
         #[arg(long, default_value = "GPU sync on 2 H200s: median per step")]
         title: String,
     },
     /// Show a .dcast file: frame headers, manifest summary, codecs, sizes.
     Inspect {
+        /// The sync file to read.
         file: PathBuf,
-        /// One line per chunk.
+        /// One line per chunk: its slot (and tensor, with --names), the elements it spans as
+        /// START..END (END excluded; an 8-byte element counts as two), its changes, codecs and
+        /// section bytes.
         #[arg(long)]
         chunks: bool,
+        /// A checkpoint holding the sync's tensors (its OLD, NEW or BASE), to name the slots.
+        #[arg(long, value_name = "CHECKPOINT")]
+        names: Option<PathBuf>,
+        /// One JSON object per frame (and chunk), then a summary, instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -105,13 +130,14 @@ enum Command {
 /// How syncs are cut and coded.
 #[derive(Args, Clone, Debug)]
 pub struct WireArgs {
-    /// Largest flush in bytes (suffixes K, M, G accepted).
-    #[arg(long, default_value = "512M", value_parser = parse_size)]
-    bucket_size: u64,
-    /// Codec: `auto` (cheapest per chunk) or POS+VAL, e.g. `abs32+raw`, `gaps+ulp`, `bitmap+raw`.
+    /// Largest flush (frame), in bytes or with a binary suffix: 4096, 64K, 512M, 1G.
+    #[arg(long, default_value = "512M", value_parser = ByteSize::parse)]
+    bucket_size: ByteSize,
+    /// Codec: `auto` (cheapest per chunk) or POS+VAL, e.g. `abs32+raw`, `gaps+ulp`, `bitmap+raw`;
+    /// integer, bool and 8-byte tensors always get raw values.
     #[arg(long, default_value = "auto")]
     codec: String,
-    /// Elements per chunk.
+    /// Elements per chunk (the unit of parallel decoding).
     #[arg(long, default_value_t = DEFAULT_CHUNK_ELEMS)]
     chunk_elems: u64,
 }
@@ -119,9 +145,9 @@ pub struct WireArgs {
 impl WireArgs {
     pub fn config(&self) -> Result<FlushConfig> {
         let Some(codec) = CodecChoice::parse(&self.codec) else {
-            bail!("unknown codec `{}`: use auto or POS+VAL with POS in all/abs32/gaps/bitmap and VAL in raw/ulp", self.codec);
+            bail!("unknown codec `{}`: use auto or POS+VAL with POS in all/abs32/gaps/bitmap/holes and VAL in raw/ulp", self.codec);
         };
-        let bucket_size = usize::try_from(self.bucket_size)?;
+        let bucket_size = usize::try_from(self.bucket_size.bytes())?;
         let config = FlushConfig {
             bucket_size,
             chunk_elems: self.chunk_elems,
@@ -130,33 +156,21 @@ impl WireArgs {
         config.validate()?;
         Ok(config)
     }
+
+    /// The largest flush as the user gave it.
+    pub fn bucket_size(&self) -> ByteSize {
+        self.bucket_size
+    }
 }
 
 impl Default for WireArgs {
     fn default() -> Self {
         WireArgs {
-            bucket_size: DEFAULT_BUCKET_SIZE as u64,
+            bucket_size: ByteSize::from_bytes(DEFAULT_BUCKET_SIZE as u64),
             codec: "auto".into(),
             chunk_elems: DEFAULT_CHUNK_ELEMS,
         }
     }
-}
-
-/// Parses `4096`, `64K`, `512M`, `1G` (binary multiples).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 10),
-        Some('M') => (&t[..t.len() - 1], 20),
-        Some('G') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size (e.g. 4096, 64K, 512M, 1G)"))?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("`{text}` is too large"))
 }
 
 fn main() {
@@ -177,7 +191,12 @@ fn main() {
             output,
             json,
         } => files::apply(&base, &delta, &output, json),
-        Command::Inspect { file, chunks, json } => files::inspect(&file, chunks, json),
+        Command::Inspect {
+            file,
+            chunks,
+            names,
+            json,
+        } => files::inspect(&file, chunks, names.as_deref(), json),
         Command::GpuReport { files, out, title } => gpu_report::run(&files, out.as_deref(), &title),
         Command::Worker { role } => processes::worker(role),
         Command::Bench(args) => bench::run(args),
@@ -199,7 +218,7 @@ fn main() {
         },
     };
     if let Err(e) = result {
-        eprintln!("deltacast: error: {e:#}");
+        eprintln!("deltacast: error: {}", output::error_chain(&e));
         std::process::exit(1);
     }
 }

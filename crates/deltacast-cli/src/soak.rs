@@ -26,7 +26,7 @@ use deltacast::{Receiver, SlotTable};
 use deltacast_net::fault::{Fault, FaultProxy};
 use deltacast_net::{ClientEvent, NetConfig, Secret, SessionConfig, SyncClient, SyncServer};
 
-use crate::output::{bytes, json_line, progress};
+use crate::output::{bytes, count, hex64, json_line, progress, ByteSize};
 use crate::processes::{peak_rss_bytes, proc_status_bytes, random_secret};
 use crate::synthetic::{preset, SyntheticModel};
 
@@ -54,8 +54,8 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 1e-5)]
     lr: f32,
     /// Largest flush (small, so syncs span several flushes and faults land inside them).
-    #[arg(long, default_value = "16K", value_parser = crate::parse_size)]
-    bucket_size: u64,
+    #[arg(long, default_value = "16K", value_parser = ByteSize::parse)]
+    bucket_size: ByteSize,
     /// Server: how long a receiver may take to accept a frame, in ms.
     #[arg(long, default_value_t = 500)]
     io_timeout_ms: u64,
@@ -293,7 +293,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
     // Bound what the kernel holds for a receiver that stops reading.
     net.send_buffer = Some(64 << 10);
     let flush = deltacast::FlushConfig {
-        bucket_size: usize::try_from(args.bucket_size)?,
+        bucket_size: usize::try_from(args.bucket_size.bytes())?,
         ..deltacast::FlushConfig::default()
     };
     flush.validate()?;
@@ -305,7 +305,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
     let lo: SocketAddr = "127.0.0.1:0".parse()?;
     let mut server = SyncServer::bind(lo, net.clone(), table.clone(), flush, session.clone())?;
     let server_addr = server.local_addr();
-    let max_message = args.bucket_size + (1 << 20);
+    let max_message = args.bucket_size.bytes() + (1 << 20);
 
     let board = Arc::new(Board {
         state: Mutex::new(vec![Published::default(); args.receivers]),
@@ -419,8 +419,10 @@ pub fn run(args: SoakArgs) -> Result<()> {
             } else if p.digest != d || !p.consistent {
                 mismatches += 1;
                 errors.push(format!(
-                    "sync {k}: receiver {i} digest {:016x} (memory consistent: {}), trainer {d:016x}",
-                    p.digest, p.consistent
+                    "sync {k}: receiver {i} digest {} (memory consistent: {}), trainer {}",
+                    hex64(p.digest),
+                    p.consistent,
+                    hex64(d)
                 ));
             }
         }
@@ -552,12 +554,13 @@ pub fn run(args: SoakArgs) -> Result<()> {
         }));
     } else {
         println!(
-            "soak: {} syncs, {} receivers, preset {} ({} elements, {}), seed {}, {:.1} s",
-            args.syncs,
-            args.receivers,
+            "soak: {}, {}, preset {} ({}, {}), bucket {}, seed {}, {:.1} s",
+            count(args.syncs, "sync", "syncs"),
+            count(args.receivers as u64, "receiver", "receivers"),
             shape.name,
-            table.total_elements(),
+            count(table.total_elements(), "element", "elements"),
             bytes(table.total_bytes()),
+            args.bucket_size,
             args.seed,
             secs
         );
@@ -579,7 +582,11 @@ pub fn run(args: SoakArgs) -> Result<()> {
         println!("  receivers behind a sync    {laggards}");
         println!("  receivers between versions {between} (final version {final_version})");
         println!(
-            "  traffic                    {delta_sends} delta sends, {seeds} seed sends, {nacks} nacks, {drops} receivers dropped"
+            "  traffic                    {}, {}, {}, {} dropped",
+            count(delta_sends, "delta send", "delta sends"),
+            count(seeds, "seed send", "seed sends"),
+            count(nacks, "nack", "nacks"),
+            count(drops, "receiver", "receivers"),
         );
         println!(
             "  memory                     max RSS {}, RSS after 10% of syncs {}, at the end {}",

@@ -1,9 +1,10 @@
 //! `deltacast stats`: how many bytes each wire costs for one step (OLD → NEW checkpoints) or
-//! for every step of a recorded trace, next to the entropy bound of DESIGN.md.
+//! for every step of a recorded trace, next to the entropy bound defined in docs/codecs.md.
 //!
 //! Bound, per step: for every tensor of n elements with k changed, n·H(k/n) bits for the
 //! positions (an iid model of the change mask), plus, for every changed element, the empirical
 //! entropy of the signed ULP step (ordered-integer distance old → new) over the whole step.
+//! Integer, bool and 8-byte values have no ULP step: they count at their raw size, as sent.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -15,10 +16,10 @@ use serde_json::json;
 use deltacast::diff::{diff_serial, Changes};
 use deltacast::dtype::{load_bits, to_ordered};
 use deltacast::flush::FlushConfig;
-use deltacast::io::Checkpoint;
 use deltacast::{DType, Sender, SlotInfo, SlotTable};
 
-use crate::output::{bytes, json_line};
+use crate::files::{open_checkpoint, same_tensors};
+use crate::output::{bytes, count, json_line};
 use crate::WireArgs;
 
 /// One step's figures.
@@ -54,6 +55,7 @@ fn figures(
     let mut abs32_raw = 0u64;
     let mut position_bits = 0f64;
     let mut ulp_counts: HashMap<i64, u64> = HashMap::new();
+    let mut raw_value_bits = 0f64;
     let mut scratch = Changes::default();
     for (id, slot) in table.slots().iter().enumerate() {
         let width = slot.dtype.width();
@@ -64,19 +66,25 @@ fn figures(
         position_bits += n * binary_entropy(k / n.max(1.0));
         changed += scratch.len() as u64;
         abs32_raw += scratch.len() as u64 * (4 + width as u64);
+        if !slot.dtype.ulp_codable() {
+            raw_value_bits += (scratch.len() * width * 8) as f64;
+            continue;
+        }
         for j in 0..scratch.len() {
             let a = to_ordered(load_bits(&scratch.old_values, width, j), width) as i64;
             let b = to_ordered(load_bits(&scratch.new_values, width, j), width) as i64;
             *ulp_counts.entry(b - a).or_default() += 1;
         }
     }
-    let value_bits: f64 = ulp_counts
-        .values()
-        .map(|&c| {
-            let p = c as f64 / changed.max(1) as f64;
-            -(c as f64) * p.log2()
-        })
-        .sum();
+    let stepped: u64 = ulp_counts.values().sum();
+    let value_bits: f64 = raw_value_bits
+        + ulp_counts
+            .values()
+            .map(|&c| {
+                let p = c as f64 / stepped.max(1) as f64;
+                -(c as f64) * p.log2()
+            })
+            .sum::<f64>();
     let mut sender =
         Sender::with_base(table.clone(), config, old.to_vec(), step.saturating_sub(1))?;
     let mut chosen = 0u64;
@@ -123,7 +131,7 @@ fn print(f: &StepFigures, codec: &str, json_out: bool) {
 }
 
 fn header(codec: &str) {
-    println!("codec {codec}; bound = Σ n·H(k/n) + k·H(ULP step), per DESIGN.md");
+    println!("codec {codec}; bound = Σ n·H(k/n) + k·H(ULP step), as defined in docs/codecs.md");
     println!(
         "{:>4}  {:>9}  {:>11}  {:>11}  {:>11}  {:>11}  {:>6}  {:>6}",
         "step", "changed", "full", "abs32+raw", "chosen", "bound", "/bound", "/abs32"
@@ -133,15 +141,9 @@ fn header(codec: &str) {
 /// `deltacast stats OLD NEW`.
 pub fn stats_files(old: &Path, new: &Path, wire: &WireArgs, json_out: bool) -> Result<()> {
     let config = wire.config()?;
-    let a = Checkpoint::open(old).with_context(|| format!("cannot open {}", old.display()))?;
-    let b = Checkpoint::open(new).with_context(|| format!("cannot open {}", new.display()))?;
-    if a.table() != b.table() {
-        bail!(
-            "{} and {} hold different tensors",
-            old.display(),
-            new.display()
-        );
-    }
+    let a = open_checkpoint(old, "OLD")?;
+    let b = open_checkpoint(new, "NEW")?;
+    same_tensors(a.table(), b.table(), ("OLD", "NEW"))?;
     if !json_out {
         header(&config.codec.name());
     }
@@ -248,8 +250,8 @@ pub fn stats_trace(trace: &Path, base: &Path, wire: &WireArgs, json_out: bool) -
         );
     } else {
         println!(
-            "total over {} steps: abs32+raw {}, chosen {}, bound {}: chosen/bound {:.3}, chosen/abs32+raw {:.3}",
-            steps.len(),
+            "total over {}: abs32+raw {}, chosen {}, bound {}: chosen/bound {:.3}, chosen/abs32+raw {:.3}",
+            count(steps.len() as u64, "step", "steps"),
             bytes(totals.0),
             bytes(totals.1),
             bytes(totals.2 as u64),

@@ -1,10 +1,16 @@
 //! Element types. deltacast never does float arithmetic on weights: every element is a bit
-//! pattern of 1, 2 or 4 bytes, compared and moved as an unsigned integer, so NaN payloads,
-//! ±0 and subnormals survive untouched.
+//! pattern, compared and moved as unsigned integers of 1, 2 or 4 bytes ("sync words"), so NaN
+//! payloads, ±0 and subnormals survive untouched. An 8-byte element (I64, U64, F64) is two
+//! 4-byte words, low word first (little-endian), so every kernel and codec works on 1, 2 or 4
+//! bytes whatever the dtype.
+//!
+//! Only the float dtypes of at most 4 bytes have a value order the `ulp` codec can step along;
+//! integer, bool and 8-byte dtypes are synced as raw bit patterns ([`DType::ulp_codable`]).
 
 use crate::error::{Error, Result};
 
-/// The element types deltacast syncs. The code is the byte used on the wire.
+/// The element types deltacast syncs. The code is the byte used on the wire and in the
+/// slot-table hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     BF16,
@@ -12,24 +18,76 @@ pub enum DType {
     F32,
     F8E4M3,
     F8E5M2,
+    /// One byte per element, 0 or 1 (synced as the byte, whatever it holds).
+    Bool,
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    U64,
+    I64,
+    F64,
+    /// The unsigned power-of-two scale of the MX formats (no sign: raw bits only).
+    F8E8M0,
 }
 
 impl DType {
-    pub const ALL: [DType; 5] = [
+    /// Every dtype; the five float dtypes the `ulp` codec can carry come first.
+    pub const ALL: [DType; 16] = [
         DType::BF16,
         DType::F16,
         DType::F32,
         DType::F8E4M3,
         DType::F8E5M2,
+        DType::Bool,
+        DType::U8,
+        DType::I8,
+        DType::U16,
+        DType::I16,
+        DType::U32,
+        DType::I32,
+        DType::U64,
+        DType::I64,
+        DType::F64,
+        DType::F8E8M0,
     ];
 
-    /// Bytes per element.
-    pub const fn width(self) -> usize {
+    /// Bytes per tensor element.
+    pub const fn element_size(self) -> usize {
         match self {
-            DType::F32 => 4,
-            DType::BF16 | DType::F16 => 2,
-            DType::F8E4M3 | DType::F8E5M2 => 1,
+            DType::U64 | DType::I64 | DType::F64 => 8,
+            DType::F32 | DType::U32 | DType::I32 => 4,
+            DType::BF16 | DType::F16 | DType::U16 | DType::I16 => 2,
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E8M0 | DType::Bool | DType::U8 | DType::I8 => {
+                1
+            }
         }
+    }
+
+    /// Bytes per sync word: what diffs, codecs, digests and positions count in (1, 2 or 4).
+    /// The element size, except for 8-byte dtypes, whose elements are two 4-byte words.
+    pub const fn width(self) -> usize {
+        match self.element_size() {
+            8 => 4,
+            size => size,
+        }
+    }
+
+    /// Sync words per element: 2 for 8-byte dtypes, else 1.
+    pub const fn words_per_element(self) -> u64 {
+        (self.element_size() / self.width()) as u64
+    }
+
+    /// Whether values may be coded as `ulp` steps: only floats of one word, whose
+    /// ordered-integer view ([`to_ordered`]) follows the float order. Integer, bool and
+    /// 8-byte values are raw bit patterns (steps of their words would mean nothing).
+    pub const fn ulp_codable(self) -> bool {
+        matches!(
+            self,
+            DType::BF16 | DType::F16 | DType::F32 | DType::F8E4M3 | DType::F8E5M2
+        )
     }
 
     /// The byte that names this dtype on the wire and in the slot-table hash.
@@ -40,6 +98,17 @@ impl DType {
             DType::F32 => 3,
             DType::F8E4M3 => 4,
             DType::F8E5M2 => 5,
+            DType::Bool => 6,
+            DType::U8 => 7,
+            DType::I8 => 8,
+            DType::U16 => 9,
+            DType::I16 => 10,
+            DType::U32 => 11,
+            DType::I32 => 12,
+            DType::U64 => 13,
+            DType::I64 => 14,
+            DType::F64 => 15,
+            DType::F8E8M0 => 16,
         }
     }
 
@@ -58,6 +127,17 @@ impl DType {
             DType::F32 => "F32",
             DType::F8E4M3 => "F8_E4M3",
             DType::F8E5M2 => "F8_E5M2",
+            DType::Bool => "BOOL",
+            DType::U8 => "U8",
+            DType::I8 => "I8",
+            DType::U16 => "U16",
+            DType::I16 => "I16",
+            DType::U32 => "U32",
+            DType::I32 => "I32",
+            DType::U64 => "U64",
+            DType::I64 => "I64",
+            DType::F64 => "F64",
+            DType::F8E8M0 => "F8_E8M0",
         }
     }
 
@@ -69,12 +149,13 @@ impl DType {
             .ok_or_else(|| Error::UnsupportedDType(name.to_string()))
     }
 
-    /// Number of elements in `bytes`, or an error when the length is not a multiple of the width.
+    /// Number of sync words in `bytes`, or an error when the length is not a multiple of the
+    /// element size.
     pub fn elements_in(self, bytes: &[u8]) -> Result<usize> {
-        if !bytes.len().is_multiple_of(self.width()) {
+        if !bytes.len().is_multiple_of(self.element_size()) {
             return Err(Error::Misaligned {
                 len: bytes.len(),
-                dtype: self,
+                dtype: self.name().to_string(),
             });
         }
         Ok(bytes.len() / self.width())
@@ -152,7 +233,39 @@ mod tests {
             assert_eq!(DType::from_name(d.name()).unwrap(), d);
         }
         assert!(DType::from_code(0).is_err());
-        assert!(DType::from_name("I64").is_err());
+        assert!(DType::from_code(17).is_err());
+        assert!(DType::from_name("F4").is_err());
+        assert_eq!(DType::from_name("int64").ok(), None);
+        assert_eq!(DType::from_name("f8_e4m3").unwrap(), DType::F8E4M3);
+        // Codes and names are unique.
+        for (i, a) in DType::ALL.iter().enumerate() {
+            for b in &DType::ALL[i + 1..] {
+                assert_ne!(a.code(), b.code());
+                assert_ne!(a.name(), b.name());
+            }
+        }
+    }
+
+    #[test]
+    fn words_cover_elements_and_only_one_word_floats_are_ulp_coded() {
+        for d in DType::ALL {
+            assert!(matches!(d.width(), 1 | 2 | 4), "{d}");
+            assert_eq!(
+                d.width() as u64 * d.words_per_element(),
+                d.element_size() as u64
+            );
+        }
+        assert_eq!(DType::I64.width(), 4);
+        assert_eq!(DType::I64.words_per_element(), 2);
+        assert_eq!(DType::Bool.element_size(), 1);
+        let ulp: Vec<DType> = DType::ALL.into_iter().filter(|d| d.ulp_codable()).collect();
+        assert_eq!(ulp, DType::ALL[..5]);
+        assert_eq!(DType::I64.elements_in(&[0; 16]).unwrap(), 4);
+        let err = DType::I64.elements_in(&[0; 12]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "buffer of 12 bytes is not a whole number of I64 elements"
+        );
     }
 
     #[test]

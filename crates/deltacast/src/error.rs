@@ -1,7 +1,10 @@
 //! One error enum for the whole core library. Every variant names the problem so a
 //! user (or a Python exception class mapped from it) knows what went wrong.
-
-use crate::dtype::DType;
+//!
+//! A variant that wraps another error says its message in its own (Python and `to_string`
+//! users see it whole) and also returns it as `source()`; a printer of the whole chain
+//! (the `deltacast` binary) says each message once. Dtypes appear by name, so this module
+//! depends on no other (`dtype` uses it, not the reverse).
 
 /// Errors from decoding a position or value section.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,7 +88,7 @@ pub enum Error {
     #[error("dtype {0} is not supported")]
     UnsupportedDType(String),
     #[error("buffer of {len} bytes is not a whole number of {dtype} elements")]
-    Misaligned { len: usize, dtype: DType },
+    Misaligned { len: usize, dtype: String },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("section of slot {slot} chunk at {start}: {source}")]

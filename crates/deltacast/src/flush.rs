@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use crate::codec::{
     encode_chunk_into, encode_seed_chunk_into, CodecChoice, EncodedChunk, PosCodec, ValCodec,
 };
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::wire::{
     FrameKind, FrameWriter, SlotDigest, CHECKSUM_LEN, DIGEST_LEN, ENTRY_LEN, HEADER_LEN,
@@ -119,14 +120,15 @@ fn frame_capacity(config: &FlushConfig) -> usize {
 /// Cuts one slot's changes on the chunk grid, encodes the chunks (in parallel batches) and hands
 /// each, in order, to `emit`; a chunk too large for an empty frame is split in two until it fits.
 /// `positions` are sorted, below `numel`, in the slot's final coordinates; `old`/`new` hold their
-/// bit patterns. With `seed`, values are sent raw (a seed must not depend on what a receiver held).
+/// bit patterns. With `seed`, values are sent raw (a seed must not depend on what a receiver held);
+/// so are the values of a dtype `ulp` must not carry ([`CodecChoice::for_dtype`]).
 #[allow(clippy::too_many_arguments)]
 pub fn encode_changes(
     config: &FlushConfig,
     seed: bool,
     slot: u32,
     numel: u64,
-    width: usize,
+    dtype: DType,
     positions: &[u64],
     old: &[u8],
     new: &[u8],
@@ -134,9 +136,19 @@ pub fn encode_changes(
 ) -> Result<()> {
     let mut pool = Vec::new();
     let emit = |c: &mut ReadyChunk| emit(take_ready(c));
+    let config = &for_dtype(config, dtype);
+    let width = dtype.width();
     encode_changes_in(
         config, seed, slot, numel, width, positions, old, new, &mut pool, emit,
     )
+}
+
+/// `config` with the codec choice for the values of `dtype`.
+fn for_dtype(config: &FlushConfig, dtype: DType) -> FlushConfig {
+    FlushConfig {
+        codec: config.codec.for_dtype(dtype),
+        ..*config
+    }
 }
 
 /// The chunk's sections moved out of `c` (left empty), for a sink that keeps them.
@@ -370,12 +382,13 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
         &mut self,
         slot: u32,
         numel: u64,
-        width: usize,
+        dtype: DType,
         positions: &[u64],
         old: &[u8],
         new: &[u8],
     ) -> Result<()> {
-        let config = self.config;
+        let config = for_dtype(&self.config, dtype);
+        let width = dtype.width();
         let seed = self.kind == FrameKind::Seed;
         let mut pool = std::mem::take(&mut self.pool);
         let push = |c: &mut ReadyChunk| self.push_ready(c);
@@ -587,7 +600,7 @@ mod tests {
                     .collect();
                 let slot = slot as u32;
                 reused
-                    .push_delta(slot, numel as u64, 2, &positions, &old, &new)
+                    .push_delta(slot, numel as u64, DType::BF16, &positions, &old, &new)
                     .unwrap();
                 let mut kept = Vec::new();
                 encode_changes(
@@ -595,7 +608,7 @@ mod tests {
                     false,
                     slot,
                     numel as u64,
-                    2,
+                    DType::BF16,
                     &positions,
                     &old,
                     &new,

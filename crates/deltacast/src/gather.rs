@@ -144,6 +144,17 @@ impl RankSender {
                 map.len()
             )));
         }
+        // Plans count in elements, the sync in words: the two differ for 8-byte dtypes.
+        for i in 0..map.len() {
+            let param = map.param(i)?;
+            if param.dtype.words_per_element() != 1 {
+                return Err(Error::UnsupportedDType(format!(
+                    "{} (parameter `{}`) in a sharded sync: 8-byte dtypes sync through a \
+                     single-process Sender only",
+                    param.dtype, param.name
+                )));
+            }
+        }
         let snapshots = plans
             .iter()
             .map(|p| vec![0u8; (p.block().numel() as usize) * width_of(&map, p)])
@@ -316,7 +327,7 @@ impl RankSender {
                         seed,
                         slot,
                         info.numel(),
-                        width,
+                        info.dtype,
                         &changes.positions,
                         &changes.old_values,
                         &changes.new_values,

@@ -12,6 +12,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::slot::{SlotInfo, SlotTable};
 
+/// The safetensors dtype of each of ours (every byte-aligned one safetensors has; the
+/// sub-byte F4/F6 formats are refused on reading).
 fn to_safetensors(d: DType) -> Dtype {
     match d {
         DType::BF16 => Dtype::BF16,
@@ -19,22 +21,25 @@ fn to_safetensors(d: DType) -> Dtype {
         DType::F32 => Dtype::F32,
         DType::F8E4M3 => Dtype::F8_E4M3,
         DType::F8E5M2 => Dtype::F8_E5M2,
+        DType::Bool => Dtype::BOOL,
+        DType::U8 => Dtype::U8,
+        DType::I8 => Dtype::I8,
+        DType::U16 => Dtype::U16,
+        DType::I16 => Dtype::I16,
+        DType::U32 => Dtype::U32,
+        DType::I32 => Dtype::I32,
+        DType::U64 => Dtype::U64,
+        DType::I64 => Dtype::I64,
+        DType::F64 => Dtype::F64,
+        DType::F8E8M0 => Dtype::F8_E8M0,
     }
 }
 
 fn from_safetensors(d: Dtype, tensor: &str) -> Result<DType> {
-    Ok(match d {
-        Dtype::BF16 => DType::BF16,
-        Dtype::F16 => DType::F16,
-        Dtype::F32 => DType::F32,
-        Dtype::F8_E4M3 => DType::F8E4M3,
-        Dtype::F8_E5M2 => DType::F8E5M2,
-        other => {
-            return Err(Error::UnsupportedDType(format!(
-                "{other:?} (tensor `{tensor}`)"
-            )))
-        }
-    })
+    DType::ALL
+        .into_iter()
+        .find(|&ours| to_safetensors(ours) == d)
+        .ok_or_else(|| Error::UnsupportedDType(format!("{d:?} (tensor `{tensor}`)")))
 }
 
 /// A memory-mapped safetensors file seen as a slot table (tensors sorted by name) and bytes.
@@ -191,4 +196,80 @@ pub fn write_atomic(path: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&temp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_round_trips_through_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("all.safetensors");
+        // Odd and empty shapes; names sort in table order.
+        let slots: Vec<SlotInfo> = DType::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                let shape = match i % 3 {
+                    0 => vec![7, 3],
+                    1 => vec![0, 5],
+                    _ => vec![],
+                };
+                SlotInfo::new(format!("t{i:02}"), d, shape)
+            })
+            .collect();
+        let table = SlotTable::new(slots).unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let buffers: Vec<Vec<u8>> = table
+            .slots()
+            .iter()
+            .map(|s| {
+                (0..s.nbytes())
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    })
+                    .collect()
+            })
+            .collect();
+        let views: Vec<&[u8]> = buffers.iter().map(Vec::as_slice).collect();
+        write_checkpoint(&path, &table, &views).unwrap();
+        let back = Checkpoint::open(&path).unwrap();
+        assert_eq!(back.table(), &table);
+        assert_eq!(back.to_buffers(), buffers);
+        // The file says I64, not two I32 words: safetensors sees the element dtype and shape.
+        let bytes = std::fs::read(&path).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let i64_slot = table
+            .slots()
+            .iter()
+            .find(|s| s.dtype == DType::I64)
+            .unwrap();
+        let view = st.tensor(&i64_slot.name).unwrap();
+        assert_eq!(view.dtype(), Dtype::I64);
+        assert_eq!(
+            view.shape().iter().map(|&d| d as u64).collect::<Vec<_>>(),
+            i64_slot.shape
+        );
+    }
+
+    #[test]
+    fn sub_byte_dtypes_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f4.safetensors");
+        let view = SlotView {
+            dtype: Dtype::F4,
+            shape: vec![4],
+            data: &[0u8; 2],
+        };
+        safetensors::serialize_to_file([("packed".to_string(), view)], None, &path).unwrap();
+        let err = Checkpoint::open(&path).err().expect("F4 is refused");
+        assert_eq!(
+            err.to_string(),
+            "dtype F4 (tensor `packed`) is not supported"
+        );
+    }
 }

@@ -264,7 +264,7 @@ impl Sender {
             enc.push_delta(
                 id as u32,
                 slot.numel(),
-                width,
+                slot.dtype,
                 &changes.positions,
                 &changes.old_values,
                 &changes.new_values,

@@ -24,9 +24,15 @@ impl SlotInfo {
         }
     }
 
-    /// Number of elements (1 for a scalar, 0 if any dimension is 0).
-    pub fn numel(&self) -> u64 {
+    /// Tensor elements: the shape's product (1 for a scalar, 0 if any dimension is 0).
+    pub fn elements(&self) -> u64 {
         self.shape.iter().product()
+    }
+
+    /// Sync words ([`DType::width`] bytes each): the elements, twice over for 8-byte dtypes.
+    /// Positions, chunk ranges, change counts and digests all count in these.
+    pub fn numel(&self) -> u64 {
+        self.elements() * self.dtype.words_per_element()
     }
 
     pub fn nbytes(&self) -> u64 {
@@ -110,7 +116,7 @@ impl SlotTable {
             .ok_or_else(|| Error::UnknownSlotName(name.to_string()))
     }
 
-    /// Total elements over all slots.
+    /// Total sync words over all slots (see [`SlotInfo::numel`]).
     pub fn total_elements(&self) -> u64 {
         self.slots.iter().map(SlotInfo::numel).sum()
     }
@@ -172,5 +178,19 @@ mod tests {
         assert!(t.get(2).is_err());
         assert_eq!(t.total_elements(), 24);
         assert_eq!(t.total_bytes(), 48);
+    }
+
+    #[test]
+    fn eight_byte_elements_are_two_words() {
+        let s = SlotInfo::new("step", DType::I64, vec![3]);
+        assert_eq!((s.elements(), s.numel(), s.nbytes()), (3, 6, 24));
+        let s = SlotInfo::new("mask", DType::Bool, vec![2, 5]);
+        assert_eq!((s.elements(), s.numel(), s.nbytes()), (10, 10, 10));
+        let s = SlotInfo::new("empty", DType::I32, vec![4, 0]);
+        assert_eq!((s.elements(), s.numel(), s.nbytes()), (0, 0, 0));
+        // The dtype is part of the hash: an I64 and an F64 table differ.
+        let a = SlotTable::new(vec![SlotInfo::new("x", DType::I64, vec![2])]).unwrap();
+        let b = SlotTable::new(vec![SlotInfo::new("x", DType::F64, vec![2])]).unwrap();
+        assert_ne!(a.hash(), b.hash());
     }
 }

@@ -501,7 +501,7 @@ fn interleaved_two_flush_delta() -> (SlotTable, Vec<u8>, Vec<u8>, Vec<Vec<u8>>) 
             next[at] ^= 1; // every changed element differs from what is held
             new.extend_from_slice(&next[at..at + 2]);
         }
-        enc.push_delta(0, n as u64, 2, &positions, &old, &new)
+        enc.push_delta(0, n as u64, DType::BF16, &positions, &old, &new)
             .unwrap();
     }
     enc.finish(&[SlotDigest {

@@ -292,6 +292,7 @@ fn limits(table: &SlotTable) -> TableLimits {
 
 fn check_tensors(tensors: &[GpuTensor]) -> Result<()> {
     for t in tensors {
+        refuse_non_float(&t.name, t.dtype)?;
         let w = t.dtype.width() as u64;
         if t.numel() > 0 && t.ptr % w != 0 {
             return Err(CudaError::InvalidArgument(format!(
@@ -301,6 +302,18 @@ fn check_tensors(tensors: &[GpuTensor]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The GPU sync codes values as ULP steps and counts a tensor's elements as its words, so it
+/// takes the one-word float dtypes only; integer, bool and 8-byte tensors sync on the CPU.
+pub(crate) fn refuse_non_float(name: &str, dtype: DType) -> Result<()> {
+    if dtype.ulp_codable() {
+        return Ok(());
+    }
+    Err(CudaError::InvalidArgument(format!(
+        "tensor `{name}` is {dtype}: the GPU sync carries BF16, F16, F32, F8_E4M3 and F8_E5M2 \
+         tensors only (sync the others with the CPU Sender)"
+    )))
 }
 
 /// The digest inputs of the tensors of slots `slots`.

@@ -1001,6 +1001,7 @@ fn check_shards(
         (None, false) => {}
     }
     for s in shards {
+        super::refuse_non_float(&s.name, s.dtype)?;
         let w = s.dtype.width() as u64;
         let Some(slot_numel) = s.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)) else {
             return Err(CudaError::InvalidArgument(format!(

@@ -18,6 +18,7 @@ mod raw;
 mod trace_tests;
 mod ulp;
 
+use crate::dtype::DType;
 use crate::error::CodecError;
 
 /// How the positions of a chunk are coded. The discriminant is the wire code.
@@ -188,15 +189,21 @@ pub enum CodecChoice {
     #[default]
     /// Pick the cheapest position and value codec per chunk by exact encoded size.
     Auto,
+    /// Pick the cheapest position codec per chunk; values raw (what `Auto` becomes for a
+    /// dtype the `ulp` codec must not carry, see [`CodecChoice::for_dtype`]).
+    AutoRaw,
     /// Always use this pair (positions fall back to `All` only for seeds).
     Fixed(PosCodec, ValCodec),
 }
 
 impl CodecChoice {
-    /// Parses `auto` or `POS+VAL`, e.g. `abs32+raw`, `gaps+ulp`.
+    /// Parses `auto`, `auto+raw` or `POS+VAL`, e.g. `abs32+raw`, `gaps+ulp`.
     pub fn parse(text: &str) -> Option<Self> {
         if text == "auto" {
             return Some(CodecChoice::Auto);
+        }
+        if text == "auto+raw" {
+            return Some(CodecChoice::AutoRaw);
         }
         let (p, v) = text.split_once('+')?;
         let pos = PosCodec::ALL.into_iter().find(|c| c.name() == p)?;
@@ -207,7 +214,21 @@ impl CodecChoice {
     pub fn name(&self) -> String {
         match self {
             CodecChoice::Auto => "auto".into(),
+            CodecChoice::AutoRaw => "auto+raw".into(),
             CodecChoice::Fixed(p, v) => format!("{}+{}", p.name(), v.name()),
+        }
+    }
+
+    /// The choice for the values of `dtype`: unchanged for the floats `ulp` can step along,
+    /// else the same positions with raw values (integer and bool bits have no float order,
+    /// and an 8-byte element's words are not floats).
+    pub fn for_dtype(self, dtype: DType) -> CodecChoice {
+        if dtype.ulp_codable() {
+            return self;
+        }
+        match self {
+            CodecChoice::Auto | CodecChoice::AutoRaw => CodecChoice::AutoRaw,
+            CodecChoice::Fixed(pos, _) => CodecChoice::Fixed(pos, ValCodec::Raw),
         }
     }
 }
@@ -266,6 +287,11 @@ pub fn encode_chunk_into(
         CodecChoice::Auto => {
             out.pos_codec = Some(choose_positions(rel, range, &mut out.positions));
             out.val_codec = Some(choose_values(width, old, new, &mut out.values));
+        }
+        CodecChoice::AutoRaw => {
+            out.pos_codec = Some(choose_positions(rel, range, &mut out.positions));
+            encode_values(ValCodec::Raw, width, old, new, &mut out.values);
+            out.val_codec = Some(ValCodec::Raw);
         }
     }
 }
@@ -395,6 +421,48 @@ fn choose_values(width: usize, old: &[u8], new: &[u8], out: &mut Vec<u8>) -> Val
     }
     encode_values(ValCodec::Raw, width, old, new, out);
     ValCodec::Raw
+}
+
+#[cfg(test)]
+mod dtype_choice_tests {
+    use super::*;
+
+    #[test]
+    fn non_float_dtypes_never_get_ulp_values() {
+        let ulp = CodecChoice::Fixed(PosCodec::Gaps, ValCodec::Ulp);
+        for d in DType::ALL {
+            let (auto, fixed) = (CodecChoice::Auto.for_dtype(d), ulp.for_dtype(d));
+            if d.ulp_codable() {
+                assert_eq!((auto, fixed), (CodecChoice::Auto, ulp), "{d}");
+            } else {
+                assert_eq!(auto, CodecChoice::AutoRaw, "{d}");
+                assert_eq!(
+                    fixed,
+                    CodecChoice::Fixed(PosCodec::Gaps, ValCodec::Raw),
+                    "{d}"
+                );
+            }
+        }
+        // One-ULP steps, where `auto` would pick ulp: `auto+raw` keeps raw, same positions.
+        let rel: Vec<u32> = (0..4000).map(|i| i * 3).collect();
+        let old: Vec<u8> = (0..rel.len() as u32)
+            .flat_map(|i| (i << 8).to_le_bytes())
+            .collect();
+        let new: Vec<u8> = (0..rel.len() as u32)
+            .flat_map(|i| ((i << 8) + 1).to_le_bytes())
+            .collect();
+        let auto = encode_chunk(CodecChoice::Auto, 4, &rel, 12_000, &old, &new);
+        assert_eq!(auto.val_codec, Some(ValCodec::Ulp));
+        let raw = encode_chunk(CodecChoice::AutoRaw, 4, &rel, 12_000, &old, &new);
+        assert_eq!(raw.val_codec, Some(ValCodec::Raw));
+        assert_eq!(
+            (raw.pos_codec, &raw.positions),
+            (auto.pos_codec, &auto.positions)
+        );
+        assert_eq!(raw.values, new);
+        assert_eq!(CodecChoice::parse("auto+raw"), Some(CodecChoice::AutoRaw));
+        assert_eq!(CodecChoice::AutoRaw.name(), "auto+raw");
+    }
 }
 
 #[cfg(test)]
