@@ -645,7 +645,7 @@ impl DenseCase {
                 false,
                 slot,
                 self.numel(slot),
-                width,
+                self.table.slots()[slot as usize].dtype,
                 &positions,
                 &old,
                 &new,

@@ -100,7 +100,7 @@ pub fn staged_sync(
                         false,
                         slot,
                         info.numel(),
-                        width,
+                        info.dtype,
                         &positions,
                         &old,
                         &new,
