@@ -5,8 +5,10 @@
 # points deltacast-cuda at its libnvrtc.so through DELTACAST_NVRTC_PATH, and runs the crate's
 # `check_kernels` example, which compiles each kernel file exactly as the GPU path does at run
 # time (same prelude, same options) to PTX for the given virtual architectures. Exits 0 when every
-# kernel compiles; otherwise prints NVRTC's log and exits non-zero. Then runs the crate's tests
-# with the GPU path built (protocol, NCCL loader; the GPU tests skip without a GPU).
+# kernel compiles; otherwise prints NVRTC's log and exits non-zero. Then, with the GPU path
+# built, runs the crate's tests that need no GPU (protocol, NCCL loader, Gpu::new's error) and
+# compiles the GPU test binaries; a cuda build fails a GPU test without a GPU, so those run on
+# the GPU machine (scripts/gpu-tests.sh).
 #
 # Env: NVRTC_VERSION (default 13.0.88, the CUDA of the project's H200 machines),
 #      KERNEL_ARCHS (default "compute_90"), CARGO_TARGET_DIR (as cargo).
@@ -39,5 +41,7 @@ echo "== compiling kernels for $KERNEL_ARCHS"
 # shellcheck disable=SC2086
 cargo run --quiet --release -p deltacast-cuda --features cuda --example check_kernels -- $KERNEL_ARCHS
 
-echo "== deltacast-cuda tests with the GPU path built (GPU tests skip without a GPU and say why)"
-cargo test --quiet --release -p deltacast-cuda --features cuda
+echo "== deltacast-cuda with the GPU path built: the tests that need no GPU; the GPU tests compile"
+cargo test --quiet --release -p deltacast-cuda --features cuda --lib
+cargo test --quiet --release -p deltacast-cuda --features cuda --test gpu gpu_new_never_panics
+cargo test --quiet --release -p deltacast-cuda --features cuda --tests --examples --no-run

@@ -6,7 +6,7 @@
 #   FUZZ_BUILD_FLAGS  cargo-fuzz build flags (default --codegen-units 16)
 #   CARGO_TARGET_DIR  honoured (default fuzz/target)
 #
-# Installs cargo-fuzz from crates.io if missing (cargo install --locked). Builds on stable with
+# Installs cargo-fuzz from crates.io into ~/.cargo/bin if missing (cargo install --locked). Builds on stable with
 # --sanitizer none. Exit status: 1 if any target found a crash (panic, failed assertion, timeout,
 # out-of-memory; the input is kept under fuzz/artifacts/TARGET/) or if the targets do not
 # build for another reason than the one below; 0 otherwise. When libFuzzer itself cannot be
@@ -31,17 +31,20 @@ skip_all() {
 }
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
-    echo "== installing cargo-fuzz (cargo install cargo-fuzz --locked)"
+    echo "== installing cargo-fuzz into ~/.cargo/bin (cargo install cargo-fuzz --locked; a few minutes)"
+    t0=$(date +%s)
     if ! cargo install cargo-fuzz --locked >"$log_dir/install.log" 2>&1; then
         tail -n 20 "$log_dir/install.log"
         skip_all "cargo-fuzz is not installed and could not be installed"
     fi
+    echo "   installed in $(($(date +%s) - t0)) s"
 fi
 echo "== $(cargo fuzz --version), $(rustc --version)"
 
 targets=${FUZZ_TARGETS:-$(cargo fuzz list)}
 
-echo "== building fuzz targets (--sanitizer none): $(echo $targets)"
+echo "== building fuzz targets (--sanitizer none; minutes when cold): $(echo $targets)"
+build_start=$(date +%s)
 build_ok=1
 if [ -z "${FUZZ_TARGETS:-}" ]; then
     cargo fuzz build --sanitizer none $FUZZ_BUILD_FLAGS >"$log_dir/build.log" 2>&1 || build_ok=0
@@ -61,7 +64,7 @@ if [ $build_ok -eq 0 ]; then
     echo "fuzz-smoke: FAILED: the fuzz targets do not build (log above)"
     exit 1
 fi
-echo "   built in $(($(date +%s) - start)) s"
+echo "   built in $(($(date +%s) - build_start)) s"
 
 failed=()
 for t in $targets; do

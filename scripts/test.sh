@@ -1,42 +1,147 @@
 #!/usr/bin/env bash
-# Runs every test of the project. Installs nothing system-wide beyond what cargo fetches.
+# Runs every test of the project: what CI runs (.ci/run). About 25 min on 2 cores from a cold
+# cargo cache, ~5 GB of disk under target/ and fuzz/target/.
+#
+# Needs: Rust stable with rustfmt, a C/C++ compiler (libFuzzer's runtime, for the fuzz smoke),
+# Python >= 3.10 with the venv module (Debian: python3-venv), and network access to crates.io
+# and PyPI.
+#
+# Installs, outside the repository:
+#   - cargo-fuzz into ~/.cargo/bin (cargo install --locked), when `cargo fuzz` is missing;
+#   - iproute2 (`ip`, `tc`) with apt-get, when running as root without them (the shaped bench
+#     tests of crates/deltacast-cli/tests/bench.rs need root, ip and tc);
+#   - crates in ~/.cargo/registry and wheels in pip's cache (~/.cache/pip), as cargo and pip do.
+# Inside it: build outputs in target/ (the Python package's venv in target/pyenv, its cargo
+# build in target/python, the NVRTC wheel in target/nvrtc-venv-*) and fuzz/target/.
+#
+# Everything printed also goes to target/test.log; at the end comes a summary of every test
+# that did not run (cargo's `ignored` lines, pytest's skips, fuzz targets not fuzzed) with its
+# reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+ROOT=$PWD
+LOG=$ROOT/target/test.log
+mkdir -p target
+: >"$LOG"
 
-echo "== cargo fmt --check"
-cargo fmt --all -- --check
+# `say TEXT`: to the terminal and the log.
+say() { echo "$*" | tee -a "$LOG"; }
 
-echo "== cargo test (workspace)"
-cargo test --workspace --no-fail-fast 2>&1
+# Every test that did not run, with its reason, from the log (printed also on failure).
+summary() {
+    local status=$?
+    {
+        echo
+        echo "== not run (from $LOG)"
+        # cargo: "Running tests/x.rs (target/.../deps/x-HASH)", "Running unittests src/lib.rs
+        # (…/deps/crate-HASH)" or "Doc-tests crate", then "test NAME ... ignored, REASON".
+        awk '
+            /^ *Running / {
+                path = ($2 == "unittests") ? $3 : $2; bin = $NF
+                gsub(/^\(.*\/|-[0-9a-f]+\)$/, "", bin); where = bin " " path
+            }
+            /^ *Doc-tests / { where = "doc-tests of " $2 }
+            / \.\.\. ignored/ {
+                line = $0; sub(/^test /, "", line)
+                split(line, parts, / \.\.\. ignored,? ?/)
+                reason = (parts[2] == "") ? "no reason given" : parts[2]
+                printf "  cargo  %s: %s: %s\n", where, parts[1], reason
+                n++
+            }
+            /^SKIPPED \[/ { sub(/^SKIPPED /, ""); printf "  pytest %s\n", $0; n++ }
+            /^fuzz-smoke: SKIPPED/ { printf "  fuzz   %s\n", $0; n++ }
+            END { if (n == 0) print "  (none reported)" }
+        ' "$LOG"
+        if [ -n "${SHAPING_SKIPPED:-}" ]; then
+            echo "  cargo  bench tests/bench.rs (deltacast-cli): shaped_run_verifies_every_step_and_leaves_nothing_behind"
+            echo "         and sigint_midway_tears_everything_down passed without shaping anything:"
+            echo "         $SHAPING_SKIPPED (they need root, ip, tc and network namespaces)"
+        fi
+        if [ "$status" -eq 0 ]; then
+            echo "== every test passed ($(($(date +%s) - START)) s)"
+        else
+            echo "== FAILED (exit $status) after $(($(date +%s) - START)) s; the whole output: $LOG"
+        fi
+    } | tee -a "$LOG"
+    exit "$status"
+}
+START=$(date +%s)
+trap summary EXIT
 
-echo "== benches compile"
-cargo check --workspace --benches --quiet
+# `phase TITLE CMD...`: says what it starts, runs it (its output to the terminal and the log),
+# says how long it took; fails as the command does.
+phase() {
+    local title=$1 t0
+    shift
+    say "== $title"
+    t0=$(date +%s)
+    "$@" 2>&1 | tee -a "$LOG"
+    say "   ($title: $(($(date +%s) - t0)) s)"
+}
 
-echo "== API docs build without warnings (broken links included)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+# Fail at once, with the fix, on what the test run cannot do without.
+cargo fmt --version >/dev/null 2>&1 || {
+    say "rustfmt is missing: rustup component add rustfmt"
+    exit 1
+}
+python3 -c 'import sys, venv, ensurepip; assert sys.version_info >= (3, 10), sys.version' 2>/dev/null || {
+    say "Python >= 3.10 with the venv module is needed (Debian: apt-get install python3-venv)"
+    exit 1
+}
 
-echo "== fuzz smoke (each cargo-fuzz target for a few seconds)"
-FUZZ_SECONDS=${FUZZ_SECONDS:-5} ./scripts/fuzz-smoke.sh
+# Shaped bench runs need root, ip, tc and network namespaces; install iproute2 if we may.
+if [ "$(id -u)" = 0 ] && ! { command -v ip && command -v tc; } >/dev/null 2>&1 \
+    && command -v apt-get >/dev/null 2>&1; then
+    install_iproute2() {
+        apt-get update -qq >/dev/null &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+    }
+    phase "installing iproute2 (apt-get; for the shaped bench tests)" install_iproute2 ||
+        say "   could not install iproute2: the shaped bench tests will not shape"
+fi
+SHAPING_SKIPPED=
+if [ "$(id -u)" != 0 ]; then
+    SHAPING_SKIPPED="not root"
+elif ! { command -v ip && command -v tc; } >/dev/null 2>&1; then
+    SHAPING_SKIPPED="ip or tc (iproute2) missing"
+elif ! ip netns add "dct-probe-$$" >/dev/null 2>&1; then
+    SHAPING_SKIPPED="\`ip netns add\` fails here"
+else
+    ip netns del "dct-probe-$$" >/dev/null 2>&1 || true
+fi
 
-echo "== GPU kernels compile (NVRTC from PyPI, PTX for sm_90, no GPU needed)"
-./scripts/check-kernels.sh
+phase "cargo fmt --check" cargo fmt --all -- --check
 
-echo "== python package (bindings/python): pip install into a venv, pytest"
+phase "cargo test (workspace)" cargo test --workspace --no-fail-fast
+
+phase "benches compile" cargo check --workspace --benches --quiet
+
+phase "API docs build without warnings (broken links included)" \
+    env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
+phase "fuzz smoke (each cargo-fuzz target for a few seconds)" \
+    env FUZZ_SECONDS="${FUZZ_SECONDS:-5}" ./scripts/fuzz-smoke.sh
+
+phase "GPU kernels compile (NVRTC from PyPI, PTX for sm_90, no GPU needed)" \
+    ./scripts/check-kernels.sh
+
+say "== python package (bindings/python): pip install into a venv, pytest"
 # The package is its own cargo workspace (no Python needed by the Rust tests above). pip builds
 # it through maturin, fetched from PyPI into pip's isolated build environment; the wheel's cargo
 # build keeps its artefacts in target/python so later runs only rebuild what changed.
 py_env=target/pyenv
 if [ ! -x "$py_env/bin/python" ]; then
-  python3 -m venv "$py_env" || {
-    echo "python3 -m venv failed: install the venv module (Debian: apt-get install python3-venv)" >&2
-    exit 1
-  }
+    phase "creating the venv $py_env" python3 -m venv "$py_env"
 fi
 export PYTHONDONTWRITEBYTECODE=1
-"$py_env/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest
-CARGO_TARGET_DIR="$PWD/target/python" "$py_env/bin/python" -m pip install --quiet \
-  --disable-pip-version-check --no-deps --force-reinstall ./bindings/python
-cargo fmt --manifest-path bindings/python/Cargo.toml -- --check
+phase "pip install numpy pytest (from PyPI, into $py_env)" \
+    "$py_env/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest
+phase "building and installing the wheel (maturin, a release build: minutes when cold)" \
+    env CARGO_TARGET_DIR="$ROOT/target/python" "$py_env/bin/python" -m pip install --quiet \
+    --disable-pip-version-check --no-deps --force-reinstall ./bindings/python
+phase "cargo fmt --check (bindings/python)" \
+    cargo fmt --manifest-path bindings/python/Cargo.toml -- --check
 # pytest exits 5 when it collects no test, which `set -e` turns into a failure.
-"$py_env/bin/python" -m pytest bindings/python/tests -q -rs -p no:cacheprovider
+phase "pytest bindings/python/tests" \
+    "$py_env/bin/python" -m pytest bindings/python/tests -q -rs -p no:cacheprovider

@@ -1,5 +1,6 @@
 //! numpy arrays as slot buffers, without copies: dtype names, the checks that make borrowing
-//! an array's memory sound, and the receiver's [`SlotStore`] over borrowed arrays.
+//! an array's memory sound, the receiver's [`SlotStore`] over borrowed arrays, and frames
+//! borrowed from `bytes` or uint8 arrays.
 
 use deltacast::{DType, SlotStore};
 use numpy::npyffi::_PyArray_GET_ITEM_DATA;
@@ -7,7 +8,7 @@ use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyMapping};
+use pyo3::types::{PyBytes, PyDict, PyMapping};
 
 use crate::errors::{invalid, raise};
 
@@ -34,6 +35,26 @@ pub fn dtype_name(d: DType) -> &'static str {
         DType::I64 => "i64",
         DType::F64 => "f64",
         DType::F8E8M0 => "f8_e8m0",
+    }
+}
+
+/// The numpy dtype that carries a slot's bits: the float type where numpy has it, else the
+/// unsigned integer of the same width (bf16 → uint16, fp8 → uint8).
+pub fn numpy_dtype(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "<f4",
+        DType::F16 => "<f2",
+        DType::BF16 => "<u2",
+        DType::F8E4M3 | DType::F8E5M2 | DType::F8E8M0 | DType::U8 => "u1",
+        DType::Bool => "?",
+        DType::I8 => "i1",
+        DType::U16 => "<u2",
+        DType::I16 => "<i2",
+        DType::U32 => "<u4",
+        DType::I32 => "<i4",
+        DType::U64 => "<u8",
+        DType::I64 => "<i8",
+        DType::F64 => "<f8",
     }
 }
 
@@ -400,4 +421,28 @@ impl SlotStore for NumpyStore {
                 .collect(),
         )
     }
+}
+
+/// A frame's bytes without a copy where the object allows it: `bytes` (immutable) and
+/// contiguous uint8/int8 numpy arrays are borrowed; anything else goes through `bytes(obj)`.
+pub fn frame_bytes<'py>(obj: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, RawView)> {
+    let py = obj.py();
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok((obj.clone(), RawView::of_bytes(b.as_bytes())));
+    }
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        let descr = arr.dtype();
+        if descr.itemsize() == 1
+            && matches!(descr.kind(), b'u' | b'i')
+            && arr.ndim() == 1
+            && arr.is_c_contiguous()
+        {
+            let n = arr.len() as u64;
+            let view = check_array(arr, "frame", deltacast::DType::F8E4M3, &[n], false)?;
+            return Ok((obj.clone(), view));
+        }
+    }
+    let copy = py.get_type::<PyBytes>().call1((obj,))?;
+    let view = RawView::of_bytes(copy.cast::<PyBytes>()?.as_bytes());
+    Ok((copy, view))
 }

@@ -9,6 +9,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyModule;
 use pyo3::IntoPyObjectExt;
 
+use crate::values::table_hash_hex;
+
 static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
 /// The Python exception class `name` of `deltacast._errors`.
@@ -85,7 +87,10 @@ pub fn to_py(err: Error) -> PyErr {
             ),
             Error::SlotTableMismatch { frame, local } => (
                 "SlotTableMismatchError",
-                vec![("frame", attr(py, *frame)), ("local", attr(py, *local))],
+                vec![
+                    ("frame", attr(py, table_hash_hex(*frame))),
+                    ("local", attr(py, table_hash_hex(*local))),
+                ],
             ),
             Error::VersionMismatch {
                 current,

@@ -8,30 +8,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::path::PathBuf;
 
-use crate::arrays::{as_ndarray, resolve, Want};
+use crate::arrays::{as_ndarray, frame_bytes, numpy_dtype, resolve, Want};
 use crate::errors::{invalid, IntoPyResult};
-use crate::receiver::frame_bytes;
 use crate::table::table_arg;
-
-/// The numpy dtype that carries a slot's bits: the float type where numpy has it, else the
-/// unsigned integer of the same width (bf16 → uint16, fp8 → uint8).
-pub fn numpy_dtype(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "<f4",
-        DType::F16 => "<f2",
-        DType::BF16 => "<u2",
-        DType::F8E4M3 | DType::F8E5M2 | DType::F8E8M0 | DType::U8 => "u1",
-        DType::Bool => "?",
-        DType::I8 => "i1",
-        DType::U16 => "<u2",
-        DType::I16 => "<i2",
-        DType::U32 => "<u4",
-        DType::I32 => "<i4",
-        DType::U64 => "<u8",
-        DType::I64 => "<i8",
-        DType::F64 => "<f8",
-    }
-}
+use crate::values::table_hash_hex;
 
 /// Reads a safetensors file into a dict name → numpy array (a copy, so the file may change
 /// afterwards). bf16 comes as uint16 bits and fp8 as uint8; `SlotTable.from_safetensors`
@@ -185,7 +165,7 @@ pub fn frame_header<'py>(
     d.set_item("version", h.version)?;
     d.set_item("flush_index", h.flush_index)?;
     d.set_item("is_final", h.is_final)?;
-    d.set_item("table_hash", h.table_hash)?;
+    d.set_item("table_hash", table_hash_hex(h.table_hash))?;
     d.set_item("frame_len", h.frame_len)?;
     Ok(d)
 }

@@ -11,21 +11,24 @@ mod arrays;
 mod cuda;
 mod errors;
 mod files;
+mod params;
 mod receiver;
 mod sender;
 mod sharded;
+mod slot;
 mod table;
+mod values;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<table::Slot>()?;
+    m.add_class::<slot::Slot>()?;
     m.add_class::<table::SlotTable>()?;
     m.add_class::<sender::Sender>()?;
     m.add_class::<sender::SyncResult>()?;
     m.add_class::<receiver::Receiver>()?;
     m.add_class::<receiver::SyncOutcome>()?;
-    m.add_class::<sharded::Converter>()?;
-    m.add_class::<sharded::Param>()?;
+    m.add_class::<params::Converter>()?;
+    m.add_class::<params::Param>()?;
     m.add_class::<sharded::Layout>()?;
     m.add_class::<sharded::RankSender>()?;
     m.add_class::<sharded::RankSyncResult>()?;

@@ -2,14 +2,13 @@
 
 use std::time::Instant;
 
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyDict;
 
-use crate::arrays::{check_array, resolve, NumpyStore, RawView, Want};
+use crate::arrays::{frame_bytes, resolve, NumpyStore, Want};
 use crate::errors::IntoPyResult;
-use crate::sender::digests_dict;
 use crate::table::{table_arg, SlotTable};
+use crate::values::digests_dict;
 
 /// What a completed sync did on the receiver.
 #[pyclass(module = "deltacast._native", frozen, get_all)]
@@ -36,30 +35,6 @@ impl SyncOutcome {
             self.kind, self.version, self.changed, self.flushes, self.state_digest
         )
     }
-}
-
-/// A frame's bytes without a copy where the object allows it: `bytes` (immutable) and
-/// contiguous uint8/int8 numpy arrays are borrowed; anything else goes through `bytes(obj)`.
-pub fn frame_bytes<'py>(obj: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, RawView)> {
-    let py = obj.py();
-    if let Ok(b) = obj.cast::<PyBytes>() {
-        return Ok((obj.clone(), RawView::of_bytes(b.as_bytes())));
-    }
-    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
-        let descr = arr.dtype();
-        if descr.itemsize() == 1
-            && matches!(descr.kind(), b'u' | b'i')
-            && arr.ndim() == 1
-            && arr.is_c_contiguous()
-        {
-            let n = arr.len() as u64;
-            let view = check_array(arr, "frame", deltacast::DType::F8E4M3, &[n], false)?;
-            return Ok((obj.clone(), view));
-        }
-    }
-    let copy = py.get_type::<PyBytes>().call1((obj,))?;
-    let view = RawView::of_bytes(copy.cast::<PyBytes>()?.as_bytes());
-    Ok((copy, view))
 }
 
 /// Receives syncs into the arrays it was given, in place. A sync is applied only when every

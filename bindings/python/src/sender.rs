@@ -14,6 +14,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use crate::arrays::{resolve, Want};
 use crate::errors::{invalid, IntoPyResult};
 use crate::table::{table_arg, SlotTable};
+use crate::values::digests_dict;
 
 /// What Python gets a frame as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -369,16 +370,4 @@ impl Sender {
             table: self.inner.table().clone(),
         }
     }
-}
-
-pub fn digests_dict<'py>(
-    py: Python<'py>,
-    table: &deltacast::SlotTable,
-    digests: &[u64],
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for (s, v) in table.slots().iter().zip(digests) {
-        d.set_item(&s.name, v)?;
-    }
-    Ok(d)
 }

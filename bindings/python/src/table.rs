@@ -1,4 +1,4 @@
-//! `Slot` and `SlotTable`: the static list of final tensors every rank and receiver agrees on.
+//! `SlotTable`: the static list of final tensors every rank and receiver agrees on.
 
 use deltacast::convert::build_table;
 use deltacast::io::Checkpoint;
@@ -6,80 +6,11 @@ use deltacast::SlotInfo;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::arrays::{dtype_arg, dtype_name};
+use crate::arrays::{dtype_arg, numpy_dtype};
 use crate::errors::{invalid, IntoPyResult};
-use crate::sharded::Param;
-
-/// One final tensor as the receiver names it: name, dtype and full shape.
-#[pyclass(module = "deltacast._native", frozen, eq)]
-#[derive(Clone, PartialEq)]
-pub struct Slot {
-    pub info: SlotInfo,
-}
-
-#[pymethods]
-impl Slot {
-    #[new]
-    fn new(name: String, dtype: &Bound<'_, PyAny>, shape: Vec<u64>) -> PyResult<Self> {
-        Ok(Slot {
-            info: SlotInfo::new(name, dtype_arg(dtype)?, shape),
-        })
-    }
-
-    #[getter]
-    fn name(&self) -> &str {
-        &self.info.name
-    }
-
-    /// The canonical dtype name: "bf16", "f16", "f32", "f8_e4m3" or "f8_e5m2".
-    #[getter]
-    fn dtype(&self) -> &'static str {
-        dtype_name(self.info.dtype)
-    }
-
-    #[getter]
-    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, &self.info.shape)
-    }
-
-    #[getter]
-    fn numel(&self) -> u64 {
-        self.info.numel()
-    }
-
-    #[getter]
-    fn nbytes(&self) -> u64 {
-        self.info.nbytes()
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "Slot({}, '{}', {})",
-            py_repr(&self.info.name),
-            dtype_name(self.info.dtype),
-            shape_repr(&self.info.shape)
-        )
-    }
-}
-
-/// A Python string literal for `s` (single quotes, as `repr(str)` writes it).
-pub fn py_repr(s: &str) -> String {
-    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
-}
-
-pub fn shape_repr(shape: &[u64]) -> String {
-    match shape {
-        [one] => format!("({one},)"),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
-}
+use crate::params::Param;
+use crate::slot::Slot;
+use crate::values::table_hash_hex;
 
 /// The ordered slot table. Its hash travels in every frame: a receiver built from another
 /// table refuses the sync before touching its arrays.
@@ -132,10 +63,11 @@ impl SlotTable {
         })
     }
 
-    /// A stable 64-bit hash of names, dtypes and shapes, in order.
+    /// A stable 64-bit hash of names, dtypes and shapes, in order, as 16 hex digits (the
+    /// CLI's spelling, and the one in `SlotTableMismatchError` and `frame_header`).
     #[getter]
-    fn hash(&self) -> u64 {
-        self.table.hash()
+    fn hash(&self) -> String {
+        table_hash_hex(self.table.hash())
     }
 
     #[getter]
@@ -217,13 +149,8 @@ impl SlotTable {
         let np = py.import("numpy")?;
         let out = PyDict::new(py);
         for s in self.table.slots() {
-            let arr = np.call_method1(
-                "zeros",
-                (
-                    PyTuple::new(py, &s.shape)?,
-                    crate::files::numpy_dtype(s.dtype),
-                ),
-            )?;
+            let arr =
+                np.call_method1("zeros", (PyTuple::new(py, &s.shape)?, numpy_dtype(s.dtype)))?;
             out.set_item(&s.name, arr)?;
         }
         Ok(out)
@@ -231,10 +158,10 @@ impl SlotTable {
 
     fn __repr__(&self) -> String {
         format!(
-            "SlotTable({} slots, {} elements, hash {:016x})",
+            "SlotTable({} slots, {} elements, hash {})",
             self.table.len(),
             self.table.total_elements(),
-            self.table.hash()
+            table_hash_hex(self.table.hash())
         )
     }
 }

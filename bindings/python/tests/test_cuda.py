@@ -50,23 +50,32 @@ def test_snapshot_place_entropy_and_stages_are_checked_before_anything_runs():
             dcc.GpuSender(None, [], stage_bytes=bad)
 
 
+def _cannot_run(why):
+    """Skips the test, or fails it where GPUs are required (DELTACAST_REQUIRE_GPU=1, set by
+    scripts/gpu-tests.sh on the GPU machine)."""
+    if os.environ.get("DELTACAST_REQUIRE_GPU") == "1":
+        pytest.fail(f"DELTACAST_REQUIRE_GPU=1 but {why}")
+    pytest.skip(why)
+
+
 def _one_gpu():
-    torch = pytest.importorskip("torch", reason="torch not installed")
-    pytest.importorskip("transformers", reason="transformers not installed")
+    for module in ("torch", "transformers"):
+        try:
+            __import__(module)
+        except ImportError:
+            _cannot_run(f"{module} not installed")
+    import torch
+
     ok, why = dcc.available()
     if not ok:
-        pytest.skip(why)
+        _cannot_run(why)
     return torch
 
 
 def _two_gpus():
-    torch = pytest.importorskip("torch", reason="torch not installed")
-    pytest.importorskip("transformers", reason="transformers not installed")
-    ok, why = dcc.available()
-    if not ok:
-        pytest.skip(why)
+    torch = _one_gpu()
     if torch.cuda.device_count() < 2:
-        pytest.skip("two CUDA devices needed")
+        _cannot_run("two CUDA devices needed")
     return torch
 
 
@@ -250,7 +259,7 @@ def test_qwen2_synced_through_cuda_ipc_is_bit_identical(devices, slots, slot_byt
                                                         stage_bytes):
     torch = _one_gpu()
     if torch.cuda.device_count() <= max(devices):
-        pytest.skip(f"{max(devices) + 1} CUDA devices needed")
+        _cannot_run(f"{max(devices) + 1} CUDA devices needed")
     import torch.multiprocessing as mp
 
     link = ("ipc", f"127.0.0.1:{_free_port()}", slots, slot_bytes)

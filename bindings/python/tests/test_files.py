@@ -55,6 +55,11 @@ def test_checkpoint_plus_sync_file_gives_the_new_checkpoint(tmp_path, rng):
     frames = dc.read_sync_file(sync_file)
     assert frames == delta.frames
     assert dc.frame_header(frames[-1])["is_final"]
+    # The table hash has one spelling: bytes 16..24 of every frame header (a little-endian
+    # u64, docs/wire-format.md) as 16 hex digits, in the header dict as on the table.
+    for f in frames:
+        raw = int.from_bytes(bytes(f)[16:24], "little")
+        assert dc.frame_header(f)["table_hash"] == f"{raw:016x}" == table.hash
 
     # A receiver over the loaded checkpoint, whose table order is the file's (sorted): it
     # must use the sender's table, so pass the arrays by name.

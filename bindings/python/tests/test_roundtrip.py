@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import types
 
 import numpy as np
@@ -176,6 +177,10 @@ def test_reprs_and_table(rng):
     assert table.names[0] == "layer0.weight"
     assert dc.SlotTable(list(table)) == table
     assert dc.SlotTable(list(table)).hash == table.hash
+    # The hash is spelt as the CLI prints it, 16 lowercase hex digits, in the repr too.
+    assert isinstance(table.hash, str) and re.fullmatch("[0-9a-f]{16}", table.hash), table.hash
+    assert f"hash {table.hash})" in repr(table)
+    assert dc.SlotTable(list(table)[::-1]).hash != table.hash
     with pytest.raises(IndexError):
         table[100]
     with pytest.raises(dc.UnknownSlotError):

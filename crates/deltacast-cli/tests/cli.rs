@@ -1,5 +1,6 @@
 //! The `deltacast` binary end to end: demo, and diff → apply through files, including the
-//! recorded optimizer traces in ../shared/traces (every trace found there is replayed).
+//! recorded optimizer traces in crates/deltacast/tests/data/traces (every trace found there is
+//! replayed; `DELTACAST_TRACES` names another folder).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -224,11 +225,14 @@ fn diff_apply_inspect_round_trip_and_refusals() {
     .contains("nonexistent"));
 }
 
-/// Where the recorded traces live: $DELTACAST_TRACES, else ../shared/traces beside the repo.
+/// Where the recorded traces live: $DELTACAST_TRACES, else the ones committed with the core
+/// crate.
 fn traces_dir() -> PathBuf {
     std::env::var_os("DELTACAST_TRACES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"))
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deltacast/tests/data/traces")
+        })
 }
 
 /// Every (trace, base) pair in the traces directory.
@@ -326,13 +330,11 @@ fn rebuild_checkpoints(trace: &Path, base: &Path, dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn recorded_traces_replay_bit_for_bit_through_diff_and_apply() {
     let pairs = trace_pairs();
-    if pairs.is_empty() {
-        eprintln!(
-            "SKIP: no recorded traces in {} (set DELTACAST_TRACES)",
-            traces_dir().display()
-        );
-        return;
-    }
+    assert!(
+        !pairs.is_empty(),
+        "no recorded traces (NAME.safetensors + NAME_base.safetensors) in {}",
+        traces_dir().display()
+    );
     for (trace, base) in pairs {
         let dir = tempfile::tempdir().unwrap();
         let checkpoints = rebuild_checkpoints(&trace, &base, dir.path());

@@ -8,8 +8,9 @@
 //! The same script also runs over the CUDA-IPC link, the receiver in a process of its own
 //! (IPC handles cannot be opened in the process that made them), both on GPU 0.
 //!
-//! Needs two GPUs and NCCL (the IPC tests: one GPU); otherwise each test prints why it is
-//! skipped and passes (`DELTACAST_REQUIRE_GPU=1` turns that into a failure).
+//! Compiled only with the `cuda` feature (without it, tests/gpu.rs lists this suite as
+//! ignored). Needs two GPUs and NCCL (the IPC tests: one GPU); a cuda build is made to run
+//! it, so a missing GPU fails the test with the reason.
 #![cfg(feature = "cuda")]
 
 use deltacast_testkit as common;
@@ -35,33 +36,27 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn two_gpus() -> bool {
+/// Fails the test unless two GPUs and NCCL are here.
+fn need_two_gpus() {
     let why = match Gpu::device_count() {
         Ok(n) if n >= 2 => match unique_id() {
-            Ok(_) => return true,
+            Ok(_) => return,
             Err(e) => e.to_string(),
         },
         Ok(n) => format!("{n} GPU(s), two needed"),
         Err(e) => e.to_string(),
     };
-    if std::env::var("DELTACAST_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        panic!("DELTACAST_REQUIRE_GPU=1 but: {why}");
-    }
-    eprintln!("skipping GPU sync test: {why}");
-    false
+    panic!("this test needs two GPUs and NCCL: {why}");
 }
 
-fn one_gpu() -> bool {
+/// Fails the test unless a GPU is here.
+fn need_one_gpu() {
     let why = match Gpu::device_count() {
-        Ok(n) if n >= 1 => return true,
+        Ok(n) if n >= 1 => return,
         Ok(_) => "no GPU".to_string(),
         Err(e) => e.to_string(),
     };
-    if std::env::var("DELTACAST_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        panic!("DELTACAST_REQUIRE_GPU=1 but: {why}");
-    }
-    eprintln!("skipping GPU sync test: {why}");
-    false
+    panic!("this test needs a GPU: {why}");
 }
 
 /// How the sender and the receiver of a script are linked.
@@ -181,9 +176,7 @@ const STEPS_STAGED: &[(f64, Before)] = &[
 #[test]
 fn sender_on_gpu0_receiver_on_gpu1_stay_bit_identical() {
     let _serial = serial();
-    if !two_gpus() {
-        return;
-    }
+    need_two_gpus();
     let (kinds, entropy) = run_script(SnapshotPlace::Device, EntropyMode::On, 0, STEPS);
     check_kinds(&kinds);
     // The same steps (same seed) without the entropy codecs: same outcomes, and the entropy
@@ -205,9 +198,7 @@ fn sender_with_pinned_host_snapshot_stays_bit_identical() {
     // The same script with the sender's snapshot in pinned host memory: seeds copy the
     // tensors into it device-to-host, every diff reads it over PCIe and refreshes it in place.
     let _serial = serial();
-    if !two_gpus() {
-        return;
-    }
+    need_two_gpus();
     check_kinds(&run_script(SnapshotPlace::PinnedHost, EntropyMode::Auto, 0, STEPS).0);
 }
 
@@ -218,9 +209,7 @@ fn syncs_in_stages_stay_bit_identical_and_undo_refused_stages() {
     // first delta stage refuses) and one caught only by slot 4's digest check (the three
     // stages before it applied, then undone; the three after it received and dropped).
     let _serial = serial();
-    if !two_gpus() {
-        return;
-    }
+    need_two_gpus();
     for entropy in [EntropyMode::Off, EntropyMode::On] {
         let (kinds, _) = run_script(SnapshotPlace::Device, entropy, 1, STEPS_STAGED);
         let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
@@ -244,9 +233,7 @@ fn ipc_link_two_processes_on_one_gpu_stay_bit_identical() {
     // slots far smaller than the tensors (many pieces per broadcast, every slot reused, the
     // root waiting for the receiver to drain them), in one stage and in seven.
     let _serial = serial();
-    if !one_gpu() {
-        return;
-    }
+    need_one_gpu();
     let small = || LinkSpec::Ipc(free_address(), 3, 4096);
     let (kinds, _) = run_script_over(small(), SnapshotPlace::Device, EntropyMode::Auto, 0, STEPS);
     check_kinds(&kinds);
@@ -274,9 +261,7 @@ fn ipc_link_two_processes_on_one_gpu_stay_bit_identical() {
 #[test]
 fn pinned_host_snapshot_refuses_lent_snapshots() {
     let _serial = serial();
-    if !two_gpus() {
-        return;
-    }
+    need_two_gpus();
     let gpu = Gpu::new(0).expect("gpu 0");
     gpu.make_current().expect("current");
     let comm = NcclComm::new(&unique_id().expect("unique id"), 1, 0).expect("comm of one");
@@ -312,9 +297,7 @@ fn gather_bytes(rank: usize, round: usize, len: u64) -> Vec<u8> {
 #[test]
 fn exact_size_gather_from_every_rank() {
     let _serial = serial();
-    if !two_gpus() {
-        return;
-    }
+    need_two_gpus();
     const ROUNDS: &[[u64; 2]] = &[
         [0, 5],
         [1, 0],
@@ -402,9 +385,7 @@ fn exact_size_gather_from_every_rank() {
 #[test]
 fn sharded_senders_on_two_gpus_stay_bit_identical() {
     let _serial = serial();
-    if !two_gpus() {
-        return;
-    }
+    need_two_gpus();
     // Entropy off with the snapshots on the device, on with them in pinned host memory.
     for (entropy, place) in [
         (EntropyMode::Off, SnapshotPlace::Device),
@@ -441,9 +422,7 @@ fn sharded_senders_on_two_gpus_stay_bit_identical() {
 #[test]
 fn sharded_senders_refuse_bad_layouts_on_every_rank() {
     let _serial = serial();
-    if !two_gpus() {
-        return;
-    }
+    need_two_gpus();
     for case in ["gap", "no receivers", "stage sizes", "declined"] {
         let started = std::time::Instant::now();
         let uid = unique_id().expect("unique id");

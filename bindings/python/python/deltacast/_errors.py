@@ -57,7 +57,8 @@ class UnsupportedWireVersionError(MalformedFrameError):
 class SlotTableMismatchError(DeltacastError):
     """The frame was built for another slot table (other names, dtypes or shapes).
 
-    Attributes ``frame`` and ``local`` hold the two table hashes."""
+    Attributes ``frame`` and ``local`` hold the two table hashes, spelt as ``SlotTable.hash``
+    (16 hex digits)."""
 
 
 class VersionMismatchError(DeltacastError):

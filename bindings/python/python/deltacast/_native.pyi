@@ -34,6 +34,7 @@ __all__ = [
 
 DEFAULT_BUCKET_SIZE: int
 DEFAULT_CHUNK_ELEMS: int
+DEFAULT_STAGE_BYTES: int  # the GPU sync's stage size (deltacast.cuda)
 
 _Path = Union[str, PathLike[str]]
 _DType = Union[str, Any]  # "bf16", "f16", "f32", "f8_e4m3", "f8_e5m2", torch names, a torch dtype
@@ -71,7 +72,7 @@ class SlotTable:
     @staticmethod
     def from_params(params: Sequence[Param]) -> SlotTable: ...
     @property
-    def hash(self) -> int: ...
+    def hash(self) -> str: ...  # 16 hex digits, as the CLI prints it
     @property
     def names(self) -> list[str]: ...
     @property
@@ -151,7 +152,14 @@ class Sender:
 class Receiver:
     """Applies syncs in place into the arrays it was given, all or nothing."""
 
-    def __new__(cls, slots: _Slots, arrays: _Arrays, *, version: int | None = None) -> Receiver: ...
+    def __new__(
+        cls,
+        slots: _Slots,
+        arrays: _Arrays,
+        *,
+        version: int | None = None,
+        apply_as_received: bool = False,
+    ) -> Receiver: ...
     def receive(self, frame: _Frame) -> SyncOutcome | None: ...
     def recompute_digests(self) -> list[str]: ...
     def abort_sync(self) -> None: ...
@@ -163,6 +171,8 @@ class Receiver:
     def digests(self) -> dict[str, int]: ...
     @property
     def is_staging(self) -> bool: ...
+    @property
+    def apply_as_received(self) -> bool: ...
     @property
     def table(self) -> SlotTable: ...
     @property

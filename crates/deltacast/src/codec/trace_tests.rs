@@ -103,27 +103,30 @@ fn chooser_picks_the_smallest_at_high_density() {
     }
 }
 
+/// The recorded AdamW trace, committed with the crate (tests/data/traces/README.md).
 const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/traces/trace_dense_lr1e-06.safetensors"
+    "/tests/data/traces/trace_dense_lr1e-06.safetensors"
 );
 const TRACE_BASE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/traces/trace_dense_lr1e-06_base.safetensors"
+    "/tests/data/traces/trace_dense_lr1e-06_base.safetensors"
 );
 /// Chunk range used for the trace figures.
 const CHUNK: usize = 1 << 20;
 
+/// A trace file's bytes; a missing file fails the test (the trace is part of the repository).
+fn read_trace_file(path: &str) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("cannot read the recorded trace {path}: {e}"))
+}
+
 /// Replays the recorded trace through `encode_chunk(Auto)` (and back), and checks the bytes
-/// per step against the entropy bound (README definition: per tensor n·H(k/n) for the
+/// per step against the entropy bound (docs/codecs.md: per tensor n·H(k/n) for the
 /// positions, plus the changes times the step's empirical entropy of the signed ULP step) and
 /// against int32 positions + raw BF16 values. Run with `--nocapture` for the table.
 #[test]
 fn recorded_trace_is_near_the_entropy_bound() {
-    let (Ok(steps_file), Ok(base_file)) = (std::fs::read(TRACE), std::fs::read(TRACE_BASE)) else {
-        println!("skipping: trace files not found at {TRACE}");
-        return;
-    };
+    let (steps_file, base_file) = (read_trace_file(TRACE), read_trace_file(TRACE_BASE));
     let base = safetensors::SafeTensors::deserialize(&base_file).expect("base trace parses");
     let steps = safetensors::SafeTensors::deserialize(&steps_file).expect("step trace parses");
 
