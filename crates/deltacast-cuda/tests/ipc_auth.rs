@@ -112,7 +112,14 @@ fn a_stranger_with_the_wrong_secret_opens_nothing_and_the_sync_is_bit_exact() {
             let src = gpu.upload(&data(seed, i)).expect("upload");
             // SAFETY: `src` holds SIZES[i] bytes and lives until the wait below.
             unsafe {
-                comm.broadcast(src.ptr(), src.ptr(), SIZES[i], 0, stream, Duration::from_secs(60))
+                comm.broadcast(
+                    src.ptr(),
+                    src.ptr(),
+                    SIZES[i],
+                    0,
+                    stream,
+                    Duration::from_secs(60),
+                )
             }
             .expect("broadcast");
             let done = gpu.record_done().expect("record");
@@ -145,7 +152,10 @@ fn a_stranger_with_the_wrong_secret_opens_nothing_and_the_sync_is_bit_exact() {
     }
     // The stranger's three connections, each named.
     assert_eq!(refused.len(), 3, "{refused:?}");
-    assert!(refused.iter().all(|r| r.contains("127.0.0.1:")), "{refused:?}");
+    assert!(
+        refused.iter().all(|r| r.contains("127.0.0.1:")),
+        "{refused:?}"
+    );
     let max: Vec<u64> = ROOT_WORDS
         .iter()
         .zip(RANK_WORDS)
@@ -284,5 +294,8 @@ fn ipc_auth_rank_process() {
         .collect();
     assert_eq!(got, words_bytes(&max));
     comm.leave();
-    eprintln!("rank: {} broadcasts and the all-reduce bit-exact", SIZES.len());
+    eprintln!(
+        "rank: {} broadcasts and the all-reduce bit-exact",
+        SIZES.len()
+    );
 }

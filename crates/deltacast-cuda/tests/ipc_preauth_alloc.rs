@@ -169,7 +169,10 @@ fn hostile_clients_cost_the_ipc_root_at_most_64_kib_each() {
     // What stays behind is the record of the refusals (a bounded number of them).
     let held = ALLOC.allocated().saturating_sub(live_before);
     eprintln!("ipc preauth: {held} bytes still held after 30 hostile clients");
-    assert!(held <= LIMIT, "{held} bytes still held after 30 hostile clients");
+    assert!(
+        held <= LIMIT,
+        "{held} bytes still held after 30 hostile clients"
+    );
 
     // 16 silent clients at once: the root takes them one at a time, each until the handshake
     // timeout; everything allocated meanwhile stays within 64 KiB each.
@@ -190,14 +193,8 @@ fn hostile_clients_cost_the_ipc_root_at_most_64_kib_each() {
 
     // The real rank still joins, and the root names every stranger it refused (the first 32).
     let secret = Secret::new(SECRET).expect("secret");
-    let (mut s, offered) = join_root(
-        &addr.to_string(),
-        1,
-        2,
-        &secret,
-        Duration::from_secs(30),
-    )
-    .expect("the rank joins");
+    let (mut s, offered) = join_root(&addr.to_string(), 1, 2, &secret, Duration::from_secs(30))
+        .expect("the rank joins");
     assert_eq!(offered.handles, vec![0x5Au8; 4 * 64]);
     confirm_joined(&mut s, offered.slots).expect("confirm");
     let joined = root.join().expect("root thread").expect("set-up");
