@@ -4,7 +4,9 @@
 //! all-reduce (max) of a few words.
 //!
 //! The root (rank 0) owns `slots` staging buffers on its GPU and exports them, with one
-//! "filled" event each, by CUDA IPC handles; every other rank maps them. A broadcast is cut
+//! "filled" event each, by CUDA IPC handles; every other rank maps them. Whoever holds those
+//! handles can read (and write) the buffers, so the set-up ([`crate::ipc_setup`]) hands them
+//! only to a rank that proved it holds the shared [`Secret`], over loopback only. A broadcast is cut
 //! into slot-sized pieces; piece `seq` goes through slot `seq % slots`:
 //!
 //! - root: once every rank has reported piece `seq - slots` drained, copies the piece into the
