@@ -649,8 +649,11 @@ def run_rank(rank: int, args, port: int):
         if ipc:
             if rank == 0:
                 store.set("deltacast_ipc", f"127.0.0.1:{free_port()}")
+                store.set("deltacast_ipc_secret", dcc.IpcComm.generate_secret())
             address = store.get("deltacast_ipc").decode()
-            comm = dcc.IpcComm(address, 2, rank, ordinal, timeout_s=args.timeout_s)
+            secret = store.get("deltacast_ipc_secret").decode()
+            comm = dcc.IpcComm(address, 2, rank, ordinal, timeout_s=args.timeout_s,
+                               secret=secret)
         else:
             if rank == 0:
                 uid = dcc.nccl_unique_id()

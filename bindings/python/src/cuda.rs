@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use deltacast_cuda::ipc_setup::loopback_addresses;
 use deltacast_cuda::link::Link;
 use deltacast_cuda::sync::{
     EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuShard, GpuShardedSender,
@@ -196,7 +197,8 @@ impl NcclComm {
 }
 
 /// One rank of a CUDA-IPC link (processes of one machine, any number of them on one GPU):
-/// rank 0 listens at `address` and owns the staging, the others connect. Made once, then
+/// rank 0 listens at `address` (loopback only) and owns the staging, the others connect. Every
+/// rank proves it holds the shared secret before anything else is exchanged. Made once, then
 /// handed to exactly one `GpuSender` (rank 0) or `GpuReceiver`.
 #[pyclass(module = "deltacast._native")]
 pub struct IpcComm {
@@ -204,14 +206,48 @@ pub struct IpcComm {
     rank: usize,
     nranks: usize,
     device: usize,
+    /// Root: the connections refused during the set-up, as text.
+    refused: Vec<String>,
+}
+
+/// The link's secret: `secret` (str or bytes) when given, else the file `secret_file`, else
+/// `DELTACAST_SECRET`; none of them is an error (the link has no unauthenticated mode).
+fn ipc_secret(
+    secret: Option<&Bound<'_, PyAny>>,
+    secret_file: Option<std::path::PathBuf>,
+) -> PyResult<ipc::Secret> {
+    fn bad(e: impl std::fmt::Display) -> PyErr {
+        invalid(e.to_string())
+    }
+    if let Some(given) = secret {
+        let bytes: Vec<u8> = if let Ok(text) = given.extract::<String>() {
+            text.into_bytes()
+        } else if let Ok(raw) = given.extract::<Vec<u8>>() {
+            raw
+        } else {
+            return Err(invalid("secret must be str or bytes"));
+        };
+        return ipc::Secret::new(bytes).map_err(bad);
+    }
+    ipc::Secret::from_env_or_file(secret_file.as_deref())
+        .map_err(bad)?
+        .ok_or_else(|| {
+            invalid(format!(
+                "the IPC link needs a shared secret: pass secret= (e.g. \
+                 IpcComm.generate_secret() on rank 0, handed to the others like the NCCL \
+                 unique id), secret_file=, or set {}",
+                ipc::SECRET_ENV
+            ))
+        })
 }
 
 #[pymethods]
 impl IpcComm {
     /// Joins the link at `address` ("127.0.0.1:port") as `rank` of `nranks` on CUDA device
     /// `device`; blocks (GIL released) until every rank has joined, at most `timeout_s`.
+    /// The shared secret: `secret`, else `secret_file`, else `DELTACAST_SECRET`.
     #[new]
-    #[pyo3(signature = (address, nranks, rank, device, timeout_s=300.0, slots=4, slot_bytes=64 << 20))]
+    #[pyo3(signature = (address, nranks, rank, device, timeout_s=300.0, slots=4, slot_bytes=64 << 20, *, secret=None, secret_file=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -222,26 +258,39 @@ impl IpcComm {
         timeout_s: f64,
         slots: u64,
         slot_bytes: u64,
+        secret: Option<&Bound<'_, PyAny>>,
+        secret_file: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let options = ipc::IpcOptions {
             slots,
             slot_bytes,
             timeout: timeout(timeout_s)?,
+            ..ipc::IpcOptions::default()
         };
         options.check(nranks, rank).py()?;
+        let secret = ipc_secret(secret, secret_file)?;
+        loopback_addresses(address).py()?;
         let parts = py
             .detach(|| -> Result<_, CudaError> {
                 let gpu = Gpu::new(device)?;
-                let comm = ipc::IpcComm::new(&gpu, address, nranks, rank, options)?;
+                let comm = ipc::IpcComm::new(&gpu, address, nranks, rank, &secret, options)?;
                 Ok((gpu, comm))
             })
             .py()?;
+        let refused = parts.1.refused().iter().map(|r| r.to_string()).collect();
         Ok(IpcComm {
             parts: Some(parts),
             rank,
             nranks,
             device,
+            refused,
         })
+    }
+
+    /// A fresh random secret (64 hex digits) for rank 0 to hand to the other ranks.
+    #[staticmethod]
+    fn generate_secret() -> PyResult<String> {
+        ipc::generate_token().map_err(|e| invalid(e.to_string()))
     }
 
     #[getter]
@@ -257,6 +306,13 @@ impl IpcComm {
     #[getter]
     fn device(&self) -> usize {
         self.device
+    }
+
+    /// Rank 0: the connections it refused during the set-up because they did not
+    /// authenticate (the first 32), each naming its address and why.
+    #[getter]
+    fn refused(&self) -> Vec<String> {
+        self.refused.clone()
     }
 
     fn __repr__(&self) -> String {

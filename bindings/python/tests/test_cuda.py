@@ -95,12 +95,12 @@ def _config():
 
 
 def _comm(link, rank, device):
-    """``link``: ``("nccl", unique_id)`` or ``("ipc", address, slots, slot_bytes)``."""
+    """``link``: ``("nccl", unique_id)`` or ``("ipc", address, slots, slot_bytes, secret)``."""
     if link[0] == "nccl":
         return dcc.NcclComm(link[1], 2, rank, device)
-    _, address, slots, slot_bytes = link
+    _, address, slots, slot_bytes, secret = link
     return dcc.IpcComm(address, 2, rank, device, timeout_s=120, slots=slots,
-                       slot_bytes=slot_bytes)
+                       slot_bytes=slot_bytes, secret=secret)
 
 
 def _trainer(link, queue, steps, snapshot, stage_bytes, device=0):
@@ -140,7 +140,8 @@ def _trainer(link, queue, steps, snapshot, stage_bytes, device=0):
     # descriptor, which dies with this process).
     state = {n: p.detach().view(torch.int16).cpu().numpy() for n, p in model.named_parameters()}
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    queue.put(("trainer", reports, state, sender.host_bytes, model_bytes))
+    refused = getattr(comm, "refused", [])  # the IPC link's root: strangers turned away
+    queue.put(("trainer", reports, state, sender.host_bytes, model_bytes, refused))
 
 
 def _receiver(link, queue, device=1):
@@ -206,7 +207,13 @@ def _check_trained_and_synced(ctx, link, devices, snapshot, stage_bytes, steps=4
         ctx.Process(target=_receiver, args=(link, queue, devices[1])),
     ]
     got = _run_all(procs, queue)
-    _, sent, truth, host_bytes, trainer_model_bytes = got["trainer"]
+    _check_outcome(got, snapshot, stage_bytes, steps)
+
+
+def _check_outcome(got, snapshot, stage_bytes, steps):
+    """Bit-identity, versions, stages and the receiver's memory, from the trainer's and the
+    receiver's queue items; returns the connections the trainer's link refused."""
+    _, sent, truth, host_bytes, trainer_model_bytes, refused = got["trainer"]
     # The snapshot is in pinned host memory exactly when asked for.
     assert host_bytes == (trainer_model_bytes if snapshot == "pinned" else 0)
     _, received, state, peak_extra, model_bytes = got["receiver"]
@@ -234,6 +241,7 @@ def _check_trained_and_synced(ctx, link, devices, snapshot, stage_bytes, steps=4
     journal = 2 if stage_bytes != dcc.DEFAULT_STAGE_BYTES else 0
     need = max((r["payload_bytes"] + (8 + journal) * r["changed"] for r in deltas), default=0)
     assert peak_extra < 1.25 * need + (1 << 20), (peak_extra, need, model_bytes)
+    return refused
 
 
 def _free_port():
@@ -262,18 +270,64 @@ def test_qwen2_synced_through_cuda_ipc_is_bit_identical(devices, slots, slot_byt
         _cannot_run(f"{max(devices) + 1} CUDA devices needed")
     import torch.multiprocessing as mp
 
-    link = ("ipc", f"127.0.0.1:{_free_port()}", slots, slot_bytes)
+    link = ("ipc", f"127.0.0.1:{_free_port()}", slots, slot_bytes, dcc.IpcComm.generate_secret())
     _check_trained_and_synced(mp.get_context("spawn"), link, devices, "device", stage_bytes)
 
 
-def _ipc_quitter(address, queue):
+def _ipc_stranger(address, wrong_secret, queue):
+    """Tries to join the link as rank 1 with the wrong secret; says what happened."""
+    import torch
+
+    torch.cuda.set_device(0)
+    try:
+        dcc.IpcComm(address, 2, 1, 0, timeout_s=120, slots=2, slot_bytes=4096,
+                    secret=wrong_secret)
+        queue.put(("stranger", "joined"))
+    except dc.IpcLinkError as e:
+        queue.put(("stranger", str(e)))
+
+
+def test_a_stranger_with_the_wrong_secret_is_refused_and_the_ipc_sync_stays_bit_identical():
+    torch = _one_gpu()
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    address = f"127.0.0.1:{_free_port()}"
+    link = ("ipc", address, 2, 4096, dcc.IpcComm.generate_secret())
+    queue = ctx.Queue()
+    trainer = ctx.Process(target=_trainer,
+                          args=(link, queue, 4, "device", dcc.DEFAULT_STAGE_BYTES, 0))
+    stranger = ctx.Process(target=_ipc_stranger,
+                           args=(address, dcc.IpcComm.generate_secret(), queue))
+    trainer.start()
+    stranger.start()
+    # The trainer waits for its receiver, which starts only once the stranger is done.
+    kind, said = queue.get(timeout=300)
+    assert kind == "stranger", kind
+    assert "authenticate" in said and "wrong shared secret" in said, said
+    stranger.join(timeout=60)
+    assert stranger.exitcode == 0
+    receiver = ctx.Process(target=_receiver, args=(link, queue, 0))
+    receiver.start()
+    got = {}
+    for _ in range(2):
+        item = queue.get(timeout=300)
+        got[item[0]] = item
+    for p in (trainer, receiver):
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    refused = _check_outcome(got, "device", dcc.DEFAULT_STAGE_BYTES, 4)
+    assert len(refused) == 1 and "wrong shared secret" in refused[0], refused
+
+
+def _ipc_quitter(address, secret, queue):
     """Joins the link as the receiver, then is killed before the first sync."""
     import signal
 
     import torch
 
     torch.cuda.set_device(0)
-    comm = dcc.IpcComm(address, 2, 1, 0, timeout_s=30)
+    comm = dcc.IpcComm(address, 2, 1, 0, timeout_s=30, secret=secret)
     queue.put("joined")
     queue.close()
     queue.join_thread()  # the message is in the pipe before the process dies
@@ -288,9 +342,10 @@ def test_a_receiver_that_dies_fails_the_ipc_sender_instead_of_hanging_it():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     address = f"127.0.0.1:{_free_port()}"
-    quitter = ctx.Process(target=_ipc_quitter, args=(address, queue))
+    secret = dcc.IpcComm.generate_secret()
+    quitter = ctx.Process(target=_ipc_quitter, args=(address, secret, queue))
     quitter.start()
-    comm = dcc.IpcComm(address, 2, 0, 0, timeout_s=30, slots=2, slot_bytes=4096)
+    comm = dcc.IpcComm(address, 2, 0, 0, timeout_s=30, slots=2, slot_bytes=4096, secret=secret)
     assert queue.get(timeout=60) == "joined"
     quitter.join(timeout=30)
     assert quitter.exitcode == -9, quitter.exitcode
@@ -316,6 +371,39 @@ def test_ipc_link_arguments_are_checked_before_any_gpu_work():
         dcc.IpcComm("127.0.0.1:1", 2, 0, 0, slot_bytes=8)
     with pytest.raises(dc.InvalidArgumentError, match="timeout"):
         dcc.IpcComm("127.0.0.1:1", 2, 0, 0, timeout_s=0)
+
+
+def test_ipc_link_secret_and_address_are_checked_before_any_gpu_work(monkeypatch, tmp_path):
+    monkeypatch.delenv("DELTACAST_SECRET", raising=False)
+    good = dcc.IpcComm.generate_secret()
+    # No secret anywhere: the link has no unauthenticated mode.
+    with pytest.raises(dc.InvalidArgumentError, match="needs a shared secret"):
+        dcc.IpcComm("127.0.0.1:1", 2, 1, 0)
+    with pytest.raises(dc.InvalidArgumentError, match="at least 16"):
+        dcc.IpcComm("127.0.0.1:1", 2, 1, 0, secret="short")
+    with pytest.raises(dc.InvalidArgumentError, match="at least 16"):
+        dcc.IpcComm("127.0.0.1:1", 2, 1, 0, secret=b"")
+    with pytest.raises(dc.InvalidArgumentError, match="str or bytes"):
+        dcc.IpcComm("127.0.0.1:1", 2, 1, 0, secret=12345678901234567890)
+    with pytest.raises(dc.InvalidArgumentError, match="cannot read secret file"):
+        dcc.IpcComm("127.0.0.1:1", 2, 1, 0, secret_file=tmp_path / "missing")
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(dc.InvalidArgumentError, match="is empty"):
+        dcc.IpcComm("127.0.0.1:1", 2, 1, 0, secret_file=tmp_path / "empty")
+    monkeypatch.setenv("DELTACAST_SECRET", "short")
+    with pytest.raises(dc.InvalidArgumentError, match="at least 16"):
+        dcc.IpcComm("127.0.0.1:1", 2, 1, 0)
+    # Beyond loopback: refused, with or without a secret, before connecting or listening.
+    for address in ("0.0.0.0:29512", "192.0.2.1:29512", "[::]:29512"):
+        for rank in (0, 1):
+            with pytest.raises(dc.InvalidArgumentError, match="not loopback"):
+                dcc.IpcComm(address, 2, rank, 0, secret=good)
+
+
+def test_generated_ipc_secrets_are_fresh_and_long():
+    a, b = dcc.IpcComm.generate_secret(), dcc.IpcComm.generate_secret()
+    assert a != b
+    assert len(a) == 64 and all(c in "0123456789abcdef" for c in a), a
 
 
 def _rows_oracle(rows, world):

@@ -4,7 +4,9 @@
 //! all-reduce (max) of a few words.
 //!
 //! The root (rank 0) owns `slots` staging buffers on its GPU and exports them, with one
-//! "filled" event each, by CUDA IPC handles; every other rank maps them. A broadcast is cut
+//! "filled" event each, by CUDA IPC handles; every other rank maps them. Whoever holds those
+//! handles can read (and write) the buffers, so the set-up ([`crate::ipc_setup`]) hands them
+//! only to a rank that proved it holds the shared [`Secret`], over loopback only. A broadcast is cut
 //! into slot-sized pieces; piece `seq` goes through slot `seq % slots`:
 //!
 //! - root: once every rank has reported piece `seq - slots` drained, copies the piece into the
@@ -29,28 +31,31 @@
 //! GPU, is bounded by a timeout.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
 use cudarc::driver::{result as cu, sys};
 
 use crate::error::{CudaError, Result};
 use crate::gpu::{drv, guarded, release_in};
-use crate::ipc_frame::{
-    pieces, Frame, FRAME_BYTES, IPC_HANDLE_BYTES, LINK_VERSION, MAX_REDUCE_WORDS, MAX_SLOTS,
+use crate::ipc_frame::{pieces, Frame, IPC_HANDLE_BYTES, MAX_REDUCE_WORDS, MAX_SLOTS};
+use crate::ipc_setup::{
+    await_bye, confirm_joined, join_root, link, loopback_addresses, read_frame, unexpected,
+    write_frame, Refusal, RootListener, Staging, DEFAULT_HANDSHAKE_TIMEOUT,
 };
 use crate::sync::u64s;
 use crate::wait::{event_done, poll, stream_done, Deadline};
 use crate::{DeviceBuffer, DevicePtr, Gpu};
+pub use deltacast_net::{generate_token, Secret, SECRET_ENV};
 
-/// Staging of the root: how many slots, of how many bytes, and the timeout of the set-up and
-/// of each wait for a peer.
+/// Staging of the root: how many slots, of how many bytes, the timeout of the set-up and of
+/// each wait for a peer, and (root) how long one connection may take to authenticate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpcOptions {
     pub slots: u64,
     pub slot_bytes: u64,
     pub timeout: Duration,
+    pub handshake_timeout: Duration,
 }
 
 impl IpcOptions {
@@ -80,6 +85,7 @@ impl Default for IpcOptions {
             slots: 4,
             slot_bytes: 64 << 20,
             timeout: Duration::from_secs(300),
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -123,77 +129,14 @@ pub struct IpcComm {
     aborted: bool,
     /// Set by `leave`: the farewell is done (what was mapped is released).
     left: bool,
+    /// Root: connections turned away during the set-up (the first few).
+    refused: Vec<Refusal>,
 }
 
 // SAFETY: a context handle, event handles and sockets; the driver API is thread-safe and
 // every method takes `&mut self`.
 unsafe impl Send for IpcComm {}
 unsafe impl Sync for IpcComm {}
-
-fn link(op: &'static str, msg: impl Into<String>) -> CudaError {
-    CudaError::Link {
-        op,
-        msg: msg.into(),
-    }
-}
-
-/// Sets the read timeout (`None`: wait as long as it takes, for very long ones).
-fn set_timeout(s: &TcpStream, timeout: Duration) -> Result<()> {
-    let t =
-        (timeout < Duration::from_secs(1 << 32)).then_some(timeout.max(Duration::from_millis(1)));
-    s.set_read_timeout(t)
-        .map_err(|e| link("set_read_timeout", e.to_string()))
-}
-
-fn read_exact(
-    s: &mut TcpStream,
-    buf: &mut [u8],
-    deadline: Deadline,
-    what: &'static str,
-) -> Result<()> {
-    set_timeout(s, deadline.left())?;
-    s.read_exact(buf).map_err(|e| match e.kind() {
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => deadline.expired(what),
-        ErrorKind::UnexpectedEof => link("read", format!("the peer closed the link ({what})")),
-        _ => link("read", format!("{e} ({what})")),
-    })
-}
-
-/// Reads one frame and its trailer (bounded by `Frame::decode`) by `deadline`.
-fn read_frame(
-    s: &mut TcpStream,
-    deadline: Deadline,
-    what: &'static str,
-) -> Result<(Frame, Vec<u8>)> {
-    let mut head = [0u8; FRAME_BYTES];
-    read_exact(s, &mut head, deadline, what)?;
-    let frame = Frame::decode(&head)?;
-    let mut trailer = vec![0u8; frame.trailer_bytes()];
-    read_exact(s, &mut trailer, deadline, what)?;
-    Ok((frame, trailer))
-}
-
-fn write_frame(s: &mut TcpStream, frame: Frame, trailer: &[u8]) -> Result<()> {
-    let mut msg = Vec::with_capacity(FRAME_BYTES + trailer.len());
-    msg.extend_from_slice(&frame.encode());
-    msg.extend_from_slice(trailer);
-    s.write_all(&msg)
-        .map_err(|e| link("write", format!("{e} (the peer is gone)")))
-}
-
-/// Reads frames until a `Bye` or the end of the connection, at most until `deadline`.
-fn await_bye(s: &mut TcpStream, deadline: Deadline) {
-    while !deadline.passed() {
-        match read_frame(s, deadline, "a farewell") {
-            Ok((Frame::Bye, _)) | Err(_) => return,
-            Ok(_) => {}
-        }
-    }
-}
-
-fn unexpected(got: Frame, wanted: &str) -> CudaError {
-    CudaError::Protocol(format!("IPC link: {got:?} where {wanted} was due"))
-}
 
 fn words_bytes(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
@@ -275,18 +218,29 @@ fn allocation_bytes(ptr: DevicePtr) -> Result<u64> {
 }
 
 impl IpcComm {
-    /// Joins the link at `address` (a loopback `host:port`) as `rank` of `nranks`, on `gpu`'s
-    /// device: rank 0 listens there and sets up the staging, the others connect (retrying
-    /// until the root listens). Blocks until every rank has joined, at most
+    /// Joins the link at `address` (a loopback `host:port`; any other is refused) as `rank`
+    /// of `nranks`, on `gpu`'s device: rank 0 listens there and sets up the staging, the
+    /// others connect (retrying until the root listens). Every connection first proves it
+    /// holds `secret` (and the root proves it to the rank): nothing else is read from or
+    /// sent to a peer that has not. Blocks until every rank has joined, at most
     /// `options.timeout`.
     pub fn new(
         gpu: &Gpu,
         address: &str,
         nranks: usize,
         rank: usize,
+        secret: &Secret,
         options: IpcOptions,
     ) -> Result<IpcComm> {
         options.check(nranks, rank)?;
+        let deadline = Deadline::after(options.timeout);
+        // Before any GPU work: a refused address or a port in use fails at once.
+        let listener = if rank == 0 {
+            Some(RootListener::bind(address)?)
+        } else {
+            loopback_addresses(address)?;
+            None
+        };
         gpu.make_current()?;
         let device = guarded(|| cu::device::get(gpu.ordinal() as i32).map_err(drv("cuDeviceGet")))?;
         // SAFETY: retains the primary context of a valid device; released in `drop`.
@@ -308,12 +262,11 @@ impl IpcComm {
             seq: 0,
             aborted: false,
             left: false,
+            refused: Vec::new(),
         };
-        let deadline = Deadline::after(options.timeout);
-        let joined = if rank == 0 {
-            comm.set_up_root(gpu, address, options, deadline)
-        } else {
-            comm.set_up_rank(address, deadline)
+        let joined = match &listener {
+            Some(l) => comm.set_up_root(gpu, l, secret, options, deadline),
+            None => comm.set_up_rank(address, secret, deadline),
         };
         joined.inspect_err(|_| comm.abort())?;
         Ok(comm)
@@ -327,18 +280,20 @@ impl IpcComm {
         self.nranks
     }
 
+    /// Root: the connections turned away during the set-up because they did not authenticate
+    /// (the first [`crate::ipc_setup::MAX_KEPT_REFUSALS`]; all are logged). Empty elsewhere.
+    pub fn refused(&self) -> &[Refusal] {
+        &self.refused
+    }
+
     fn set_up_root(
         &mut self,
         gpu: &Gpu,
-        address: &str,
+        listener: &RootListener,
+        secret: &Secret,
         options: IpcOptions,
         deadline: Deadline,
     ) -> Result<()> {
-        let listener =
-            TcpListener::bind(address).map_err(|e| link("bind", format!("{address}: {e}")))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| link("listen", e.to_string()))?;
         for _ in 0..options.slots {
             let buf = gpu.alloc(options.slot_bytes as usize)?;
             self.slots.push(Slot {
@@ -348,120 +303,35 @@ impl IpcComm {
             });
             self.owned.push(buf);
         }
-        let mut trailer = Vec::with_capacity(2 * self.slots.len() * IPC_HANDLE_BYTES);
+        let mut handles = Vec::with_capacity(2 * self.slots.len() * IPC_HANDLE_BYTES);
         for s in &self.slots {
-            trailer.extend_from_slice(&guarded(|| mem_handle(s.ptr))?);
+            handles.extend_from_slice(&guarded(|| mem_handle(s.ptr))?);
         }
         for s in &self.slots {
-            trailer.extend_from_slice(&guarded(|| event_handle(s.filled))?);
+            handles.extend_from_slice(&guarded(|| event_handle(s.filled))?);
         }
-        let mut joined: Vec<Option<TcpStream>> = (1..self.nranks).map(|_| None).collect();
-        while joined.iter().any(Option::is_none) {
-            let mut s = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if deadline.passed() {
-                        return Err(deadline.expired("the IPC link's ranks joining"));
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                    continue;
-                }
-                Err(e) => return Err(link("accept", e.to_string())),
-            };
-            s.set_nonblocking(false)
-                .and_then(|()| s.set_nodelay(true))
-                .map_err(|e| link("accept", e.to_string()))?;
-            // A connection that is not a rank saying hello (garbage, or closed at once) is
-            // dropped; the root goes on waiting for its ranks.
-            let hello = match read_frame(&mut s, deadline, "a rank's hello") {
-                Ok((f @ Frame::Hello { .. }, _)) => f,
-                Ok(_) | Err(CudaError::Protocol(_)) | Err(CudaError::Link { .. }) => continue,
-                Err(e) => return Err(e),
-            };
-            let Frame::Hello {
-                rank,
-                nranks,
-                version,
-            } = hello
-            else {
-                continue;
-            };
-            if version != LINK_VERSION || nranks != self.nranks as u64 {
-                return Err(link(
-                    "set-up",
-                    format!(
-                        "a rank speaks link version {version} with {nranks} ranks, this root \
-                         version {LINK_VERSION} with {}",
-                        self.nranks
-                    ),
-                ));
-            }
-            let index = rank
-                .checked_sub(1)
-                .filter(|&i| i < self.nranks as u64 - 1)
-                .ok_or_else(|| link("set-up", format!("a rank says it is rank {rank}")))?
-                as usize;
-            if joined[index].is_some() {
-                return Err(link("set-up", format!("rank {rank} joined twice")));
-            }
-            write_frame(
-                &mut s,
-                Frame::Setup {
-                    slots: options.slots,
-                    slot_bytes: options.slot_bytes,
-                },
-                &trailer,
-            )?;
-            let (reply, _) = read_frame(&mut s, deadline, "a rank mapping the slots")?;
-            if reply
-                != (Frame::Joined {
-                    slots: options.slots,
-                })
-            {
-                return Err(unexpected(reply, "its mapping of the slots"));
-            }
-            joined[index] = Some(s);
-        }
-        self.peers = joined.into_iter().flatten().collect();
+        let staging = Staging {
+            slots: options.slots,
+            slot_bytes: options.slot_bytes,
+            handles: &handles,
+        };
+        let joined = listener.accept_ranks(
+            self.nranks,
+            secret,
+            staging,
+            deadline.left(),
+            options.handshake_timeout,
+        )?;
+        self.peers = joined.peers;
+        self.refused = joined.refused;
         Ok(())
     }
 
-    fn set_up_rank(&mut self, address: &str, deadline: Deadline) -> Result<()> {
-        let addrs: Vec<_> = address
-            .to_socket_addrs()
-            .map_err(|e| link("connect", format!("{address}: {e}")))?
-            .collect();
-        let mut s = loop {
-            match addrs.iter().find_map(|a| TcpStream::connect(a).ok()) {
-                Some(s) => break s,
-                None if deadline.passed() => {
-                    return Err(deadline.expired("connecting to the IPC link's root"))
-                }
-                None => std::thread::sleep(Duration::from_millis(20)),
-            }
-        };
-        s.set_nodelay(true)
-            .map_err(|e| link("connect", e.to_string()))?;
-        write_frame(
-            &mut s,
-            Frame::Hello {
-                rank: self.rank as u64,
-                nranks: self.nranks as u64,
-                version: LINK_VERSION,
-            },
-            &[],
-        )?;
-        let (setup, handles) = read_frame(&mut s, deadline, "the root's staging")?;
-        let Frame::Setup { slots, slot_bytes } = setup else {
-            return Err(unexpected(setup, "the staging"));
-        };
-        self.slot_bytes = slot_bytes;
-        let n = slots as usize;
-        let (mems, events) = handles.split_at(n * IPC_HANDLE_BYTES);
-        for (m, e) in mems
-            .chunks_exact(IPC_HANDLE_BYTES)
-            .zip(events.chunks_exact(IPC_HANDLE_BYTES))
-        {
+    fn set_up_rank(&mut self, address: &str, secret: &Secret, deadline: Deadline) -> Result<()> {
+        let (mut s, offered) = join_root(address, self.rank, self.nranks, secret, deadline.left())?;
+        self.slot_bytes = offered.slot_bytes;
+        for i in 0..offered.slots as usize {
+            let (m, e) = offered.slot(i);
             let ptr = guarded(|| open_mem(m))?;
             // Kept at once, so that a failure below still releases what was opened (Drop).
             self.slots.push(Slot {
@@ -470,16 +340,17 @@ impl IpcComm {
                 copied: std::ptr::null_mut(),
             });
             let mapped = guarded(|| allocation_bytes(ptr))?;
-            if mapped < slot_bytes {
+            if mapped < offered.slot_bytes {
                 return Err(CudaError::Protocol(format!(
-                    "IPC link: the root announces slots of {slot_bytes} bytes, one maps {mapped}"
+                    "IPC link: the root announces slots of {} bytes, one maps {mapped}",
+                    offered.slot_bytes
                 )));
             }
-            let i = self.slots.len() - 1;
-            self.slots[i].filled = guarded(|| open_event(e))?;
-            self.slots[i].copied = guarded(|| new_event(false))?;
+            let k = self.slots.len() - 1;
+            self.slots[k].filled = guarded(|| open_event(e))?;
+            self.slots[k].copied = guarded(|| new_event(false))?;
         }
-        write_frame(&mut s, Frame::Joined { slots }, &[])?;
+        confirm_joined(&mut s, offered.slots)?;
         self.peers.push(s);
         Ok(())
     }

@@ -17,8 +17,9 @@ pub const IPC_HANDLE_BYTES: usize = 64;
 pub const MAX_SLOTS: u64 = 64;
 /// Most u64 words one all-reduce may carry.
 pub const MAX_REDUCE_WORDS: u64 = 64;
-/// The link's version; both ends must speak the same.
-pub const LINK_VERSION: u64 = 2;
+/// The link's version; both ends must speak the same. 3: every connection starts with the
+/// shared-secret handshake (`ipc_setup`).
+pub const LINK_VERSION: u64 = 3;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"DCIP");
 

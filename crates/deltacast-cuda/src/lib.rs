@@ -40,7 +40,9 @@
 mod error;
 pub use error::{CudaError, Result, NOT_BUILT};
 
+mod deadline;
 pub mod ipc_frame;
+pub mod ipc_setup;
 pub mod protocol;
 
 #[cfg(feature = "cuda")]

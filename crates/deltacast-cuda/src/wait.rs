@@ -6,41 +6,10 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result as cu, sys};
 
-use crate::error::{CudaError, Result};
+use crate::error::Result;
 use crate::gpu::{drv, guarded};
 
-/// When a wait must end; `None` for timeouts too long to add to the clock (no end).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Deadline {
-    at: Option<Instant>,
-    timeout: Duration,
-}
-
-impl Deadline {
-    pub(crate) fn after(timeout: Duration) -> Deadline {
-        Deadline {
-            at: Instant::now().checked_add(timeout),
-            timeout,
-        }
-    }
-
-    pub(crate) fn left(&self) -> Duration {
-        self.at.map_or(Duration::MAX, |at| {
-            at.saturating_duration_since(Instant::now())
-        })
-    }
-
-    pub(crate) fn passed(&self) -> bool {
-        self.at.is_some_and(|at| Instant::now() >= at)
-    }
-
-    pub(crate) fn expired(&self, what: &'static str) -> CudaError {
-        CudaError::Timeout {
-            what,
-            seconds: self.timeout.as_secs(),
-        }
-    }
-}
+pub(crate) use crate::deadline::Deadline;
 
 /// Polls `done` until it says so, spinning briefly and then sleeping, until `deadline`.
 pub(crate) fn poll(

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use deltacast::wire::FrameKind;
 use deltacast::DType;
-use deltacast_cuda::ipc::{IpcComm, IpcOptions};
+use deltacast_cuda::ipc::{IpcComm, IpcOptions, Secret};
 use deltacast_cuda::link::Link;
 use deltacast_cuda::nccl::{unique_id, NcclComm};
 use deltacast_cuda::sync::{
@@ -86,8 +86,11 @@ impl LinkSpec {
                     slots: *slots,
                     slot_bytes: *slot_bytes,
                     timeout: Duration::from_secs(60),
+                    ..IpcOptions::default()
                 };
-                IpcComm::new(gpu, address, 2, rank, options)
+                // Both processes of a script use it (the receiver's is a child of this one).
+                let secret = Secret::new("gpu-sync-test-secret-0123456789").expect("secret");
+                IpcComm::new(gpu, address, 2, rank, &secret, options)
                     .expect("ipc link")
                     .into()
             }

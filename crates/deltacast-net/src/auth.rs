@@ -11,6 +11,8 @@
 //! traffic (frames carry their own checksums), so an active man in the middle on the path is out
 //! of scope.
 
+pub mod blocking;
+
 use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -32,9 +34,12 @@ pub const ROLE_SERVER: u8 = b'S';
 pub const ROLE_CLIENT: u8 = b'C';
 /// Nonce and MAC length.
 pub const NONCE_LEN: usize = 32;
-const MAC_LEN: usize = 32;
-const HELLO_LEN: usize = 4 + 1 + 1 + 1 + NONCE_LEN;
-const CHALLENGE_LEN: usize = HELLO_LEN + MAC_LEN;
+/// Proof length.
+pub const MAC_LEN: usize = 32;
+/// Payload bytes of a HELLO.
+pub const HELLO_LEN: usize = 4 + 1 + 1 + 1 + NONCE_LEN;
+/// Payload bytes of a CHALLENGE (a HELLO's fields and the server's proof).
+pub const CHALLENGE_LEN: usize = HELLO_LEN + MAC_LEN;
 /// Flag bit: this side holds a shared secret.
 const FLAG_SECRET: u8 = 1;
 
@@ -46,6 +51,9 @@ pub enum Link {
     Collective = 1,
     /// A receiver joining the leader's frame fan-out.
     Frames = 2,
+    /// A rank joining the root of a CUDA-IPC link (crate `deltacast-cuda`), which then hands
+    /// it the IPC handles of its staging buffers.
+    CudaIpc = 3,
 }
 
 impl Link {
@@ -53,6 +61,7 @@ impl Link {
         match self {
             Link::Collective => "collective",
             Link::Frames => "frame link",
+            Link::CudaIpc => "CUDA-IPC link",
         }
     }
 }
@@ -160,6 +169,184 @@ fn secret_mismatch(we_have: bool) -> String {
     }
 }
 
+/// What a step refuses with: the reason to tell the peer (an ERROR message, when there is one)
+/// and the error this side returns.
+pub(crate) struct Refuse {
+    pub(crate) tell: Option<String>,
+    pub(crate) error: NetError,
+}
+
+impl Refuse {
+    fn told(tell: String, error: NetError) -> Refuse {
+        Refuse {
+            tell: Some(tell),
+            error,
+        }
+    }
+}
+
+impl From<NetError> for Refuse {
+    fn from(error: NetError) -> Refuse {
+        Refuse { tell: None, error }
+    }
+}
+
+/// What the server accepts first: a HELLO of its fixed size.
+pub(crate) const EXPECT_HELLO: Expect<'static> = Expect {
+    allowed: &[(ty::HELLO, HELLO_LEN as u64)],
+    what: "the handshake HELLO",
+};
+/// What the client accepts after its HELLO.
+pub(crate) const EXPECT_CHALLENGE: Expect<'static> = Expect {
+    allowed: &[(ty::CHALLENGE, CHALLENGE_LEN as u64)],
+    what: "the handshake CHALLENGE",
+};
+/// What the server accepts after its CHALLENGE.
+pub(crate) const EXPECT_PROOF: Expect<'static> = Expect {
+    allowed: &[(ty::PROOF, MAC_LEN as u64)],
+    what: "the handshake PROOF",
+};
+/// What the client accepts after its PROOF.
+pub(crate) const EXPECT_AUTH_OK: Expect<'static> = Expect {
+    allowed: &[(ty::AUTH_OK, 0)],
+    what: "the handshake AUTH_OK",
+};
+
+/// The client's first step: its nonce and the HELLO payload carrying it.
+pub(crate) fn client_hello(
+    link: Link,
+    secret: Option<&Secret>,
+) -> Result<([u8; NONCE_LEN], Vec<u8>), NetError> {
+    let nc = nonce()?;
+    Ok((nc, hello_fields(link, secret, &nc)))
+}
+
+/// The nonces of a server's handshake in progress, and the CHALLENGE it answers with.
+pub(crate) struct ServerPending {
+    nc: [u8; NONCE_LEN],
+    ns: [u8; NONCE_LEN],
+    pub(crate) challenge: Vec<u8>,
+}
+
+/// The server's answer to a HELLO: checks it and builds the CHALLENGE (with the server's
+/// proof when it holds a secret).
+pub(crate) fn server_on_hello(
+    hello: &[u8],
+    secret: Option<&Secret>,
+    link: Link,
+    peer: &str,
+) -> Result<ServerPending, Refuse> {
+    let (client_has, nc) = parse_hello(hello, link).map_err(|detail| {
+        Refuse::told(
+            detail.clone(),
+            NetError::Protocol {
+                peer: peer.into(),
+                detail,
+            },
+        )
+    })?;
+    if client_has != secret.is_some() {
+        let reason = secret_mismatch(secret.is_some());
+        return Err(Refuse::told(
+            format!("authentication refused: {reason}"),
+            NetError::Auth {
+                peer: peer.into(),
+                detail: reason,
+            },
+        ));
+    }
+    let ns = nonce()?;
+    let mut challenge = hello_fields(link, secret, &ns);
+    match secret {
+        Some(k) => challenge.extend_from_slice(&proof(k, link, ROLE_SERVER, &nc, &ns)),
+        None => challenge.extend_from_slice(&[0u8; MAC_LEN]),
+    }
+    Ok(ServerPending { nc, ns, challenge })
+}
+
+/// The server's last check: the client's PROOF (any when neither side has a secret).
+pub(crate) fn server_on_proof(
+    pending: &ServerPending,
+    tag: &[u8],
+    secret: Option<&Secret>,
+    link: Link,
+    peer: &str,
+) -> Result<(), Refuse> {
+    match secret {
+        Some(k) if !verify(k, link, ROLE_CLIENT, &pending.ns, &pending.nc, tag) => {
+            Err(Refuse::told(
+                "authentication failed: wrong shared secret".into(),
+                NetError::Auth {
+                    peer: peer.into(),
+                    detail: "wrong shared secret (the client's proof did not verify)".into(),
+                },
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The client's answer to a CHALLENGE: checks the server's proof first, then makes its own.
+pub(crate) fn client_on_challenge(
+    nc: &[u8; NONCE_LEN],
+    challenge: &[u8],
+    secret: Option<&Secret>,
+    link: Link,
+    peer: &str,
+) -> Result<[u8; MAC_LEN], Refuse> {
+    let (server_has, ns) = parse_hello(challenge, link).map_err(|detail| {
+        Refuse::told(
+            detail.clone(),
+            NetError::Protocol {
+                peer: peer.into(),
+                detail,
+            },
+        )
+    })?;
+    if server_has != secret.is_some() {
+        let reason = secret_mismatch(secret.is_some());
+        return Err(Refuse::told(
+            format!("authentication refused: {reason}"),
+            NetError::Auth {
+                peer: peer.into(),
+                detail: reason,
+            },
+        ));
+    }
+    let Some(k) = secret else {
+        return Ok([0u8; MAC_LEN]);
+    };
+    if !verify(k, link, ROLE_SERVER, nc, &ns, &challenge[HELLO_LEN..]) {
+        return Err(Refuse::told(
+            "authentication failed: the server's proof did not verify (wrong shared secret)".into(),
+            NetError::Auth {
+                peer: peer.into(),
+                detail: "wrong shared secret (the server's proof did not verify)".into(),
+            },
+        ));
+    }
+    Ok(proof(k, link, ROLE_CLIENT, &ns, nc))
+}
+
+/// A client's read refused by the server's ERROR: the server refused us.
+pub(crate) fn refused_by_server(e: NetError) -> NetError {
+    match e {
+        NetError::Aborted { peer, reason } => NetError::Refused { peer, reason },
+        other => other,
+    }
+}
+
+/// A server's PROOF read cut by the client's ERROR: the client rejected our proof.
+pub(crate) fn rejected_by_client(e: NetError, peer: &str) -> NetError {
+    match e {
+        NetError::Aborted { reason, .. } => NetError::Auth {
+            peer: peer.into(),
+            detail: format!("the client rejected us: {reason}"),
+        },
+        other => other,
+    }
+}
+
 /// Server side of the handshake (the listener). On failure the client has been told why.
 pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
@@ -169,72 +356,31 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     limit: Duration,
 ) -> Result<(), NetError> {
     with_timeout(Some(limit), peer, "the authentication handshake", async {
-        let hello = Expect {
-            allowed: &[(ty::HELLO, HELLO_LEN as u64)],
-            what: "the handshake HELLO",
-        };
-        let (_, p) = match read_msg(s, peer, hello, None, None).await {
+        let (_, hello) = match read_msg(s, peer, EXPECT_HELLO, None, None).await {
             Ok(m) => m,
             Err(e) => {
                 send_error(s, &format!("handshake refused: {e}")).await;
                 return Err(e);
             }
         };
-        let (client_has, nc) = match parse_hello(&p, link) {
-            Ok(v) => v,
-            Err(detail) => {
-                send_error(s, &detail).await;
-                return Err(NetError::Protocol {
-                    peer: peer.into(),
-                    detail,
-                });
-            }
+        let pending = match server_on_hello(&hello, secret, link, peer) {
+            Ok(p) => p,
+            Err(r) => return Err(tell(s, r).await),
         };
-        if client_has != secret.is_some() {
-            let reason = secret_mismatch(secret.is_some());
-            send_error(s, &format!("authentication refused: {reason}")).await;
-            return Err(NetError::Auth {
-                peer: peer.into(),
-                detail: reason,
-            });
-        }
-        let ns = nonce()?;
-        let mut challenge = hello_fields(link, secret, &ns);
-        match secret {
-            Some(k) => challenge.extend_from_slice(&proof(k, link, ROLE_SERVER, &nc, &ns)),
-            None => challenge.extend_from_slice(&[0u8; MAC_LEN]),
-        }
         write_msg(
             s,
             ty::CHALLENGE,
-            &challenge,
+            &pending.challenge,
             peer,
             "the handshake CHALLENGE",
             None,
         )
         .await?;
-        let expect = Expect {
-            allowed: &[(ty::PROOF, MAC_LEN as u64)],
-            what: "the handshake PROOF",
-        };
-        let tag = match read_msg(s, peer, expect, None, None).await {
-            Ok((_, t)) => t,
-            Err(NetError::Aborted { reason, .. }) => {
-                return Err(NetError::Auth {
-                    peer: peer.into(),
-                    detail: format!("the client rejected us: {reason}"),
-                })
-            }
-            Err(e) => return Err(e),
-        };
-        if let Some(k) = secret {
-            if !verify(k, link, ROLE_CLIENT, &ns, &nc, &tag) {
-                send_error(s, "authentication failed: wrong shared secret").await;
-                return Err(NetError::Auth {
-                    peer: peer.into(),
-                    detail: "wrong shared secret (the client's proof did not verify)".into(),
-                });
-            }
+        let (_, tag) = read_msg(s, peer, EXPECT_PROOF, None, None)
+            .await
+            .map_err(|e| rejected_by_client(e, peer))?;
+        if let Err(r) = server_on_proof(&pending, &tag, secret, link, peer) {
+            return Err(tell(s, r).await);
         }
         write_msg(s, ty::AUTH_OK, &[], peer, "the handshake AUTH_OK", None).await
     })
@@ -250,52 +396,31 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     peer: &str,
     limit: Duration,
 ) -> Result<(), NetError> {
-    let refused = |e: NetError| match e {
-        NetError::Aborted { peer, reason } => NetError::Refused { peer, reason },
-        other => other,
-    };
     with_timeout(Some(limit), peer, "the authentication handshake", async {
-        let nc = nonce()?;
-        write_msg(s, ty::HELLO, &hello_fields(link, secret, &nc), peer, "the handshake HELLO", None)
-            .await?;
-        let expect = Expect {
-            allowed: &[(ty::CHALLENGE, CHALLENGE_LEN as u64)],
-            what: "the handshake CHALLENGE",
+        let (nc, hello) = client_hello(link, secret)?;
+        write_msg(s, ty::HELLO, &hello, peer, "the handshake HELLO", None).await?;
+        let (_, challenge) = read_msg(s, peer, EXPECT_CHALLENGE, None, None)
+            .await
+            .map_err(refused_by_server)?;
+        let answer = match client_on_challenge(&nc, &challenge, secret, link, peer) {
+            Ok(a) => a,
+            Err(r) => return Err(tell(s, r).await),
         };
-        let (_, p) = read_msg(s, peer, expect, None, None).await.map_err(refused)?;
-        let (server_has, ns) = match parse_hello(&p, link) {
-            Ok(v) => v,
-            Err(detail) => {
-                send_error(s, &detail).await;
-                return Err(NetError::Protocol { peer: peer.into(), detail });
-            }
-        };
-        if server_has != secret.is_some() {
-            let reason = secret_mismatch(secret.is_some());
-            send_error(s, &format!("authentication refused: {reason}")).await;
-            return Err(NetError::Auth { peer: peer.into(), detail: reason });
-        }
-        let mut answer = [0u8; MAC_LEN];
-        if let Some(k) = secret {
-            if !verify(k, link, ROLE_SERVER, &nc, &ns, &p[HELLO_LEN..]) {
-                send_error(s, "authentication failed: the server's proof did not verify (wrong shared secret)")
-                    .await;
-                return Err(NetError::Auth {
-                    peer: peer.into(),
-                    detail: "wrong shared secret (the server's proof did not verify)".into(),
-                });
-            }
-            answer = proof(k, link, ROLE_CLIENT, &ns, &nc);
-        }
         write_msg(s, ty::PROOF, &answer, peer, "the handshake PROOF", None).await?;
-        let expect = Expect {
-            allowed: &[(ty::AUTH_OK, 0)],
-            what: "the handshake AUTH_OK",
-        };
-        read_msg(s, peer, expect, None, None).await.map_err(refused)?;
+        read_msg(s, peer, EXPECT_AUTH_OK, None, None)
+            .await
+            .map_err(refused_by_server)?;
         Ok(())
     })
     .await
+}
+
+/// Tells the peer why (when there is something to tell) and returns the error.
+async fn tell<S: AsyncWrite + Unpin>(s: &mut S, r: Refuse) -> NetError {
+    if let Some(reason) = &r.tell {
+        send_error(s, reason).await;
+    }
+    r.error
 }
 
 #[cfg(test)]

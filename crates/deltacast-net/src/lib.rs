@@ -31,6 +31,6 @@ pub use error::NetError;
 pub use frames::{
     Ack, BroadcastReport, FrameClient, FrameServer, ReceiverId, ReceiverInfo, ServerEvent,
 };
-pub use secret::{Secret, SECRET_ENV};
+pub use secret::{generate_token, Secret, SECRET_ENV};
 pub use session::{ClientEvent, SessionConfig, SessionError, SyncClient, SyncReport, SyncServer};
 pub use tcp::{LeaderRendezvous, TcpCollective};

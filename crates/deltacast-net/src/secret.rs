@@ -82,6 +82,19 @@ impl Secret {
     }
 }
 
+/// Random bytes in a generated token: 256 bits, far beyond guessing.
+const TOKEN_BYTES: usize = 32;
+
+/// A fresh random secret as text (64 hex digits, from the system's randomness), for a root that
+/// makes the secret itself and hands it to the other ranks over a channel they already share
+/// (e.g. torch.distributed's store). Text, so that it also fits `DELTACAST_SECRET` or a file.
+pub fn generate_token() -> Result<String, NetError> {
+    let mut raw = [0u8; TOKEN_BYTES];
+    getrandom::fill(&mut raw)
+        .map_err(|e| NetError::Secret(format!("no system randomness for a secret: {e}")))?;
+    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Secret({} bytes)", self.0.len())
@@ -91,6 +104,19 @@ impl fmt::Debug for Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generated_tokens_are_fresh_hex_secrets() {
+        let a = generate_token().expect("token");
+        let b = generate_token().expect("token");
+        assert_eq!(a.len(), 2 * TOKEN_BYTES);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, b);
+        assert_eq!(
+            Secret::new(a.clone()).expect("usable").as_bytes(),
+            a.as_bytes()
+        );
+    }
 
     #[test]
     fn short_secret_refused() {

@@ -165,6 +165,29 @@ pub async fn read_msg<R: AsyncRead + Unpin>(
         read_full(r, &mut h, peer, what, true).await
     })
     .await?;
+    let (kind, n) = check_header(&h, peer, expect)?;
+    let payload = with_timeout(body, peer, &format!("receiving {what}"), async {
+        read_exact_vec(r, n, peer, what).await
+    })
+    .await?;
+    if kind == ty::ERROR {
+        return Err(NetError::Aborted {
+            peer: peer.to_string(),
+            reason: clean_reason(&payload),
+        });
+    }
+    Ok((kind, payload))
+}
+
+/// Checks a header against what the read accepts, before anything is allocated for its
+/// payload: returns the type and the payload length (at most the type's limit). Shared by
+/// [`read_msg`] and the blocking handshake ([`crate::auth::blocking`]).
+pub fn check_header(
+    h: &[u8; HEADER_LEN],
+    peer: &str,
+    expect: Expect<'_>,
+) -> Result<(u8, usize), NetError> {
+    let what = expect.what;
     let kind = h[0];
     let mut len8 = [0u8; 8];
     len8.copy_from_slice(&h[1..]);
@@ -197,17 +220,7 @@ pub async fn read_msg<R: AsyncRead + Unpin>(
         len,
         max: usize::MAX as u64,
     })?;
-    let payload = with_timeout(body, peer, &format!("receiving {what}"), async {
-        read_exact_vec(r, n, peer, what).await
-    })
-    .await?;
-    if kind == ty::ERROR {
-        return Err(NetError::Aborted {
-            peer: peer.to_string(),
-            reason: clean_reason(&payload),
-        });
-    }
-    Ok((kind, payload))
+    Ok((kind, n))
 }
 
 /// Turns untrusted reason bytes into a printable line.

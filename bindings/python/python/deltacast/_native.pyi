@@ -325,7 +325,14 @@ class IpcComm:
         timeout_s: float = 300.0,
         slots: int = 4,
         slot_bytes: int = ...,
+        *,
+        secret: str | bytes | None = None,
+        secret_file: str | PathLike[str] | None = None,
     ) -> IpcComm: ...
+    @staticmethod
+    def generate_secret() -> str: ...
+    @property
+    def refused(self) -> list[str]: ...
     @property
     def rank(self) -> int: ...
     @property

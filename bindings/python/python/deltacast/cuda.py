@@ -23,9 +23,15 @@ torch's current stream, and finished when the call returns.
 Where NCCL cannot run, e.g. the trainer and a rollout engine on one GPU (NCCL refuses two
 ranks on one device), an ``IpcComm`` takes the place of the ``NcclComm``: the processes of one
 machine, rank 0 (the sender) listening on a loopback port, the bytes passing through staging
-buffers on its GPU that the others map by CUDA IPC:
+buffers on its GPU that the others map by CUDA IPC. Whoever holds those IPC handles can read
+the weights, so every rank first proves it holds a shared secret (the HMAC handshake of the
+TCP links): rank 0 makes one and hands it to the others the way it hands out the address
+(or set ``DELTACAST_SECRET``, or pass ``secret_file=``):
 
-    comm = deltacast.cuda.IpcComm("127.0.0.1:29512", nranks, rank, device)
+    if rank == 0:
+        store.set("deltacast_ipc_secret", deltacast.cuda.IpcComm.generate_secret())
+    secret = store.get("deltacast_ipc_secret").decode()
+    comm = deltacast.cuda.IpcComm("127.0.0.1:29512", nranks, rank, device, secret=secret)
 """
 
 from __future__ import annotations
