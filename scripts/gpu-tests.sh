@@ -33,7 +33,7 @@ build)
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu", "gpu_sync", "gpu_frames", "gpu_bench"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu", "gpu_sync", "gpu_frames", "ipc_auth", "gpu_bench"):
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do
         cp "$exe" "$dir/$name"
@@ -56,7 +56,7 @@ run)
     # gpu_frames writes the captured GPU sync there: the golden files CI applies without a GPU
     # (crates/deltacast-cli/tests/data/gpu-sync/).
     export DELTACAST_GOLDEN_OUT=${DELTACAST_GOLDEN_OUT:-$out/golden}
-    for name in gpu gpu_frames gpu_sync; do
+    for name in gpu gpu_frames ipc_auth gpu_sync; do
         if [ ! -x "$dir/$name" ]; then
             echo "gpu-tests: $dir/$name missing (run 'scripts/gpu-tests.sh build' first)"
             status=1
