@@ -6,9 +6,9 @@ use cudarc::driver::result as cu;
 
 use deltacast::digest::slot_salt;
 
+use super::context::Gpu;
 use super::context::{Args, MAX_GRID, THREADS};
 use super::driver::{drv, guarded};
-use super::Gpu;
 use crate::error::{CudaError, Result};
 use crate::{
     apply_error_reason, journal_layout, ApplyCheck, ApplyInput, ApplyPositions, ChunkError,

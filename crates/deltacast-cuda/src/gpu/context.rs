@@ -7,9 +7,9 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::{result as cu, sys};
 
+use super::buffer::HostBuffer;
+use super::buffer::Scratch;
 use super::driver::{driver_present, drv, guarded, ptx_for};
-use super::memory::Scratch;
-use super::HostBuffer;
 use crate::error::{CudaError, Result};
 use crate::DiffTuning;
 

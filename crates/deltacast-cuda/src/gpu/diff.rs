@@ -7,10 +7,10 @@ use cudarc::driver::result as cu;
 
 use deltacast::digest::slot_salt;
 
+use super::buffer::Scratch;
+use super::context::Gpu;
 use super::context::{Args, MAX_GRID, THREADS};
 use super::driver::{drv, guarded};
-use super::memory::Scratch;
-use super::Gpu;
 use crate::error::{CudaError, Result};
 use crate::{DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult};
 

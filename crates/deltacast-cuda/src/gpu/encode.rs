@@ -4,9 +4,9 @@
 
 use cudarc::driver::result as cu;
 
+use super::context::Gpu;
 use super::context::{Args, MAX_GRID, THREADS};
 use super::driver::{drv, guarded};
-use super::Gpu;
 use crate::error::{CudaError, Result};
 use crate::{ApplyPositions, DevicePtr, EncodeInput, GridChunk};
 

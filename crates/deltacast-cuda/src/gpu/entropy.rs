@@ -1,9 +1,9 @@
 //! Host side of kernels/entropy.cu: the core's `gaps` and `ulp` sections sized, written and
 //! decoded on the GPU, byte for byte as `deltacast::codec` writes them.
 
+use super::context::Gpu;
 use super::context::{Args, MAX_GRID};
 use super::driver::{drv, guarded};
-use super::Gpu;
 use crate::error::{CudaError, Result};
 use crate::{
     apply_error_reason, ChunkError, CodeChunk, CodePlace, CodeSizes, CodeValues, DecodeInput,

@@ -1,14 +1,16 @@
 //! The GPU path (feature `cuda`): cudarc's thin `result` layer over the driver API, NVRTC for the
 //! kernels, every call guarded so that a missing library is an error and never a panic.
 //!
-//! Two layers. The driver, memory and streams: `driver.rs` (loading the libraries, NVRTC,
-//! guarded calls), `context.rs` (a [`Gpu`]: device, context, loaded kernels, launches),
-//! `memory.rs` ([`DeviceBuffer`], [`HostBuffer`], copies, scratch), `stream.rs`
-//! ([`GpuStream`], [`GpuEvent`], timing). Above them the kernel launchers, one per kernel
-//! file, each owning its inputs' host twins and tables: `diff.rs`, `encode.rs`, `apply.rs`,
-//! `digest.rs`, `entropy.rs`.
+//! Two layers, each file importing only those before it. The driver, memory and streams:
+//! `driver.rs` (loading the libraries and the kernels' PTX, guarded calls), `buffer.rs`
+//! ([`DeviceBuffer`], [`HostBuffer`], the launchers' scratch), `context.rs` (a [`Gpu`]: device,
+//! context, loaded kernels, launches), `memory.rs` (its allocations and copies), `stream.rs`
+//! ([`GpuStream`], [`GpuEvent`], ordering and timing). Above them the kernel launchers, one
+//! per kernel file, each owning its inputs' host twins and tables: `diff.rs`, `encode.rs`,
+//! `apply.rs`, `digest.rs`, `entropy.rs`.
 
 mod apply;
+mod buffer;
 mod context;
 mod diff;
 mod digest;
@@ -18,9 +20,9 @@ mod entropy;
 mod memory;
 mod stream;
 
+pub use buffer::{DeviceBuffer, HostBuffer};
 pub use context::Gpu;
 pub use driver::{compile_kernel, compile_kernel_tuned, nvrtc_present};
 pub(crate) use driver::{drv, guarded, release_in};
 pub use entropy::{CodeScratch, DECODE_SLACK};
-pub use memory::{DeviceBuffer, HostBuffer};
 pub use stream::{GpuEvent, GpuStream};

@@ -3,8 +3,8 @@
 
 use cudarc::driver::{result as cu, sys};
 
+use super::context::Gpu;
 use super::driver::{drv, guarded, release_in};
-use super::Gpu;
 use crate::error::Result;
 
 /// A second stream on a GPU's context (the sync's collectives run on one, so that they

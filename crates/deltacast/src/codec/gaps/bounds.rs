@@ -4,7 +4,7 @@
 
 use super::format::{escape_width, BLOCK, DIR_ENTRY, ESC, MAX_K};
 #[cfg(target_arch = "x86_64")]
-use super::x86::{self, octet_stats, select_octet};
+use super::x86::{octet_stats, select_octet};
 use crate::codec::bits::mask;
 
 /// A lower bound on the size of the section that codes `rel` (strictly increasing, each
@@ -25,7 +25,7 @@ pub(crate) fn lower_bound(rel: &[u32], range: u32) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if crate::codec::bits::x86_wide() {
         // SAFETY: as in `encode`.
-        return unsafe { x86::lower_bound(rel, range) };
+        return unsafe { avx2::lower_bound(rel, range) };
     }
     lower_bound_impl(rel, range)
 }
@@ -116,14 +116,34 @@ fn map_bounds_dispatch<const HOLES: bool>(changed: &[u8], range: u32) -> (u64, u
     #[cfg(target_arch = "x86_64")]
     if crate::codec::bits::x86_avx512() {
         // SAFETY: `x86_avx512` detected all the function's features.
-        return unsafe { x86::map_bounds_avx512::<HOLES>(changed, range) };
+        return unsafe { avx2::map_bounds_avx512::<HOLES>(changed, range) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::codec::bits::x86_wide() {
         // SAFETY: as in `encode`.
-        return unsafe { x86::map_bounds::<HOLES>(changed, range) };
+        return unsafe { avx2::map_bounds::<HOLES>(changed, range) };
     }
     map_bounds_impl::<HOLES, false>(changed, range)
+}
+
+/// The bounds compiled for AVX2 (and AVX-512), as the encoder's entry points: same results.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) fn lower_bound(rel: &[u32], range: u32) -> u64 {
+        super::lower_bound_impl(rel, range)
+    }
+
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+    pub(super) fn map_bounds<const HOLES: bool>(changed: &[u8], range: u32) -> (u64, u64) {
+        super::map_bounds_impl::<HOLES, false>(changed, range)
+    }
+
+    /// [`super::map_bounds_impl`] with eight words at a time by [`super::octet_stats`].
+    #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512vpopcntdq")]
+    pub(super) fn map_bounds_avx512<const HOLES: bool>(changed: &[u8], range: u32) -> (u64, u64) {
+        super::map_bounds_impl::<HOLES, true>(changed, range)
+    }
 }
 
 /// An upper bound on the largest run of set bits that starts in `word` (`next` is the word

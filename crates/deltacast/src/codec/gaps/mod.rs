@@ -15,11 +15,11 @@
 //! per store; the decoder keeps the next bits in a register and refills only when fewer
 //! remain than a plain code word needs.
 //!
-//! The files follow those roles: `format.rs` (block, directory entry, code words: what a
-//! reader of docs/codecs.md needs), `encode.rs` (the best `k` per block, exact sizes, the
-//! writers), `bounds.rs` (the chooser's lower bounds, from the positions or a bitmap's
-//! words), `x86.rs` (the AVX2 and AVX-512 builds and kernels of the encoder's side) and
-//! `decode.rs`.
+//! The files follow those roles, each importing only those before it: `format.rs` (block,
+//! directory entry, code words: what a reader of docs/codecs.md needs), `x86.rs` (the
+//! hand-written AVX2, BMI2 and AVX-512 kernels), `encode.rs` (the best `k` per block, exact
+//! sizes, the writers), `bounds.rs` (the chooser's lower bounds, from the positions or a
+//! bitmap's words) and `decode.rs`; the latter three carry their own builds for AVX2.
 //!
 //! [`BLOCK`]: format::BLOCK
 //! [`ESC`]: format::ESC
@@ -43,7 +43,7 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     if crate::codec::bits::x86_wide() {
         // SAFETY: the function's only requirement is its target features, all of which
         // `x86_wide` detected just above on this CPU.
-        return unsafe { x86::encode(rel, range, out) };
+        return unsafe { encode::avx2::encode(rel, range, out) };
     }
     encode::encode_impl::<false>(rel, range, out)
 }

@@ -1,41 +1,9 @@
-//! The x86-64 side of the `gaps` encoder: its entry points compiled for AVX2 (the passes
-//! over a block's gaps, the length histogram and the exact sizes run 8 lanes wide), the
-//! lane writer, and the bitmap kernels of the chooser's bounds (BMI2 select, AVX-512 word
-//! statistics). Same results as the portable builds.
+//! The x86-64 kernels of the `gaps` encoder: the lane writer, and the bitmap kernels of the
+//! chooser's bounds (BMI2 select, AVX-512 word statistics). Same results as the portable
+//! code in `encode.rs` and `bounds.rs`, which call them (and compile themselves for AVX2).
 
 use super::format::{BLOCK, ESC};
 use crate::codec::bits::{mask, put_words, BlockWriter, Lanes};
-
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub(super) fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
-    super::encode::encode_impl::<true>(rel, range, out)
-}
-
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub(super) fn directory(rel: &[u32], range: u32) -> (Vec<u8>, u64) {
-    super::encode::directory_impl::<true>(rel, range)
-}
-
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub(super) fn lower_bound(rel: &[u32], range: u32) -> u64 {
-    super::bounds::lower_bound_impl(rel, range)
-}
-
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub(super) fn map_bounds<const HOLES: bool>(changed: &[u8], range: u32) -> (u64, u64) {
-    super::bounds::map_bounds_impl::<HOLES, false>(changed, range)
-}
-
-/// [`super::bounds::map_bounds_impl`] with eight words at a time by [`octet_stats`].
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512vpopcntdq")]
-pub(super) fn map_bounds_avx512<const HOLES: bool>(changed: &[u8], range: u32) -> (u64, u64) {
-    super::bounds::map_bounds_impl::<HOLES, true>(changed, range)
-}
-
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub(super) fn holes_directory(changed: &[u8], range: u32) -> (Vec<u8>, u64) {
-    super::encode::holes_directory_impl::<true>(changed, range)
-}
 
 /// The bit indices in `words` (eight, little-endian, bit `64 j + b` for bit `b` of word `j`)
 /// of the `r`-th and the `r + 1`-th listed bit (the set bits of each word xor `flip`),

@@ -3,7 +3,7 @@
 //! the code word of a code number under a block's `(k, c)`. The encoder and the decoders
 //! share these definitions; docs/codecs.md specifies them byte by byte.
 
-use crate::codec::bits::{bit_len, mask};
+use crate::codec::bits::{bit_len, mask, BlockWriter};
 use crate::dtype::to_ordered;
 
 /// Values per block: the 4-byte directory entry costs 1/32 bit per value.
@@ -155,6 +155,18 @@ pub(super) fn code_word<const W: usize>(u: u32, new_bits: u32, k: u32, c: u32) -
             tail: (((u ^ (1 << (l - 1))) as u64) << 1) | 1,
             len: l,
         }
+    }
+}
+
+/// Writes `word`; only 4-byte elements have code words longer than one 56-bit store.
+#[inline(always)]
+pub(super) fn put_word<const W: usize>(out: &mut BlockWriter<'_>, word: Word) {
+    let total = word.zeros + word.len;
+    if W <= 2 || total <= 56 {
+        out.put(word.tail << word.zeros, total);
+    } else {
+        out.zeros(word.zeros);
+        out.put(word.tail, word.len);
     }
 }
 

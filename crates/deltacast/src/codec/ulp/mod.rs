@@ -36,13 +36,16 @@
 //! come from loads and the steps from the vectorized loop that then applies them to the
 //! old bits); 4-byte elements decode one value at a time.
 //!
-//! The files follow those roles: `format.rs` (block, directory entry, code numbers and code
-//! words: what a reader of docs/codecs.md needs), `encode.rs` (parameter choice and the
-//! portable writers), `x86.rs` (the AVX2 and AVX-512 encoder kernels) and `decode/` (with its
-//! table lookups in `lookup.rs` and branch-free steps in `fast.rs`).
+//! The files follow those roles, each importing only those before it: `format.rs` (block,
+//! directory entry, code numbers and code words: what a reader of docs/codecs.md needs),
+//! `codes.rs` (code numbers as the encoder holds them, and their length histogram), `x86.rs`
+//! (the hand-written AVX2 and AVX-512 encoder kernels), `encode.rs` (parameter choice, the
+//! portable writers, the builds for AVX2 and AVX-512) and `decode/` (its table lookups in
+//! `lookup.rs`, branch-free steps in `fast.rs`).
 //!
 //! [`BLOCK`]: format::BLOCK
 
+mod codes;
 mod decode;
 mod encode;
 mod format;

@@ -1,32 +1,18 @@
-//! The AVX2 and AVX-512 kernels of the `ulp` encoder: builds of the portable encoder for
-//! those features, length histograms in byte lanes, bit planes (GFNI) or by register
-//! compress, and the lane writers that compute and join code words in vector registers.
-//! Each gives the same bits as its portable counterpart in `encode`.
+//! The AVX2 and AVX-512 kernels of the `ulp` encoder: length histograms in byte lanes, bit
+//! planes (GFNI) or by register compress, and the lane writers that compute and join code
+//! words in vector registers. Each gives the same bits as its portable counterpart in
+//! `encode.rs`, which calls them (and compiles itself for those features too).
 
-use super::encode::{encode_codes, put_word, Code, Histogram, HIST, UNCHANGED_SLOT};
-use super::format::{code_word, le, nbits, unchanged, BLOCK};
+use super::codes::{Code, Histogram, HIST, UNCHANGED_SLOT};
+use super::format::{code_word, le, nbits, put_word, unchanged, BLOCK};
 use crate::codec::bits::{bit_len, join_eight, put_words, BlockWriter, Joined, Lanes};
 use std::mem::MaybeUninit;
 
-/// [`encode_codes`] of narrow elements compiled for AVX2: the passes over a block's code
-/// numbers (computing them, the length histogram) go 16 lanes wide. Same bytes.
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-pub(super) fn encode_narrow_avx2<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
-    encode_codes::<W, u16, true>(old, new, out)
-}
-
-/// [`encode_narrow_avx2`] with AVX-512 F and BW too: the code numbers' loop goes 32 lanes
-/// wide (~2 % faster at 50 % on Zen 4). Same bytes.
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw")]
-pub(super) fn encode_narrow_avx512<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {
-    encode_codes::<W, u16, true>(old, new, out)
-}
-
-/// `encode::histogram_narrow` in AVX2 byte lanes, 32 code numbers at a time: counts of code numbers
-/// at or above each power of two up to 2^7 from their low byte saturated (`min(u, 255)`)
-/// and from 2^8 on from their high byte, each a signed byte compare (bytes biased by 128)
-/// against a constant, counted in byte lanes (at most 32 per lane in a block) and summed at
-/// the end. Same histogram.
+/// `encode::histogram_narrow` in AVX2 byte lanes, 32 code numbers at a time: counts of code
+/// numbers at or above each power of two up to 2^7 from their low byte saturated
+/// (`min(u, 255)`) and from 2^8 on from their high byte, each a signed byte compare (bytes
+/// biased by 128) against a constant, counted in byte lanes (at most 32 per lane in a block)
+/// and summed at the end. Same histogram.
 ///
 /// # Safety
 ///
@@ -332,18 +318,16 @@ fn bit_len_f32(u: u32) -> u32 {
     ((u as i32 as f32).to_bits() >> 23).max(126) - 126
 }
 
-/// [`write_values`] of narrow elements with a cap `c <= nb` (every code word then fits 32
-/// bits) in the AVX2 build: each value's code word and length in one loop the compiler
+/// `encode::write_values` of narrow elements with a cap `c <= nb` (every code word then fits
+/// 32 bits) in the AVX2 build: each value's code word and length in one loop the compiler
 /// vectorizes (no table, no branch), then the words of eight consecutive values joined in
 /// vector lanes and written by one store when they fit 56 bits together (nearly always at
 /// `k = 0`); blocks with `k = 0` (nearly all of AdamW steps) by [`write_k0`], all in
-/// registers. Same bits as [`write_values`].
+/// registers. Same bits as `encode::write_values`.
 ///
 /// # Safety
 ///
 /// The CPU must have the features of [`crate::codec::bits::x86_wide`].
-///
-/// [`write_values`]: super::encode::write_values
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 #[inline]
 pub(super) unsafe fn write_lanes<const W: usize, C: Code>(
@@ -408,7 +392,7 @@ pub(super) unsafe fn write_lanes<const W: usize, C: Code>(
 /// The CPU must have the features of [`crate::codec::bits::x86_wide`].
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 #[inline(never)]
-unsafe fn write_k0<const W: usize>(
+pub(super) unsafe fn write_k0<const W: usize>(
     out: &mut BlockWriter<'_>,
     codes: &[u16],
     new: &[[u8; W]],
@@ -502,7 +486,7 @@ struct Sixteen {
 /// The CPU must have the features [`crate::codec::bits::x86_avx512`] checks.
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw,avx512cd")]
 #[inline(never)]
-unsafe fn write_k0_avx512<const W: usize>(
+pub(super) unsafe fn write_k0_avx512<const W: usize>(
     out: &mut BlockWriter<'_>,
     codes: &[u16],
     new: &[[u8; W]],
@@ -647,10 +631,7 @@ unsafe fn sllv_epi64(
 
 #[cfg(test)]
 mod tests {
-    use super::super::encode::{write_values, SmallCodes};
-    use super::super::format::to_le;
     use super::*;
-    use crate::codec::bits::{mask, BitWriter};
     use crate::testutil::Rng;
 
     /// The one-instruction `vpsllvq` shifts lanes as the intrinsic does, counts of 64 and
@@ -684,95 +665,5 @@ mod tests {
             };
             assert_eq!(got, want, "{a:x?} << {counts:?}");
         }
-    }
-
-    /// The lane writer (both its k = 0 loop and the general one) against the table writer
-    /// for every cap it takes (`0..=nb`; 0: all raw), on code numbers of every length, the unchanged
-    /// mark and new bits of any pattern, at odd lengths: same bits.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn lane_writer_matches_table_writer_for_every_cap() {
-        fn check<const W: usize>(rng: &mut Rng) {
-            let nb = 8 * W as u32;
-            let mut lanes = Lanes::new();
-            for k in 0..3 {
-                for c in 0..=nb {
-                    for n in [
-                        1usize, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 1024,
-                    ] {
-                        // Every other n mostly short words (the AVX-512 writer's octets
-                        // then nearly all fit their store), else any mix.
-                        let any = if n % 2 == 0 { 10 } else { 60 };
-                        let codes: Vec<u16> = (0..n)
-                            .map(|_| match rng.below(any) {
-                                0 => unchanged::<W>() as u16,
-                                1..=6 | 10.. => rng.below(2) as u16,
-                                _ => {
-                                    let len = rng.below(nb as u64 + 1) as u32;
-                                    let u = rng.next_u64() as u32 & mask(len) as u32;
-                                    (if u == unchanged::<W>() { 0 } else { u }) as u16
-                                }
-                            })
-                            .collect();
-                        let new: Vec<[u8; W]> =
-                            (0..n).map(|_| to_le::<W>(rng.next_u64() as u32)).collect();
-                        let bits: u64 = codes
-                            .iter()
-                            .zip(&new)
-                            .map(|(&u, b)| {
-                                let word = code_word::<W>(u as u32, le(b), k, c);
-                                (word.zeros + word.len) as u64
-                            })
-                            .sum();
-                        let mut table = SmallCodes::new();
-                        table.set(k, c);
-                        let mut by_table = vec![0xa5];
-                        let mut writer = BitWriter::new(&mut by_table);
-                        writer.block(bits, |out| {
-                            write_values::<W, u16>(out, &table, &codes, &new, k, c)
-                        });
-                        writer.finish();
-                        let mut by_lanes = vec![0xa5];
-                        let mut writer = BitWriter::new(&mut by_lanes);
-                        writer.block(bits, |out| {
-                            // SAFETY: `x86_wide` detected the features it needs (below).
-                            unsafe { write_lanes::<W, u16>(out, &mut lanes, &codes, &new, k, c) }
-                        });
-                        writer.finish();
-                        assert_eq!(by_table, by_lanes, "width {W}, k {k}, c {c}, {n} values");
-                        if k == 0 {
-                            // Both k = 0 writers, whichever the lane writer took.
-                            let mut by_avx2 = vec![0xa5];
-                            let mut writer = BitWriter::new(&mut by_avx2);
-                            // SAFETY: `x86_wide` detected the features it needs (below).
-                            writer
-                                .block(bits, |out| unsafe { write_k0::<W>(out, &codes, &new, c) });
-                            writer.finish();
-                            assert_eq!(by_table, by_avx2, "AVX2 width {W}, c {c}, {n} values");
-                            if crate::codec::bits::x86_avx512() {
-                                let mut by_avx512 = vec![0xa5];
-                                let mut writer = BitWriter::new(&mut by_avx512);
-                                writer.block(bits, |out| {
-                                    // SAFETY: `x86_wide` (below) and `x86_avx512` detected the
-                                    // features it needs.
-                                    unsafe { write_k0_avx512::<W>(out, &codes, &new, c) }
-                                });
-                                writer.finish();
-                                assert_eq!(
-                                    by_table, by_avx512,
-                                    "AVX-512 width {W}, c {c}, {n} values"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        if !crate::codec::bits::x86_wide() {
-            return;
-        }
-        let mut rng = Rng(32);
-        check::<1>(&mut rng);
-        check::<2>(&mut rng);
     }
 }
