@@ -54,7 +54,7 @@ fn options() -> IpcOptions {
 
 /// The bytes of broadcast `i` for `seed` (xorshift), made the same in both processes.
 fn data(seed: u64, i: usize) -> Vec<u8> {
-    let mut x = seed ^ ((i as u64 + 1) * 0x9E37_79B9_7F4A_7C15) | 1;
+    let mut x = seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..SIZES[i])
         .map(|_| {
             x ^= x << 13;
