@@ -54,7 +54,7 @@ fn options() -> IpcOptions {
 
 /// The bytes of broadcast `i` for `seed` (xorshift), made the same in both processes.
 fn data(seed: u64, i: usize) -> Vec<u8> {
-    let mut x = seed ^ ((i as u64 + 1) * 0x9E37_79B9_7F4A_7C15) | 1;
+    let mut x = seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..SIZES[i])
         .map(|_| {
             x ^= x << 13;
@@ -108,20 +108,11 @@ fn a_stranger_with_the_wrong_secret_opens_nothing_and_the_sync_is_bit_exact() {
             IpcComm::new(&gpu, &root_address, 2, 0, &secret, options()).expect("the root's link");
         let refused: Vec<String> = comm.refused().iter().map(|r| r.to_string()).collect();
         let stream = gpu.stream_handle();
-        for i in 0..SIZES.len() {
+        for (i, &n) in SIZES.iter().enumerate() {
             let src = gpu.upload(&data(seed, i)).expect("upload");
-            // SAFETY: `src` holds SIZES[i] bytes and lives until the wait below.
-            unsafe {
-                comm.broadcast(
-                    src.ptr(),
-                    src.ptr(),
-                    SIZES[i],
-                    0,
-                    stream,
-                    Duration::from_secs(60),
-                )
-            }
-            .expect("broadcast");
+            // SAFETY: `src` holds n bytes and lives until the wait below.
+            unsafe { comm.broadcast(src.ptr(), src.ptr(), n, 0, stream, Duration::from_secs(60)) }
+                .expect("broadcast");
             let done = gpu.record_done().expect("record");
             comm.wait(done, Duration::from_secs(60), "a broadcast")
                 .expect("wait");
