@@ -68,6 +68,9 @@ summary() {
 }
 START=$(date +%s)
 trap summary EXIT
+# Stopped from outside: the summary must say so, not "passed".
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # `phase TITLE CMD...`: says what it starts, runs it (its output to the terminal and the log),
 # says how long it took; fails as the command does.
