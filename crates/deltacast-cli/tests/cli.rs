@@ -898,7 +898,7 @@ fn counts_agree_with_their_nouns_and_hashes_are_hex() {
         line.contains(": version 1 delta, 1 of 10 elements changed (10.000%), "),
         "{line}"
     );
-    assert!(line.contains(" smaller), 1 flush, "), "{line}");
+    assert!(line.contains(" full (4.2x larger), 1 flush, "), "{line}");
     let line = run_ok(
         bin()
             .arg("apply")
