@@ -1,6 +1,6 @@
 //! The `deltacast` binary end to end: demo, and diff → apply through files, including the
-//! recorded optimizer trace in crates/deltacast/tests/data/traces and integer, bool and 8-byte
-//! tensors. What the binary says, word for word, is cli_text.rs.
+//! recorded optimizer traces in crates/deltacast/tests/data/traces (every trace found there is
+//! replayed; `DELTACAST_TRACES` names another folder).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -199,15 +199,37 @@ fn diff_apply_inspect_round_trip_and_refusals() {
     .contains("nonexistent"));
 }
 
-/// The recorded trace in the repository (the base, then 8 AdamW steps of a small Qwen2 model).
-fn recorded_trace() -> (PathBuf, PathBuf) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deltacast/tests/data/traces");
-    let trace = dir.join("trace_dense_lr1e-06.safetensors");
-    let base = dir.join("trace_dense_lr1e-06_base.safetensors");
-    for p in [&trace, &base] {
-        assert!(p.is_file(), "the recorded trace {} is missing", p.display());
-    }
-    (trace, base)
+/// Where the recorded traces live: $DELTACAST_TRACES, else the ones committed with the core
+/// crate.
+fn traces_dir() -> PathBuf {
+    std::env::var_os("DELTACAST_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deltacast/tests/data/traces")
+        })
+}
+
+/// Every (trace, base) pair in the traces directory.
+fn trace_pairs() -> Vec<(PathBuf, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(traces_dir()) else {
+        return Vec::new();
+    };
+    let mut pairs: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "safetensors")
+                && !p.to_string_lossy().ends_with("_base.safetensors")
+        })
+        .filter_map(|p| {
+            let base = PathBuf::from(
+                p.to_string_lossy()
+                    .replace(".safetensors", "_base.safetensors"),
+            );
+            base.exists().then_some((p, base))
+        })
+        .collect();
+    pairs.sort();
+    pairs
 }
 
 /// Rebuilds the checkpoints of a trace: the base, then each step's (idx, val) applied in order.
@@ -280,51 +302,44 @@ fn rebuild_checkpoints(trace: &Path, base: &Path, dir: &Path) -> Vec<PathBuf> {
 }
 
 #[test]
-fn recorded_trace_replays_bit_for_bit_through_diff_and_apply() {
-    let (trace, base) = recorded_trace();
-    let dir = tempfile::tempdir().unwrap();
-    let checkpoints = rebuild_checkpoints(&trace, &base, dir.path());
-    assert!(checkpoints.len() >= 2, "{}: no steps", trace.display());
-    for (k, pair) in checkpoints.windows(2).enumerate() {
-        let d = dir.path().join(format!("d{k}.dcast"));
-        let out = dir.path().join(format!("out{k}.safetensors"));
-        run_ok(
-            bin()
-                .arg("diff")
-                .arg(&pair[0])
-                .arg(&pair[1])
-                .arg("-o")
-                .arg(&d)
-                .args(["--version", &(k + 1).to_string()]),
-        );
-        run_ok(bin().arg("apply").arg(&pair[0]).arg(&d).arg("-o").arg(&out));
-        assert_eq!(
-            tensors_of(&out),
-            tensors_of(&pair[1]),
-            "{}: step {} differs",
+fn recorded_traces_replay_bit_for_bit_through_diff_and_apply() {
+    let pairs = trace_pairs();
+    assert!(
+        !pairs.is_empty(),
+        "no recorded traces (NAME.safetensors + NAME_base.safetensors) in {}",
+        traces_dir().display()
+    );
+    for (trace, base) in pairs {
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoints = rebuild_checkpoints(&trace, &base, dir.path());
+        assert!(checkpoints.len() >= 2, "{}: no steps", trace.display());
+        for (k, pair) in checkpoints.windows(2).enumerate() {
+            let d = dir.path().join(format!("d{k}.dcast"));
+            let out = dir.path().join(format!("out{k}.safetensors"));
+            run_ok(
+                bin()
+                    .arg("diff")
+                    .arg(&pair[0])
+                    .arg(&pair[1])
+                    .arg("-o")
+                    .arg(&d)
+                    .args(["--version", &(k + 1).to_string()]),
+            );
+            run_ok(bin().arg("apply").arg(&pair[0]).arg(&d).arg("-o").arg(&out));
+            assert_eq!(
+                tensors_of(&out),
+                tensors_of(&pair[1]),
+                "{}: step {} differs",
+                trace.display(),
+                k + 1
+            );
+        }
+        eprintln!(
+            "{}: {} steps replayed bit for bit",
             trace.display(),
-            k + 1
+            checkpoints.len() - 1
         );
     }
-    // `stats` on the same trace: one row per step and a total, the bound named where defined.
-    let out = run_ok(
-        bin()
-            .arg("stats")
-            .arg("--trace")
-            .arg(&trace)
-            .arg("--base")
-            .arg(&base),
-    );
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(
-        lines[0],
-        "codec auto; bound = Σ n·H(k/n) + k·H(ULP step), as defined in docs/codecs.md"
-    );
-    assert_eq!(lines.len(), 2 + (checkpoints.len() - 1) + 1, "{out}");
-    assert!(
-        lines[lines.len() - 1].starts_with(&format!("total over {} steps:", checkpoints.len() - 1)),
-        "{out}"
-    );
 }
 
 #[test]
@@ -535,4 +550,36 @@ fn integer_and_bool_tensors_round_trip_bit_exact_with_raw_values() {
         }
         assert_eq!(chunks > 0, changed > 0, "seed {seed}");
     }
+}
+
+#[test]
+fn stats_reports_every_step_of_the_recorded_trace_against_the_bound() {
+    let pairs = trace_pairs();
+    assert!(
+        !pairs.is_empty(),
+        "no recorded traces in {}",
+        traces_dir().display()
+    );
+    let (trace, base) = &pairs[0];
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = rebuild_checkpoints(trace, base, dir.path());
+    // `stats` on the same trace: one row per step and a total, the bound named where defined.
+    let out = run_ok(
+        bin()
+            .arg("stats")
+            .arg("--trace")
+            .arg(trace)
+            .arg("--base")
+            .arg(base),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "codec auto; bound = Σ n·H(k/n) + k·H(ULP step), as defined in docs/codecs.md"
+    );
+    assert_eq!(lines.len(), 2 + (checkpoints.len() - 1) + 1, "{out}");
+    assert!(
+        lines[lines.len() - 1].starts_with(&format!("total over {} steps:", checkpoints.len() - 1)),
+        "{out}"
+    );
 }
