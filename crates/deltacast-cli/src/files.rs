@@ -79,8 +79,8 @@ pub fn same_tensors(old: &SlotTable, new: &SlotTable, roles: (&str, &str)) -> Re
     lines.truncate(MAX_DIFFERENCES);
     if more > 0 {
         lines.push(format!(
-            "and {} more",
-            count(more as u64, "difference", "differences")
+            "and {}",
+            count(more as u64, "more difference", "more differences")
         ));
     }
     bail!(
@@ -126,7 +126,7 @@ pub fn diff(
         }));
     } else {
         println!(
-            "{}: version {} delta, {} of {} changed ({:.3}%), {} on the wire vs {} full ({:.1}x smaller), {}, {:.0} ms",
+            "{}: version {} delta, {} of {} changed ({:.3}%), {} on the wire vs {} full ({}), {}, {:.0} ms",
             output.display(),
             s.version,
             s.changed,
@@ -134,12 +134,22 @@ pub fn diff(
             100.0 * s.changed as f64 / report.elements.max(1) as f64,
             bytes(s.wire_bytes),
             bytes(table.total_bytes()),
-            table.total_bytes() as f64 / s.wire_bytes.max(1) as f64,
+            ratio(table.total_bytes(), s.wire_bytes),
             count(s.flushes.into(), "flush", "flushes"),
             elapsed
         );
     }
     Ok(())
+}
+
+/// How the wire compares with a full copy: `9.6x smaller`, or `10.2x larger` for tensors so
+/// small that the framing outweighs them.
+fn ratio(full: u64, wire: u64) -> String {
+    if wire <= full {
+        format!("{:.1}x smaller", full as f64 / wire.max(1) as f64)
+    } else {
+        format!("{:.1}x larger", wire as f64 / full.max(1) as f64)
+    }
 }
 
 pub fn apply(base: &Path, delta: &Path, output: &Path, json_out: bool) -> Result<()> {
@@ -389,4 +399,34 @@ pub fn inspect(path: &Path, chunks: bool, names: Option<&Path>, json_out: bool) 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltacast::DType;
+
+    #[test]
+    fn long_lists_of_differences_are_cut_and_counted() {
+        let table = |names: std::ops::Range<u32>| {
+            SlotTable::new(
+                names
+                    .map(|i| SlotInfo::new(format!("t{i:03}"), DType::F32, vec![1]))
+                    .collect(),
+            )
+            .unwrap()
+        };
+        let err = same_tensors(&table(0..5), &table(0..30), ("OLD", "NEW")).unwrap_err();
+        let text = err.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1 + MAX_DIFFERENCES + 1, "{text}");
+        assert_eq!(lines[1], "  NEW has `t005` (F32 [1]), OLD does not");
+        assert_eq!(lines[lines.len() - 1], "  and 5 more differences");
+        let err = same_tensors(&table(0..1), &table(0..22), ("OLD", "NEW")).unwrap_err();
+        assert!(
+            err.to_string().ends_with("\n  and 1 more difference"),
+            "{err}"
+        );
+        assert!(same_tensors(&table(0..3), &table(0..3), ("OLD", "NEW")).is_ok());
+    }
 }

@@ -19,9 +19,10 @@ use deltacast::CodecChoice;
 
 use output::ByteSize;
 
-/// Lossless delta sync of model weights: send only the elements whose bits changed.
+/// Lossless delta sync of model weights: send only the elements whose bits changed, and prove
+/// the receivers' bits equal the sender's.
 #[derive(Parser)]
-#[command(name = "deltacast", version, about)]
+#[command(name = "deltacast", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -4,36 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use deltacast::io::{write_checkpoint, Checkpoint};
 use deltacast::{DType, SlotInfo, SlotTable};
 use safetensors::SafeTensors;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_deltacast"))
-}
+mod common;
 
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("binary runs");
-    assert!(
-        out.status.success(),
-        "command failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
-fn run_err(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("binary runs");
-    assert!(
-        !out.status.success(),
-        "command should have failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::{bin, run_err, run_ok, tensors_of, write_tensors, Rng};
 
 #[test]
 fn demo_json_reports_every_step_with_matching_digests() {
@@ -115,10 +93,6 @@ fn write_random(path: &Path, seed: u64) -> SlotTable {
     )
     .unwrap();
     table
-}
-
-fn tensors_of(path: &Path) -> Vec<Vec<u8>> {
-    Checkpoint::open(path).unwrap().to_buffers()
 }
 
 #[test]
@@ -437,4 +411,175 @@ fn gpu_report_tables_and_draws_the_committed_gpu_results() {
     assert!(line.contains(&ratio), "{line} lacks {ratio}");
     let err = run_err(bin().arg("gpu-report").arg(&files[0]).arg(&ipc));
     assert!(err.contains("CUDA-IPC"), "{err}");
+}
+
+/// The tensors of the integer round trip: every non-float dtype, odd and empty shapes, and a
+/// float tensor beside them.
+const INT_TENSORS: &[(&str, DType, &[u64])] = &[
+    ("bf16.w", DType::BF16, &[33, 3]),
+    ("bool.mask", DType::Bool, &[9, 7]),
+    ("f64.scale", DType::F64, &[5]),
+    ("i16.empty", DType::I16, &[0, 3]),
+    ("i32.ids", DType::I32, &[5, 3]),
+    ("i64.step", DType::I64, &[]),
+    ("i64.table", DType::I64, &[301]),
+    ("i8.q", DType::I8, &[1]),
+    ("u16.codes", DType::U16, &[17]),
+    ("u32.hist", DType::U32, &[2, 2]),
+    ("u64.seen", DType::U64, &[3]),
+    ("u8.bytes", DType::U8, &[13]),
+    ("u8.empty", DType::U8, &[0]),
+];
+
+/// `old` with each element changed with probability `density`: a new random pattern, or for
+/// 8-byte elements often only one of their two words, or a `+1` (a step counter).
+fn mutate_elements(rng: &mut Rng, old: &[u8], dtype: DType, density: f64) -> Vec<u8> {
+    let size = dtype.element_size();
+    let mut new = old.to_vec();
+    for e in new.chunks_exact_mut(size) {
+        if (rng.next() % 1_000_000) as f64 >= density * 1e6 {
+            continue;
+        }
+        match (rng.next() % 4, size) {
+            (0, 8) => e[..4].copy_from_slice(&rng.bytes(4)),
+            (1, 8) => e[4..].copy_from_slice(&rng.bytes(4)),
+            (2, 8) => {
+                let v = u64::from_le_bytes(e.try_into().unwrap()).wrapping_add(1);
+                e.copy_from_slice(&v.to_le_bytes());
+            }
+            _ if dtype == DType::Bool => e[0] ^= 1,
+            _ => e.copy_from_slice(&rng.bytes(size)),
+        }
+    }
+    new
+}
+
+#[test]
+fn integer_and_bool_tensors_round_trip_bit_exact_with_raw_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    for (seed, density, codec) in [
+        (1u64, 0.02, "auto"),
+        (2, 0.3, "auto"),
+        (3, 1.0, "auto"),
+        (4, 0.0, "auto"),
+        (5, 0.5, "gaps+ulp"),
+        (6, 0.1, "bitmap+ulp"),
+    ] {
+        let mut rng = Rng(seed);
+        let table = write_tensors(&p("old.safetensors"), INT_TENSORS, None, &mut rng);
+        let old = tensors_of(&p("old.safetensors"));
+        let mut bool_old = old.clone();
+        for (s, b) in table.slots().iter().zip(&mut bool_old) {
+            if s.dtype == DType::Bool {
+                b.iter_mut().for_each(|x| *x &= 1);
+            }
+        }
+        write_tensors(
+            &p("old.safetensors"),
+            INT_TENSORS,
+            Some(&bool_old),
+            &mut rng,
+        );
+        let new: Vec<Vec<u8>> = table
+            .slots()
+            .iter()
+            .zip(&bool_old)
+            .map(|(s, b)| mutate_elements(&mut rng, b, s.dtype, density))
+            .collect();
+        write_tensors(&p("new.safetensors"), INT_TENSORS, Some(&new), &mut rng);
+        // Oracle: changed sync words (4 bytes for 8-byte dtypes, the element otherwise).
+        let changed: usize = table
+            .slots()
+            .iter()
+            .zip(bool_old.iter().zip(&new))
+            .map(|(s, (a, b))| {
+                let w = s.dtype.width();
+                a.chunks(w).zip(b.chunks(w)).filter(|(x, y)| x != y).count()
+            })
+            .sum();
+        let d = p("d.dcast");
+        let line = run_ok(
+            bin()
+                .arg("diff")
+                .arg(p("old.safetensors"))
+                .arg(p("new.safetensors"))
+                .arg("-o")
+                .arg(&d)
+                .args([
+                    "--json",
+                    "--codec",
+                    codec,
+                    "--bucket-size",
+                    "4K",
+                    "--chunk-elems",
+                    "64",
+                ]),
+        );
+        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(v["changed"], changed as u64, "seed {seed}");
+        run_ok(
+            bin()
+                .arg("apply")
+                .arg(p("old.safetensors"))
+                .arg(&d)
+                .arg("-o")
+                .arg(p("out.safetensors")),
+        );
+        assert_eq!(tensors_of(&p("out.safetensors")), new, "seed {seed}");
+        // Only the float tensor may carry ulp values.
+        let listing = run_ok(
+            bin()
+                .arg("inspect")
+                .arg(&d)
+                .args(["--chunks", "--json", "--names"])
+                .arg(p("old.safetensors")),
+        );
+        let mut chunks = 0;
+        for l in listing.lines() {
+            let c: serde_json::Value = serde_json::from_str(l).unwrap();
+            let Some(name) = c["tensor"].as_str() else {
+                continue;
+            };
+            chunks += 1;
+            let slot = table.slots().iter().find(|s| s.name == name).unwrap();
+            let codec = c["codec"].as_str().unwrap();
+            if !slot.dtype.ulp_codable() {
+                assert!(codec.ends_with("+raw"), "{name} ({}): {codec}", slot.dtype);
+            }
+        }
+        assert_eq!(chunks > 0, changed > 0, "seed {seed}");
+    }
+}
+
+#[test]
+fn stats_reports_every_step_of_the_recorded_trace_against_the_bound() {
+    let pairs = trace_pairs();
+    assert!(
+        !pairs.is_empty(),
+        "no recorded traces in {}",
+        traces_dir().display()
+    );
+    let (trace, base) = &pairs[0];
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = rebuild_checkpoints(trace, base, dir.path());
+    // `stats` on the same trace: one row per step and a total, the bound named where defined.
+    let out = run_ok(
+        bin()
+            .arg("stats")
+            .arg("--trace")
+            .arg(trace)
+            .arg("--base")
+            .arg(base),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "codec auto; bound = Σ n·H(k/n) + k·H(ULP step), as defined in docs/codecs.md"
+    );
+    assert_eq!(lines.len(), 2 + (checkpoints.len() - 1) + 1, "{out}");
+    assert!(
+        lines[lines.len() - 1].starts_with(&format!("total over {} steps:", checkpoints.len() - 1)),
+        "{out}"
+    );
 }

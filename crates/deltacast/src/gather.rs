@@ -144,13 +144,14 @@ impl RankSender {
                 map.len()
             )));
         }
-        // Plans count in elements, the sync in words: the two differ for 8-byte dtypes.
+        // Plans count in elements, the sync in words: the two differ for 8-byte dtypes (a
+        // single-process Sender syncs those).
         for i in 0..map.len() {
             let param = map.param(i)?;
             if param.dtype.words_per_element() != 1 {
+                // "dtype I64 (parameter `step`) in a sharded sync is not supported"
                 return Err(Error::UnsupportedDType(format!(
-                    "{} (parameter `{}`) in a sharded sync: 8-byte dtypes sync through a \
-                     single-process Sender only",
+                    "{} (parameter `{}`) in a sharded sync",
                     param.dtype, param.name
                 )));
             }

@@ -156,7 +156,16 @@ fn run_case(
     let mut rng = Rng(seed);
     let mut params: Vec<Param> = Vec::new();
     for i in 0..5 {
-        let dtype = [DType::BF16, DType::F32, DType::F8E4M3][rng.below(3) as usize];
+        // Floats (ulp-coded) and one-word integer and bool dtypes (raw values).
+        let dtypes = [
+            DType::BF16,
+            DType::F32,
+            DType::F8E4M3,
+            DType::I32,
+            DType::U8,
+            DType::Bool,
+        ];
+        let dtype = dtypes[rng.below(dtypes.len() as u64) as usize];
         let rows = 1 + rng.below(40);
         let cols = 1 + rng.below(9);
         let spec = if i == 2 {
@@ -387,5 +396,36 @@ fn hsdp_replicas_take_part_with_zero_counts() {
         vec![MeshPlacement::Replicate, MeshPlacement::Shard { dim: 0 }],
         AUTO,
         1500,
+    );
+}
+
+#[test]
+fn eight_byte_dtypes_are_refused_by_the_sharded_sender() {
+    let map = SlotMap::new(vec![
+        ParamSpec::identity("w", vec![4, 2], DType::BF16),
+        ParamSpec::identity("step", vec![2], DType::I64),
+    ])
+    .unwrap();
+    let plans = (0..map.len())
+        .map(|i| {
+            let layout = DTensorLayout {
+                mesh_shape: vec![1],
+                coords: vec![0],
+                placements: vec![MeshPlacement::Shard { dim: 0 }],
+                global_shape: map.param(i).unwrap().shape.clone(),
+            };
+            map.plan(i, &local_block(&layout).unwrap()).unwrap()
+        })
+        .collect();
+    let config = ShardedConfig {
+        flush: FlushConfig::default(),
+        round_bytes: 1 << 20,
+    };
+    let err = RankSender::new(map, plans, config)
+        .err()
+        .expect("I64 is refused");
+    assert_eq!(
+        err.to_string(),
+        "dtype I64 (parameter `step`) in a sharded sync is not supported"
     );
 }

@@ -347,3 +347,20 @@ pub(crate) fn u64s(bytes: &[u8]) -> Vec<u64> {
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
+
+#[cfg(test)]
+mod dtype_tests {
+    use super::*;
+
+    #[test]
+    fn only_one_word_floats_reach_the_gpu() {
+        for d in DType::ALL {
+            let r = refuse_non_float("t", d);
+            assert_eq!(r.is_ok(), d.ulp_codable(), "{d}");
+        }
+        let err = refuse_non_float("step", DType::I64)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tensor `step` is I64"), "{err}");
+    }
+}
