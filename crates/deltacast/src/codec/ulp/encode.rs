@@ -63,7 +63,9 @@ fn best_params(hist: &Histogram, items: u32, nb: u32) -> (u32, u32, u32) {
 
 /// Code numbers below this (at most 8 bits, so code words of at most 16 bits when `k <= 15`)
 /// are coded through a per-block table; the rest, unchanged and raw values take the general
-/// path. On AdamW steps that is ~97% of the values.
+/// path. That is ~97% of the values of the benchmarks' AdamW-like chunk
+/// (`deltacast_testkit::adamw_chunk`) and more of the recorded trace's
+/// (crates/deltacast/tests/data/traces/README.md).
 const fn small<const W: usize>() -> u32 {
     if W == 1 {
         128
@@ -84,9 +86,10 @@ pub(super) fn put_word<const W: usize>(out: &mut BlockWriter<'_>, word: Word) {
     }
 }
 
-/// Code numbers the writer's tables cover: all but ~1% of AdamW steps (steps of up to 512
-/// ULPs), so that a group of three values rarely leaves the table path (a mispredicted
-/// branch and the general path).
+/// Code numbers the writer's tables cover: all but under 1% of AdamW steps (steps of up to
+/// 512 ULPs), on the recorded trace (crates/deltacast/tests/data/traces/README.md) and on the
+/// benchmarks' AdamW-like chunk alike, so that a group of three values rarely leaves the table
+/// path (a mispredicted branch and the general path).
 const TABLE: usize = 1024;
 
 /// Code numbers below this are written from the [`SmallCodes`] table: all of [`TABLE`], but
