@@ -27,9 +27,9 @@
 // prefix, in one status word; a tile adds up the counts behind it until it meets a prefix),
 // and writes its changes straight there, digest included: no slot, no second read of them, no
 // place pass. The look-back relies on blocks starting in index order, as CUB's scans do.
-// An opt-in (DiffTuning::direct): on an H200 it is slower at the sync's densities (53 against
-// 73 % of a device copy at 1.5 %: blocks hold their registers while they wait on the tiles
-// before them) and faster where tiles overflow their slots (38 against 23 % at 10 %).
+// An opt-in (DiffTuning::direct): it is slower at the sync's densities (blocks hold their
+// registers while they wait on the tiles before them) and faster where tiles overflow their
+// slots (docs/data/gpu-diff/README.md, "Figures behind the code").
 //
 // Output layout: change g (global, in order) has its position (slot index = first_index +
 // element) at pos_out[g] and its bits at new_out + g * width (old_out likewise, when given).
@@ -56,8 +56,9 @@
 // DIFF_PREFETCH > 0: each block of dc_diff asks the L2 for the lines of the tile that many
 // tiles ahead (both arrays), so that the block which diffs it later finds them there. A block
 // waits for its loads all at once and then computes; the prefetches keep the memory busy
-// meanwhile (on an H200 at 1 %: 59 -> 68 % of a device copy). Too far ahead (about a third of
-// the L2 in flight) and lines are evicted before use.
+// meanwhile, which raises the diff's share of a device copy (docs/data/gpu-diff/README.md,
+// "Figures behind the code"). Too far ahead (about a third of the L2 in flight) and lines are
+// evicted before use.
 #ifndef DIFF_PREFETCH
 #define DIFF_PREFETCH 264
 #endif
@@ -214,7 +215,8 @@ struct DiffDirect {
 // changed vectors again (from L2) to write them; without it they stay in registers (what a
 // snapshot in host memory wants: a second read would cross PCIe).
 // W: the tensor's element width, a constant so that the masks, extractions and stores
-// compile to their one case (the kernel is bound by its integer instructions at 1 %).
+// compile to their one case (the kernel is bound by its integer instructions at 1 %: Nsight
+// Compute, docs/data/gpu-diff/pass1-rewrites/).
 // STASH: `stash` holds 2 * DIFF_THREADS * DIFF_ITEMS vectors of shared memory (current, then
 // snapshot, DIFF_ITEMS * 32 per warp each).
 // DIRECT: the one-pass form: writes to `D`'s output at the place the look-back gives (and
@@ -678,7 +680,8 @@ dc_diff_place(const DiffTensor* __restrict__ tensors, const u32* __restrict__ ti
               u8* __restrict__ old_out) {
     // The block's warps (consecutive tiles) add their digest changes up here, so that one
     // atomic per block and tensor reaches the digest word instead of one per tile: with a
-    // single large tensor every tile's atomic went to the same word, ~70 us per 2 GiB.
+    // single large tensor every tile's atomic went to the same word, and they queued there
+    // (docs/data/gpu-diff/README.md, "Figures behind the code").
     __shared__ u32 s_tensor[DIFF_THREADS / 32];
     __shared__ u64 s_sum[DIFF_THREADS / 32];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

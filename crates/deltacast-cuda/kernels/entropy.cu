@@ -104,7 +104,8 @@ __device__ __forceinline__ u32 dc_ulp_code(u32 old_bits, u32 new_bits, u32 nb, u
 // Each thread reads and writes its own stream: a warp's 32 lanes touch 32 different lines, and
 // the L1 serves one line per cycle. So the code streams are read 16 bytes at a time, and the
 // decoders write their outputs in vectors. (The writer's code words go out a word at a time:
-// gathering them into vectors measured slower, 2.9 vs 2.1 ms for 10^8 changes on an H200.)
+// gathering them into vectors measured slower; docs/data/gpu-diff/README.md, "Figures behind
+// the code".)
 
 // Bit output: code words of one block into a zeroed u32-word stream, LSB first.
 struct BitOut {

@@ -101,9 +101,10 @@ pub fn kernel_program(name: &str) -> Option<String> {
         .map(|(_, src)| format!("{PRELUDE}\n#line 1 \"{name}.cu\"\n{src}"))
 }
 
-/// Compile-time knobs of the diff kernel (kernels/diff.cu). The default is what measured
-/// fastest on an H200; `DELTACAST_DIFF_TUNING=items,min_blocks,reload[,prefetch[,stash[,direct]]]`
-/// overrides it (benches).
+/// Compile-time knobs of the diff kernel (kernels/diff.cu). The default is the fastest of the
+/// tunings swept (docs/data/gpu-diff/README.md);
+/// `DELTACAST_DIFF_TUNING=items,min_blocks,reload[,prefetch[,stash[,direct]]]` overrides it
+/// (benches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DiffTuning {
     /// 16-byte vectors per thread and array: a tile is `256 * 16 * items` bytes (1..=8:
@@ -115,12 +116,14 @@ pub struct DiffTuning {
     pub reload: bool,
     /// Tiles ahead whose lines each block of the diff asks the L2 to fetch (0: none), so that
     /// the block diffing that tile later finds it there (device snapshots; at most 8192).
-    /// The default, 264, is two tiles per multiprocessor of an H200 (132 of them): on the
-    /// H200 at 1 % it took the diff from 59 to 68 % of a device copy; at 1056 it fell to 46 %.
+    /// The default, 264, is two tiles per multiprocessor of an H200 (132 of them): it raises
+    /// the diff's share of a device copy, while four times as far lowers it below no prefetch
+    /// (docs/data/gpu-diff/README.md, "Figures behind the code").
     pub prefetch: u32,
     /// With `reload` and at most 4 items: the write phase reads each warp's changed vectors
-    /// from shared memory, stashed there as they were compared, instead of again from L2
-    /// (on the H200 at 1 %: 72 -> 75 % of a device copy, 68 -> 71 % with old bits and digest).
+    /// from shared memory, stashed there as they were compared, instead of again from L2,
+    /// which raises the diff's share of a device copy (docs/data/gpu-diff/README.md, "Figures
+    /// behind the code").
     pub stash: bool,
     /// One pass instead of three: each tile finds its place in the output by a decoupled
     /// look-back over the tiles before it and writes its changes (and digest change) there,

@@ -234,8 +234,9 @@ pub fn available_impls() -> Vec<DiffImpl> {
 pub fn best_impl() -> DiffImpl {
     static BEST: OnceLock<DiffImpl> = OnceLock::new();
     *BEST.get_or_init(|| {
-        // On Zen 4 (benches/diff.rs) VBMI2 ties the others where changes are sparse (all are
-        // memory-bound there) and is ~2x faster at 10 %; otherwise the widest compare.
+        // VBMI2 ties the others where changes are sparse (all are memory-bound there) and is
+        // much the fastest at 10 % (benches/diff.rs; docs/benchmarks.md, "The CPU diff against
+        // a plain read"); otherwise the widest compare.
         let order = [DiffImpl::Avx512Vbmi2, DiffImpl::Avx512, DiffImpl::Avx2];
         order
             .into_iter()

@@ -41,8 +41,9 @@ pub(crate) fn bernoulli_positions(rng: &mut Rng, range: u32, density: f64) -> Ve
     (0..range).filter(|_| rng.unit() < density).collect()
 }
 
-/// A signed ULP step drawn like AdamW on BF16: ~87% ±1, then a decaying tail of small
-/// steps, and ~1% jumps of hundreds to tens of thousands of ULPs (weights near zero).
+/// A signed ULP step drawn like AdamW on BF16: ~87% ±1 (as on the recorded trace,
+/// crates/deltacast/tests/data/traces/README.md), then a decaying tail of small steps, and
+/// ~1% jumps of hundreds to tens of thousands of ULPs (weights near zero).
 pub(crate) fn adamw_step(rng: &mut Rng) -> i64 {
     let sign = if rng.next_u64() & 1 == 0 { 1 } else { -1 };
     let r = rng.unit();

@@ -319,9 +319,9 @@ fn apply_table(
             journal: 0,
         };
         // A bitmap is decoded by one block scanning it. The changes of all/abs32 chunks are
-        // independent and could be shared out between blocks, but measured slower on an H200
-        // (7B delta: 9–10 ms apply with 2048 changes per block, 6.7 ms with a block per
-        // chunk): APPLY_SEGMENT is kept at a whole grid cell.
+        // independent and could be shared out between blocks, but shared out a 7B delta
+        // applied slower than with a block per chunk (docs/data/gpu-sync/README.md, "Figures
+        // behind the code"): APPLY_SEGMENT is kept at a whole grid cell.
         let step = if c.positions == ApplyPositions::Bitmap {
             c.count
         } else {

@@ -135,9 +135,9 @@ impl Gpu {
 
     /// Copies `out.len()` bytes at `src` into `out` through this GPU's pinned staging
     /// buffer. A copy into pageable memory that waits for a long kernel holds up the pageable
-    /// copies of every other stream of the context until it completes (measured: the staged
-    /// sync's encoding waited for the next stage's whole diff); one into pinned memory does
-    /// not.
+    /// copies of every other stream of the context until it completes (a staged sync's trace
+    /// showed its encoding waiting for the next stage's whole diff: docs/data/gpu-sync/README.md,
+    /// "Figures behind the code"); one into pinned memory does not.
     ///
     /// # Safety
     /// `src` must be valid for `out.len()` bytes.

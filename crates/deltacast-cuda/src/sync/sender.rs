@@ -49,9 +49,9 @@ pub struct GpuSenderConfig {
 pub const DEFAULT_STAGE_BYTES: u64 = 2 << 30;
 
 /// Whether a delta sync sizes its chunks in the core's entropy codecs (gaps positions, ulp
-/// values) and sends them where smaller: ~1.2 bytes per change on AdamW steps instead of ~6,
-/// for more GPU time on both sides (sizing, writing, decoding; the diff keeps the old bits).
-/// Worth it where the link is slow (across nodes); on NVLink sending 5× the bytes is faster.
+/// values) and sends them where smaller: a fraction of abs32 / bitmap + raw's bytes on AdamW
+/// steps, for more GPU time on both sides (sizing, writing, decoding; the diff keeps the old
+/// bits). Worth it across nodes; over NVLink the larger frames go faster (docs/benchmarks.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EntropyMode {
     /// abs32 / bitmap positions and raw values only.
@@ -227,8 +227,8 @@ struct DiffJob {
 type DiffDone = (Result<DiffResult>, f64, f64);
 
 /// The sender's diff thread, alive as long as the sender: it runs the diffs it is handed, in
-/// order, on the caller's `Gpu` handle. (A thread started for each sync cost ~0.35 ms on an
-/// H200 machine: a one-stage sync's diff phase went from 1.22 to 1.55 ms for a 0.98 ms diff.)
+/// order, on the caller's `Gpu` handle. (A thread started for each sync costs a large share of
+/// a one-stage sync's diff phase: docs/data/gpu-sync/README.md, "Figures behind the code".)
 struct DiffWorker {
     jobs: Option<mpsc::Sender<DiffJob>>,
     /// (In a mutex only so that the sender stays `Sync`, as Python objects must be; it is

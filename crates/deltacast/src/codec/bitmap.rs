@@ -16,7 +16,8 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     #[cfg(target_arch = "x86_64")]
     if (rel.len() as u64) * DENSE_BELOW >= range as u64 && super::bits::x86_avx512() {
         // It writes every byte of the section: none is zeroed first (a memset of the whole
-        // section, ~4 % of this encoder at 50 %).
+        // section was a measurable share of this encoder: docs/data/codecs/README.md,
+        // "Figures behind the code").
         out.reserve(len);
         // SAFETY: the function's only requirement is its target features, detected just
         // above on this CPU; the `len` bytes past `start` are spare capacity (reserved).
@@ -53,8 +54,8 @@ fn encode_dense_avx512(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
         // Positions at or past `end` belong to later windows; any below it (all of them
         // from this window when `rel` is sorted) are flagged here.
         // Sixteen at a time while the sixteenth is in the window (one check and one loop
-        // branch per sixteen stores: ~25 % faster than four at a time at 50 %), then four,
-        // then one.
+        // branch per sixteen stores: faster than four at a time on dense chunks, see
+        // docs/data/codecs/README.md, "Figures behind the code"), then four, then one.
         flag_runs::<16>(rel, &mut i, end, &mut flags);
         flag_runs::<4>(rel, &mut i, end, &mut flags);
         flag_runs::<1>(rel, &mut i, end, &mut flags);
@@ -103,7 +104,8 @@ fn flag_runs<const N: usize>(rel: &[u32], i: &mut usize, end: u32, flags: &mut [
 const DENSE_BELOW: u64 = 8;
 
 /// One read-modify-write of the position's byte per position. At high density the or-s to
-/// one byte wait on each other through memory (~1.7 cycles a position at 50 %).
+/// one byte wait on each other through memory (docs/data/codecs/README.md, "Figures behind
+/// the code").
 fn encode_sparse(rel: &[u32], map: &mut [u8]) {
     for &p in rel {
         map[(p / 8) as usize] |= 1 << (p % 8);
@@ -122,7 +124,8 @@ fn encode_dense(rel: &[u32], map: &mut [u8]) {
         let end = ((window as u64 + 1) * WINDOW as u64).min(u32::MAX as u64) as u32;
         // A window holds at most `WINDOW` positions: the search for its end reads only
         // lines that are read next anyway (over all the rest of the positions, its loads
-        // missed the cache: 13 % of this encoder at 50 %).
+        // missed the cache, a large share of this encoder on dense chunks:
+        // docs/data/codecs/README.md, "Figures behind the code").
         let n = rest[..rest.len().min(WINDOW)].partition_point(|&p| p < end);
         let (here, later) = rest.split_at(n);
         rest = later;
@@ -327,7 +330,8 @@ const BIT_POSITIONS: [[u8; 8]; 256] = {
 /// A byte at a time from a table of the set bits' positions, always writing 8 entries and
 /// moving on by the byte's count: no branch per bit, whose exit mispredicts on the
 /// unpredictable bits of a dense bitmap (a loop of `trailing_zeros` per set bit measured
-/// ~2× slower at 50% density; it is kept for words with few bits set).
+/// slower on dense bitmaps, see docs/data/codecs/README.md, "Figures behind the code"; it is
+/// kept for words with few bits set).
 #[inline(always)]
 pub(crate) fn set_bits(mut word: u64, base: u32, out: &mut [u32], mut n: usize) -> usize {
     // Without POPCNT the count below takes a dozen instructions: not for the empty words

@@ -259,8 +259,8 @@ pub fn encode_chunk(
 
 /// [`encode_chunk`] into `out`, whose sections are cleared first but keep their capacity: a
 /// sender that reuses one `EncodedChunk` across chunks writes into memory it already holds
-/// (fresh section vectors cost page faults on every chunk: ~20 % of a dense encode). Same
-/// codecs and bytes.
+/// (fresh section vectors cost page faults on every chunk, a large share of a dense encode:
+/// docs/data/codecs/README.md, "Figures behind the code"). Same codecs and bytes.
 pub fn encode_chunk_into(
     choice: CodecChoice,
     width: usize,

@@ -112,8 +112,8 @@ fn length_histogram(gaps: &[u32]) -> ([u32; 33], u32) {
 
 /// [`length_histogram`] from the counts of gaps below each power of two up to the largest gap:
 /// a few passes of compares and adds, with no counter in memory. Faster where the compiler
-/// can make them 8 lanes wide or more (AVX2: ~1.2× on the gaps encoder at 10% density, ~1.3×
-/// at 50%); slower with 4 lanes.
+/// can make them 8 lanes wide or more (AVX2: docs/data/codecs/README.md, "Figures behind the
+/// code"); slower with 4 lanes.
 #[inline(always)]
 fn length_histogram_vector(gaps: &[u32]) -> ([u32; 33], u32) {
     // The bit length of the largest gap is that of all gaps or-ed together.
@@ -324,9 +324,9 @@ fn block_gaps<'g>(block: &[u32], gaps: &'g mut [u32; BLOCK]) -> &'g [u32] {
 }
 
 /// Writes one block's code words with parameter `k`. Dense blocks go through the table of
-/// small gaps' code words (`table` keeps a copy for the last `k`: the loop measured ~3%
-/// faster reading a local table); otherwise a plain code word is at most ESC + k bits, so up
-/// to 56 / (ESC + k) of them share one store.
+/// small gaps' code words (`table` keeps a copy for the last `k`: the loop measured faster
+/// reading a local table, docs/data/codecs/README.md); otherwise a plain code word is at most
+/// ESC + k bits, so up to 56 / (ESC + k) of them share one store.
 #[inline(always)]
 fn write_block(
     out: &mut BlockWriter<'_>,

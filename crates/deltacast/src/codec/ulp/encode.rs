@@ -53,7 +53,9 @@ fn best_params(hist: &Histogram, items: u32, nb: u32) -> (u32, u32, u32) {
 
 /// Code numbers below this (at most 8 bits, so code words of at most 16 bits when `k <= 15`)
 /// are coded through a per-block table; the rest, unchanged and raw values take the general
-/// path. On AdamW steps that is ~97% of the values.
+/// path. That is ~97% of the values of the benchmarks' AdamW-like chunk
+/// (`deltacast_testkit::adamw_chunk`) and more of the recorded trace's
+/// (crates/deltacast/tests/data/traces/README.md).
 const fn small<const W: usize>() -> u32 {
     if W == 1 {
         128
@@ -62,9 +64,10 @@ const fn small<const W: usize>() -> u32 {
     }
 }
 
-/// Code numbers the writer's tables cover: all but ~1% of AdamW steps (steps of up to 512
-/// ULPs), so that a group of three values rarely leaves the table path (a mispredicted
-/// branch and the general path).
+/// Code numbers the writer's tables cover: all but under 1% of AdamW steps (steps of up to
+/// 512 ULPs), on the recorded trace (crates/deltacast/tests/data/traces/README.md) and on the
+/// benchmarks' AdamW-like chunk alike, so that a group of three values rarely leaves the table
+/// path (a mispredicted branch and the general path).
 const TABLE: usize = 1024;
 
 /// Code numbers below this are written from the [`SmallCodes`] table: all of [`TABLE`], but
@@ -219,7 +222,8 @@ pub(super) fn encode_narrow_avx2<const W: usize>(old: &[u8], new: &[u8], out: &m
 }
 
 /// [`encode_narrow_avx2`] with AVX-512 F and BW too: the code numbers' loop goes 32 lanes
-/// wide (~2 % faster at 50 % on Zen 4). Same bytes.
+/// wide (a little faster on dense chunks: docs/data/codecs/README.md, "Figures behind the
+/// code"). Same bytes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,avx512f,avx512bw")]
 pub(super) fn encode_narrow_avx512<const W: usize>(old: &[u8], new: &[u8], out: &mut Vec<u8>) {

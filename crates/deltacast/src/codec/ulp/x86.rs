@@ -103,7 +103,8 @@ pub(super) unsafe fn histogram_avx2<const W: usize>(codes: &[u16]) -> Histogram 
 }
 
 /// [`histogram_avx2`] of 2-byte elements without its pass over the high bytes: the code
-/// numbers of 9 bits or more (and the unchanged mark), ~3 % of AdamW steps, are gathered by
+/// numbers of 9 bits or more (and the unchanged mark), ~3 % of the benchmarks' AdamW-like
+/// steps (`deltacast_testkit::adamw_chunk`; fewer on the recorded trace), are gathered by
 /// one register compress per 32 (AVX-512 VBMI2, no branch) and counted by length one by one;
 /// those below come from the low byte pass as before. Same histogram.
 ///
@@ -558,8 +559,9 @@ pub(super) unsafe fn write_k0_avx512<const W: usize>(
         }
     };
     // One store per octet: the sixteen words together exceed 56 bits a quarter of the time
-    // at k = 0 on AdamW steps, a branch that fresh data mispredicts (a third slower than the
-    // AVX2 writer then); an octet nearly never does.
+    // at k = 0 on AdamW steps, a branch that fresh data mispredicts (slower than the AVX2
+    // writer then: docs/data/codecs/README.md, "Figures behind the code"); an octet nearly
+    // never does.
     let put_sixteen = |out: &mut BlockWriter<'_>, x: Sixteen| {
         let ([octet0, octet1], [first, second]) = (x.octets, x.octet_lens);
         if first <= 56 && second <= 56 {
@@ -575,8 +577,8 @@ pub(super) unsafe fn write_k0_avx512<const W: usize>(
         }
         put_words(out, &words, &lens, |_, _| unreachable!());
     };
-    // Thirty-two values per loop, one branch for their four octets (~2 % faster than one
-    // branch per sixteen).
+    // Thirty-two values per loop, one branch for their four octets (measured faster than one
+    // branch per sixteen: docs/data/codecs/README.md, "Figures behind the code").
     for (u, b) in codes.chunks_exact(32).zip(new.chunks_exact(32)) {
         let (x, y) = (sixteen(u, b), sixteen(&u[16..], &b[16..]));
         let ([x0, x1], [y0, y1]) = (x.octet_lens, y.octet_lens);
@@ -602,8 +604,9 @@ pub(super) unsafe fn write_k0_avx512<const W: usize>(
 
 /// `vpsllvq` (lanes shifted by counts of 64 or more become 0) as one instruction: the
 /// intrinsic, where the result is or-ed, compiles to a compare for counts of 64 or more and
-/// a masked `or` (two extra instructions per sixteen values in [`write_k0_avx512`], ~4 % of
-/// a half-dense ulp encode). Same lanes.
+/// a masked `or` (two extra instructions per sixteen values in [`write_k0_avx512`], a
+/// measurable share of a dense ulp encode: docs/data/codecs/README.md, "Figures behind the
+/// code"). Same lanes.
 ///
 /// # Safety
 ///

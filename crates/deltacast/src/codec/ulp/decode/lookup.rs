@@ -62,7 +62,8 @@ pub(super) fn widen(to: &mut [u16], codes: &[u8; 8]) {
 pub(super) const TABLE_K: u32 = 7;
 
 /// Stream bits a [`StepTable`] lookup reads: 12 (the loop reads 40 KiB of the table, most
-/// of it seldom; on Zen 4, 11 bits decode ~1.5 % and 10 ~4 % slower, 13 ~8 % slower).
+/// of it seldom; 10, 11 and 13 bits decoded slower: docs/data/codecs/README.md, "Figures
+/// behind the code").
 pub(super) const LOOKUP: u32 = 12;
 const LOOKUP_SIZE: usize = 1 << LOOKUP;
 

@@ -73,8 +73,9 @@ pub(super) fn decode_width<const W: usize, const HOW: u8>(
         out.resize(n * W, 0);
         return decode_wide::<W>(reader, dir, old, out);
     }
-    // Not zeroed first (a pass over the whole output, ~2-7 % of the decoding time): the
-    // narrow decoder writes every value.
+    // Not zeroed first (a pass over the whole output, a measurable share of the decoding
+    // time: docs/data/codecs/README.md, "Figures behind the code"): the narrow decoder
+    // writes every value.
     out.reserve(n * W);
     let spare = out.spare_capacity_mut()[..n * W].as_chunks_mut::<W>().0;
     decode_narrow::<W, HOW>(reader, dir, old.as_chunks::<W>().0, spare)?;
