@@ -113,7 +113,7 @@ pub fn apply(base: &Path, delta: &Path, output: &Path, json_out: bool) -> Result
         );
     }
     let base_version = match header.kind {
-        FrameKind::Delta => Some(header.version - 1),
+        FrameKind::Delta | FrameKind::Dense => header.version.checked_sub(1),
         _ => None,
     };
     let mut receiver = Receiver::with_state(table.clone(), ckpt.to_buffers(), base_version)?;
@@ -121,7 +121,8 @@ pub fn apply(base: &Path, delta: &Path, output: &Path, json_out: bool) -> Result
     let mut outcome = None;
     for (i, frame) in frames.iter().enumerate() {
         match receiver.receive(frame) {
-            Ok(done) => outcome = done,
+            // A close (a captured GPU sync may end with one) reports nothing applied.
+            Ok(done) => outcome = done.filter(|o| o.kind != FrameKind::Close).or(outcome),
             Err(Error::BaseDigestMismatch {
                 slot,
                 expected,
