@@ -231,7 +231,7 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
                     }
                     let mut new = Vec::new();
                     for index in start as usize..(start + range) as usize {
-                        let b = if rng.next() % 4 == 0 {
+                        let b = if rng.next().is_multiple_of(4) {
                             load_bits(&held[slot as usize], w, index)
                         } else {
                             rng.next()
@@ -500,7 +500,7 @@ fn delta_chunk(
         let index = (start + p as u64) as usize;
         fresh &= touched.insert((slot, index));
         let a = load_bits(&held[slot as usize], w, index);
-        let b = if c.step % 2 == 0 {
+        let b = if c.step.is_multiple_of(2) {
             let d = 1 + rng.next() % 4;
             let d = if rng.next().is_multiple_of(2) {
                 d

@@ -183,7 +183,8 @@ pub fn apply(base: &Path, delta: &Path, output: &Path, json_out: bool) -> Result
     let mut outcome = None;
     for (i, frame) in frames.iter().enumerate() {
         match receiver.receive(frame) {
-            Ok(done) => outcome = done,
+            // A close (a captured GPU sync may end with one) reports nothing applied.
+            Ok(done) => outcome = done.filter(|o| o.kind != FrameKind::Close).or(outcome),
             Err(Error::BaseDigestMismatch {
                 slot,
                 expected,

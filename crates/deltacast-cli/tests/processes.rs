@@ -1,6 +1,6 @@
 //! `deltacast demo --processes`: trainer ranks and receivers as separate OS processes over
 //! loopback TCP. Every sync must verify on every receiver, the gather must move only the encoded
-//! changes (plus a 48-byte header per chunk), and a rank that dies mid-sync must fail every other
+//! changes (plus a 64-byte record per chunk), and a rank that dies mid-sync must fail every other
 //! process quickly while no receiver is left between two versions.
 
 use std::io::Read;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 /// Bytes of a gathered chunk record's header (deltacast::gather).
-const RECORD_HEADER: u64 = 48;
+const RECORD_HEADER: u64 = deltacast::wire::ENTRY_LEN as u64;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_deltacast"))

@@ -62,13 +62,25 @@ fn dense_chunk_without_values_is_refused_before_allocating_positions() {
     const N: u64 = 1 << 24;
     let table = SlotTable::new(vec![SlotInfo::new("big", DType::F8E4M3, vec![N])]).unwrap();
     let mut r = Receiver::with_state(table.clone(), vec![vec![0u8; N as usize]], Some(1)).unwrap();
-    for (pos, val, val_bytes) in [
-        (PosCodec::All, ValCodec::Raw, &[][..]),
-        (PosCodec::Holes, ValCodec::Raw, &[][..]),
-        (PosCodec::All, ValCodec::Ulp, &[0u8; 8][..]),
-        (PosCodec::Holes, ValCodec::Ulp, &[0u8; 8][..]),
+    for (kind, pos, val, val_bytes) in [
+        (FrameKind::Delta, PosCodec::All, ValCodec::Raw, &[][..]),
+        (FrameKind::Delta, PosCodec::Holes, ValCodec::Raw, &[][..]),
+        (
+            FrameKind::Delta,
+            PosCodec::All,
+            ValCodec::Ulp,
+            &[0u8; 8][..],
+        ),
+        (
+            FrameKind::Delta,
+            PosCodec::Holes,
+            ValCodec::Ulp,
+            &[0u8; 8][..],
+        ),
+        // A dense frame covering the slot exactly, with no value bytes.
+        (FrameKind::Dense, PosCodec::All, ValCodec::Raw, &[][..]),
     ] {
-        let mut w = FrameWriter::new(FrameKind::Delta, 2, table.hash(), 0);
+        let mut w = FrameWriter::new(kind, 2, table.hash(), 0);
         w.push_chunk(0, pos, val, 0, N, N, &[], val_bytes);
         w.push_digest(SlotDigest {
             slot: 0,
@@ -79,7 +91,7 @@ fn dense_chunk_without_values_is_refused_before_allocating_positions() {
         let (err, largest) = assert_refused(&mut r, &frame);
         assert!(
             largest < 1 << 20,
-            "{pos:?}+{val:?}: refusing a {} byte frame allocated {largest} bytes at once ({err})",
+            "{kind:?} {pos:?}+{val:?}: refusing a {} byte frame allocated {largest} bytes at once ({err})",
             frame.len()
         );
         assert!(matches!(err, Error::Codec { .. }), "{err}");

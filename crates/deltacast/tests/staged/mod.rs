@@ -49,6 +49,22 @@ pub fn staged_sync(
     chunk_elems: u64,
     codec: CodecChoice,
 ) -> Vec<Vec<u8>> {
+    staged_sync_aligned(table, version, base, next, stages, chunk_elems, codec, None)
+}
+
+/// [`staged_sync`] with the sections aligned to `align` = (positions, values) instead of the
+/// GPU's (4, the stage's widest element): `(1, 1)` packs them at odd offsets.
+#[allow(clippy::too_many_arguments)]
+pub fn staged_sync_aligned(
+    table: &SlotTable,
+    version: u64,
+    base: &[Vec<u8>],
+    next: &[Vec<u8>],
+    stages: &[(Range<usize>, Stage)],
+    chunk_elems: u64,
+    codec: CodecChoice,
+    align: Option<(usize, usize)>,
+) -> Vec<Vec<u8>> {
     let config = FlushConfig {
         // One frame per stage whatever its size.
         bucket_size: 1 << 40,
@@ -69,7 +85,7 @@ pub fn staged_sync(
             .unwrap_or(1);
         let mut w = FrameWriter::new(kind, version, table.hash(), index as u32)
             .with_flush_count(count)
-            .split_sections(4, widest);
+            .split_sections(align.map_or(4, |a| a.0), align.map_or(widest, |a| a.1));
         for s in slots.clone() {
             let info = &table.slots()[s];
             let width = info.dtype.width();
