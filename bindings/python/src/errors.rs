@@ -104,7 +104,8 @@ pub fn to_py(err: Error) -> PyErr {
                     ("expected", attr(py, *expected)),
                 ],
             ),
-            Error::IncompleteSync(_) => ("IncompleteSyncError", vec![]),
+            // A transport that failed mid-sync left it incomplete.
+            Error::IncompleteSync(_) | Error::Transport(_) => ("IncompleteSyncError", vec![]),
             Error::FlushOutOfOrder {
                 version,
                 expected,

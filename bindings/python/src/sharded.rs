@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use deltacast::convert::{ParamSpec, SlotMap};
-use deltacast::gather::{GatherLink, RankReport, ShardedConfig, SoloLink};
+use deltacast::gather::{Collective, RankReport, ShardedConfig, SoloCollective};
 use deltacast::placement::{local_block, DTensorLayout, MeshPlacement, ShardPlacement};
 use deltacast::Error;
 use pyo3::prelude::*;
@@ -243,7 +243,7 @@ fn owned_bytes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     Ok(b.cast::<PyBytes>()?.as_bytes().to_vec())
 }
 
-impl GatherLink for PyLink {
+impl Collective for PyLink {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -285,11 +285,11 @@ impl GatherLink for PyLink {
 }
 
 enum Link {
-    Solo(SoloLink),
+    Solo(SoloCollective),
     Py(PyLink),
 }
 
-impl GatherLink for Link {
+impl Collective for Link {
     fn rank(&self) -> usize {
         match self {
             Link::Solo(l) => l.rank(),
@@ -418,7 +418,7 @@ impl RankSender {
             round_bytes: round_bytes.unwrap_or(flush.bucket_size as u64),
         };
         let link = match link {
-            None => Link::Solo(SoloLink),
+            None => Link::Solo(SoloCollective),
             Some(obj) => Python::attach(|py| -> PyResult<Link> {
                 let bound = obj.bind(py);
                 let rank = int_attr(bound, "rank")?;

@@ -1,35 +1,14 @@
-//! The few collective operations the sharded trainer needs, behind one trait so the same
-//! gather code runs in one process (tests, demo), over TCP, or over NCCL.
+//! The in-process collective, and the argument checks every collective of this crate shares.
+//! The trait is the core's [`Collective`] (the sharded trainer side lives there); errors are
+//! [`NetError`]s, carried to the core as [`deltacast::Error::Transport`] (get them back with
+//! `NetError::try_from`).
 
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
-use crate::NetError;
+use deltacast::gather::Collective;
 
-/// Synchronous collective over `world` ranks; rank 0 is the leader. Every rank must make the
-/// same calls in the same order (the plan is identical everywhere). Every blocking call fails
-/// with an error naming the peer rank at once on disconnect, or after the configured timeout;
-/// after any error the object is poisoned (the streams may be out of step) and must be rebuilt.
-pub trait Collective: Send {
-    /// This rank.
-    fn rank(&self) -> usize;
-    /// Number of ranks.
-    fn world(&self) -> usize;
-    /// Every rank contributes `mine` (small: a matrix row); every rank gets all rows in rank order.
-    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, NetError>;
-    /// Non-leader ranks send `data` to rank 0 (exact size; the leader knows the size from the plan).
-    fn send_to_leader(&mut self, data: &[u8]) -> Result<(), NetError>;
-    /// Leader only: receive exactly `len` bytes from `rank` (len comes from the all-gathered
-    /// plan; anything else is rejected before it is read).
-    fn recv_from(&mut self, rank: usize, len: usize) -> Result<Vec<u8>, NetError>;
-    /// Tells the peers this rank gives up (best effort), so they fail at once instead of waiting
-    /// for a timeout; poisons this object.
-    fn abort(&mut self, _reason: &str) {}
-    /// Whether this rank is the leader.
-    fn is_leader(&self) -> bool {
-        self.rank() == 0
-    }
-}
+use crate::NetError;
 
 /// Checks the argument of a leader-side receive.
 pub(crate) fn check_recv_from(me: usize, world: usize, rank: usize) -> Result<(), NetError> {
@@ -221,19 +200,20 @@ impl Collective for InProcessCollective {
         self.world
     }
 
-    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, NetError> {
+    fn all_gather(&mut self, mine: &[u8]) -> deltacast::Result<Vec<Vec<u8>>> {
         self.check()?;
-        self.gather(mine).map_err(|e| self.fail(e))
+        Ok(self.gather(mine).map_err(|e| self.fail(e))?)
     }
 
-    fn send_to_leader(&mut self, data: &[u8]) -> Result<(), NetError> {
+    fn send_to_leader(&mut self, data: &[u8]) -> deltacast::Result<()> {
         self.check()?;
         check_send_to_leader(self.rank)?;
-        self.send(0, Msg::Data(data.to_vec()))
-            .map_err(|e| self.fail(e))
+        Ok(self
+            .send(0, Msg::Data(data.to_vec()))
+            .map_err(|e| self.fail(e))?)
     }
 
-    fn recv_from(&mut self, rank: usize, len: usize) -> Result<Vec<u8>, NetError> {
+    fn recv_from(&mut self, rank: usize, len: usize) -> deltacast::Result<Vec<u8>> {
         self.check()?;
         check_recv_from(self.rank, self.world, rank)?;
         let got = match self.recv(rank, "its transfer") {
@@ -252,7 +232,7 @@ impl Collective for InProcessCollective {
             }),
             Err(e) => Err(e),
         };
-        got.map_err(|e| self.fail(e))
+        Ok(got.map_err(|e| self.fail(e))?)
     }
 
     fn abort(&mut self, reason: &str) {
@@ -268,6 +248,11 @@ impl Collective for InProcessCollective {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The transport error a failed call carries.
+    fn net_err<T: std::fmt::Debug>(r: deltacast::Result<T>) -> NetError {
+        NetError::try_from(r.expect_err("the call must fail")).expect("a transport error")
+    }
 
     fn run_group<T: Send + 'static>(
         group: Vec<InProcessCollective>,
@@ -318,7 +303,7 @@ mod tests {
         let mut r1 = g.pop().expect("r1");
         let mut r0 = g.pop().expect("r0");
         r1.send_to_leader(b"abc").expect("send");
-        let e = r0.recv_from(1, 4).expect_err("size");
+        let e = net_err(r0.recv_from(1, 4));
         assert!(
             matches!(
                 e,
@@ -333,7 +318,7 @@ mod tests {
         // The leader told everyone it failed.
         let e = r2.all_gather(b"x").expect_err("aborted");
         assert!(e.to_string().contains("rank 1"), "{e}");
-        assert!(matches!(r0.all_gather(b""), Err(NetError::Poisoned(_))));
+        assert!(matches!(net_err(r0.all_gather(b"")), NetError::Poisoned(_)));
 
         let mut g = InProcessCollective::group_with_timeout(2, Some(Duration::from_secs(5)));
         let r1 = g.pop().expect("r1");
@@ -347,11 +332,14 @@ mod tests {
     #[test]
     fn timeout_names_the_rank() {
         let mut g = InProcessCollective::group_with_timeout(2, Some(Duration::from_millis(50)));
-        let e = g[0].all_gather(b"x").expect_err("timeout");
+        let e = net_err(g[0].all_gather(b"x"));
         assert!(
             matches!(&e, NetError::Timeout { peer, .. } if peer == "rank 1"),
             "{e}"
         );
-        assert!(matches!(g[0].recv_from(0, 1), Err(NetError::Poisoned(_))));
+        assert!(matches!(
+            net_err(g[0].recv_from(0, 1)),
+            NetError::Poisoned(_)
+        ));
     }
 }

@@ -87,6 +87,30 @@ impl NetError {
     }
 }
 
+/// A transport failure as the core sees it (a [`Collective`](deltacast::gather::Collective)
+/// call, a frame sink): [`deltacast::Error::Transport`], this error kept as its source.
+impl From<NetError> for deltacast::Error {
+    fn from(e: NetError) -> Self {
+        deltacast::Error::Transport(Box::new(e))
+    }
+}
+
+/// The transport error inside a core error, for callers that match on its kind; any other
+/// core error comes back unchanged as the `Err`.
+impl TryFrom<deltacast::Error> for NetError {
+    type Error = deltacast::Error;
+
+    fn try_from(e: deltacast::Error) -> Result<Self, deltacast::Error> {
+        match e {
+            deltacast::Error::Transport(inner) => match inner.downcast::<NetError>() {
+                Ok(net) => Ok(*net),
+                Err(other) => Err(deltacast::Error::Transport(other)),
+            },
+            other => Err(other),
+        }
+    }
+}
+
 /// Maps an I/O error while talking to `peer` into a disconnect or a plain I/O error.
 pub(crate) fn io_err(peer: &str, detail: &str, e: std::io::Error) -> NetError {
     use std::io::ErrorKind::*;
@@ -101,5 +125,40 @@ pub(crate) fn io_err(peer: &str, detail: &str, e: std::io::Error) -> NetError {
             peer: peer.to_string(),
             source: e,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_net_error_crosses_the_core_and_comes_back_whole() {
+        let net = NetError::SizeMismatch {
+            peer: "rank 3 (127.0.0.1:4100)".into(),
+            expected: 10,
+            got: 7,
+        };
+        let text = net.to_string();
+        let core = deltacast::Error::from(net);
+        assert_eq!(core.to_string(), format!("transport failed: {text}"));
+        let source = std::error::Error::source(&core).expect("the cause is kept");
+        assert_eq!(source.to_string(), text);
+        assert!(matches!(
+            NetError::try_from(core),
+            Ok(NetError::SizeMismatch {
+                expected: 10,
+                got: 7,
+                ..
+            })
+        ));
+        // Any other core error, or another transport's, comes back unchanged.
+        let other = NetError::try_from(deltacast::Error::Malformed("m".into()));
+        assert!(matches!(other, Err(deltacast::Error::Malformed(m)) if m == "m"));
+        let foreign = deltacast::Error::Transport("a foreign transport".into());
+        assert!(matches!(
+            NetError::try_from(foreign),
+            Err(deltacast::Error::Transport(e)) if e.to_string() == "a foreign transport"
+        ));
     }
 }

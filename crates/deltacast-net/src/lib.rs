@@ -1,8 +1,9 @@
 //! deltacast transports.
 //!
-//! - [`Collective`]: the few collective calls the sharded trainer makes (all-gather of the plan
-//!   matrix, exact-size transfers to the leader), as [`InProcessCollective`] (threads of one
-//!   process) and [`TcpCollective`] (a star through rank 0).
+//! - The core's [`Collective`](deltacast::gather::Collective) (the few collective calls the
+//!   sharded trainer makes: all-gather of the plan matrix, exact-size transfers to the leader)
+//!   as [`InProcessCollective`] (threads of one process) and [`TcpCollective`] (a star through
+//!   rank 0). Their errors reach the core as [`deltacast::Error::Transport`].
 //! - [`FrameServer`] / [`FrameClient`]: fan-out of flush frames from the leader to receivers,
 //!   with acks carrying (version, state digest).
 //! - [`SyncServer`] / [`SyncClient`] ([`session`]): the resync protocol on top of the frame link,
@@ -25,7 +26,7 @@ pub mod session;
 pub mod tcp;
 pub mod wire;
 
-pub use collective::{Collective, InProcessCollective};
+pub use collective::InProcessCollective;
 pub use config::NetConfig;
 pub use error::NetError;
 pub use frames::{

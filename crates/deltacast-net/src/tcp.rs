@@ -16,7 +16,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use crate::auth::{client_handshake, server_handshake, Link};
-use crate::collective::{check_recv_from, check_send_to_leader, Collective};
+use deltacast::gather::Collective;
+
+use crate::collective::{check_recv_from, check_send_to_leader};
 use crate::config::{
     bind, connect_retry, current_thread_runtime, resolve, tune, NetConfig, MAX_PENDING_HANDSHAKES,
 };
@@ -413,14 +415,15 @@ impl Collective for TcpCollective {
         self.world
     }
 
-    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, NetError> {
+    fn all_gather(&mut self, mine: &[u8]) -> deltacast::Result<Vec<Vec<u8>>> {
         self.check()?;
         let max_row = self.cfg.max_row;
         if mine.len() as u64 > max_row {
             return Err(NetError::InvalidArgument(format!(
                 "all_gather row of {} bytes exceeds max_row {max_row}",
                 mine.len()
-            )));
+            ))
+            .into());
         }
         let (wait, io) = (self.cfg.op_timeout, Some(self.cfg.io_timeout));
         let (world, rank, rows_max) = (self.world, self.rank, self.rows_max());
@@ -485,10 +488,10 @@ impl Collective for TcpCollective {
                 }),
             },
         };
-        result.map_err(|e| self.fail(e))
+        Ok(result.map_err(|e| self.fail(e))?)
     }
 
-    fn send_to_leader(&mut self, data: &[u8]) -> Result<(), NetError> {
+    fn send_to_leader(&mut self, data: &[u8]) -> deltacast::Result<()> {
         self.check()?;
         check_send_to_leader(self.rank)?;
         let io = self.cfg.op_timeout.map(|t| t.max(self.cfg.io_timeout));
@@ -501,10 +504,10 @@ impl Collective for TcpCollective {
             }),
             _ => Err(NetError::Poisoned("the leader connection is closed".into())),
         };
-        result.map_err(|e| self.fail(e))
+        Ok(result.map_err(|e| self.fail(e))?)
     }
 
-    fn recv_from(&mut self, rank: usize, len: usize) -> Result<Vec<u8>, NetError> {
+    fn recv_from(&mut self, rank: usize, len: usize) -> deltacast::Result<Vec<u8>> {
         self.check()?;
         check_recv_from(self.rank, self.world, rank)?;
         let (wait, io, max) = (
@@ -533,7 +536,7 @@ impl Collective for TcpCollective {
                 "recv_from on a non-leader".into(),
             )),
         };
-        result.map_err(|e| self.fail(e))
+        Ok(result.map_err(|e| self.fail(e))?)
     }
 
     fn abort(&mut self, reason: &str) {

@@ -6,9 +6,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use deltacast_net::{
-    Ack, Collective, FrameClient, FrameServer, NetConfig, NetError, Secret, TcpCollective,
-};
+use deltacast::gather::Collective;
+use deltacast_net::{Ack, FrameClient, FrameServer, NetConfig, NetError, Secret, TcpCollective};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
@@ -18,6 +17,11 @@ const LINK_FRAMES: u8 = 2;
 
 fn lo() -> SocketAddr {
     "127.0.0.1:0".parse().expect("addr")
+}
+
+/// The transport error a failed collective call carries.
+fn net_err<T: std::fmt::Debug>(r: deltacast::Result<T>, what: &str) -> NetError {
+    NetError::try_from(r.expect_err(what)).expect("a transport error")
 }
 
 fn cfg(secret: Option<&str>) -> NetConfig {
@@ -283,7 +287,7 @@ fn oversize_length_prefixes_refused_without_allocation() {
     });
     let mut leader = rv.accept().expect("rendezvous");
     let t = Instant::now();
-    let e = leader.recv_from(1, 100).expect_err("refused");
+    let e = net_err(leader.recv_from(1, 100), "refused");
     assert!(
         matches!(e, NetError::SizeMismatch { expected: 100, got, .. } if got == 1 << 50),
         "{e}"
@@ -303,7 +307,7 @@ fn oversize_length_prefixes_refused_without_allocation() {
         let _ = recv(&mut s);
     });
     let mut leader = rv.accept().expect("rendezvous");
-    let e = leader.all_gather(b"row").expect_err("refused");
+    let e = net_err(leader.all_gather(b"row"), "refused");
     assert!(matches!(e, NetError::TooLarge { .. }), "{e}");
     fake.join().expect("fake");
 
@@ -383,8 +387,8 @@ fn peer_killed_mid_message_fails_everyone_fast() {
     let mut leader = rv.accept().expect("rendezvous");
     let mut r1 = r1.join().expect("thread").expect("join");
     let t = Instant::now();
-    let h1 = thread::spawn(move || r1.all_gather(b"one").expect_err("rank 1 must fail"));
-    let e0 = leader.all_gather(b"zero").expect_err("leader must fail");
+    let h1 = thread::spawn(move || net_err(r1.all_gather(b"one"), "rank 1 must fail"));
+    let e0 = net_err(leader.all_gather(b"zero"), "leader must fail");
     let e1 = h1.join().expect("thread");
     assert!(
         t.elapsed() < Duration::from_secs(3),
@@ -400,7 +404,10 @@ fn peer_killed_mid_message_fails_everyone_fast() {
         e1.to_string().contains("rank 2"),
         "rank 1 must learn who failed: {e1}"
     );
-    assert!(matches!(leader.all_gather(b""), Err(NetError::Poisoned(_))));
+    assert!(matches!(
+        net_err(leader.all_gather(b""), "poisoned"),
+        NetError::Poisoned(_)
+    ));
     fake.join().expect("fake");
 
     // The leader dies halfway through the gathered rows.
@@ -412,7 +419,7 @@ fn peer_killed_mid_message_fails_everyone_fast() {
             thread::spawn(move || {
                 let mut col = TcpCollective::join(addr, r, 3, c).expect("join");
                 let t = Instant::now();
-                let e = col.all_gather(b"x").expect_err("must fail");
+                let e = net_err(col.all_gather(b"x"), "must fail");
                 (e, t.elapsed())
             })
         })
@@ -506,14 +513,14 @@ fn collective_timeout_names_the_slow_rank() {
     let mut leader = rv.accept().expect("rendezvous");
     let mut r1 = r1.join().expect("thread").expect("join");
     let t = Instant::now();
-    let e = leader.all_gather(b"x").expect_err("timeout");
+    let e = net_err(leader.all_gather(b"x"), "timeout");
     assert!(t.elapsed() < Duration::from_secs(2));
     assert!(
         matches!(&e, NetError::Timeout { peer, .. } if peer.contains("rank 1")),
         "{e}"
     );
     // The late rank learns at once that the leader gave up, and why.
-    let e = r1.all_gather(b"late").expect_err("aborted");
+    let e = net_err(r1.all_gather(b"late"), "aborted");
     assert!(matches!(e, NetError::Aborted { .. }), "{e}");
     assert!(e.to_string().contains("timed out"), "{e}");
 }

@@ -106,6 +106,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A transport (a [`Collective`](crate::gather::Collective), a frame link) failed; the
+    /// transport's own error is kept as the source, for callers that downcast to it.
+    #[error("transport failed: {0}")]
+    Transport(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 impl Error {

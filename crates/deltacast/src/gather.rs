@@ -18,27 +18,43 @@ use crate::digest::{changes_at, element_hash, slot_salt};
 use crate::dtype::load_bits;
 use crate::error::{Error, Result};
 use crate::flush::{encode_changes, FlushConfig, ReadyChunk, SyncEncoder, SyncStats};
+use crate::plan::{plan_rounds, plan_sub_rounds};
 use crate::wire::{u64_at, ChunkEntry, FrameKind, SlotDigest, ENTRY_LEN};
 
-/// How a trainer rank reaches the others. Implemented over TCP and in-process channels by
-/// `deltacast-net` (and by NCCL on GPUs). Every call is collective or paired: all ranks make the
-/// same calls in the same order, which the lockstep plan guarantees.
-pub trait GatherLink {
+/// How a trainer rank reaches the others: the few collective calls the lockstep gather makes,
+/// over `world` ranks of which rank 0 is the leader. Implemented in one process and over TCP
+/// by `deltacast-net`, by the Python bindings over any Python link, and by [`SoloCollective`].
+/// Every call is collective or paired: all ranks make the same calls in the same order, which
+/// the lockstep plan guarantees. A blocking call fails, naming the peer rank, at once on
+/// disconnect or after the implementation's timeout; after any error the streams may be out
+/// of step, so the collective must be rebuilt.
+pub trait Collective {
+    /// This rank.
     fn rank(&self) -> usize;
+    /// Number of ranks.
     fn world(&self) -> usize;
-    /// Every rank contributes `mine`; every rank gets all contributions in rank order.
+    /// Every rank contributes `mine` (small: a matrix row); every rank gets all contributions
+    /// in rank order.
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
     /// A non-leader rank sends `data` to the leader; the leader knows its length from the plan.
     fn send_to_leader(&mut self, data: &[u8]) -> Result<()>;
-    /// Leader only: exactly `len` bytes from `rank`.
+    /// Leader only: exactly `len` bytes from `rank` (`len` comes from the all-gathered plan;
+    /// anything else is rejected before it is read).
     fn recv_from(&mut self, rank: usize, len: usize) -> Result<Vec<u8>>;
+    /// Tells the peers this rank gives up (best effort), so they fail at once instead of
+    /// waiting for a timeout; leaves this collective unusable. Does nothing by default.
+    fn abort(&mut self, _reason: &str) {}
+    /// Whether this rank is the leader.
+    fn is_leader(&self) -> bool {
+        self.rank() == 0
+    }
 }
 
-/// The link of a world of one rank.
+/// The collective of a world of one rank.
 #[derive(Debug, Default)]
-pub struct SoloLink;
+pub struct SoloCollective;
 
-impl GatherLink for SoloLink {
+impl Collective for SoloCollective {
     fn rank(&self) -> usize {
         0
     }
@@ -191,7 +207,7 @@ impl RankSender {
     /// One sync. Every rank calls it with its local pieces (one buffer per parameter: the block's
     /// elements, row-major); the leader passes the sink its frames go to. A seed is sent the
     /// first time, after any failure, or when any rank asks for one.
-    pub fn sync<L: GatherLink, F: FnMut(Vec<u8>) -> Result<()>>(
+    pub fn sync<L: Collective, F: FnMut(Vec<u8>) -> Result<()>>(
         &mut self,
         link: &mut L,
         local: &[&[u8]],
@@ -234,7 +250,7 @@ impl RankSender {
         result
     }
 
-    fn sync_inner<L: GatherLink, F: FnMut(Vec<u8>) -> Result<()>>(
+    fn sync_inner<L: Collective, F: FnMut(Vec<u8>) -> Result<()>>(
         &mut self,
         link: &mut L,
         local: &[&[u8]],
@@ -494,23 +510,12 @@ impl RankSender {
     /// `round_bytes` in the full model (the same cut on every rank).
     fn rounds(&self) -> Vec<std::ops::Range<usize>> {
         let table = self.map.table();
-        let mut rounds = Vec::new();
-        let (mut start, mut bytes) = (0usize, 0u64);
-        for (p, plan) in self.plans.iter().enumerate() {
-            bytes += plan
-                .slot_ids()
+        let sizes = self.plans.iter().map(|plan| {
+            plan.slot_ids()
                 .map(|s| table.slots()[s as usize].nbytes())
-                .sum::<u64>();
-            if bytes >= self.config.round_bytes {
-                rounds.push(start..p + 1);
-                start = p + 1;
-                bytes = 0;
-            }
-        }
-        if start < self.plans.len() {
-            rounds.push(start..self.plans.len());
-        }
-        rounds
+                .sum::<u64>()
+        });
+        plan_rounds(sizes, self.config.round_bytes)
     }
 
     /// The changes of parameter `p` per slot, refreshing the snapshot. A seed carries every
@@ -554,37 +559,6 @@ fn check_rows(rows: &[Vec<u8>], world: usize, len: usize, what: &str) -> Result<
         )));
     }
     Ok(())
-}
-
-/// Packs the (slot, rank) pieces with bytes into sub-rounds of at most `budget` bytes (a piece
-/// larger than the budget travels alone), in slot-major order. Pure function of the matrix.
-pub fn plan_sub_rounds(
-    slots: usize,
-    world: usize,
-    budget: u64,
-    bytes: impl Fn(usize, usize) -> u64,
-) -> Vec<Vec<(usize, usize)>> {
-    let mut plan: Vec<Vec<(usize, usize)>> = Vec::new();
-    let mut current = Vec::new();
-    let mut used = 0u64;
-    for s in 0..slots {
-        for r in 0..world {
-            let b = bytes(r, s);
-            if b == 0 {
-                continue;
-            }
-            if !current.is_empty() && used.saturating_add(b) > budget {
-                plan.push(std::mem::take(&mut current));
-                used = 0;
-            }
-            current.push((s, r));
-            used = used.saturating_add(b);
-        }
-    }
-    if !current.is_empty() {
-        plan.push(current);
-    }
-    plan
 }
 
 /// A chunk record as gathered: its manifest entry ([`ChunkEntry`], 64 bytes, the section

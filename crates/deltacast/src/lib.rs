@@ -4,7 +4,8 @@
 //! The modules follow the data flow: [`diff`] a shard against its snapshot, [`codec`] the
 //! changes per chunk, pack chunks into checksummed [`wire`] frames with the streaming
 //! [`flush`] builder, and on the receiver [`apply`] a whole verified sync, proven by the
-//! [`digest`]. [`sender`] ties the trainer side together; [`io`] reads and writes safetensors.
+//! [`digest`]. [`sender`] ties the trainer side together, [`gather`] the sharded one (its
+//! deterministic cuts in [`plan`]); [`io`] reads and writes safetensors.
 
 pub mod codec;
 pub mod convert;
@@ -23,6 +24,7 @@ pub mod apply;
 pub mod flush;
 pub mod gather;
 pub mod io;
+pub mod plan;
 pub mod sender;
 pub mod wire;
 

@@ -5,93 +5,15 @@
 
 mod common;
 
-use std::sync::mpsc::{channel, Receiver as Rx, Sender as Tx};
 use std::thread;
 
 use common::{mutate, Rng};
 use deltacast::convert::{Converter, ParamSpec, SlotMap};
 use deltacast::flush::FlushConfig;
-use deltacast::gather::{GatherLink, RankSender, ShardedConfig};
+use deltacast::gather::{Collective, RankSender, ShardedConfig};
 use deltacast::placement::{local_block, DTensorLayout, MeshPlacement};
 use deltacast::{CodecChoice, DType, Error, Receiver, Result};
-
-/// A link over std channels: one channel per ordered pair of ranks.
-struct ChannelLink {
-    rank: usize,
-    to: Vec<Option<Tx<Vec<u8>>>>,
-    from: Vec<Option<Rx<Vec<u8>>>>,
-}
-
-fn links(world: usize) -> Vec<ChannelLink> {
-    let mut to: Vec<Vec<Option<Tx<Vec<u8>>>>> = (0..world)
-        .map(|_| (0..world).map(|_| None).collect())
-        .collect();
-    let mut from: Vec<Vec<Option<Rx<Vec<u8>>>>> = (0..world)
-        .map(|_| (0..world).map(|_| None).collect())
-        .collect();
-    for a in 0..world {
-        for b in 0..world {
-            if a != b {
-                let (tx, rx) = channel();
-                to[a][b] = Some(tx);
-                from[b][a] = Some(rx);
-            }
-        }
-    }
-    to.into_iter()
-        .zip(from)
-        .enumerate()
-        .map(|(rank, (to, from))| ChannelLink { rank, to, from })
-        .collect()
-}
-
-fn lost() -> Error {
-    Error::IncompleteSync("peer thread ended".into())
-}
-
-impl GatherLink for ChannelLink {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world(&self) -> usize {
-        self.to.len()
-    }
-    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        for tx in self.to.iter().flatten() {
-            tx.send(mine.to_vec()).map_err(|_| lost())?;
-        }
-        let mut rows = Vec::new();
-        for (r, rx) in self.from.iter().enumerate() {
-            rows.push(if r == self.rank {
-                mine.to_vec()
-            } else {
-                rx.as_ref().ok_or_else(lost)?.recv().map_err(|_| lost())?
-            });
-        }
-        Ok(rows)
-    }
-    fn send_to_leader(&mut self, data: &[u8]) -> Result<()> {
-        self.to[0]
-            .as_ref()
-            .ok_or_else(lost)?
-            .send(data.to_vec())
-            .map_err(|_| lost())
-    }
-    fn recv_from(&mut self, rank: usize, len: usize) -> Result<Vec<u8>> {
-        let data = self.from[rank]
-            .as_ref()
-            .ok_or_else(lost)?
-            .recv()
-            .map_err(|_| lost())?;
-        if data.len() != len {
-            return Err(Error::Malformed(format!(
-                "rank {rank} sent {} bytes, plan says {len}",
-                data.len()
-            )));
-        }
-        Ok(data)
-    }
-}
+use deltacast_net::{InProcessCollective, NetError};
 
 struct Param {
     spec: ParamSpec,
@@ -268,7 +190,7 @@ fn run_case(
         let reports = thread::scope(|s| {
             let mut handles = Vec::new();
             let mut leader_frames = Some(&mut frames);
-            for ((mut link, sender), local) in links(world as usize)
+            for ((mut link, sender), local) in InProcessCollective::group(world as usize)
                 .into_iter()
                 .zip(senders.iter_mut())
                 .zip(&pieces)
@@ -428,4 +350,42 @@ fn eight_byte_dtypes_are_refused_by_the_sharded_sender() {
         err.to_string(),
         "dtype I64 (parameter `step`) in a sharded sync is not supported"
     );
+}
+
+#[test]
+fn a_lost_rank_fails_the_sync_with_the_transport_error() {
+    let spec = ParamSpec::identity("w", vec![8, 4], DType::BF16);
+    let map = SlotMap::new(vec![spec]).unwrap();
+    let plan = |rank: u64| {
+        let layout = DTensorLayout {
+            mesh_shape: vec![2],
+            coords: vec![rank],
+            placements: vec![MeshPlacement::Shard { dim: 0 }],
+            global_shape: vec![8, 4],
+        };
+        vec![map.plan(0, &local_block(&layout).unwrap()).unwrap()]
+    };
+    let mut sender = RankSender::new(map.clone(), plan(0), ShardedConfig::default()).unwrap();
+    let mut group = InProcessCollective::group(2);
+    drop(group.pop()); // rank 1 is gone before the sync
+    let piece = vec![7u8; 4 * 4 * 2];
+    let e = sender
+        .sync(&mut group[0], &[&piece], Some(|_: Vec<u8>| Ok(())))
+        .expect_err("rank 1 is gone");
+    assert!(e.to_string().contains("rank 1"), "{e}");
+    let Error::Transport(cause) = &e else {
+        panic!("not a transport error: {e}");
+    };
+    assert!(
+        matches!(
+            cause.downcast_ref::<NetError>(),
+            Some(NetError::Disconnected { peer, .. }) if peer == "rank 1"
+        ),
+        "{e}"
+    );
+    assert!(matches!(
+        NetError::try_from(e),
+        Ok(NetError::Disconnected { .. })
+    ));
+    assert_eq!(sender.version(), 0, "nothing committed");
 }

@@ -8,10 +8,10 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use deltacast::convert::{ParamPlan, SlotMap};
-use deltacast::gather::{GatherLink, RankReport, RankSender, ShardedConfig};
+use deltacast::gather::{Collective, RankReport, RankSender, ShardedConfig};
 use deltacast::placement::{local_block, DTensorLayout, MeshPlacement};
 use deltacast::{FrameKind, SlotTable};
-use deltacast_net::{Ack, Collective, FrameServer, NetError, TcpCollective};
+use deltacast_net::{Ack, FrameServer, NetError, TcpCollective};
 
 use crate::output::hex64;
 use crate::synthetic::{ModelShape, SyntheticModel};
@@ -26,16 +26,11 @@ const DIE_AT_STEP: &str = "DELTACAST_TEST_DIE_AT_STEP";
 const DIE_RANK: &str = "DELTACAST_TEST_DIE_RANK";
 const DIE_AFTER_SENDS: &str = "DELTACAST_TEST_DIE_AFTER_SENDS";
 
-/// A [`GatherLink`] over the TCP collective, with the test hook that kills this rank mid-sync.
+/// The TCP collective with the test hook that kills this rank mid-sync.
 pub(crate) struct NetLink {
     pub(crate) inner: TcpCollective,
     /// `(sends to skip, sends made)` while the hook is armed for the current sync.
     pub(crate) die: Option<(u64, u64)>,
-}
-
-pub(crate) fn net(e: NetError) -> deltacast::Error {
-    // NetError messages name the peer (rank, receiver or leader, with its address).
-    deltacast::Error::IncompleteSync(e.to_string())
 }
 
 impl NetLink {
@@ -54,7 +49,7 @@ impl NetLink {
     }
 }
 
-impl GatherLink for NetLink {
+impl Collective for NetLink {
     fn rank(&self) -> usize {
         self.inner.rank()
     }
@@ -62,15 +57,18 @@ impl GatherLink for NetLink {
         self.inner.world()
     }
     fn all_gather(&mut self, mine: &[u8]) -> deltacast::Result<Vec<Vec<u8>>> {
-        self.inner.all_gather(mine).map_err(net)
+        self.inner.all_gather(mine)
     }
     fn send_to_leader(&mut self, data: &[u8]) -> deltacast::Result<()> {
         self.maybe_die("its transfer to the leader");
-        self.inner.send_to_leader(data).map_err(net)
+        self.inner.send_to_leader(data)
     }
     fn recv_from(&mut self, rank: usize, len: usize) -> deltacast::Result<Vec<u8>> {
         self.maybe_die("a transfer from a rank");
-        self.inner.recv_from(rank, len).map_err(net)
+        self.inner.recv_from(rank, len)
+    }
+    fn abort(&mut self, reason: &str) {
+        self.inner.abort(reason);
     }
 }
 
@@ -152,7 +150,7 @@ pub(super) fn trainer(
         let reason = format!("rank {rank} failed: {e:#}");
         // Tell the other ranks at once (no-op when the collective already failed and told them),
         // and drop the receivers so they discard any half-received sync.
-        link.inner.abort(&reason);
+        link.abort(&reason);
         if let Some(l) = &mut leader {
             for r in l.server.receivers() {
                 l.server.disconnect(r.id, &reason);
@@ -219,7 +217,7 @@ fn train_and_sync(
                         link,
                         &slices,
                         Some(|frame: Vec<u8>| {
-                            let r = server.broadcast(&frame).map_err(net)?;
+                            let r = server.broadcast(&frame)?;
                             if let Some((id, e)) = r.failed.first() {
                                 return Err(deltacast::Error::IncompleteSync(format!(
                                     "{id} did not take flush {sent}: {e}"

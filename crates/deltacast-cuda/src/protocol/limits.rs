@@ -1,5 +1,6 @@
 //! What a GPU receiver knows of its own slots and bounds every announced size by, and the
-//! plans both sides derive the same way: the stages of a sync and each chunk's sections.
+//! plan both sides derive the same way for each chunk's sections (the stages of a sync are
+//! planned by the core's [`deltacast::plan::plan_stages`]).
 
 use deltacast::codec::{PosCodec, ValCodec};
 
@@ -8,46 +9,6 @@ use crate::error::{CudaError, Result};
 
 /// Items per block of the entropy codecs (docs/codecs.md).
 const CODE_BLOCK: u64 = 1024;
-
-/// Cuts slots of `slot_bytes` each into consecutive stages of whole slots: a last stage of
-/// the fewest trailing slots that hold half of `stage_bytes` (the receiver's work on it is
-/// what the sync waits for after the sender's last diff, so it is kept small), and before it
-/// as few stages of about equal size as keep each near `stage_bytes`: each closed once it
-/// holds its share (`ceil(bytes before the last stage / stage_bytes)` shares), a remainder
-/// under half a share joining the stage before it. `stage_bytes` 0 gives one stage. Always
-/// at least one stage (`0..0` for no slots).
-#[allow(clippy::single_range_in_vec_init)] // a list of one stage, not of its slots
-pub fn plan_stages(slot_bytes: &[u64], stage_bytes: u64) -> Vec<std::ops::Range<usize>> {
-    let n = slot_bytes.len();
-    if stage_bytes == 0 || n == 0 {
-        return vec![0..n];
-    }
-    let mut tail = n;
-    let mut held = 0u64;
-    while tail > 0 && (held < stage_bytes.div_ceil(2) || tail == n) {
-        tail -= 1;
-        held += slot_bytes[tail];
-    }
-    let before: u64 = slot_bytes[..tail].iter().sum();
-    let share = before.div_ceil(before.div_ceil(stage_bytes).max(1)).max(1);
-    let mut stages: Vec<std::ops::Range<usize>> = Vec::new();
-    let (mut start, mut held) = (0, 0u64);
-    for (i, &b) in slot_bytes[..tail].iter().enumerate() {
-        held += b;
-        if held >= share {
-            stages.push(start..i + 1);
-            (start, held) = (i + 1, 0);
-        }
-    }
-    if start < tail {
-        match stages.last_mut() {
-            Some(last) if held < share.div_ceil(2) => last.end = tail,
-            _ => stages.push(start..tail),
-        }
-    }
-    stages.push(tail..n);
-    stages
-}
 
 /// What the receiver knows of its own slots, against which every announced size is checked.
 #[derive(Debug, Clone, PartialEq, Eq)]

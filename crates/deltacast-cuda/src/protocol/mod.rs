@@ -38,7 +38,7 @@ mod relay;
 #[cfg(test)]
 mod tests;
 
-pub use limits::{check_shard_runs, choose_sections, plan_stages, ChunkChoice, TableLimits};
+pub use limits::{check_shard_runs, choose_sections, ChunkChoice, TableLimits};
 use limits::{section_bounds, value_bounds};
 pub use relay::{device_parts, FrameAssembler};
 

@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use deltacast::plan::plan_stages;
 use deltacast::wire::FrameKind;
 use deltacast::SlotTable;
 
@@ -16,7 +17,7 @@ use super::{
 use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{
-    plan_stages, Stage, CHUNK_RECORD_BYTES, HEADER_BYTES, MIN_CHUNK_ELEMS, SLOT_RECORD_BYTES,
+    Stage, CHUNK_RECORD_BYTES, HEADER_BYTES, MIN_CHUNK_ELEMS, SLOT_RECORD_BYTES,
 };
 use crate::{
     CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent,

@@ -25,6 +25,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
+use deltacast::plan::plan_stages;
 use deltacast::wire::FrameKind;
 use deltacast::{DType, SlotInfo, SlotTable};
 
@@ -37,9 +38,8 @@ use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::nccl::NcclComm;
 use crate::protocol::{
-    check_shard_runs, decode_chunk_records, decode_header, decode_stage, plan_stages,
-    rebase_chunk_records, Stage, TableLimits, CHUNK_RECORD_BYTES, HEADER_BYTES, MAX_TRAINER_RANKS,
-    SLOT_RECORD_BYTES,
+    check_shard_runs, decode_chunk_records, decode_header, decode_stage, rebase_chunk_records,
+    Stage, TableLimits, CHUNK_RECORD_BYTES, HEADER_BYTES, MAX_TRAINER_RANKS, SLOT_RECORD_BYTES,
 };
 use crate::{
     CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput, Gpu, DECODE_SLACK,

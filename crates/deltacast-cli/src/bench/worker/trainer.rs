@@ -13,15 +13,15 @@ use serde_json::{json, Value};
 use deltacast::convert::{ParamPlan, SlotMap};
 use deltacast::diff::{diff_and_refresh, Changes};
 use deltacast::digest::digest_range;
-use deltacast::gather::{GatherLink, RankReport, RankSender, ShardedConfig};
+use deltacast::gather::{Collective, RankReport, RankSender, ShardedConfig};
 use deltacast::{FrameKind, SlotTable};
-use deltacast_net::{Collective, FrameServer, NetConfig, TcpCollective};
+use deltacast_net::{FrameServer, NetConfig, TcpCollective};
 
 use super::{bench_addr, BenchModel, Method, FULL_HEADER, FULL_MAGIC};
 use crate::output::hex64;
 use crate::processes::{
-    check_acks, exit_when_parent_goes, fsdp_plans, net, peak_rss_bytes, slot_map, tell_parent,
-    NetLink, DONE,
+    check_acks, exit_when_parent_goes, fsdp_plans, peak_rss_bytes, slot_map, tell_parent, NetLink,
+    DONE,
 };
 use crate::synthetic::{ModelShape, SyntheticModel};
 
@@ -126,7 +126,7 @@ pub(super) fn trainer(
     let result = t.serve(commands.as_ref());
     if let Err(e) = &result {
         let reason = format!("rank {rank} failed: {e:#}");
-        t.link.inner.abort(&reason);
+        t.link.abort(&reason);
         for s in &mut t.servers {
             for r in s.receivers() {
                 s.disconnect(r.id, &reason);
@@ -348,7 +348,7 @@ impl Trainer {
                     &slices,
                     Some(|frame: Vec<u8>| {
                         ready_ms = ms(Instant::now());
-                        let r = server.broadcast(&frame).map_err(net)?;
+                        let r = server.broadcast(&frame)?;
                         written_ms = ms(Instant::now());
                         if let Some((id, e)) = r.failed.first() {
                             return Err(deltacast::Error::IncompleteSync(format!(
