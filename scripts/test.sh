@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project: what CI runs (.ci/run). About 25 min on 2 cores from a cold
-# cargo cache, ~5 GB of disk under target/ and fuzz/target/.
+# cargo cache (longer on a busy machine: each phase prints its time), ~6 GB of disk under
+# target/ and fuzz/target/.
 #
 # Needs: Rust stable with rustfmt, a C/C++ compiler (libFuzzer's runtime, for the fuzz smoke),
 # Python >= 3.10 with the venv module (Debian: python3-venv), and network access to crates.io
@@ -54,9 +55,10 @@ summary() {
             END { if (n == 0) print "  (none reported)" }
         ' "$LOG"
         if [ -n "${SHAPING_SKIPPED:-}" ]; then
-            echo "  cargo  bench tests/bench.rs (deltacast-cli): shaped_run_verifies_every_step_and_leaves_nothing_behind"
-            echo "         and sigint_midway_tears_everything_down passed without shaping anything:"
-            echo "         $SHAPING_SKIPPED (they need root, ip, tc and network namespaces)"
+            echo "  cargo  bench tests/bench.rs (deltacast-cli): shaped_run_verifies_every_step_and_leaves_nothing_behind,"
+            echo "         sigint_midway_tears_everything_down: shape nothing here: $SHAPING_SKIPPED"
+            echo "         (they need root, ip, tc and network namespaces; they pass after printing"
+            echo "         'skipping' to their captured output)"
         fi
         if [ "$status" -eq 0 ]; then
             echo "== every test passed ($(($(date +%s) - START)) s)"
@@ -73,14 +75,19 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # `phase TITLE CMD...`: says what it starts, runs it (its output to the terminal and the log),
-# says how long it took; fails as the command does.
+# says how long it took; returns the command's status.
 phase() {
-    local title=$1 t0
+    local title=$1 t0 rc=0
     shift
     say "== $title"
     t0=$(date +%s)
-    "$@" 2>&1 | tee -a "$LOG"
-    say "   ($title: $(($(date +%s) - t0)) s)"
+    "$@" 2>&1 | tee -a "$LOG" || rc=$?
+    if [ "$rc" -eq 0 ]; then
+        say "   ($title: $(($(date +%s) - t0)) s)"
+    else
+        say "   ($title: FAILED, exit $rc, after $(($(date +%s) - t0)) s)"
+    fi
+    return "$rc"
 }
 
 # Fail at once, with the fix, on what the test run cannot do without.
