@@ -26,9 +26,9 @@ fn gpu() -> Gpu {
 /// for that suite in cargo's output, as ignored.
 #[cfg(not(feature = "cuda"))]
 #[test]
-#[ignore = "tests/gpu_sync.rs (the GPU sync over NCCL and CUDA IPC) needs the cuda feature and 2 GPUs"]
+#[ignore = "tests/gpu_sync.rs, gpu_frames.rs and ipc_auth.rs (the GPU sync over NCCL, CUDA IPC and frames; the IPC link's stranger process) need the cuda feature and a GPU (gpu_sync's NCCL tests: 2)"]
 fn gpu_sync_suite_needs_the_cuda_feature() {
-    panic!("tests/gpu_sync.rs is built only with --features cuda (scripts/gpu-tests.sh)");
+    panic!("these suites are built only with --features cuda (scripts/gpu-tests.sh)");
 }
 
 use common::Rng;

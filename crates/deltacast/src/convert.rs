@@ -3,8 +3,8 @@
 //! Trainers often fuse what the receiver keeps apart (q/k/v rows in one matrix, gate and up
 //! projections of every expert in one `[E, 2I, H]` stack). Each rank converts the changes of
 //! its own shard into the slots' final coordinates before anything is gathered, with no
-//! communication, so the leader only concatenates (DESIGN.md, "coordinates leave the sender
-//! final"). Every conversion here is "split one dimension into named pieces, optionally per
+//! communication, so the leader only concatenates (coordinates leave the sender final: the
+//! wire carries positions in each slot's own coordinates, docs/wire-format.md). Every conversion here is "split one dimension into named pieces, optionally per
 //! expert of a leading stack dimension": a row-major index map that is increasing within each
 //! slot, so sorted input gives sorted per-slot output and blocks of different ranks stay
 //! disjoint.

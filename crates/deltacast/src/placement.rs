@@ -4,7 +4,8 @@
 //! which elements of the full tensor its local piece holds. Trainers describe that with torch
 //! DTensor placements; [`local_block`] turns them into a [`Block`] (an offset and a shape per
 //! dimension) with torch's own arithmetic, so the pieces of all ranks tile the tensor exactly as
-//! torch laid them out (DESIGN.md, invariant 4).
+//! torch laid them out (matched against torch's `compute_local_shape_and_global_offset` in
+//! tests/sharded_oracle.rs).
 //!
 //! Only block placements are accepted: a layout under which some rank would hold a set of rows
 //! that is not one contiguous range is refused, for every rank alike, so that no rank errors
