@@ -18,12 +18,15 @@ use pyo3::types::{PyBytes, PyDict};
 use pyo3::IntoPyObjectExt;
 
 use crate::errors::{invalid, raise};
+use crate::values::table_hash_hex;
 
 /// A CUDA error as its Python exception class.
 pub fn cuda_to_py(err: CudaError) -> PyErr {
     let message = err.to_string();
     Python::attach(|py| {
         let a = |v: u64| v.into_py_any(py).unwrap_or_else(|_| py.None());
+        // Table hashes in the one spelling of the CLI and of the CPU errors.
+        let hex = |v: String| v.into_py_any(py).unwrap_or_else(|_| py.None());
         match &err {
             CudaError::InvalidArgument(_) => invalid(message),
             CudaError::BadChunk { .. } | CudaError::Protocol(_) => {
@@ -59,7 +62,10 @@ pub fn cuda_to_py(err: CudaError) -> PyErr {
             CudaError::WrongTable { expected, got } => raise(
                 "SlotTableMismatchError",
                 message,
-                &[("frame", a(*got)), ("local", a(*expected))],
+                &[
+                    ("frame", hex(table_hash_hex(*got))),
+                    ("local", hex(table_hash_hex(*expected))),
+                ],
             ),
             CudaError::ReceiverRefused(n) => {
                 raise("ReceiverRefusedError", message, &[("receivers", a(*n))])
