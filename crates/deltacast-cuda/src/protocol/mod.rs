@@ -346,7 +346,10 @@ impl Stage {
     /// `values` are the regions as a delta broadcasts them; for a whole stage, `values`
     /// holds each entry's section back to back, as they are broadcast.
     pub fn to_frame(&self, positions: &[u8], values: &[u8]) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(self.header.frame_len as usize);
+        // Sized by what was received, never by what the header claims.
+        let mut out = Vec::with_capacity(
+            HEADER_LEN + self.manifest_bytes() as usize + positions.len() + values.len() + 64,
+        );
         out.extend_from_slice(&self.encode_header());
         out.extend_from_slice(&self.encode_manifest());
         match self.kind() {
@@ -360,9 +363,20 @@ impl Stage {
                 out.extend_from_slice(values);
             }
             _ => {
+                // Each section follows the last, with less than 8 bytes of padding between.
+                let pad_to = |out: &mut Vec<u8>, at: u64| {
+                    let here = out.len() as u64;
+                    if at < here || at - here >= 8 {
+                        return Err(bad(
+                            "a whole stage's sections are not laid back to back".into()
+                        ));
+                    }
+                    out.resize(at as usize, 0);
+                    Ok(())
+                };
                 let mut rest = values;
                 for e in &self.entries {
-                    out.resize(e.val_offset as usize, 0);
+                    pad_to(&mut out, e.val_offset)?;
                     let Some((section, tail)) = rest.split_at_checked(e.val_len as usize) else {
                         return Err(bad("captured sections shorter than the stage".into()));
                     };
@@ -372,7 +386,7 @@ impl Stage {
                 if !rest.is_empty() {
                     return Err(bad("captured sections longer than the stage".into()));
                 }
-                out.resize((self.header.frame_len as usize) - CHECKSUM_LEN, 0);
+                pad_to(&mut out, self.header.body_end())?;
             }
         }
         let sum = wire::checksum(&out);
@@ -405,6 +419,17 @@ impl Stage {
         }
         Ok(())
     }
+}
+
+/// A stage on a device link has its sections split into a position and a value region
+/// (`values_start` set); a file frame may leave it 0, a stage may not.
+pub(crate) fn check_split(h: &FrameHeader) -> Result<()> {
+    if h.kind != FrameKind::Close && h.values_start == 0 {
+        return Err(bad(
+            "a stage on a device link splits its sections (values_start is 0)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Parses and checks a stage's header against the receiver's own table: every size it
@@ -443,6 +468,7 @@ pub fn decode_header(b: &[u8], table: &TableLimits) -> Result<FrameHeader> {
             h.digest_count
         )));
     }
+    check_split(&h)?;
     let entries = h.entry_count as u64;
     let start = sections_start(entries, h.digest_count as u64);
     // FrameHeader::decode checked values_start and frame_len against sections_start.

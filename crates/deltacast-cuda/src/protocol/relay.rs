@@ -6,7 +6,7 @@
 
 use deltacast::wire::{self, ChunkEntry, FrameHeader, FrameKind};
 
-use super::{bad, core, Stage};
+use super::{bad, check_split, core, Stage};
 use crate::error::Result;
 
 /// What the assembler waits for next.
@@ -59,6 +59,7 @@ impl FrameAssembler {
                 if part.len() != wire::HEADER_LEN {
                     return Err(bad(format!("a header part of {} bytes", part.len())));
                 }
+                check_split(&header)?;
                 if header.kind == FrameKind::Close {
                     (Expect::Header, Some(close_frame(header)?))
                 } else {
@@ -162,6 +163,7 @@ pub fn device_parts(frames: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
     }
     let mut parts = Vec::new();
     for f in &parsed {
+        check_split(&f.header)?;
         let stage = Stage {
             header: f.header,
             entries: f.entries.clone(),

@@ -686,3 +686,82 @@ fn cpu_syncs_survive_restaging_and_reassembly_bit_for_bit() {
     assert!(assembler.push(&[1u8; 10]).is_err(), "not a header");
     assert!(device_parts(&[]).is_err());
 }
+
+/// Found by the `gpu_stage` fuzz target: a header whose sections are not split
+/// (`values_start` 0, which a file frame may have) is refused by every device-link reader,
+/// not an overflow.
+#[test]
+fn unsplit_sections_are_refused_on_a_device_link() {
+    let mut h = delta().header;
+    h.values_start = 0;
+    let bytes = h.encode();
+    assert!(FrameHeader::decode(&bytes).is_ok(), "a valid file header");
+    let err = decode_header(&bytes, &limits()).expect_err("not a stage");
+    assert!(err.to_string().contains("values_start"), "{err}");
+    assert!(FrameAssembler::new().push(&bytes).is_err());
+    // Mixed kinds pass through frame by frame: an unsplit one is refused there too.
+    let mut dense = Stage::whole(
+        FrameKind::Dense,
+        7,
+        0xabc,
+        (0, 2),
+        0,
+        &limits().slots[..1],
+        &[(1, 2)],
+    );
+    dense.header.values_start = 0;
+    let d = dense.to_frame(&[], &region(20_000, 1)).expect("frame");
+    let [_, s1] = staged();
+    let f1 = s1
+        .to_frame(
+            &region(s1.position_bytes(), 2),
+            &region(s1.value_bytes(), 3),
+        )
+        .expect("frame");
+    assert!(device_parts(&[&d, &f1]).is_err());
+}
+
+/// Found by the `gpu_stage` fuzz target: a captured whole stage whose header claims sections
+/// far past what arrived is refused, never an allocation of the claimed size.
+#[test]
+fn captured_frames_are_sized_by_what_arrived() {
+    let t = limits();
+    let mut s = Stage::whole(
+        FrameKind::Dense,
+        7,
+        0xabc,
+        (1, 2),
+        1,
+        &t.slots[1..],
+        &[(3, 4)],
+    );
+    s.entries[0].val_offset = u64::MAX / 4;
+    assert!(
+        s.to_frame(&[], &region(308, 1)).is_err(),
+        "an entry far past the last"
+    );
+    let mut s = Stage::whole(
+        FrameKind::Dense,
+        7,
+        0xabc,
+        (1, 2),
+        1,
+        &t.slots[1..],
+        &[(3, 4)],
+    );
+    s.header.frame_len = u64::MAX / 2;
+    assert!(
+        s.to_frame(&[], &region(308, 1)).is_err(),
+        "a frame end far past the sections"
+    );
+    let mut s = delta();
+    s.header.frame_len = u64::MAX / 2;
+    assert!(
+        s.to_frame(&region(468, 1), &region(1313, 2)).is_err(),
+        "regions not as claimed"
+    );
+    // An empty whole stage whose header claims bytes: assembled from what arrived, refused.
+    let mut empty = Stage::whole(FrameKind::Dense, 7, 0xabc, (1, 2), 1, &[], &[]);
+    empty.header.frame_len += 1 << 40;
+    assert!(empty.to_frame(&[], &[]).is_err());
+}
