@@ -41,7 +41,7 @@ mod receiver;
 mod trainer;
 
 pub use parent::{run, ProcessDemo};
-pub(crate) use trainer::{check_acks, fsdp_plans, NetLink};
+pub(crate) use trainer::{check_acks, fsdp_plans, HookedCollective};
 
 /// Prefix of the lines children write to stdout for the parent.
 pub(crate) const TAG: &str = "@deltacast ";

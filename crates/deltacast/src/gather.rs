@@ -25,9 +25,9 @@ use crate::wire::{u64_at, ChunkEntry, FrameKind, SlotDigest, ENTRY_LEN};
 /// over `world` ranks of which rank 0 is the leader. Implemented in one process and over TCP
 /// by `deltacast-net`, by the Python bindings over any Python link, and by [`SoloCollective`].
 /// Every call is collective or paired: all ranks make the same calls in the same order, which
-/// the lockstep plan guarantees. A blocking call fails, naming the peer rank, at once on
-/// disconnect or after the implementation's timeout; after any error the streams may be out
-/// of step, so the collective must be rebuilt.
+/// the lockstep plan guarantees. A blocking call should fail, naming the peer rank, at once
+/// on disconnect or after a timeout; after any error the streams may be out of step, so the
+/// sync fails (and the next one is a seed) and the collective is rebuilt.
 pub trait Collective {
     /// This rank.
     fn rank(&self) -> usize;

@@ -27,13 +27,13 @@ const DIE_RANK: &str = "DELTACAST_TEST_DIE_RANK";
 const DIE_AFTER_SENDS: &str = "DELTACAST_TEST_DIE_AFTER_SENDS";
 
 /// The TCP collective with the test hook that kills this rank mid-sync.
-pub(crate) struct NetLink {
+pub(crate) struct HookedCollective {
     pub(crate) inner: TcpCollective,
     /// `(sends to skip, sends made)` while the hook is armed for the current sync.
     pub(crate) die: Option<(u64, u64)>,
 }
 
-impl NetLink {
+impl HookedCollective {
     /// Exits the process when the armed hook says so (test only).
     fn maybe_die(&mut self, at: &str) {
         if let Some((skip, made)) = &mut self.die {
@@ -49,7 +49,7 @@ impl NetLink {
     }
 }
 
-impl Collective for NetLink {
+impl Collective for HookedCollective {
     fn rank(&self) -> usize {
         self.inner.rank()
     }
@@ -135,7 +135,7 @@ pub(super) fn trainer(
             .with_context(|| format!("rank {rank} joining the leader at {gather}"))?;
         (inner, None)
     };
-    let mut link = NetLink { inner, die: None };
+    let mut link = HookedCollective { inner, die: None };
 
     let result = train_and_sync(
         rank,
@@ -166,7 +166,7 @@ fn train_and_sync(
     shape: &ModelShape,
     model_args: &ModelArgs,
     config: deltacast::FlushConfig,
-    link: &mut NetLink,
+    link: &mut HookedCollective,
     leader: &mut Option<Leader>,
 ) -> Result<()> {
     let map = slot_map(shape)?;

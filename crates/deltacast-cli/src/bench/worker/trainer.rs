@@ -20,8 +20,8 @@ use deltacast_net::{FrameServer, NetConfig, TcpCollective};
 use super::{bench_addr, BenchModel, Method, FULL_HEADER, FULL_MAGIC};
 use crate::output::hex64;
 use crate::processes::{
-    check_acks, exit_when_parent_goes, fsdp_plans, peak_rss_bytes, slot_map, tell_parent, NetLink,
-    DONE,
+    check_acks, exit_when_parent_goes, fsdp_plans, peak_rss_bytes, slot_map, tell_parent,
+    HookedCollective, DONE,
 };
 use crate::synthetic::{ModelShape, SyntheticModel};
 
@@ -49,7 +49,7 @@ fn command_lines() -> ChannelRx<String> {
 struct Trainer {
     rank: usize,
     world: usize,
-    link: NetLink,
+    link: HookedCollective,
     /// Leader only: one frame server per method, in method order.
     servers: Vec<FrameServer>,
     receivers: usize,
@@ -121,7 +121,7 @@ pub(super) fn trainer(
             .with_context(|| format!("rank {rank} joining the leader at {gather}"))?;
         (inner, Vec::new(), None)
     };
-    let link = NetLink { inner, die: None };
+    let link = HookedCollective { inner, die: None };
     let mut t = Trainer::new(rank, world, link, servers, receivers, methods, &shape, args)?;
     let result = t.serve(commands.as_ref());
     if let Err(e) = &result {
@@ -141,7 +141,7 @@ impl Trainer {
     fn new(
         rank: usize,
         world: usize,
-        link: NetLink,
+        link: HookedCollective,
         servers: Vec<FrameServer>,
         receivers: usize,
         methods: Vec<Method>,
