@@ -27,7 +27,7 @@
 //! receivers are the same.
 //!
 //! Layout: `sender.rs` is the trainer's side ([`GpuSender`]), `sharded.rs` a sharded trainer
-//! rank's ([`GpuShardedSender`]), `chunks.rs` the chunk planning and writing both senders
+//! rank's ([`GpuShardedSender`]; its set-up and the ranks' agreements in `sharded_setup.rs`), `chunks.rs` the chunk planning and writing both senders
 //! share, `receiver.rs` each rollout process's ([`GpuReceiver`]); this file holds what all
 //! use.
 
@@ -46,6 +46,7 @@ mod chunks;
 mod receiver;
 mod sender;
 mod sharded;
+mod sharded_setup;
 
 pub use receiver::GpuReceiver;
 pub use sender::{
