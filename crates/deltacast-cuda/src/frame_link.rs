@@ -111,7 +111,7 @@ impl FrameLink {
                 // SAFETY: per this function's contract; ordered after `stream` above.
                 let part = unsafe { self.gpu.download(src, len)? };
                 if let Some(frame) = assembler.push(&part)? {
-                    let mut sink = sink.lock().unwrap_or_else(|p| p.into_inner());
+                    let sink = sink.get_mut().unwrap_or_else(|p| p.into_inner());
                     sink.write_all(&frame).map_err(io("write"))?;
                     sink.flush().map_err(io("flush"))?;
                 }

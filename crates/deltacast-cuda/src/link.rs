@@ -15,12 +15,13 @@ use crate::DevicePtr;
 pub enum Link {
     Nccl(NcclComm),
     Ipc(IpcComm),
-    Frames(FrameLink),
+    /// Boxed: it holds a whole stage while assembling it.
+    Frames(Box<FrameLink>),
 }
 
 impl From<FrameLink> for Link {
     fn from(c: FrameLink) -> Link {
-        Link::Frames(c)
+        Link::Frames(Box::new(c))
     }
 }
 

@@ -45,12 +45,14 @@ use crate::{DeviceBuffer, DevicePtr, DigestInput, Gpu};
 mod chunks;
 mod receiver;
 mod sender;
+mod settings;
 mod sharded;
 mod sharded_setup;
 
 pub use receiver::GpuReceiver;
-pub use sender::{
-    EntropyMode, GpuSender, GpuSenderConfig, SnapshotPlace, AUTO_PROBE_EVERY, DEFAULT_STAGE_BYTES,
+pub use sender::GpuSender;
+pub use settings::{
+    EntropyMode, GpuSenderConfig, SnapshotPlace, AUTO_PROBE_EVERY, DEFAULT_STAGE_BYTES,
 };
 pub use sharded::{GpuShard, GpuShardedSender};
 

@@ -3,198 +3,25 @@
 
 use std::ops::Range;
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use deltacast::plan::plan_stages;
 use deltacast::wire::FrameKind;
 use deltacast::SlotTable;
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
+use super::settings::{AutoEntropy, EntropyMode, GpuSenderConfig, Snapshot, SnapshotPlace};
 use super::{
     check_tensors, digest_inputs, ms, slot_table, u64s, wall_ms, GpuSyncReport, GpuTensor,
     Growable, Phases, SendTotals,
 };
 use crate::error::{CudaError, Result};
 use crate::link::Link;
-use crate::protocol::{
-    Stage, CHUNK_RECORD_BYTES, HEADER_BYTES, MIN_CHUNK_ELEMS, SLOT_RECORD_BYTES,
-};
+use crate::protocol::{Stage, CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};
 use crate::{
     CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent,
-    GpuStream, HostBuffer, DECODE_SLACK,
+    GpuStream, DECODE_SLACK,
 };
-
-/// Settings of a [`GpuSender`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuSenderConfig {
-    /// Rank that sends (the others receive).
-    pub root: usize,
-    /// Chunk grid in elements (at least [`MIN_CHUNK_ELEMS`]).
-    pub chunk_elems: u64,
-    /// Fraction of all elements the delta buffers hold; a step changing more goes dense.
-    pub capacity: f64,
-    /// How long a sync may take before the communicator is aborted.
-    pub timeout: Duration,
-    /// Whether deltas also use the core's entropy codecs (see [`EntropyMode`]).
-    pub entropy: EntropyMode,
-    /// Where the snapshot allocated by the sender lives.
-    pub snapshot: SnapshotPlace,
-    /// Bytes per stage: the tensors are cut, whole and in order, into runs of at least this
-    /// many bytes (the last takes the rest), each diffed, sent and applied as a unit, so that
-    /// the receivers check and apply one run while the sender diffs the next. 0: one stage.
-    pub stage_bytes: u64,
-}
-
-/// The default [`GpuSenderConfig::stage_bytes`]: a 7B model in BF16 (15.2 GB) goes in 7
-/// stages, a 0.5B one (1 GB) in one.
-pub const DEFAULT_STAGE_BYTES: u64 = 2 << 30;
-
-/// Whether a delta sync sizes its chunks in the core's entropy codecs (gaps positions, ulp
-/// values) and sends them where smaller: a fraction of abs32 / bitmap + raw's bytes on AdamW
-/// steps, for more GPU time on both sides (sizing, writing, decoding; the diff keeps the old
-/// bits). Worth it across nodes; over NVLink the larger frames go faster (docs/benchmarks.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EntropyMode {
-    /// abs32 / bitmap positions and raw values only.
-    Off,
-    On,
-    /// Measures both: the first two deltas try each, then every sync takes the one with the
-    /// lower sync time per changed element so far, trying the other again after
-    /// [`AUTO_PROBE_EVERY`] deltas times how many times slower it was (links and step sizes
-    /// change; a probe of a much slower mode is rarer, so probes cost under 1/16 on average).
-    #[default]
-    Auto,
-}
-
-/// How often [`EntropyMode::Auto`] retries the mode it is not using, for a mode less than
-/// twice as slow (one k times as slow is retried k times less often, at most 64 times).
-pub const AUTO_PROBE_EVERY: u64 = 16;
-
-/// [`EntropyMode::Auto`]'s record: per mode (off, on) the smoothed sync time per changed
-/// element.
-#[derive(Debug, Clone, Default)]
-pub(super) struct AutoEntropy {
-    cost: [Option<f64>; 2],
-    /// Deltas since the other mode was last tried.
-    since_probe: u64,
-}
-
-impl AutoEntropy {
-    pub(super) fn choose(&mut self) -> bool {
-        match self.cost {
-            [_, None] => true,
-            [None, _] => false,
-            [Some(off), Some(on)] => {
-                let best = on < off;
-                let ratio = (on.max(off) / on.min(off).max(f64::MIN_POSITIVE)).floor();
-                let period = AUTO_PROBE_EVERY * (ratio as u64).clamp(1, 64);
-                self.since_probe += 1;
-                if self.since_probe >= period {
-                    self.since_probe = 0;
-                    !best
-                } else {
-                    best
-                }
-            }
-        }
-    }
-
-    pub(super) fn record(&mut self, entropy: bool, time_ms: f64, changed: u64) {
-        let x = time_ms / changed.max(1) as f64;
-        let c = &mut self.cost[entropy as usize];
-        *c = Some(c.map_or(x, |old| 0.5 * old + 0.5 * x));
-    }
-}
-
-/// Where a [`GpuSender`] keeps the snapshot it allocates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SnapshotPlace {
-    /// Device memory: as much again as the tensors, diffed at device bandwidth.
-    #[default]
-    Device,
-    /// Page-locked host memory mapped into the device: no device memory for the snapshot;
-    /// the diff reads it in place over PCIe and writes back only the changed vectors, so a
-    /// sync's diff is bound by PCIe (at best the time of one host-to-device copy of the
-    /// tensors). Takes as much pinned host RAM as the tensors. Not with snapshots lent by the
-    /// caller.
-    PinnedHost,
-}
-
-impl Default for GpuSenderConfig {
-    fn default() -> Self {
-        GpuSenderConfig {
-            root: 0,
-            chunk_elems: deltacast::flush::DEFAULT_CHUNK_ELEMS,
-            capacity: 0.05,
-            timeout: Duration::from_secs(300),
-            entropy: EntropyMode::Auto,
-            snapshot: SnapshotPlace::Device,
-            stage_bytes: DEFAULT_STAGE_BYTES,
-        }
-    }
-}
-
-impl GpuSenderConfig {
-    /// The checks both senders make of their settings.
-    pub(super) fn check(&self) -> Result<()> {
-        if self.chunk_elems < MIN_CHUNK_ELEMS || self.chunk_elems > u32::MAX as u64 {
-            return Err(CudaError::InvalidArgument(format!(
-                "chunk_elems {} outside {MIN_CHUNK_ELEMS}..=2^32-1",
-                self.chunk_elems
-            )));
-        }
-        if !(self.capacity > 0.0 && self.capacity <= 1.0) {
-            return Err(CudaError::InvalidArgument(format!(
-                "capacity {} outside (0, 1]",
-                self.capacity
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Where a snapshot lives: allocated here (on the device, or in pinned host memory the
-/// kernels reach over PCIe), or memory the caller lends (e.g. a torch tensor, so that other
-/// code can read the previous version too).
-pub(super) enum Snapshot {
-    Owned(DeviceBuffer),
-    Borrowed(DevicePtr),
-    Pinned(HostBuffer),
-}
-
-impl Snapshot {
-    /// The device address the kernels use.
-    pub(super) fn ptr(&self) -> DevicePtr {
-        match self {
-            Snapshot::Owned(b) => b.ptr(),
-            Snapshot::Borrowed(p) => *p,
-            Snapshot::Pinned(h) => h.ptr(),
-        }
-    }
-
-    /// A snapshot of `bytes` allocated where `place` says.
-    pub(super) fn allocate(gpu: &Gpu, place: SnapshotPlace, bytes: u64) -> Result<Snapshot> {
-        match place {
-            SnapshotPlace::Device => gpu.alloc(bytes as usize).map(Snapshot::Owned),
-            SnapshotPlace::PinnedHost => gpu.alloc_pinned(bytes as usize).map(Snapshot::Pinned),
-        }
-    }
-
-    /// Copies `len` bytes at `src` into the snapshot (enqueued on `gpu`'s stream).
-    ///
-    /// # Safety
-    /// `src` must be valid for `len` bytes, the snapshot at least that long; a pinned
-    /// snapshot must not be read by the host before the stream has passed the copy.
-    pub(super) unsafe fn fill(&self, gpu: &Gpu, src: DevicePtr, len: usize) -> Result<()> {
-        // SAFETY: per this function's contract.
-        unsafe {
-            match self {
-                Snapshot::Pinned(h) => gpu.copy_to_pinned(h, 0, src, len),
-                _ => gpu.copy_device(self.ptr(), src, len),
-            }
-        }
-    }
-}
 
 /// One diff of a stage, with the snapshot where `place` says.
 ///
@@ -1040,53 +867,5 @@ impl GpuSender {
         self.digests = after;
         self.needs_seed = false;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn auto_entropy_tries_both_then_keeps_the_faster_and_probes_the_other() {
-        let mut auto = AutoEntropy::default();
-        assert!(auto.choose(), "first: entropy");
-        auto.record(true, 30.0, 1000);
-        assert!(!auto.choose(), "second: without");
-        auto.record(false, 10.0, 1000);
-        // Without is 3× faster: kept, entropy retried once every 3 × AUTO_PROBE_EVERY deltas.
-        let run = |auto: &mut AutoEntropy, n: u64, on: f64, off: f64| -> Vec<bool> {
-            (0..n)
-                .map(|_| {
-                    let e = auto.choose();
-                    auto.record(e, if e { on } else { off }, 1000);
-                    e
-                })
-                .collect()
-        };
-        let chosen = run(&mut auto, 6 * AUTO_PROBE_EVERY, 30.0, 10.0);
-        assert_eq!(chosen.iter().filter(|&&e| e).count(), 2, "{chosen:?}");
-        // Nearly equal: retried every AUTO_PROBE_EVERY.
-        let mut close = AutoEntropy::default();
-        close.record(true, 10.5, 1000);
-        close.record(false, 10.0, 1000);
-        let chosen = run(&mut close, 4 * AUTO_PROBE_EVERY, 10.5, 10.0);
-        assert_eq!(chosen.iter().filter(|&&e| e).count(), 4);
-        // The link slows down: a probe of entropy shows it is now the faster one, and it is
-        // kept from then on.
-        let chosen = run(&mut auto, 8 * AUTO_PROBE_EVERY, 30.0, 90.0);
-        let first_on = chosen.iter().position(|&e| e).expect("entropy retried");
-        assert!(first_on <= 3 * AUTO_PROBE_EVERY as usize);
-        let after = &chosen[first_on..];
-        let offs = after.iter().filter(|&&e| !e).count();
-        assert!(
-            offs <= after.len() / AUTO_PROBE_EVERY as usize + 1,
-            "only probes go back: {chosen:?}"
-        );
-        // Per changed element: a bigger step with the same time per change costs the same.
-        let mut a = AutoEntropy::default();
-        a.record(true, 10.0, 100);
-        a.record(false, 50.0, 1000);
-        assert!(!a.choose());
     }
 }

@@ -29,7 +29,8 @@ use deltacast::wire::FrameKind;
 use deltacast::{DType, SlotTable};
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
-use super::sender::{run_diff, AutoEntropy, Snapshot};
+use super::sender::run_diff;
+use super::settings::{AutoEntropy, Snapshot};
 use super::sharded_setup::{
     agree_on_heads, agree_on_layout, all_gather_rows, check_shards, Buffers, RowBuffers,
 };

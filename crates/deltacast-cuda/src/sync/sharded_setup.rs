@@ -7,7 +7,7 @@ use std::ops::Range;
 use deltacast::plan::plan_stages;
 use deltacast::{SlotInfo, SlotTable};
 
-use super::sender::Snapshot;
+use super::settings::Snapshot;
 use super::sharded::{GpuShard, LEADER};
 use super::{u64s, EntropyMode, GpuSenderConfig, Growable};
 use crate::error::{CudaError, Result};
