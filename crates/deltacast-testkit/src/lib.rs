@@ -4,6 +4,7 @@
 //! benchmarks' chunk.
 
 pub mod adamw_chunk;
+pub mod hostile;
 
 use deltacast::{DType, SlotInfo, SlotTable};
 
