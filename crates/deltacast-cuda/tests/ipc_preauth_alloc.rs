@@ -9,7 +9,7 @@
 
 use std::alloc::System;
 use std::io::Read;
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use cap::Cap;
@@ -25,10 +25,6 @@ const SECRET: &str = "ipc-preauth-secret-0123456789";
 
 /// The link byte of this server's HELLO.
 const LINK: LinkCode = 3;
-
-fn run(addr: SocketAddr, kind: Hostile) {
-    hostile::run(addr, kind, LINK);
-}
 
 fn settled_total() -> usize {
     hostile::settled_total(|| ALLOC.total_allocated())
@@ -55,25 +51,10 @@ fn hostile_clients_cost_the_ipc_root_at_most_64_kib_each() {
             Duration::from_millis(150),
         )
     });
-    let kinds = Hostile::ALL;
-    // Warm-up: one of each, so one-time costs are not charged to a client.
-    for k in kinds {
-        run(addr, k);
-    }
+    hostile::warm_up(addr, LINK);
     let live_before = ALLOC.allocated();
-    let mut worst = [0usize; 6];
-    for _round in 0..5 {
-        for (i, k) in kinds.iter().enumerate() {
-            let before = settled_total();
-            run(addr, *k);
-            let cost = settled_total() - before;
-            worst[i] = worst[i].max(cost);
-            assert!(
-                cost <= LIMIT,
-                "{k:?} made the process allocate {cost} bytes (limit {LIMIT})"
-            );
-        }
-    }
+    let worst = hostile::worst_costs(addr, LINK, LIMIT, || ALLOC.total_allocated());
+    let kinds = Hostile::ALL;
     for (k, w) in kinds.iter().zip(worst) {
         eprintln!("ipc preauth: {k:?}: at most {w} bytes allocated per client");
     }

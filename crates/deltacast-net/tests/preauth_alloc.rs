@@ -22,10 +22,6 @@ const LIMIT: usize = 64 << 10;
 /// The link byte of this server's HELLO.
 const LINK: LinkCode = 2;
 
-fn run(addr: SocketAddr, kind: Hostile) {
-    hostile::run(addr, kind, LINK);
-}
-
 fn settled_total() -> usize {
     hostile::settled_total(|| ALLOC.total_allocated())
 }
@@ -41,26 +37,10 @@ fn hostile_clients_cost_the_server_at_most_64_kib_each() {
     let lo: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     let server = FrameServer::bind(lo, cfg).expect("bind");
     let addr = server.local_addr();
-    let kinds = Hostile::ALL;
-    // Warm-up: one of each, so one-time costs (the runtime's first socket, lazy statics) are
-    // not charged to a client; then measured rounds.
-    for k in kinds {
-        run(addr, k);
-    }
+    hostile::warm_up(addr, LINK);
     let live_before = ALLOC.allocated();
-    let mut worst = [0usize; 6];
-    for _round in 0..5 {
-        for (i, k) in kinds.iter().enumerate() {
-            let before = settled_total();
-            run(addr, *k);
-            let cost = settled_total() - before;
-            worst[i] = worst[i].max(cost);
-            assert!(
-                cost <= LIMIT,
-                "{k:?} made the process allocate {cost} bytes (limit {LIMIT})"
-            );
-        }
-    }
+    let worst = hostile::worst_costs(addr, LINK, LIMIT, || ALLOC.total_allocated());
+    let kinds = Hostile::ALL;
     for (k, w) in kinds.iter().zip(worst) {
         eprintln!("preauth: {k:?}: at most {w} bytes allocated per client");
     }

@@ -118,3 +118,36 @@ pub fn settled_total(total: impl Fn() -> usize) -> usize {
         last = now;
     }
 }
+
+/// One hostile client of each kind, so that one-time costs (the runtime's first socket, lazy
+/// statics) are not charged to the measured ones.
+pub fn warm_up(addr: SocketAddr, link: LinkCode) {
+    for k in Hostile::ALL {
+        run(addr, k, link);
+    }
+}
+
+/// Five rounds of every kind of hostile client against the `link` server at `addr`, each
+/// client's cost the growth of `total` (bytes allocated process-wide) across it; fails when one
+/// costs more than `limit`. Returns the worst cost of each kind, in [`Hostile::ALL`]'s order.
+pub fn worst_costs(
+    addr: SocketAddr,
+    link: LinkCode,
+    limit: usize,
+    total: impl Fn() -> usize,
+) -> [usize; 6] {
+    let mut worst = [0usize; 6];
+    for _round in 0..5 {
+        for (i, k) in Hostile::ALL.iter().enumerate() {
+            let before = settled_total(&total);
+            run(addr, *k, link);
+            let cost = settled_total(&total) - before;
+            worst[i] = worst[i].max(cost);
+            assert!(
+                cost <= limit,
+                "{k:?} made the process allocate {cost} bytes (limit {limit})"
+            );
+        }
+    }
+    worst
+}
