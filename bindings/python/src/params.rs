@@ -1,7 +1,7 @@
 //! `Converter` and `Param`: a trainer parameter with its full shape, and how it maps to the
 //! receivers' slots.
 
-use deltacast::convert::{slots_of, Converter as CoreConverter, ParamSpec, SplitSpec};
+use deltacast::slot_map::{slots_of, Converter as CoreConverter, ParamSpec, SplitSpec};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 

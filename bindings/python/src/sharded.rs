@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use deltacast::convert::{ParamSpec, SlotMap};
-use deltacast::gather::{Collective, RankReport, ShardedConfig, SoloCollective};
+use deltacast::slot_map::{ParamSpec, SlotMap};
+use deltacast::sharded::{Collective, RankReport, ShardedConfig, SoloCollective};
 use deltacast::placement::{local_block, DTensorLayout, MeshPlacement, ShardPlacement};
 use deltacast::Error;
 use pyo3::prelude::*;
@@ -383,7 +383,7 @@ impl RankSyncResult {
 /// must call `sync` together (the link's collectives).
 #[pyclass(module = "deltacast._native")]
 pub struct RankSender {
-    inner: deltacast::gather::RankSender,
+    inner: deltacast::sharded::RankSender,
     link: Link,
     frame_type: FrameType,
     /// Per parameter: its name, dtype and this rank's local shape.
@@ -454,7 +454,7 @@ impl RankSender {
             locals.push((spec.name.clone(), spec.dtype, plan.block().shape().to_vec()));
             plans.push(plan);
         }
-        let inner = deltacast::gather::RankSender::new(map, plans, config).py()?;
+        let inner = deltacast::sharded::RankSender::new(map, plans, config).py()?;
         Ok(RankSender {
             inner,
             link,

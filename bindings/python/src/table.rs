@@ -1,6 +1,6 @@
 //! `SlotTable`: the static list of final tensors every rank and receiver agrees on.
 
-use deltacast::convert::build_table;
+use deltacast::slot_map::build_table;
 use deltacast::io::Checkpoint;
 use deltacast::SlotInfo;
 use pyo3::prelude::*;

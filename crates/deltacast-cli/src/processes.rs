@@ -7,7 +7,7 @@
 //!   port 0 and prints their addresses; the parent then starts ranks `1..N` and the receivers
 //!   with those addresses.
 //! - Every rank builds and steps only its FSDP `Shard(0)` block of each tensor, and syncs through
-//!   [`RankSender`](deltacast::gather::RankSender) (lockstep gather to the leader); the leader
+//!   [`RankSender`](deltacast::sharded::RankSender) (lockstep gather to the leader); the leader
 //!   broadcasts each frame to the receivers, collects their acks and checks them against its
 //!   state digest.
 //! - `worker receiver` applies frames with [`deltacast::Receiver`] and acks every sync.
@@ -30,7 +30,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
-use deltacast::convert::{ParamSpec, SlotMap};
+use deltacast::slot_map::{ParamSpec, SlotMap};
 use deltacast_net::NetConfig;
 
 use crate::synthetic::{preset, ModelShape, PRESETS};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Bytes of a gathered chunk record's header (deltacast::gather).
+/// Bytes of a gathered chunk record's header (deltacast::sharded).
 const RECORD_HEADER: u64 = deltacast::wire::ENTRY_LEN as u64;
 
 fn bin() -> Command {

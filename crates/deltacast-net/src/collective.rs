@@ -6,7 +6,7 @@
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
-use deltacast::gather::Collective;
+use deltacast::sharded::Collective;
 
 use crate::NetError;
 

@@ -87,7 +87,7 @@ impl NetError {
     }
 }
 
-/// A transport failure as the core sees it (a [`Collective`](deltacast::gather::Collective)
+/// A transport failure as the core sees it (a [`Collective`](deltacast::sharded::Collective)
 /// call, a frame sink): [`deltacast::Error::Transport`], this error kept as its source.
 impl From<NetError> for deltacast::Error {
     fn from(e: NetError) -> Self {

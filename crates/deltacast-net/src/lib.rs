@@ -1,6 +1,6 @@
 //! deltacast transports.
 //!
-//! - The core's [`Collective`](deltacast::gather::Collective) (the few collective calls the
+//! - The core's [`Collective`](deltacast::sharded::Collective) (the few collective calls the
 //!   sharded trainer makes: all-gather of the plan matrix, exact-size transfers to the leader)
 //!   as [`InProcessCollective`] (threads of one process) and [`TcpCollective`] (a star through
 //!   rank 0). Their errors reach the core as [`deltacast::Error::Transport`].

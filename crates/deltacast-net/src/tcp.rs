@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use crate::auth::{client_handshake, server_handshake, Link};
-use deltacast::gather::Collective;
+use deltacast::sharded::Collective;
 
 use crate::collective::{check_recv_from, check_send_to_leader};
 use crate::config::{

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use deltacast::gather::Collective;
+use deltacast::sharded::Collective;
 use deltacast_net::{Ack, FrameClient, FrameServer, NetConfig, NetError, Secret, TcpCollective};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;

@@ -106,7 +106,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A transport (a [`Collective`](crate::gather::Collective), a frame link) failed; the
+    /// A transport (a [`Collective`](crate::sharded::Collective), a frame link) failed; the
     /// transport's own error is kept as the source, for callers that downcast to it.
     #[error("transport failed: {0}")]
     Transport(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),

@@ -4,11 +4,11 @@
 //! The modules follow the data flow: [`diff`] a shard against its snapshot, [`codec`] the
 //! changes per chunk, pack chunks into checksummed [`wire`] frames with the streaming
 //! [`flush`] builder, and on the receiver [`apply`] a whole verified sync, proven by the
-//! [`digest`]. [`sender`] ties the trainer side together, [`gather`] the sharded one (its
+//! [`digest`]. [`sender`] ties the trainer side together, [`sharded`] the sharded one (its
 //! deterministic cuts in [`plan`]); [`io`] reads and writes safetensors.
 
 pub mod codec;
-pub mod convert;
+pub mod slot_map;
 pub mod diff;
 pub mod digest;
 pub mod dtype;
@@ -22,7 +22,7 @@ pub use slot::{SlotInfo, SlotTable};
 
 pub mod apply;
 pub mod flush;
-pub mod gather;
+pub mod sharded;
 pub mod io;
 pub mod plan;
 pub mod sender;

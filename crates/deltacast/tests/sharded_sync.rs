@@ -8,9 +8,9 @@ mod common;
 use std::thread;
 
 use common::{mutate, Rng};
-use deltacast::convert::{Converter, ParamSpec, SlotMap};
+use deltacast::slot_map::{Converter, ParamSpec, SlotMap};
 use deltacast::flush::FlushConfig;
-use deltacast::gather::{Collective, RankSender, ShardedConfig};
+use deltacast::sharded::{Collective, RankSender, ShardedConfig};
 use deltacast::placement::{local_block, DTensorLayout, MeshPlacement};
 use deltacast::{CodecChoice, DType, Error, Receiver, Result};
 use deltacast_net::{InProcessCollective, NetError};

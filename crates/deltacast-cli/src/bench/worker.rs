@@ -5,7 +5,7 @@
 //!   them, then takes commands from the parent on stdin: `seed`, `step`, `quit`. It forwards
 //!   each command to the other ranks through the collective, so every rank makes the same calls.
 //! - Every rank holds an FSDP `Shard(0)` block of every tensor of the synthetic model, one
-//!   [`RankSender`](deltacast::gather::RankSender) per delta method (each with its own snapshot
+//!   [`RankSender`](deltacast::sharded::RankSender) per delta method (each with its own snapshot
 //!   and codec), and one more snapshot used only to time the diff alone.
 //! - Per `step`: every rank takes an AdamW-like step; the ranks time a bare diff of their shard
 //!   against the previous step (the floor's diff term, the slowest rank counts); then every

@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use crate::convert::{ParamPlan, SlotMap};
+use crate::slot_map::{ParamPlan, SlotMap};
 use crate::diff::{diff_and_refresh, Changes};
 use crate::digest::{changes_at, element_hash, slot_salt};
 use crate::dtype::load_bits;
