@@ -5,11 +5,12 @@
 
 use std::time::Duration;
 
+use deltacast::WeightSender;
 use deltacast_cuda::ipc_setup::loopback_addresses;
 use deltacast_cuda::link::Link;
 use deltacast_cuda::sync::{
     EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuShard, GpuShardedSender,
-    GpuSyncReport, GpuTensor, SnapshotPlace,
+    GpuSyncReport, GpuTensor, SnapshotPlace, WaitStream,
 };
 use deltacast_cuda::{ipc, nccl};
 use deltacast_cuda::{CudaError, Gpu};
@@ -334,12 +335,27 @@ impl IpcComm {
 
 /// Either communicator, as a sender or receiver takes it.
 #[derive(FromPyObject)]
-enum AnyComm<'py> {
+pub enum AnyComm<'py> {
     Nccl(PyRefMut<'py, NcclComm>),
     Ipc(PyRefMut<'py, IpcComm>),
 }
 
 impl AnyComm<'_> {
+    fn device(&self) -> usize {
+        match self {
+            AnyComm::Nccl(c) => c.device,
+            AnyComm::Ipc(c) => c.device,
+        }
+    }
+
+    /// Whether a sender or receiver already holds it.
+    fn is_taken(&self) -> bool {
+        match self {
+            AnyComm::Nccl(c) => c.parts.is_none(),
+            AnyComm::Ipc(c) => c.parts.is_none(),
+        }
+    }
+
     fn take(self) -> PyResult<(Gpu, Link)> {
         match self {
             AnyComm::Nccl(mut c) => c.take().map(|(g, c)| (g, c.into())),
@@ -451,7 +467,8 @@ impl NativeGpuSender {
     fn seed<'py>(&mut self, py: Python<'py>, stream: u64) -> PyResult<Bound<'py, PyDict>> {
         let inner = &mut self.inner;
         // SAFETY: `stream` is torch's current stream of this device (the wrapper's promise).
-        let r = py.detach(|| unsafe { inner.seed(stream) }).py()?;
+        let stream = unsafe { WaitStream::new(stream) };
+        let r = py.detach(|| WeightSender::seed(inner, stream)).py()?;
         report_dict(py, &r)
     }
 
@@ -459,7 +476,8 @@ impl NativeGpuSender {
     fn sync<'py>(&mut self, py: Python<'py>, stream: u64) -> PyResult<Bound<'py, PyDict>> {
         let inner = &mut self.inner;
         // SAFETY: as in `seed`.
-        let r = py.detach(|| unsafe { inner.sync(stream) }).py()?;
+        let stream = unsafe { WaitStream::new(stream) };
+        let r = py.detach(|| WeightSender::sync(inner, stream)).py()?;
         report_dict(py, &r)
     }
 
@@ -467,16 +485,6 @@ impl NativeGpuSender {
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
         let inner = &mut self.inner;
         py.detach(|| inner.close()).py()
-    }
-
-    #[getter]
-    fn version(&self) -> u64 {
-        self.inner.version()
-    }
-
-    #[getter]
-    fn digests(&self) -> Vec<u64> {
-        self.inner.digests().to_vec()
     }
 
     /// Device bytes held besides the tensors (snapshot when owned on the device, delta
@@ -534,8 +542,8 @@ impl NativeGpuShardedSender {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        trainers: &mut NcclComm,
-        receivers: Option<&mut NcclComm>,
+        trainers: AnyComm<'_>,
+        receivers: Option<AnyComm<'_>>,
         shards: Vec<(String, u64, String, Vec<u64>, u64, u64)>,
         root: usize,
         chunk_elems: u64,
@@ -564,15 +572,16 @@ impl NativeGpuShardedSender {
                 })
                 .collect::<PyResult<Vec<_>>>()?;
             if let Some(r) = &receivers {
-                if r.parts.is_none() {
+                if r.is_taken() {
                     return Err(invalid(
-                        "the receivers' NcclComm already belongs to a sender or receiver",
+                        "the receivers' communicator already belongs to a sender or receiver",
                     ));
                 }
-                if r.device != trainers.device {
+                if r.device() != trainers.device() {
                     return Err(invalid(format!(
                         "the receivers' communicator is on cuda:{}, the trainers' on cuda:{}",
-                        r.device, trainers.device
+                        r.device(),
+                        trainers.device()
                     )));
                 }
             }
@@ -595,13 +604,13 @@ impl NativeGpuShardedSender {
             }
         };
         let receivers = receivers
-            .map(|r| r.take().map(|(_, comm)| Link::from(comm)))
+            .map(|r| r.take().map(|(_, link)| link))
             .transpose()?;
-        let (gpu, nccl) = trainers.take()?;
+        let (gpu, trainers) = trainers.take()?;
         // SAFETY: the Python wrapper passes live CUDA tensors of this device (checked there:
         // device, contiguity, dtype, sizes) and keeps references to them for the sender's life.
         let inner = py
-            .detach(|| unsafe { GpuShardedSender::new(gpu, nccl, receivers, shards, config) })
+            .detach(|| unsafe { GpuShardedSender::new(gpu, trainers, receivers, shards, config) })
             .py()?;
         Ok(NativeGpuShardedSender { inner })
     }
@@ -610,7 +619,8 @@ impl NativeGpuShardedSender {
     fn seed<'py>(&mut self, py: Python<'py>, stream: u64) -> PyResult<Bound<'py, PyDict>> {
         let inner = &mut self.inner;
         // SAFETY: `stream` is torch's current stream of this device (the wrapper's promise).
-        let r = py.detach(|| unsafe { inner.seed(stream) }).py()?;
+        let stream = unsafe { WaitStream::new(stream) };
+        let r = py.detach(|| WeightSender::seed(inner, stream)).py()?;
         report_dict(py, &r)
     }
 
@@ -618,7 +628,8 @@ impl NativeGpuShardedSender {
     fn sync<'py>(&mut self, py: Python<'py>, stream: u64) -> PyResult<Bound<'py, PyDict>> {
         let inner = &mut self.inner;
         // SAFETY: as in `seed`.
-        let r = py.detach(|| unsafe { inner.sync(stream) }).py()?;
+        let stream = unsafe { WaitStream::new(stream) };
+        let r = py.detach(|| WeightSender::sync(inner, stream)).py()?;
         report_dict(py, &r)
     }
 
@@ -627,27 +638,19 @@ impl NativeGpuShardedSender {
         let inner = &mut self.inner;
         py.detach(|| inner.close()).py()
     }
-
-    #[getter]
-    fn version(&self) -> u64 {
-        self.inner.version()
-    }
-
-    /// Every slot's whole digest at the last version (the same on every rank).
-    #[getter]
-    fn digests(&self) -> Vec<u64> {
-        self.inner.digests().to_vec()
-    }
 }
+
+crate::weight_sender::weight_sender_methods!(NativeGpuSender);
+crate::weight_sender::weight_sender_methods!(NativeGpuShardedSender);
 
 /// Takes this trainer rank's part in the collective constructor of `GpuShardedSender` as a
 /// refusal (`why`), so that the other ranks fail at once instead of waiting out their
 /// timeout; consumes `trainers`. Errors of its own (a communicator already taken) are
 /// returned; otherwise `Ok`.
-fn decline(py: Python<'_>, trainers: &mut NcclComm, timeout_s: f64, why: String) -> PyResult<()> {
+fn decline(py: Python<'_>, trainers: AnyComm<'_>, timeout_s: f64, why: String) -> PyResult<()> {
     let wait = timeout(timeout_s).unwrap_or(Duration::from_secs(300));
-    let (gpu, nccl) = trainers.take()?;
-    py.detach(|| GpuShardedSender::decline(&gpu, nccl, wait, why));
+    let (gpu, trainers) = trainers.take()?;
+    py.detach(|| GpuShardedSender::decline(&gpu, trainers, wait, why));
     Ok(())
 }
 
@@ -657,7 +660,7 @@ fn decline(py: Python<'_>, trainers: &mut NcclComm, timeout_s: f64, why: String)
 #[pyo3(signature = (trainers, why, timeout_s=300.0))]
 pub fn decline_sharded(
     py: Python<'_>,
-    trainers: &mut NcclComm,
+    trainers: AnyComm<'_>,
     why: String,
     timeout_s: f64,
 ) -> PyResult<()> {

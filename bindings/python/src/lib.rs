@@ -18,6 +18,7 @@ mod sharded;
 mod slot;
 mod table;
 mod values;
+mod weight_sender;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -4,17 +4,17 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use deltacast::flush::{DEFAULT_BUCKET_SIZE, DEFAULT_CHUNK_ELEMS};
+use deltacast::WeightSender;
 use deltacast::{CodecChoice, Error, FlushConfig, SendReport, SyncStats};
 use numpy::npyffi::_PyArray_GET_ITEM_DATA;
 use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
 use numpy::{IntoPyArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyList};
 
 use crate::arrays::{resolve, Want};
 use crate::errors::{invalid, IntoPyResult};
 use crate::table::{table_arg, SlotTable};
-use crate::values::digests_dict;
 
 /// What Python gets a frame as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,29 +341,6 @@ impl Sender {
         )
     }
 
-    /// Makes the next `sync` a seed (a receiver reported a mismatch or joined late).
-    fn request_seed(&mut self) {
-        self.inner.request_seed();
-    }
-
-    /// The version of the last sync that went out whole (0 before the first).
-    #[getter]
-    fn version(&self) -> u64 {
-        self.inner.version()
-    }
-
-    /// The combined digest receivers must ack.
-    #[getter]
-    fn state_digest(&self) -> u64 {
-        self.inner.state_digest()
-    }
-
-    /// Per-slot digests, by name.
-    #[getter]
-    fn digests<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        digests_dict(py, self.inner.table(), self.inner.digests())
-    }
-
     #[getter]
     fn table(&self) -> SlotTable {
         SlotTable {
@@ -371,3 +348,5 @@ impl Sender {
         }
     }
 }
+
+crate::weight_sender::weight_sender_methods!(Sender);

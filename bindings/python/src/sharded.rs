@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use deltacast::slot_map::{ParamSpec, SlotMap};
-use deltacast::sharded::{Collective, RankReport, ShardedConfig, SoloCollective};
 use deltacast::placement::{local_block, DTensorLayout, MeshPlacement, ShardPlacement};
+use deltacast::sharded::{Collective, RankReport, ShardedConfig, SoloCollective};
+use deltacast::slot_map::{ParamSpec, SlotMap};
 use deltacast::Error;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -536,16 +536,6 @@ impl RankSender {
         })
     }
 
-    /// Makes the next sync a seed (every rank must call it, or any rank's request wins).
-    fn request_seed(&mut self) {
-        self.inner.request_seed();
-    }
-
-    #[getter]
-    fn version(&self) -> u64 {
-        self.inner.version()
-    }
-
     #[getter]
     fn rank(&self) -> usize {
         self.link.rank()
@@ -619,3 +609,5 @@ fn layouts_arg(
     }
     Ok(out)
 }
+
+crate::weight_sender::weight_sender_methods!(RankSender);

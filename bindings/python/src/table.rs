@@ -1,7 +1,7 @@
 //! `SlotTable`: the static list of final tensors every rank and receiver agrees on.
 
-use deltacast::slot_map::build_table;
 use deltacast::io::Checkpoint;
+use deltacast::slot_map::build_table;
 use deltacast::SlotInfo;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};

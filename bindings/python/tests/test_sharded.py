@@ -181,6 +181,12 @@ def test_world_of_one_with_converters(rng):
         deliver(receiver, result.frames)
     for name, want in expected_slots(full).items():
         assert same_bits(receiver.arrays[name], want)
+    # The state every sender shares: the receiver's digests, version, request_seed.
+    assert sender.version == receiver.version == 3
+    assert sender.digests == receiver.digests
+    assert sender.state_digest == receiver.state_digest
+    sender.request_seed()
+    assert sender.sync([full[n] for n, *_ in PARAMS]).kind == "seed"
     numpy_frames = dc.RankSender(params(), frame_type="numpy").sync(full)
     assert all(isinstance(f, np.ndarray) for f in numpy_frames.frames)
     deltacast_seed = dc.Receiver(sender.table, sender.table.zeros())

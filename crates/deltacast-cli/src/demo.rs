@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 
+use deltacast::WeightSender;
 use deltacast::{FrameKind, Receiver, Sender};
 
 use crate::output::{bytes, count, hex64, json_line, phase, progress};

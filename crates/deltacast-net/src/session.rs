@@ -37,7 +37,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use deltacast::wire::{parse_frame, peek_header};
-use deltacast::{FlushConfig, Receiver, Sender, SlotStore, SlotTable, SyncOutcome};
+use deltacast::{FlushConfig, Receiver, Sender, SlotStore, SlotTable, SyncOutcome, WeightSender};
 
 use crate::frames::ServerEvent;
 use crate::{Ack, FrameClient, FrameServer, NetConfig, NetError, ReceiverId, ReceiverInfo};

@@ -8,13 +8,13 @@
 //! deterministic cuts in [`plan`]); [`io`] reads and writes safetensors.
 
 pub mod codec;
-pub mod slot_map;
 pub mod diff;
 pub mod digest;
 pub mod dtype;
 pub mod error;
 pub mod placement;
 pub mod slot;
+pub mod slot_map;
 
 pub use dtype::DType;
 pub use error::{CodecError, Error, Result};
@@ -22,10 +22,10 @@ pub use slot::{SlotInfo, SlotTable};
 
 pub mod apply;
 pub mod flush;
-pub mod sharded;
 pub mod io;
 pub mod plan;
 pub mod sender;
+pub mod sharded;
 pub mod wire;
 
 #[cfg(test)]
@@ -34,5 +34,5 @@ pub(crate) mod testutil;
 pub use apply::{Receiver, SlotStore, SyncOutcome};
 pub use codec::{CodecChoice, PosCodec, ValCodec};
 pub use flush::{FlushConfig, SyncStats};
-pub use sender::{SendReport, Sender};
+pub use sender::{SendReport, Sender, WeightSender};
 pub use wire::FrameKind;

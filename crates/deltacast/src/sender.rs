@@ -1,5 +1,6 @@
-//! The sender for one process that holds whole slots (a single trainer rank, the CLI, a file
-//! diff). It keeps a snapshot of what it last synced, diffs against it, and streams frames.
+//! What every sender does ([`WeightSender`]), and the sender for one process that holds whole
+//! slots (a single trainer rank, the CLI, a file diff): it keeps a snapshot of what it last
+//! synced, diffs against it, and streams frames.
 
 use rayon::prelude::*;
 
@@ -9,6 +10,77 @@ use crate::error::{Error, Result};
 use crate::flush::{FlushConfig, SyncEncoder, SyncStats};
 use crate::slot::SlotTable;
 use crate::wire::{FrameKind, SlotDigest};
+
+/// What every deltacast sender does, whatever one sync reads (host buffers, a trainer rank's
+/// shards with its collective, device tensors) and wherever its frames go: the four senders
+/// ([`Sender`], [`crate::sharded::RankSender`], and the GPU crate's `GpuSender` and
+/// `ShardedGpuSender`) implement it, so code and bindings written against it take any of them.
+///
+/// The state is the same everywhere: the version of the last sync that went out whole (0
+/// before the first seed), the slot digests of that version, and whether the next sync must be
+/// a seed (the first one, after any failure, or when asked).
+pub trait WeightSender {
+    /// What one sync reads (and where its frames go).
+    type Input<'a>;
+    /// What one sync did.
+    type Report;
+    type Error: std::error::Error;
+
+    /// The slots the receivers hold.
+    fn slot_table(&self) -> &SlotTable;
+    /// The version of the last sync that went out whole (0 before the first).
+    fn version(&self) -> u64;
+    /// Per-slot digests of that version, in table order (a sharded sender: on the leader).
+    fn digests(&self) -> &[u64];
+    /// The combined digest receivers must ack.
+    fn state_digest(&self) -> u64 {
+        self.digests().iter().fold(0u64, |a, &d| a.wrapping_add(d))
+    }
+    /// Makes the next sync a seed (a receiver joined late or asked for one).
+    fn request_seed(&mut self);
+    /// A seed the first time, after a failure or when asked; a delta otherwise.
+    fn sync(&mut self, input: Self::Input<'_>) -> std::result::Result<Self::Report, Self::Error>;
+    /// Every element, whatever the receivers hold.
+    fn seed(&mut self, input: Self::Input<'_>) -> std::result::Result<Self::Report, Self::Error> {
+        self.request_seed();
+        self.sync(input)
+    }
+}
+
+/// Where a host sender's frames go, as they fill.
+pub type FrameSink<'a> = &'a mut dyn FnMut(Vec<u8>) -> Result<()>;
+
+/// One sync of a [`Sender`]: the current bits (one buffer per slot, in table order) and the
+/// frames' sink.
+pub struct HostSync<'a> {
+    pub current: &'a [&'a [u8]],
+    pub sink: FrameSink<'a>,
+}
+
+impl WeightSender for Sender {
+    type Input<'a> = HostSync<'a>;
+    type Report = SendReport;
+    type Error = Error;
+
+    fn slot_table(&self) -> &SlotTable {
+        &self.table
+    }
+    fn version(&self) -> u64 {
+        self.version
+    }
+    fn digests(&self) -> &[u64] {
+        &self.digests
+    }
+    fn request_seed(&mut self) {
+        self.needs_seed = true;
+    }
+    fn sync(&mut self, input: HostSync<'_>) -> Result<SendReport> {
+        Sender::sync(self, input.current, input.sink)
+    }
+    fn seed(&mut self, input: HostSync<'_>) -> Result<SendReport> {
+        Sender::seed(self, input.current, input.sink)
+    }
+}
 
 /// Trainer-side state: the snapshot, its digests and the version last synced.
 pub struct Sender {
@@ -84,24 +156,6 @@ impl Sender {
         config.validate()?;
         self.config = config;
         Ok(())
-    }
-
-    /// The version of the last sync that went out whole.
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
-    pub fn digests(&self) -> &[u64] {
-        &self.digests
-    }
-
-    pub fn state_digest(&self) -> u64 {
-        self.digests.iter().fold(0u64, |a, &d| a.wrapping_add(d))
-    }
-
-    /// Forces the next sync to be a seed (a receiver asked for one).
-    pub fn request_seed(&mut self) {
-        self.needs_seed = true;
     }
 
     fn compute_digests(&self, bufs: &[Vec<u8>]) -> Vec<u64> {

@@ -12,13 +12,15 @@
 
 use rayon::prelude::*;
 
-use crate::slot_map::{ParamPlan, SlotMap};
 use crate::diff::{diff_and_refresh, Changes};
 use crate::digest::{changes_at, element_hash, slot_salt};
 use crate::dtype::load_bits;
 use crate::error::{Error, Result};
 use crate::flush::{encode_changes, FlushConfig, ReadyChunk, SyncEncoder, SyncStats};
 use crate::plan::{plan_rounds, plan_sub_rounds};
+use crate::sender::{FrameSink, WeightSender};
+use crate::slot::SlotTable;
+use crate::slot_map::{ParamPlan, SlotMap};
 use crate::wire::{u64_at, ChunkEntry, FrameKind, SlotDigest, ENTRY_LEN};
 
 /// How a trainer rank reaches the others: the few collective calls the lockstep gather makes,
@@ -131,6 +133,38 @@ pub struct RankReport {
     pub state_digest: u64,
 }
 
+/// One sync of a [`RankSender`]: the rank's collective, its local pieces (one buffer per
+/// parameter: the block's elements, row-major) and, on the leader only, the frames' sink.
+pub struct RankSync<'a> {
+    pub link: &'a mut dyn Collective,
+    pub local: &'a [&'a [u8]],
+    pub sink: Option<FrameSink<'a>>,
+}
+
+impl WeightSender for RankSender {
+    type Input<'a> = RankSync<'a>;
+    type Report = RankReport;
+    type Error = Error;
+
+    fn slot_table(&self) -> &SlotTable {
+        self.map.table()
+    }
+    fn version(&self) -> u64 {
+        self.version
+    }
+    /// Meaningful on the leader (the others hold only their contributions).
+    fn digests(&self) -> &[u64] {
+        &self.digests
+    }
+    /// On every rank: ranks agree on seed or delta before each sync.
+    fn request_seed(&mut self) {
+        self.needs_seed = true;
+    }
+    fn sync(&mut self, input: RankSync<'_>) -> Result<RankReport> {
+        RankSender::sync(self, input.link, input.local, input.sink)
+    }
+}
+
 /// One trainer rank's sender: its shards' snapshot and digest contributions, no full tensor.
 pub struct RankSender {
     map: SlotMap,
@@ -191,23 +225,14 @@ impl RankSender {
         })
     }
 
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
     pub fn map(&self) -> &SlotMap {
         &self.map
-    }
-
-    /// Forces the next sync to be a seed (on every rank, since ranks agree before each sync).
-    pub fn request_seed(&mut self) {
-        self.needs_seed = true;
     }
 
     /// One sync. Every rank calls it with its local pieces (one buffer per parameter: the block's
     /// elements, row-major); the leader passes the sink its frames go to. A seed is sent the
     /// first time, after any failure, or when any rank asks for one.
-    pub fn sync<L: Collective, F: FnMut(Vec<u8>) -> Result<()>>(
+    pub fn sync<L: Collective + ?Sized, F: FnMut(Vec<u8>) -> Result<()>>(
         &mut self,
         link: &mut L,
         local: &[&[u8]],
@@ -250,7 +275,7 @@ impl RankSender {
         result
     }
 
-    fn sync_inner<L: Collective, F: FnMut(Vec<u8>) -> Result<()>>(
+    fn sync_inner<L: Collective + ?Sized, F: FnMut(Vec<u8>) -> Result<()>>(
         &mut self,
         link: &mut L,
         local: &[&[u8]],

@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use deltacast::codec::{CodecChoice, PosCodec, ValCodec};
 use deltacast::flush::FlushConfig;
+use deltacast::WeightSender;
 use deltacast::{FrameKind, Receiver, Sender};
 use proptest::prelude::*;
 

@@ -7,9 +7,9 @@
 //! (strided and Shard(0)×Shard(1)), several mesh dims on one tensor dim, HSDP×TP, FSDP×EP
 //! (DTensor and manual), DDP, and random mixes.
 
-use deltacast::slot_map::{Converter, ParamSpec, SlotMap, SplitSpec};
 use deltacast::diff::{diff_and_refresh, Changes};
 use deltacast::placement::{local_block, Block, DTensorLayout, MeshPlacement, ShardPlacement};
+use deltacast::slot_map::{Converter, ParamSpec, SlotMap, SplitSpec};
 use deltacast::DType;
 use proptest::prelude::*;
 

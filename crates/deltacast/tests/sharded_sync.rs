@@ -8,10 +8,11 @@ mod common;
 use std::thread;
 
 use common::{mutate, Rng};
-use deltacast::slot_map::{Converter, ParamSpec, SlotMap};
 use deltacast::flush::FlushConfig;
-use deltacast::sharded::{Collective, RankSender, ShardedConfig};
 use deltacast::placement::{local_block, DTensorLayout, MeshPlacement};
+use deltacast::sharded::{Collective, RankSender, ShardedConfig};
+use deltacast::slot_map::{Converter, ParamSpec, SlotMap};
+use deltacast::WeightSender;
 use deltacast::{CodecChoice, DType, Error, Receiver, Result};
 use deltacast_net::{InProcessCollective, NetError};
 

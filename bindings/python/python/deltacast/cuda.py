@@ -146,12 +146,24 @@ class _Sender:
         """Tells the receivers no sync follows (their ``receive()`` returns ``None``)."""
         self._native.close()
 
+    def request_seed(self) -> None:
+        """Makes the next ``sync()`` a seed (a receiver joined late or asked for one; on a
+        sharded sender the leader's request, or any rank's, wins)."""
+        self._native.request_seed()
+
     @property
     def version(self) -> int:
+        """The version of the last sync that went out whole (0 before the first)."""
         return self._native.version
 
     @property
-    def digests(self) -> list:
+    def state_digest(self) -> int:
+        """The combined digest receivers must ack."""
+        return self._native.state_digest
+
+    @property
+    def digests(self) -> dict:
+        """Per-tensor digests of that version, by name."""
         return self._native.digests
 
 
@@ -308,9 +320,11 @@ def _default_rank() -> int:
 class GpuShardedSender(_Sender):
     """One trainer rank of a sharded model (e.g. FSDP2): each rank diffs only its own shards;
     the leader (trainer rank 0) gathers exactly the encoded changes of every rank over
-    ``trainers`` (an ``NcclComm`` of the trainer ranks) and sends each sync to the receivers
-    over ``receivers`` (its ``NcclComm`` with them, in which it is ``root``; ``None`` on the
-    other ranks). Receivers are plain ``GpuReceiver``s over the whole tensors.
+    ``trainers`` (an ``NcclComm`` of the trainer ranks, or an ``IpcComm`` when they share a
+    machine, e.g. several ranks on one GPU: its gathers then pass through host memory) and
+    sends each sync to the receivers over ``receivers`` (its ``NcclComm`` or ``IpcComm`` with
+    them, in which it is ``root``; ``None`` on the other ranks). Receivers are plain
+    ``GpuReceiver``s over the whole tensors.
 
     ``shards``: ``(name, local_tensor, full_shape, first_index)`` per tensor, in the same
     order on every rank; ``local_tensor`` holds elements ``first_index ..`` of the flattened
@@ -326,8 +340,8 @@ class GpuShardedSender(_Sender):
 
     def __init__(
         self,
-        trainers: NcclComm,
-        receivers: Optional[NcclComm],
+        trainers: Union[NcclComm, IpcComm],
+        receivers: Optional[Union[NcclComm, IpcComm]],
         shards: Iterable[Tuple[str, Any, Sequence[int], int]],
         device: Optional[int] = None,
         root: int = 0,
@@ -351,7 +365,7 @@ class GpuShardedSender(_Sender):
         except Exception as e:
             # The constructor is collective: take part as a refusal, so that the other
             # trainer ranks fail at once instead of waiting out their timeout.
-            if isinstance(trainers, NcclComm):
+            if isinstance(trainers, (NcclComm, IpcComm)):
                 _native.decline_sharded(trainers, f"{type(e).__name__}: {e}", timeout_s)
             raise
         self._native = _native.NativeGpuShardedSender(
@@ -376,6 +390,7 @@ class GpuReceiver:
         self.device = comm.device if device is None else int(device)
         named = [(n, getattr(t, "data", t)) for n, t in named_tensors]
         specs, self._tensors = _specs(named, self.device)
+        self._names = [name for name, _ in named]
         self._native = _native.NativeGpuReceiver(comm, specs, root, timeout_s)
 
     def receive(self, idle_timeout_s: Optional[float] = None) -> Optional[dict]:
@@ -395,8 +410,9 @@ class GpuReceiver:
         return self._native.version
 
     @property
-    def digests(self) -> list:
-        return self._native.digests
+    def digests(self) -> dict:
+        """Per-tensor digests of the version held, by name."""
+        return dict(zip(self._names, self._native.digests))
 
     @property
     def staging_bytes(self) -> int:

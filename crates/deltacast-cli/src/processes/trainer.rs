@@ -7,9 +7,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use deltacast::slot_map::{ParamPlan, SlotMap};
-use deltacast::sharded::{Collective, RankReport, RankSender, ShardedConfig};
 use deltacast::placement::{local_block, DTensorLayout, MeshPlacement};
+use deltacast::sharded::{Collective, RankReport, RankSender, ShardedConfig};
+use deltacast::slot_map::{ParamPlan, SlotMap};
+use deltacast::WeightSender;
 use deltacast::{FrameKind, SlotTable};
 use deltacast_net::{Ack, FrameServer, NetError, TcpCollective};
 

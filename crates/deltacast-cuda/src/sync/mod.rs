@@ -64,6 +64,28 @@ const _: fn() = || {
     shareable::<GpuShardedSender>();
 };
 
+/// The stream whose work a sync waits for before it reads the tensors (torch's current
+/// stream), as [`deltacast::WeightSender`] takes it for the GPU senders. Made unsafely: the
+/// promise that the handle is a live stream of the sender's context travels with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitStream(u64);
+
+impl WaitStream {
+    /// The legacy default stream (handle 0).
+    pub const DEFAULT: WaitStream = WaitStream(0);
+
+    /// # Safety
+    /// `handle` must be a live stream of the sender's GPU context, or 0, for as long as a
+    /// sync given it runs.
+    pub unsafe fn new(handle: u64) -> WaitStream {
+        WaitStream(handle)
+    }
+
+    pub fn handle(self) -> u64 {
+        self.0
+    }
+}
+
 /// One tensor of a sync: a slot, by device pointer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuTensor {

@@ -10,10 +10,10 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-use deltacast::slot_map::{ParamPlan, SlotMap};
 use deltacast::diff::{diff_and_refresh, Changes};
 use deltacast::digest::digest_range;
 use deltacast::sharded::{Collective, RankReport, RankSender, ShardedConfig};
+use deltacast::slot_map::{ParamPlan, SlotMap};
 use deltacast::{FrameKind, SlotTable};
 use deltacast_net::{FrameServer, NetConfig, TcpCollective};
 
