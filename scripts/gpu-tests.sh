@@ -3,8 +3,8 @@
 # machine (no Rust there), carrying the built folder.
 #
 #   scripts/gpu-tests.sh build [DIR]   # default DIR .devbin: the test binaries of
-#                                      # crates/deltacast-cuda (tests/gpu.rs, tests/gpu_sync.rs,
-#                                      # tests/gpu_frames.rs)
+#                                      # crates/deltacast-cuda (tests/gpu.rs, gpu_apply.rs, gpu_entropy.rs, gpu_sync.rs,
+#                                      # tests/gpu_sharded.rs, tests/gpu_frames.rs, tests/ipc_auth.rs)
 #                                      # and its gpu_bench example (scripts/gpu-profile.sh),
 #                                      # built with --features cuda, and the Python wheel in .whl/
 #   scripts/gpu-tests.sh run [DIR]     # on the GPU machine: both binaries one test at a time,
@@ -12,8 +12,8 @@
 #
 # `run` needs the machine's NVRTC (found in torch's venv, /opt/torch/.venv, or through
 # DELTACAST_NVRTC_PATH) and sets DELTACAST_REQUIRE_GPU=1, so a missing GPU is a failure, not a
-# skip; tests/gpu_sync.rs and test_cuda.py need two GPUs (with one, only gpu_sync's CUDA-IPC
-# tests run, and the script says so); tests/gpu_frames.rs one. NVLink multicast stays off
+# skip; tests/gpu_sync.rs, tests/gpu_sharded.rs and test_cuda.py need two GPUs (with one, only
+# their CUDA-IPC tests run, and the script says so); tests/gpu_frames.rs one. NVLink multicast stays off
 # (NCCL_NVLS_ENABLE=0 and friends, a rule of the lent machines). Logs go to $OUT (the device
 # tool's folder) when set, else ./gpu-tests-out. Exit status 0 only when every suite passed.
 set -uo pipefail
@@ -33,7 +33,7 @@ build)
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu", "gpu_sync", "gpu_frames", "ipc_auth", "gpu_bench"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu", "gpu_apply", "gpu_entropy", "gpu_sync", "gpu_sharded", "gpu_frames", "ipc_auth", "gpu_bench"):
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do
         cp "$exe" "$dir/$name"
@@ -56,15 +56,15 @@ run)
     # gpu_frames writes the captured GPU sync there: the golden files CI applies without a GPU
     # (crates/deltacast-cli/tests/data/gpu-sync/).
     export DELTACAST_GOLDEN_OUT=${DELTACAST_GOLDEN_OUT:-$out/golden}
-    for name in gpu gpu_frames ipc_auth gpu_sync; do
+    for name in gpu gpu_apply gpu_entropy gpu_frames ipc_auth gpu_sync gpu_sharded; do
         if [ ! -x "$dir/$name" ]; then
             echo "gpu-tests: $dir/$name missing (run 'scripts/gpu-tests.sh build' first)"
             status=1
             continue
         fi
         filter=()
-        if [ "$name" = gpu_sync ] && [ "$gpus" -lt 2 ]; then
-            echo "gpu-tests: $gpus GPU: gpu_sync runs only its CUDA-IPC tests (the NCCL ones need two GPUs)"
+        if { [ "$name" = gpu_sync ] || [ "$name" = gpu_sharded ]; } && [ "$gpus" -lt 2 ]; then
+            echo "gpu-tests: $gpus GPU: $name runs only its CUDA-IPC tests (the NCCL ones need two GPUs)"
             filter=(ipc)
         fi
         timeout 300 "$dir/$name" "${filter[@]}" --test-threads 1 --nocapture >"$out/$name.log" 2>&1

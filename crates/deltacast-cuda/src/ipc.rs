@@ -1,7 +1,8 @@
 //! A link between processes of one machine through CUDA IPC, for when NCCL cannot be used:
 //! two processes on one GPU (NCCL refuses two ranks on one device), or a host without NCCL.
-//! It offers what the GPU sync needs of a communicator: broadcasts from rank 0 and an
-//! all-reduce (max) of a few words.
+//! It offers what the GPU sync needs of a communicator: broadcasts from rank 0, an
+//! all-reduce (max) of a few words, and the two gathers of a sharded trainer's ranks
+//! (`gather.rs`, through the host).
 //!
 //! The root (rank 0) owns `slots` staging buffers on its GPU and exports them, with one
 //! "filled" event each, by CUDA IPC handles; every other rank maps them. Whoever holds those
@@ -47,6 +48,8 @@ use crate::sync::u64s;
 use crate::wait::{event_done, poll, stream_done, Deadline};
 use crate::{DeviceBuffer, DevicePtr, Gpu};
 pub use deltacast_net::{generate_token, Secret, SECRET_ENV};
+
+mod gather;
 
 /// Staging of the root: how many slots, of how many bytes, the timeout of the set-up and of
 /// each wait for a peer, and (root) how long one connection may take to authenticate.

@@ -2,7 +2,9 @@
 //! a loopback TCP connection between the root and each other rank, some followed by a
 //! trailer whose length the frame gives and this module bounds. The bytes of a broadcast
 //! never travel here: they go through the root's staging slots on the GPU; these frames only
-//! say which slot holds which piece, and when a receiver has taken it.
+//! say which slot holds which piece, and when a receiver has taken it. The gathers of a
+//! sharded trainer's ranks (small rows, and each rank's encoded changes to the leader) do
+//! travel here, as `Part`s.
 //!
 //! Kept apart from the link itself (and built without the `cuda` feature) so that decoding,
 //! the part that reads what a peer sent, is tested on every machine.
@@ -47,6 +49,10 @@ pub enum Frame {
     Reduced { words: u64 },
     /// The sender is leaving the link; from the root: release what you mapped of mine.
     Bye,
+    /// A part of a gather (to the root) or of an all-gather's result (from it): `len` bytes
+    /// follow, read only by a reader that expects exactly that many (the lengths come from
+    /// the ranks' plan, never from the frame).
+    Part { len: u64 },
 }
 
 impl Frame {
@@ -60,6 +66,7 @@ impl Frame {
             Frame::Reduce { .. } => 6,
             Frame::Reduced { .. } => 7,
             Frame::Bye => 8,
+            Frame::Part { .. } => 9,
         }
     }
 
@@ -76,6 +83,7 @@ impl Frame {
             Frame::Drained { seq } => [seq, 0, 0],
             Frame::Reduce { words } | Frame::Reduced { words } => [words, 0, 0],
             Frame::Bye => [0, 0, 0],
+            Frame::Part { len } => [len, 0, 0],
         }
     }
 
@@ -126,6 +134,7 @@ impl Frame {
             6 => Frame::Reduce { words: a },
             7 => Frame::Reduced { words: a },
             8 => Frame::Bye,
+            9 => Frame::Part { len: a },
             _ => return Err(bad(format!("unknown frame tag {tag}"))),
         };
         if frame.fields() != [a, b, c] {
@@ -147,7 +156,8 @@ impl Frame {
         }
     }
 
-    /// Bytes that follow this frame (bounded by `decode`'s checks).
+    /// Bytes that follow this frame (bounded by `decode`'s checks); a `Part`'s are read
+    /// apart, by a reader that knows how many it expects.
     pub fn trailer_bytes(&self) -> usize {
         match *self {
             Frame::Setup { slots, .. } => 2 * slots as usize * IPC_HANDLE_BYTES,
@@ -197,6 +207,7 @@ mod tests {
             (0..=MAX_REDUCE_WORDS).prop_map(|words| Frame::Reduce { words }),
             (0..=MAX_REDUCE_WORDS).prop_map(|words| Frame::Reduced { words }),
             Just(Frame::Bye),
+            any::<u64>().prop_map(|len| Frame::Part { len }),
         ]
     }
 
@@ -209,7 +220,7 @@ mod tests {
         /// Random bytes never panic, and whatever decodes re-encodes to the same bytes and
         /// announces a bounded trailer.
         #[test]
-        fn random_bytes_decode_or_fail_cleanly(bytes in prop::array::uniform32(any::<u8>()), tag in 0u32..10) {
+        fn random_bytes_decode_or_fail_cleanly(bytes in prop::array::uniform32(any::<u8>()), tag in 0u32..11) {
             let mut bytes = bytes;
             bytes[..4].copy_from_slice(&MAGIC.to_le_bytes());
             bytes[4..8].copy_from_slice(&tag.to_le_bytes());

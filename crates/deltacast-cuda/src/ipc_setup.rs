@@ -304,7 +304,7 @@ fn set_timeout(s: &TcpStream, timeout: Duration) -> Result<()> {
         .map_err(|e| link("set_read_timeout", e.to_string()))
 }
 
-fn read_exact(
+pub(crate) fn read_exact(
     s: &mut TcpStream,
     buf: &mut [u8],
     deadline: Deadline,

@@ -1,11 +1,12 @@
 //! What carries a GPU sync between the sender and its receivers: NCCL (GPUs of one or many
 //! machines, one rank per GPU), the CUDA-IPC link (processes of one machine, any of them
 //! on the same GPU), or frames of the core's format (a file, a socket: [`FrameLink`]).
-//! [`crate::sync::GpuSender`] and [`crate::sync::GpuReceiver`] take any of them.
+//! [`crate::sync::GpuSender`] and [`crate::sync::GpuReceiver`] take any of them, and a sharded
+//! trainer's ranks ([`crate::sync::GpuShardedSender`]) reach each other over NCCL or CUDA IPC.
 
 use std::time::Duration;
 
-use crate::error::Result;
+use crate::error::{CudaError, Result};
 use crate::frame_link::FrameLink;
 use crate::ipc::IpcComm;
 use crate::nccl::NcclComm;
@@ -99,6 +100,49 @@ impl Link {
         }
     }
 
+    /// Every rank's `count` u64 at `src`, in rank order in every rank's `dst`.
+    ///
+    /// # Safety
+    /// As [`NcclComm::all_gather_u64`].
+    pub unsafe fn all_gather_u64(
+        &mut self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        count: usize,
+        stream: u64,
+    ) -> Result<()> {
+        match self {
+            // SAFETY: the caller's contract.
+            Link::Nccl(c) => unsafe { c.all_gather_u64(src, dst, count, stream) },
+            // SAFETY: the caller's contract.
+            Link::Ipc(c) => unsafe { c.all_gather_u64(src, dst, count, stream) },
+            Link::Frames(_) => Err(trainer_link_only("an all-gather")),
+        }
+    }
+
+    /// Gathers to `root` exactly the bytes every rank holds (see
+    /// [`NcclComm::gather_exact`]; the IPC link's root is rank 0).
+    ///
+    /// # Safety
+    /// As [`NcclComm::gather_exact`].
+    pub unsafe fn gather_exact(
+        &mut self,
+        src: DevicePtr,
+        lens: &[u64],
+        dst: DevicePtr,
+        dst_len: u64,
+        root: usize,
+        stream: u64,
+    ) -> Result<()> {
+        match self {
+            // SAFETY: the caller's contract.
+            Link::Nccl(c) => unsafe { c.gather_exact(src, lens, dst, dst_len, root, stream) },
+            // SAFETY: the caller's contract.
+            Link::Ipc(c) => unsafe { c.gather_exact(src, lens, dst, dst_len, root, stream) },
+            Link::Frames(_) => Err(trainer_link_only("a gather")),
+        }
+    }
+
     /// Waits for `event`, aborting the communicator after `timeout` or on a peer's failure.
     pub fn wait(&mut self, event: u64, timeout: Duration, what: &'static str) -> Result<()> {
         match self {
@@ -134,4 +178,12 @@ impl Link {
             Link::Frames(c) => c.abort(),
         }
     }
+}
+
+/// A frame link carries one sender's sync to its receivers, not the collectives between
+/// trainer ranks.
+fn trainer_link_only(what: &str) -> CudaError {
+    CudaError::InvalidArgument(format!(
+        "{what} between trainer ranks needs NCCL or the CUDA-IPC link, not a frame link"
+    ))
 }

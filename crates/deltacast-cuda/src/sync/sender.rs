@@ -7,10 +7,11 @@ use std::time::Instant;
 
 use deltacast::plan::plan_stages;
 use deltacast::wire::FrameKind;
-use deltacast::SlotTable;
+use deltacast::{SlotTable, WeightSender};
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::settings::{AutoEntropy, EntropyMode, GpuSenderConfig, Snapshot, SnapshotPlace};
+use super::WaitStream;
 use super::{
     check_tensors, digest_inputs, ms, slot_table, u64s, wall_ms, GpuSyncReport, GpuTensor,
     Growable, Phases, SendTotals,
@@ -337,20 +338,6 @@ impl GpuSender {
             capacity,
             stages,
         })
-    }
-
-    /// The version the last sync produced.
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
-    /// Per-slot digests of the last version sent.
-    pub fn digests(&self) -> &[u64] {
-        &self.digests
-    }
-
-    pub fn slot_table(&self) -> &SlotTable {
-        &self.table
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -867,5 +854,34 @@ impl GpuSender {
         self.digests = after;
         self.needs_seed = false;
         Ok(())
+    }
+}
+
+impl WeightSender for GpuSender {
+    type Input<'a> = WaitStream;
+    type Report = GpuSyncReport;
+    type Error = CudaError;
+
+    fn slot_table(&self) -> &SlotTable {
+        &self.table
+    }
+    /// The version the last sync produced.
+    fn version(&self) -> u64 {
+        self.version
+    }
+    /// Per-slot digests of the last version sent.
+    fn digests(&self) -> &[u64] {
+        &self.digests
+    }
+    fn request_seed(&mut self) {
+        self.needs_seed = true;
+    }
+    fn sync(&mut self, stream: WaitStream) -> Result<GpuSyncReport> {
+        // SAFETY: WaitStream's constructor carries the promise `sync` needs.
+        unsafe { GpuSender::sync(self, stream.handle()) }
+    }
+    fn seed(&mut self, stream: WaitStream) -> Result<GpuSyncReport> {
+        // SAFETY: as in `sync`.
+        unsafe { GpuSender::seed(self, stream.handle()) }
     }
 }

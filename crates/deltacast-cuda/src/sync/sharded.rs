@@ -26,7 +26,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use deltacast::wire::FrameKind;
-use deltacast::{DType, SlotTable};
+use deltacast::{DType, SlotTable, WeightSender};
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::sender::run_diff;
@@ -34,12 +34,12 @@ use super::settings::{AutoEntropy, Snapshot};
 use super::sharded_setup::{
     agree_on_heads, agree_on_layout, all_gather_rows, check_shards, Buffers, RowBuffers,
 };
+use super::WaitStream;
 use super::{
     limits, ms, u64s, EntropyMode, GpuSenderConfig, GpuSyncReport, Growable, Phases, SendTotals,
 };
 use crate::error::{CudaError, Result};
 use crate::link::Link;
-use crate::nccl::NcclComm;
 use crate::protocol::{
     decode_chunk_records, decode_header, decode_stage, rebase_chunk_records, Stage, TableLimits,
     CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES,
@@ -108,7 +108,7 @@ impl StageRow {
 
 /// A trainer rank's side of a sharded GPU sync.
 pub struct GpuShardedSender {
-    trainers: NcclComm,
+    trainers: Link,
     /// The leader's communicator with the receivers (the leader is its root); `None` on the
     /// other ranks.
     receivers: Option<Link>,
@@ -177,11 +177,12 @@ impl GpuShardedSender {
     /// Every pointer must be device memory of `gpu`'s device valid for its shard's bytes.
     pub unsafe fn new(
         gpu: Gpu,
-        mut trainers: NcclComm,
+        trainers: impl Into<Link>,
         receivers: Option<Link>,
         shards: Vec<GpuShard>,
         config: GpuSenderConfig,
     ) -> Result<GpuShardedSender> {
+        let mut trainers = trainers.into();
         let local = check_shards(&trainers, &receivers, &shards, &config);
         let mut rows = RowBuffers::default();
         // Every rank takes part in each exchange whatever its own checks said, so that all
@@ -254,30 +255,17 @@ impl GpuShardedSender {
     /// error for this rank.
     pub fn decline(
         gpu: &Gpu,
-        mut trainers: NcclComm,
+        trainers: impl Into<Link>,
         timeout: std::time::Duration,
         why: String,
     ) -> CudaError {
+        let mut trainers = trainers.into();
         let mut rows = RowBuffers::default();
         let declined = Err(CudaError::InvalidArgument(why));
         match agree_on_heads(gpu, &mut trainers, &mut rows, declined, timeout) {
             Err(e) => e,
             Ok(_) => CudaError::InvalidArgument("declined".into()),
         }
-    }
-
-    /// The version the last sync produced.
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
-    /// Every slot's digest at the last version sent (the sums of the ranks' shards).
-    pub fn digests(&self) -> &[u64] {
-        &self.digests
-    }
-
-    pub fn slot_table(&self) -> &SlotTable {
-        &self.table
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -428,7 +416,7 @@ impl GpuShardedSender {
         // SAFETY: our 32 status bytes.
         unsafe {
             self.trainers
-                .broadcast(status, status, 32, LEADER, stream)?
+                .broadcast(status, status, 32, LEADER, stream, self.config.timeout)?
         };
         let done = self.gpu.record_done()?;
         self.trainers
@@ -962,5 +950,34 @@ impl GpuShardedSender {
             self.config.timeout,
             what,
         )
+    }
+}
+
+impl WeightSender for GpuShardedSender {
+    type Input<'a> = WaitStream;
+    type Report = GpuSyncReport;
+    type Error = CudaError;
+
+    fn slot_table(&self) -> &SlotTable {
+        &self.table
+    }
+    /// The version the last sync produced.
+    fn version(&self) -> u64 {
+        self.version
+    }
+    /// Every slot's digest at the last version sent (the sums of the ranks' shards).
+    fn digests(&self) -> &[u64] {
+        &self.digests
+    }
+    fn request_seed(&mut self) {
+        self.needs_seed = true;
+    }
+    fn sync(&mut self, stream: WaitStream) -> Result<GpuSyncReport> {
+        // SAFETY: WaitStream's constructor carries the promise `sync` needs.
+        unsafe { GpuShardedSender::sync(self, stream.handle()) }
+    }
+    fn seed(&mut self, stream: WaitStream) -> Result<GpuSyncReport> {
+        // SAFETY: as in `sync`.
+        unsafe { GpuShardedSender::seed(self, stream.handle()) }
     }
 }

@@ -12,18 +12,23 @@ use super::sharded::{GpuShard, LEADER};
 use super::{u64s, EntropyMode, GpuSenderConfig, Growable};
 use crate::error::{CudaError, Result};
 use crate::link::Link;
-use crate::nccl::NcclComm;
 use crate::protocol::{check_shard_runs, HEADER_BYTES, MAX_TRAINER_RANKS};
 use crate::{DeviceBuffer, Gpu, DECODE_SLACK};
 
 /// This rank's own checks of its arguments; the slot table they make.
 pub(super) fn check_shards(
-    trainers: &NcclComm,
+    trainers: &Link,
     receivers: &Option<Link>,
     shards: &[GpuShard],
     config: &GpuSenderConfig,
 ) -> Result<SlotTable> {
     config.check()?;
+    if let Link::Frames(_) = trainers {
+        return Err(CudaError::InvalidArgument(
+            "trainer ranks reach each other over NCCL or the CUDA-IPC link, not a frame link"
+                .into(),
+        ));
+    }
     if trainers.nranks() as u64 > MAX_TRAINER_RANKS {
         return Err(CudaError::InvalidArgument(format!(
             "{} trainer ranks: the GPU protocol allows at most {MAX_TRAINER_RANKS}",
@@ -90,7 +95,7 @@ pub(super) fn check_shards(
 /// row, in rank order.
 pub(super) fn all_gather_rows(
     gpu: &Gpu,
-    comm: &mut NcclComm,
+    comm: &mut Link,
     rows: &mut RowBuffers,
     row: &[u64],
     timeout: std::time::Duration,
@@ -127,7 +132,7 @@ pub(super) struct RowBuffers {
 /// whether its own checks passed (`local`). Returns the table when every rank agrees.
 pub(super) fn agree_on_heads(
     gpu: &Gpu,
-    trainers: &mut NcclComm,
+    trainers: &mut Link,
     rows: &mut RowBuffers,
     local: Result<(SlotTable, u64)>,
     timeout: std::time::Duration,
@@ -158,7 +163,7 @@ pub(super) fn agree_on_heads(
 /// exactly, and returns them per slot (`[slot][rank]`: first element, elements).
 pub(super) fn agree_on_layout(
     gpu: &Gpu,
-    trainers: &mut NcclComm,
+    trainers: &mut Link,
     rows: &mut RowBuffers,
     shards: &[GpuShard],
     table: &SlotTable,
