@@ -1,0 +1,151 @@
+"""One tensor-parallel rank of an engine layout test, run as its own process:
+
+    python _worker.py ENGINE TP RANK INIT_FILE WORKDIR ARCH[,ARCH...]
+
+For each architecture: learns the layout from a float32 model (through the layout cache, twice:
+the second must come from the cache and be equal), then for bf16 and fp32 models loads a random
+base checkpoint with the engine's own ``load_weights``, applies a random HF-coordinate delta
+through the layout, and compares every parameter bit for bit with a copy of the base state that
+loaded the full new checkpoint instead. Writes WORKDIR/result-ARCH-RANK.json and the layout as
+WORKDIR/layout-ARCH-RANK.json; the parent test reads them."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+# Bit patterns at the edges of each dtype: ±0, smallest and largest subnormals, ±inf, quiet and
+# signalling NaNs with payloads, negative NaN, the largest finite, one.
+EDGES = {
+    "bfloat16": [0x0000, 0x8000, 0x0001, 0x807F, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFC1, 0x7FFF, 0x7F7F, 0x3F80],
+    "float32": [
+        0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000,
+        0x7FC00000, 0x7F800001, 0xFFC00123, 0x7FFFFFFF, 0x7F7FFFFF, 0x3F800000,
+    ],
+}
+BITS = {"bfloat16": np.uint16, "float32": np.uint32}
+
+
+def random_bits(rng: np.random.Generator, dtype: str, n: int) -> np.ndarray:
+    """Random patterns, about a third of them edge cases."""
+    u = BITS[dtype]
+    out = rng.integers(0, np.iinfo(u).max, size=n, dtype=u, endpoint=True)
+    edge = rng.random(n) < 0.33
+    out[edge] = rng.choice(np.array(EDGES[dtype], dtype=u), size=int(edge.sum()))
+    return out
+
+
+def as_tensor(torch, bits: np.ndarray, dtype: str, shape):
+    t = torch.from_numpy(bits.copy())
+    t = t.view(torch.int16) if dtype == "bfloat16" else t.view(torch.int32)
+    return t.view(getattr(torch, dtype)).reshape(shape)
+
+
+def main() -> int:
+    engine, tp, rank, init_file, workdir, archs = sys.argv[1:7]
+    tp, rank, workdir = int(tp), int(rank), Path(workdir)
+    glue = importlib.import_module(f"deltacast.integrations.{engine}_model")
+    import torch
+
+    from deltacast.integrations import layout as L
+    from deltacast.integrations import tiny
+
+    archs = archs.split(",")
+    glue.init_distributed(tp, rank, init_file, tiny.write_config(workdir / archs[0], archs[0]))
+    for arch in archs:
+        result: dict = {"arch": arch, "rank": rank, "checks": []}
+        try:
+            cdir = tiny.write_config(workdir / arch, arch)
+            cfg = tiny.CONFIGS[arch]
+            shapes = tiny.hf_shapes(cfg)
+            key = {
+                "engine": engine,
+                "engine_version": glue.version(),
+                "architecture": cfg["architectures"][0],
+                "config": cfg,
+                "rank": rank,
+                "world": tp,
+            }
+
+            def learn():
+                return L.learn_layout(glue.build_model(cdir, "float32"), shapes, rank=rank, world=tp, load=glue.load)
+
+            cache = workdir / "layout-cache"
+            lay, hit = L.cached_layout(key, learn, cache)
+            lay2, hit2 = L.cached_layout(key, learn, cache)
+            assert not hit and hit2, (hit, hit2)
+            assert lay2.to_json() == lay.to_json(), "the cached layout differs from the learned one"
+            (workdir / f"layout-{arch}-{rank}.json").write_text(json.dumps(lay.to_json()))
+
+            for dtype in ("bfloat16", "float32"):
+                result["checks"].append(check_dtype(torch, glue, L, lay2, cdir, shapes, dtype, rank))
+            result["ok"] = True
+        except Exception:
+            result["ok"] = False
+            result["error"] = traceback.format_exc()
+        (workdir / f"result-{arch}-{rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+def check_dtype(torch, glue, L, lay, cdir, shapes, dtype, rank) -> dict:
+    # Same seed on every rank: all ranks see the same checkpoints and deltas.
+    rng = np.random.default_rng(20261201 + (dtype == "float32"))
+    base = {n: random_bits(rng, dtype, math.prod(s)) for n, s in shapes.items()}
+    new = {n: b.copy() for n, b in base.items()}
+    deltas = []
+    names = list(shapes)
+    for k, n in enumerate(names):
+        size = base[n].size
+        kind = k % 4  # untouched, a few elements, about a tenth, all of it
+        if kind == 0:
+            continue
+        m = {1: min(3, size), 2: max(1, size // 10), 3: size}[kind]
+        pos = np.sort(rng.choice(size, size=m, replace=False)).astype(np.int64)
+        if kind == 2:
+            rng.shuffle(pos)  # the apply must not need sorted positions
+        vals = random_bits(rng, dtype, m)
+        new[n][pos] = vals
+        deltas.append((n, pos, vals))
+
+    model = glue.build_model(cdir, dtype)
+    params = dict(model.named_parameters())
+    glue.load(model, ((n, as_tensor(torch, base[n], dtype, shapes[n])) for n in names))
+    start = {p: t.detach().clone() for p, t in params.items()}
+
+    written = 0
+    for n, pos, vals in deltas:
+        written += L.apply_delta(lay, params, n, torch.from_numpy(pos), as_tensor(torch, vals, dtype, (-1,)))
+    applied = {p: t.detach().clone() for p, t in params.items()}
+
+    with torch.no_grad():
+        for p, t in params.items():
+            t.copy_(start[p])
+    glue.load(model, ((n, as_tensor(torch, new[n], dtype, shapes[n])) for n in names))
+
+    def raw(t):
+        return t.contiguous().view(-1).view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+    mismatched = []
+    changed = 0
+    for p, t in params.items():
+        diff = int((raw(applied[p]) != raw(t.detach())).sum())
+        if diff:
+            mismatched.append([p, diff, t.numel()])
+        changed += int((raw(applied[p]) != raw(start[p])).sum())
+    return {
+        "dtype": dtype,
+        "param_dtypes": sorted({str(t.dtype) for t in params.values()}),
+        "written": written,
+        "changed": changed,
+        "mismatched": mismatched,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The layout probe on small torch modules with hand-made loaders: what it learns equals what the
+loader does (checked by loading random checkpoints, the loader being the oracle), and what it
+cannot express it refuses: value transforms, elements written twice, sign or NaN changes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine_case import require
+
+require("torch")
+
+import torch  # noqa: E402
+
+from deltacast.integrations import layout as L  # noqa: E402
+
+H, V, VPAD = 6, 11, 16
+HF = {
+    "embed.weight": (V, H),
+    "q.weight": (4, H),
+    "k.weight": (2, H),
+    "v.weight": (2, H),
+    "o.weight": (H, 4),
+    "norm.weight": (H,),
+    "experts.0.w": (3, H),
+    "experts.1.w": (3, H),
+}
+
+
+class Toy(torch.nn.Module):
+    """A fused, sliced, stacked, padded model on rank `rank` of `world`, as engines do it."""
+
+    def __init__(self, rank=0, world=1, transform=None, dtype=torch.float32):
+        super().__init__()
+        self.rank, self.world, self.transform = rank, world, transform or (lambda n, t: t)
+        rows = VPAD // world
+        self.embed = torch.nn.Parameter(torch.zeros(rows, H, dtype=dtype))
+        self.qkv = torch.nn.Parameter(torch.zeros(8 // world, H, dtype=dtype))
+        self.o = torch.nn.Parameter(torch.zeros(H, 4 // world, dtype=dtype))
+        self.norm = torch.nn.Parameter(torch.zeros(H, dtype=dtype))
+        self.experts = torch.nn.Parameter(torch.zeros(2, H, 3, dtype=dtype))  # transposed
+        self.unused = torch.nn.Parameter(torch.zeros(5, dtype=dtype))
+
+    def load_weights(self, named):
+        r, w = self.rank, self.world
+        with torch.no_grad():
+            for name, t in named:
+                t = self.transform(name, t)
+                if name == "embed.weight":
+                    rows = VPAD // w
+                    part = t[r * rows : min(V, (r + 1) * rows)]
+                    self.embed[: part.shape[0]].copy_(part)
+                    self.embed[part.shape[0] :].fill_(0)  # padding: written, from no HF element
+                elif name[0] in "qkv" and name[1] == ".":
+                    off, n = {"q": (0, 4), "k": (4, 2), "v": (6, 2)}[name[0]]
+                    share = n // w
+                    self.qkv[off // w : off // w + share].copy_(t[r * share : (r + 1) * share])
+                elif name == "o.weight":
+                    c = 4 // w
+                    self.o.copy_(t[:, r * c : (r + 1) * c])
+                elif name == "norm.weight":
+                    self.norm.copy_(t)
+                elif name.startswith("experts."):
+                    self.experts[int(name.split(".")[1])].copy_(t.t())
+
+
+def random_checkpoint(rng, dtype):
+    bits = {torch.float32: np.uint32, torch.bfloat16: np.uint16}[dtype]
+    out = {}
+    for n, s in HF.items():
+        raw = rng.integers(0, np.iinfo(bits).max, size=int(np.prod(s)), dtype=bits, endpoint=True)
+        t = torch.from_numpy(raw.view(np.int32 if bits is np.uint32 else np.int16).copy())
+        out[n] = t.view(dtype).reshape(s)
+    return out
+
+
+def raw(t):
+    return t.detach().reshape(-1).view(torch.int32 if t.element_size() == 4 else torch.int16).clone()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_through_the_learned_layout_equals_the_loader(world, dtype, monkeypatch):
+    monkeypatch.setattr(L, "DIGIT_BITS", 3)  # several position passes even for tiny slots
+    rng = np.random.default_rng(7)
+    for rank in range(world):
+        lay = L.learn_layout(Toy(rank, world), HF, rank=rank, world=world)
+        lay = L.EngineLayout.from_json(json.loads(json.dumps(lay.to_json())))
+        js = lay.to_json()["params"]
+        assert js["unused"]["untouched"] == 5 and js["unused"]["blocks"] == []
+        assert js["norm"]["replicated"] and not js["qkv"]["replicated"] or world == 1
+        assert js["embed"]["constant"] == (VPAD - V if rank == world - 1 else 0)
+        # The column split folds into one strided block per rank.
+        assert len(js["o"]["blocks"]) == 1 and js["o"]["blocks"][0]["count"] == (H if world > 1 else 1)
+        for _ in range(3):
+            base, new = random_checkpoint(rng, dtype), None
+            new = {n: t.clone() for n, t in base.items()}
+            model = Toy(rank, world, dtype=dtype)
+            model.load_weights(base.items())
+            start = {p: t.detach().clone() for p, t in model.named_parameters()}
+            params = dict(model.named_parameters())
+            for n, t in new.items():
+                k = int(rng.integers(0, t.numel() + 1))
+                pos = torch.from_numpy(rng.choice(t.numel(), size=k, replace=False).astype(np.int64))
+                vals = random_checkpoint(rng, dtype)[n].reshape(-1)[:k]
+                t.view(-1)[pos] = vals
+                L.apply_delta(lay, params, n, pos, vals)
+            got = {p: raw(t) for p, t in params.items()}
+            oracle = Toy(rank, world, dtype=dtype)
+            with torch.no_grad():
+                for p, t in oracle.named_parameters():
+                    t.copy_(start[p])
+            oracle.load_weights(new.items())
+            for p, t in oracle.named_parameters():
+                assert torch.equal(got[p], raw(t)), (rank, p)
+
+
+def test_a_scaling_loader_is_refused():
+    with pytest.raises(L.LayoutError, match="encode no HF element"):
+        L.learn_layout(Toy(transform=lambda n, t: t * 2 if n == "o.weight" else t), HF)
+
+
+def test_a_loader_that_adds_zero_is_refused_by_the_bit_pattern_pass():
+    # x + 0.0 keeps every probe code but turns -0.0 into +0.0 and quiets signalling NaNs.
+    with pytest.raises(L.LayoutError, match="changes values"):
+        L.learn_layout(Toy(transform=lambda n, t: t + 0.0 if n == "norm.weight" else t), HF)
+
+
+def test_an_element_landing_twice_is_refused():
+    class Twice(Toy):
+        def load_weights(self, named):
+            named = list(named)
+            super().load_weights(named)
+            with torch.no_grad():
+                self.unused.copy_(dict(named)["norm.weight"][:5])
+
+    with pytest.raises(L.LayoutError, match="lands 2 times"):
+        L.learn_layout(Twice(), HF)
+
+
+def test_a_non_float32_probe_model_is_refused():
+    with pytest.raises(L.LayoutError, match="float32"):
+        L.learn_layout(Toy(dtype=torch.bfloat16), HF)
+
+
+def test_apply_refuses_what_it_cannot_place():
+    model = Toy()
+    lay = L.learn_layout(model, HF)
+    params = dict(model.named_parameters())
+    with pytest.raises(L.LayoutError, match="unknown HF slot"):
+        L.apply_delta(lay, params, "nope", [0], torch.zeros(1))
+    with pytest.raises(L.LayoutError, match="outside"):
+        L.apply_delta(lay, params, "norm.weight", [H], torch.zeros(1))
+    with pytest.raises(L.LayoutError, match="values are"):
+        L.apply_delta(lay, params, "norm.weight", [0], torch.zeros(1, dtype=torch.float64))
+
+
+def test_the_cache_returns_what_was_learned(tmp_path):
+    key = {"engine": "toy", "rank": 0, "world": 1, "config": {"h": H}}
+    calls = []
+
+    def learn():
+        calls.append(1)
+        return L.learn_layout(Toy(), HF)
+
+    a, hit_a = L.cached_layout(key, learn, tmp_path)
+    b, hit_b = L.cached_layout(key, learn, tmp_path)
+    c, hit_c = L.cached_layout(dict(key, rank=1), learn, tmp_path)
+    assert (hit_a, hit_b, hit_c) == (False, True, False) and len(calls) == 2
+    assert a.to_json() == b.to_json()
