@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project: what CI runs (.ci/run). About 25 min on 2 cores from a cold
 # cargo cache (longer on a busy machine: each phase prints its time), ~6 GB of disk under
-# target/ and fuzz/target/.
+# target/ and fuzz/target/, plus the engine suites (below).
 #
 # Needs: Rust stable with rustfmt, a C/C++ compiler (libFuzzer's runtime, for the fuzz smoke),
 # Python >= 3.10 with the venv module (Debian: python3-venv), and network access to crates.io
@@ -11,7 +11,12 @@
 #   - cargo-fuzz into ~/.cargo/bin (cargo install --locked), when `cargo fuzz` is missing;
 #   - iproute2 (`ip`, `tc`) with apt-get, when running as root without them (the shaped bench
 #     tests of crates/deltacast-cli/tests/bench.rs need root, ip and tc);
-#   - crates in ~/.cargo/registry and wheels in pip's cache (~/.cache/pip), as cargo and pip do.
+#   - crates in ~/.cargo/registry and wheels in pip's cache (~/.cache/pip), as cargo and pip do;
+#   - the inference engines' venvs (vLLM, SGLang from PyPI; ~10 GB each, reused across runs) in
+#     ${DELTACAST_ENGINE_VENVS:-~/.cache/deltacast/engines} (scripts/engine-venvs.sh). A cold
+#     install is network-bound (minutes): it starts in the background at once and overlaps the
+#     Rust build; the engine phase at the end waits for it. DELTACAST_SKIP_ENGINES=1 skips the
+#     engine suites (for local runs; the summary lists them as not run).
 # Inside it: build outputs in target/ (the Python package's venv in target/pyenv, its cargo
 # build in target/python, the NVRTC wheel in target/nvrtc-venv-*) and fuzz/target/.
 #
@@ -52,6 +57,7 @@ summary() {
             }
             /^SKIPPED \[/ { sub(/^SKIPPED /, ""); printf "  pytest %s\n", $0; n++ }
             /^fuzz-smoke: SKIPPED/ { printf "  fuzz   %s\n", $0; n++ }
+            /^engines: SKIPPED/ { printf "  engine %s\n", $0; n++ }
             END { if (n == 0) print "  (none reported)" }
         ' "$LOG"
         if [ -n "${SHAPING_SKIPPED:-}" ]; then
@@ -69,7 +75,14 @@ summary() {
     exit "$status"
 }
 START=$(date +%s)
-trap summary EXIT
+# The background engine venv install (its own process group) must not outlive the run.
+ENGINE_VENVS_PID=
+stop_engine_venvs() {
+    if [ -n "$ENGINE_VENVS_PID" ] && kill -0 "$ENGINE_VENVS_PID" 2>/dev/null; then
+        kill -- "-$ENGINE_VENVS_PID" 2>/dev/null || kill "$ENGINE_VENVS_PID" 2>/dev/null || true
+    fi
+}
+trap 'stop_engine_venvs; summary' EXIT
 # Stopped from outside: the summary must say so, not "passed".
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -121,6 +134,21 @@ else
     ip netns del "dct-probe-$$" >/dev/null 2>&1 || true
 fi
 
+# The engine venvs install while the Rust phases build (network against CPU).
+ENGINE_LOG=$ROOT/target/engine-venvs.log
+if [ "${DELTACAST_SKIP_ENGINES:-}" = 1 ]; then
+    say "engines: SKIPPED the vLLM and SGLang suites (bindings/python/tests/engines): DELTACAST_SKIP_ENGINES=1"
+else
+    say "== engine venvs: installing in the background (scripts/engine-venvs.sh install; log: $ENGINE_LOG)"
+    if command -v setsid >/dev/null 2>&1; then
+        setsid ./scripts/engine-venvs.sh install >"$ENGINE_LOG" 2>&1 &
+    else
+        ./scripts/engine-venvs.sh install >"$ENGINE_LOG" 2>&1 &
+    fi
+    ENGINE_VENVS_PID=$!
+    ENGINE_T0=$(date +%s)
+fi
+
 phase "cargo fmt --check" cargo fmt --all -- --check
 
 phase "cargo test (workspace)" cargo test --workspace --no-fail-fast
@@ -147,11 +175,36 @@ fi
 export PYTHONDONTWRITEBYTECODE=1
 phase "pip install numpy pytest (from PyPI, into $py_env)" \
     "$py_env/bin/python" -m pip install --quiet --disable-pip-version-check numpy pytest
-phase "building and installing the wheel (maturin, a release build: minutes when cold)" \
-    env CARGO_TARGET_DIR="$ROOT/target/python" "$py_env/bin/python" -m pip install --quiet \
-    --disable-pip-version-check --no-deps --force-reinstall ./bindings/python
+# Built once, as a wheel file: the engine venvs install the same one.
+wheel_dir=$ROOT/target/python/wheels
+rm -rf "$wheel_dir"
+phase "building the wheel (maturin, a release build: minutes when cold)" \
+    env CARGO_TARGET_DIR="$ROOT/target/python" "$py_env/bin/python" -m pip wheel --quiet \
+    --disable-pip-version-check --no-deps -w "$wheel_dir" ./bindings/python
+wheel=$(echo "$wheel_dir"/deltacast-*.whl)
+phase "installing the wheel into $py_env" "$py_env/bin/python" -m pip install --quiet \
+    --disable-pip-version-check --no-deps --force-reinstall "$wheel"
 phase "cargo fmt --check (bindings/python)" \
     cargo fmt --manifest-path bindings/python/Cargo.toml -- --check
 # pytest exits 5 when it collects no test, which `set -e` turns into a failure.
+# The engine suites need the engines: they run below, each in its own venv.
 phase "pytest bindings/python/tests" \
-    "$py_env/bin/python" -m pytest bindings/python/tests -q -rs -p no:cacheprovider
+    "$py_env/bin/python" -m pytest bindings/python/tests -q -rs -p no:cacheprovider \
+    --ignore=bindings/python/tests/engines
+
+if [ -n "$ENGINE_VENVS_PID" ]; then
+    say "== engine venvs: waiting for the background install (started $(($(date +%s) - ENGINE_T0)) s ago)"
+    t0=$(date +%s)
+    rc=0
+    wait "$ENGINE_VENVS_PID" || rc=$?
+    ENGINE_VENVS_PID=
+    tee -a "$LOG" <"$ENGINE_LOG"
+    if [ "$rc" -ne 0 ]; then
+        say "   (engine venvs: FAILED, exit $rc; waited $(($(date +%s) - t0)) s)"
+        exit "$rc"
+    fi
+    say "   (engine venvs: ready after waiting $(($(date +%s) - t0)) s, $(($(date +%s) - ENGINE_T0)) s since the start)"
+    phase "the wheel into the engine venvs" ./scripts/engine-venvs.sh wheel "$wheel"
+    phase "engine suites (vLLM, SGLang: learned layouts, apply vs load_weights, TP 1 and 2)" \
+        ./scripts/engine-venvs.sh test
+fi

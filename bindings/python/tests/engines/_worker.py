@@ -57,7 +57,7 @@ def main() -> int:
     from deltacast.integrations import tiny
 
     archs = archs.split(",")
-    glue.init_distributed(tp, rank, init_file, tiny.write_config(workdir / archs[0], archs[0]))
+    glue.init_distributed(tp, rank, init_file)
     for arch in archs:
         result: dict = {"arch": arch, "rank": rank, "checks": []}
         try:

@@ -92,7 +92,7 @@ def test_apply_through_the_learned_layout_equals_the_loader(world, dtype, monkey
         js = lay.to_json()["params"]
         assert js["unused"]["untouched"] == 5 and js["unused"]["blocks"] == []
         assert js["norm"]["replicated"] and not js["qkv"]["replicated"] or world == 1
-        assert js["embed"]["constant"] == (VPAD - V if rank == world - 1 else 0)
+        assert js["embed"]["constant"] == ((VPAD - V) * H if rank == world - 1 else 0)
         # The column split folds into one strided block per rank.
         assert len(js["o"]["blocks"]) == 1 and js["o"]["blocks"][0]["count"] == (H if world > 1 else 1)
         for _ in range(3):

@@ -337,15 +337,26 @@ def _refuse_duplicates(keys: list[np.ndarray], where: list[tuple[str, np.ndarray
         )
 
 
+_EDGES = np.array(
+    [0x80000000, 0x7F800001, 0xFFC00123, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7FBFFFFF],
+    dtype=np.uint32,
+)
+
+
 def _verify(layout: EngineLayout, model: Any, params: Mapping[str, Any], names, shapes, load, seed: int) -> None:
     """Loads random bit patterns and checks the layout reproduces every element it claims."""
     import torch
 
     rng = np.random.default_rng(seed)
-    src = {
-        n: rng.integers(0, 1 << 32, size=math.prod(shapes[n]), dtype=np.uint32).view(np.float32)
-        for n in names
-    }
+    src = {}
+    for n in names:
+        bits = rng.integers(0, 1 << 32, size=math.prod(shapes[n]), dtype=np.uint32)
+        # A quarter of the elements (at least the first few) get the patterns arithmetic or a
+        # cast would change: -0, signalling and negative NaNs with payloads, subnormals, inf.
+        edge = rng.random(bits.size) < 0.25
+        edge[: len(_EDGES)] = True
+        bits[edge] = np.resize(_EDGES, int(edge.sum()))
+        src[n] = bits.view(np.float32)
     with torch.no_grad():
         load(model, ((n, torch.from_numpy(src[n]).reshape(shapes[n])) for n in names))
     for pname, p in layout.params.items():

@@ -43,13 +43,15 @@ def _config(config_dir: str | Path, tp: int, dtype: str) -> Any:
 _TP: int | None = None
 
 
-def init_distributed(tp: int, rank: int, init_file: str | Path, config_dir: str | Path) -> None:
-    """Joins the gloo group of ``tp`` ranks (one process each) through ``init_file``."""
+def init_distributed(tp: int, rank: int, init_file: str | Path) -> None:
+    """Joins the gloo group of ``tp`` ranks (one process each) through ``init_file``. Under a
+    config without a model, so vLLM also makes the expert-parallel group (MoE models need it)."""
     global _TP
-    from vllm.config import set_current_vllm_config
+    from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    with set_current_vllm_config(_config(config_dir, tp, "float32")):
+    vc = VllmConfig(device_config=DeviceConfig("cpu"), parallel_config=ParallelConfig(tensor_parallel_size=tp))
+    with set_current_vllm_config(vc):
         init_distributed_environment(tp, rank, f"file://{init_file}", rank, backend="gloo")
         initialize_model_parallel(tp, 1)
     _TP = tp
@@ -58,12 +60,14 @@ def init_distributed(tp: int, rank: int, init_file: str | Path, config_dir: str 
 def build_model(config_dir: str | Path, dtype: str = "float32") -> Any:
     """The model of ``config_dir/config.json`` on this rank, parameters in ``dtype``."""
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader import initialize_model
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
     if _TP is None:
         raise RuntimeError("init_distributed first")
     vc = _config(config_dir, _TP, dtype)
-    with set_current_vllm_config(vc):
+    # As vLLM's loaders do: parameters take the default dtype at construction.
+    with set_current_vllm_config(vc), set_default_torch_dtype(vc.model_config.dtype):
         model = initialize_model(vllm_config=vc)
     model.eval()
     return model
