@@ -23,10 +23,33 @@ import numpy as np
 # Bit patterns at the edges of each dtype: ±0, smallest and largest subnormals, ±inf, quiet and
 # signalling NaNs with payloads, negative NaN, the largest finite, one.
 EDGES = {
-    "bfloat16": [0x0000, 0x8000, 0x0001, 0x807F, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFC1, 0x7FFF, 0x7F7F, 0x3F80],
+    "bfloat16": [
+        0x0000,
+        0x8000,
+        0x0001,
+        0x807F,
+        0x7F80,
+        0xFF80,
+        0x7FC0,
+        0x7F81,
+        0xFFC1,
+        0x7FFF,
+        0x7F7F,
+        0x3F80,
+    ],
     "float32": [
-        0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000,
-        0x7FC00000, 0x7F800001, 0xFFC00123, 0x7FFFFFFF, 0x7F7FFFFF, 0x3F800000,
+        0x00000000,
+        0x80000000,
+        0x00000001,
+        0x807FFFFF,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0x7F800001,
+        0xFFC00123,
+        0x7FFFFFFF,
+        0x7F7FFFFF,
+        0x3F800000,
     ],
 }
 BITS = {"bfloat16": np.uint16, "float32": np.uint32}
@@ -73,8 +96,9 @@ def main() -> int:
                 "world": tp,
             }
 
-            def learn():
-                return L.learn_layout(glue.build_model(cdir, "float32"), shapes, rank=rank, world=tp, load=glue.load)
+            def learn(cdir=cdir, shapes=shapes):
+                model = glue.build_model(cdir, "float32")
+                return L.learn_layout(model, shapes, rank=rank, world=tp, load=glue.load)
 
             cache = workdir / "layout-cache"
             lay, hit = L.cached_layout(key, learn, cache)
@@ -84,7 +108,10 @@ def main() -> int:
             (workdir / f"layout-{arch}-{rank}.json").write_text(json.dumps(lay.to_json()))
 
             for dtype in ("bfloat16", "float32"):
-                result["checks"].append(check_dtype(torch, glue, L, lay2, cdir, shapes, dtype, rank))
+                result["checks"].append(
+                    check_dtype(torch, glue, L, lay2, cdir, shapes, dtype, rank)
+                )
+            result["post_load"] = check_post_load(torch, glue, cdir, shapes)
             result["ok"] = True
         except Exception:
             result["ok"] = False
@@ -120,7 +147,9 @@ def check_dtype(torch, glue, L, lay, cdir, shapes, dtype, rank) -> dict:
 
     written = 0
     for n, pos, vals in deltas:
-        written += L.apply_delta(lay, params, n, torch.from_numpy(pos), as_tensor(torch, vals, dtype, (-1,)))
+        written += L.apply_delta(
+            lay, params, n, torch.from_numpy(pos), as_tensor(torch, vals, dtype, (-1,))
+        )
     applied = {p: t.detach().clone() for p, t in params.items()}
 
     with torch.no_grad():
@@ -145,6 +174,43 @@ def check_dtype(torch, glue, L, lay, cdir, shapes, dtype, rank) -> dict:
         "changed": changed,
         "mismatched": mismatched,
     }
+
+
+def check_post_load(torch, glue, cdir, shapes) -> dict:
+    """Whether the engine's step after load_weights keeps the parameters the layout describes
+    (same names, shapes, dtypes and bits). Its kernels may be absent from a CPU install: then
+    it says so (``missing``) instead of a verdict."""
+    rng = np.random.default_rng(5)
+    dtype = "bfloat16"
+    model = glue.build_model(cdir, dtype)
+    glue.load(
+        model,
+        (
+            (n, as_tensor(torch, random_bits(rng, dtype, math.prod(s)), dtype, s))
+            for n, s in shapes.items()
+        ),
+    )
+    before = {p: t.detach().clone() for p, t in model.named_parameters()}
+    try:
+        glue.post_load(model, cdir, dtype)
+    except (AttributeError, RuntimeError, NotImplementedError) as e:
+        text = f"{type(e).__name__}: {e}"
+        # torch.ops namespaces without the op: the engine's CPU kernels are not in this install.
+        if "_OpNamespace" in text or "No such operator" in text:
+            return {"missing": text[:400]}
+        raise
+    after = dict(model.named_parameters())
+    changed = sorted(
+        p
+        for p in before
+        if p not in after
+        or after[p].shape != before[p].shape
+        or after[p].dtype != before[p].dtype
+        or not torch.equal(
+            after[p].detach().view(-1).view(torch.int16), before[p].view(-1).view(torch.int16)
+        )
+    )
+    return {"changed": changed, "added": sorted(set(after) - set(before))}
 
 
 if __name__ == "__main__":

@@ -78,7 +78,9 @@ def random_checkpoint(rng, dtype):
 
 
 def raw(t):
-    return t.detach().reshape(-1).view(torch.int32 if t.element_size() == 4 else torch.int16).clone()
+    return (
+        t.detach().reshape(-1).view(torch.int32 if t.element_size() == 4 else torch.int16).clone()
+    )
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -94,7 +96,9 @@ def test_apply_through_the_learned_layout_equals_the_loader(world, dtype, monkey
         assert js["norm"]["replicated"] and not js["qkv"]["replicated"] or world == 1
         assert js["embed"]["constant"] == ((VPAD - V) * H if rank == world - 1 else 0)
         # The column split folds into one strided block per rank.
-        assert len(js["o"]["blocks"]) == 1 and js["o"]["blocks"][0]["count"] == (H if world > 1 else 1)
+        assert len(js["o"]["blocks"]) == 1 and js["o"]["blocks"][0]["count"] == (
+            H if world > 1 else 1
+        )
         for _ in range(3):
             base, new = random_checkpoint(rng, dtype), None
             new = {n: t.clone() for n, t in base.items()}
@@ -104,7 +108,9 @@ def test_apply_through_the_learned_layout_equals_the_loader(world, dtype, monkey
             params = dict(model.named_parameters())
             for n, t in new.items():
                 k = int(rng.integers(0, t.numel() + 1))
-                pos = torch.from_numpy(rng.choice(t.numel(), size=k, replace=False).astype(np.int64))
+                pos = torch.from_numpy(
+                    rng.choice(t.numel(), size=k, replace=False).astype(np.int64)
+                )
                 vals = random_checkpoint(rng, dtype)[n].reshape(-1)[:k]
                 t.view(-1)[pos] = vals
                 L.apply_delta(lay, params, n, pos, vals)

@@ -1,16 +1,30 @@
 """vllm's real Qwen2 and Qwen3-MoE models on a CPU, tensor parallel 1 and 2 (a process per rank,
 gloo): the layout learned from vllm's own load_weights, and an apply through it that equals
-loading the full new checkpoint, bit for bit, on every rank, bf16 and fp32."""
+loading the full new checkpoint, bit for bit, on every rank, bf16 and fp32; and whether the
+engine's post-load step keeps the parameters the layout describes."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine_case import check, require
+from engine_case import ARCHS, check_apply, check_post_load, require, run_ranks
 
 require("vllm")
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_layout_apply_equals_load_weights(tp, tmp_path):
-    check("vllm", tp, tmp_path)
+@pytest.fixture(scope="module", params=[1, 2], ids=lambda tp: f"tp{tp}")
+def ranks(request, tmp_path_factory):
+    tp = request.param
+    workdir = tmp_path_factory.mktemp(f"vllm-tp{tp}")
+    return tp, workdir, run_ranks("vllm", tp, workdir)
+
+
+def test_apply_through_the_layout_equals_load_weights(ranks):
+    tp, workdir, results = ranks
+    check_apply("vllm", tp, workdir, results)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_post_load_step_keeps_the_parameters(ranks, arch):
+    tp, _, results = ranks
+    check_post_load("vllm", tp, results, arch)

@@ -131,7 +131,9 @@ class EngineLayout:
     slots: dict[str, tuple[int, ...]]
     params: dict[str, ParamLayout]
     key: dict[str, Any] = field(default_factory=dict)
-    _by_slot: dict[str, list[tuple[str, Block]]] | None = field(default=None, repr=False, compare=False)
+    _by_slot: dict[str, list[tuple[str, Block]]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def by_slot(self) -> dict[str, list[tuple[str, Block]]]:
         """Per HF slot, the (engine parameter, block) pairs it lands in on this rank."""
@@ -191,7 +193,10 @@ def _runs(dst: np.ndarray, slot: np.ndarray, pos: np.ndarray) -> list[tuple[int,
     cont = (np.diff(dst) == 1) & (np.diff(slot) == 0) & (np.diff(pos) == 1)
     starts = np.concatenate(([0], np.nonzero(~cont)[0] + 1))
     ends = np.concatenate((starts[1:], [dst.size]))
-    return [(int(slot[a]), int(pos[a]), int(dst[a]), int(b - a)) for a, b in zip(starts, ends)]
+    return [
+        (int(slot[a]), int(pos[a]), int(dst[a]), int(b - a))
+        for a, b in zip(starts, ends, strict=True)
+    ]
 
 
 def _fold(runs: list[tuple[int, int, int, int]], names: Sequence[str]) -> list[Block]:
@@ -216,7 +221,9 @@ def _fold(runs: list[tuple[int, int, int, int]], names: Sequence[str]) -> list[B
                 break
             count += 1
             k += 1
-        blocks.append(Block(names[s], src, dst, n, count, ss if count > 1 else 0, ds if count > 1 else 0))
+        blocks.append(
+            Block(names[s], src, dst, n, count, ss if count > 1 else 0, ds if count > 1 else 0)
+        )
     return blocks
 
 
@@ -283,7 +290,9 @@ def learn_layout(
         nan = np.isnan(vs)
         for vd in vds:
             if not np.array_equal(np.isnan(vd), nan):
-                raise LayoutError(f"{pname}: the loader writes different elements on different passes")
+                raise LayoutError(
+                    f"{pname}: the loader writes different elements on different passes"
+                )
         same = ~nan
         for vd in vds:
             same &= vd.view(np.uint32) == vs.view(np.uint32)
@@ -302,7 +311,8 @@ def learn_layout(
             raise LayoutError(
                 f"{pname}: {int(bad.sum())} elements hold values that encode no HF element "
                 f"(first: flat index {i}, slot pass {vs[i]!r}, position passes "
-                f"{[float(vd[i]) for vd in vds]}): the loader transforms values, not just moves them"
+                f"{[float(vd[i]) for vd in vds]}): the loader transforms values, not only moves "
+                "them"
             )
         dst = np.nonzero(ok_range)[0]
         s_of, p_of = slot[dst], pos[dst]
@@ -320,7 +330,9 @@ def learn_layout(
     return layout
 
 
-def _refuse_duplicates(keys: list[np.ndarray], where: list[tuple[str, np.ndarray]], names: Sequence[str]) -> None:
+def _refuse_duplicates(
+    keys: list[np.ndarray], where: list[tuple[str, np.ndarray]], names: Sequence[str]
+) -> None:
     allk = np.concatenate(keys) if keys else np.zeros((0, 2), np.int64)
     if allk.shape[0] == 0:
         return
@@ -328,7 +340,7 @@ def _refuse_duplicates(keys: list[np.ndarray], where: list[tuple[str, np.ndarray
     if (counts > 1).any():
         s, p = uniq[np.nonzero(counts > 1)[0][0]]
         places = []
-        for (pname, dst), k in zip(where, keys):
+        for (pname, dst), k in zip(where, keys, strict=True):
             m = (k[:, 0] == s) & (k[:, 1] == p)
             places += [f"{pname}[{int(i)}]" for i in dst[m]]
         raise LayoutError(
@@ -338,12 +350,23 @@ def _refuse_duplicates(keys: list[np.ndarray], where: list[tuple[str, np.ndarray
 
 
 _EDGES = np.array(
-    [0x80000000, 0x7F800001, 0xFFC00123, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7FBFFFFF],
+    [
+        0x80000000,
+        0x7F800001,
+        0xFFC00123,
+        0x00000001,
+        0x807FFFFF,
+        0x7F800000,
+        0xFF800000,
+        0x7FBFFFFF,
+    ],
     dtype=np.uint32,
 )
 
 
-def _verify(layout: EngineLayout, model: Any, params: Mapping[str, Any], names, shapes, load, seed: int) -> None:
+def _verify(
+    layout: EngineLayout, model: Any, params: Mapping[str, Any], names, shapes, load, seed: int
+) -> None:
     """Loads random bit patterns and checks the layout reproduces every element it claims."""
     import torch
 
@@ -400,7 +423,9 @@ def apply_delta(
         target = params[pname]
         data = target.data if hasattr(target, "data") else target
         if vals.dtype != data.dtype:
-            raise LayoutError(f"{slot} -> {pname}: values are {vals.dtype}, the parameter {data.dtype}")
+            raise LayoutError(
+                f"{slot} -> {pname}: values are {vals.dtype}, the parameter {data.dtype}"
+            )
         if not data.is_contiguous():
             raise LayoutError(f"{pname} is not contiguous")
         q = pos - b.src

@@ -98,3 +98,12 @@ def build_model(config_dir: str | Path, dtype: str = "float32") -> Any:
 def load(model: Any, named_tensors: Any) -> Any:
     """SGLang's own checkpoint path into an existing model: ``load_weights``."""
     return model.load_weights(named_tensors)
+
+
+def post_load(model: Any, config_dir: str | Path, dtype: str = "float32") -> None:
+    """SGLang's step after ``load_weights`` (each layer's ``process_weights_after_loading``)."""
+    import torch
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    del config_dir, dtype
+    DefaultModelLoader.postprocess_weights(model, torch.device("cpu"))

@@ -50,7 +50,9 @@ def init_distributed(tp: int, rank: int, init_file: str | Path) -> None:
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    vc = VllmConfig(device_config=DeviceConfig("cpu"), parallel_config=ParallelConfig(tensor_parallel_size=tp))
+    vc = VllmConfig(
+        device_config=DeviceConfig("cpu"), parallel_config=ParallelConfig(tensor_parallel_size=tp)
+    )
     with set_current_vllm_config(vc):
         init_distributed_environment(tp, rank, f"file://{init_file}", rank, backend="gloo")
         initialize_model_parallel(tp, 1)
@@ -76,3 +78,17 @@ def build_model(config_dir: str | Path, dtype: str = "float32") -> Any:
 def load(model: Any, named_tensors: Any) -> Any:
     """vLLM's own checkpoint path into an existing model: ``load_weights``."""
     return model.load_weights(named_tensors)
+
+
+def post_load(model: Any, config_dir: str | Path, dtype: str = "float32") -> None:
+    """vLLM's step after ``load_weights`` (``process_weights_after_loading``: repacks some
+    layers into their runtime form; on a CPU, MoE experts through vLLM's CPU kernels)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    if _TP is None:
+        raise RuntimeError("init_distributed first")
+    vc = _config(config_dir, _TP, dtype)
+    with set_current_vllm_config(vc):
+        process_weights_after_loading(model, vc.model_config, torch.device("cpu"))
