@@ -186,8 +186,8 @@ phase "installing the wheel into $py_env" "$py_env/bin/python" -m pip install --
     --disable-pip-version-check --no-deps --force-reinstall "$wheel"
 phase "cargo fmt --check (bindings/python)" \
     cargo fmt --manifest-path bindings/python/Cargo.toml -- --check
-# pytest exits 5 when it collects no test, which `set -e` turns into a failure.
 # The engine suites need the engines: they run below, each in its own venv.
+# pytest exits 5 when it collects no test, which `set -e` turns into a failure.
 phase "pytest bindings/python/tests" \
     "$py_env/bin/python" -m pytest bindings/python/tests -q -rs -p no:cacheprovider \
     --ignore=bindings/python/tests/engines
