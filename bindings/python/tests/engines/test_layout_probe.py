@@ -177,3 +177,20 @@ def test_the_cache_returns_what_was_learned(tmp_path):
     c, hit_c = L.cached_layout(dict(key, rank=1), learn, tmp_path)
     assert (hit_a, hit_b, hit_c) == (False, True, False) and len(calls) == 2
     assert a.to_json() == b.to_json()
+
+
+def test_a_layout_read_from_outside_is_checked():
+    good = L.learn_layout(Toy(), HF).to_json()
+    L.EngineLayout.from_json(good)
+    for field, value in (("src_stride", 0), ("len", 0), ("dst", 10**6), ("src", -1)):
+        bad = json.loads(json.dumps(good))
+        block = bad["params"]["o"]["blocks"][0]
+        block.update({"count": 2, "src_stride": 8, "dst_stride": 4, "len": 4, "src": 0, "dst": 0})
+        L.EngineLayout.from_json(bad)  # two runs of o's four columns: fits
+        block[field] = value
+        with pytest.raises(L.LayoutError, match="does not fit"):
+            L.EngineLayout.from_json(bad)
+    bad = json.loads(json.dumps(good))
+    bad["format"] = 99
+    with pytest.raises(L.LayoutError, match="format"):
+        L.EngineLayout.from_json(bad)

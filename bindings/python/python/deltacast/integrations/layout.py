@@ -172,13 +172,26 @@ class EngineLayout:
         params = {}
         for name, p in d["params"].items():
             blocks = [Block.from_json(b) for b in p["blocks"]]
+            shape = tuple(int(x) for x in p["shape"])
             for b in blocks:
                 if b.slot not in slots:
                     raise LayoutError(f"{name}: a block reads the unknown slot {b.slot!r}")
-            params[name] = ParamLayout(
-                tuple(int(x) for x in p["shape"]), blocks, int(p["untouched"]), int(p["constant"])
-            )
+                _check_block(name, b, math.prod(shape), math.prod(slots[b.slot]))
+            params[name] = ParamLayout(shape, blocks, int(p["untouched"]), int(p["constant"]))
         return EngineLayout(int(d["rank"]), int(d["world"]), slots, params, dict(d.get("key", {})))
+
+
+def _check_block(name: str, b: Block, numel: int, slot_numel: int) -> None:
+    """A block read from outside must decode (strides cover a run) and stay inside both
+    tensors, so an apply through it cannot divide by zero or write out of bounds."""
+    ok = b.length > 0 and b.count >= 1 and b.src >= 0 and b.dst >= 0
+    if ok and b.count > 1:
+        ok = b.src_stride >= b.length and b.dst_stride >= b.length
+    last = b.count - 1
+    ok = ok and b.src + last * b.src_stride + b.length <= slot_numel
+    ok = ok and b.dst + last * b.dst_stride + b.length <= numel
+    if not ok:
+        raise LayoutError(f"{name}: a block that does not fit its tensors: {b.to_json()}")
 
 
 def _param_dict(model: Any) -> dict[str, Any]:
