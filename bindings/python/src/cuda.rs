@@ -18,11 +18,17 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use pyo3::IntoPyObjectExt;
 
-use crate::errors::{invalid, raise};
+use crate::errors::{invalid, raise, to_py};
 use crate::values::table_hash_hex;
 
 /// A CUDA error as its Python exception class.
 pub fn cuda_to_py(err: CudaError) -> PyErr {
+    // A receiver's refusal is the core's decision: the CPU receiver's exception classes
+    // and attributes (slots by name).
+    let err = match err {
+        CudaError::Sync(e) => return to_py(e),
+        other => other,
+    };
     let message = err.to_string();
     Python::attach(|py| {
         let a = |v: u64| v.into_py_any(py).unwrap_or_else(|_| py.None());
@@ -39,20 +45,6 @@ pub fn cuda_to_py(err: CudaError) -> PyErr {
                 actual,
             } => raise(
                 "DigestMismatchError",
-                message,
-                &[
-                    ("slot", a(*slot as u64)),
-                    ("expected", a(*expected)),
-                    ("actual", a(*actual)),
-                ],
-            ),
-            CudaError::BaseMismatch {
-                slot,
-                expected,
-                actual,
-                ..
-            } => raise(
-                "BaseDigestMismatchError",
                 message,
                 &[
                     ("slot", a(*slot as u64)),
@@ -81,6 +73,8 @@ pub fn cuda_to_py(err: CudaError) -> PyErr {
             | CudaError::Driver { .. }
             | CudaError::Compile { .. }
             | CudaError::Panicked(_) => raise("CudaError", message, &[]),
+            // Taken above.
+            CudaError::Sync(_) => raise("DeltacastError", message, &[]),
         }
     })
 }
@@ -720,8 +714,10 @@ impl NativeGpuReceiver {
         py.detach(|| inner.verify()).py()
     }
 
+    /// The version held; `None` before the first seed, or once a sync failed with a stage it
+    /// could not undo or `verify` found the weights changed (it then needs a seed).
     #[getter]
-    fn version(&self) -> u64 {
+    fn version(&self) -> Option<u64> {
         self.inner.version()
     }
 

@@ -1,6 +1,6 @@
 /// Everything the GPU path can fail with. Never a panic: a missing library, a missing device or
 /// a failing kernel is an error that says so.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum CudaError {
     /// This build has no GPU path.
     #[error("{0}")]
@@ -33,7 +33,9 @@ pub enum CudaError {
     /// A chunk failed the GPU check (apply): nothing was written.
     #[error("chunk {chunk} refused: {reason}")]
     BadChunk { chunk: usize, reason: &'static str },
-    /// The digest computed from the bits held differs from the sender's: nothing was written.
+    /// [`Gpu::apply_verified`](crate::Gpu::apply_verified): the digest computed from the bits
+    /// held differs from the one expected, nothing was written. (A receiver's refusal of a
+    /// sync is [`CudaError::Sync`], naming the slot.)
     #[error("digest of slot {slot} would be {actual:#018x}, the sender says {expected:#018x}")]
     DigestMismatch {
         slot: u32,
@@ -58,14 +60,11 @@ pub enum CudaError {
     /// The sender's slot table is not the receiver's.
     #[error("slot table {got:#018x} is not this receiver's {expected:#018x}")]
     WrongTable { expected: u64, got: u64 },
-    /// The receiver does not hold the state the delta starts from (needs a seed).
-    #[error("receiver holds version {held} with digest of slot {slot} {actual:#018x}, the delta starts from {expected:#018x}: it needs a seed")]
-    BaseMismatch {
-        held: u64,
-        slot: u32,
-        expected: u64,
-        actual: u64,
-    },
+    /// The receiver refused the sync by what it holds (the core's decision, shared with the
+    /// CPU receiver): a version that does not follow, a base or new digest that differs, a
+    /// sync that misses a slot. It then needs a seed.
+    #[error(transparent)]
+    Sync(#[from] deltacast::Error),
     /// A receiver refused the sync (its digest check or its input checks failed).
     #[error("{0} receiver(s) refused the sync; the next sync is a seed")]
     ReceiverRefused(u64),

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use crate::digest::digest_slot;
 use crate::error::{Error, Result};
+use crate::held::{HeldState, Pending};
 use crate::slot::SlotTable;
 use crate::wire::{check_dense_cover, parse_frame, Frame, FrameKind, SlotDigest};
 use chunks::{apply_chunks, chunk_bytes, decode_entry, write_back, write_frame, StagedChunk};
@@ -59,11 +60,11 @@ enum SlotUse {
 /// A sync being received.
 #[derive(Debug)]
 struct Staging {
-    /// The sync's family: seed, delta (delta and dense frames) or verify.
-    kind: FrameKind,
+    /// The sync's family (seed, delta: delta and dense frames, or verify), its version and
+    /// the digests settled so far.
+    pending: Pending,
     /// Every frame so far was dense (the outcome then says dense).
     all_dense: bool,
-    version: u64,
     next_flush: u32,
     /// Flush 0's `flush_count`: every frame of the sync must say the same.
     flush_count: u32,
@@ -87,10 +88,11 @@ struct Staging {
 impl Staging {
     /// The kind a completed sync reports: dense when every frame was dense.
     fn outcome_kind(&self) -> FrameKind {
-        if self.kind == FrameKind::Delta && self.all_dense {
+        let kind = self.pending.kind();
+        if kind == FrameKind::Delta && self.all_dense {
             FrameKind::Dense
         } else {
-            self.kind
+            kind
         }
     }
 
@@ -167,8 +169,8 @@ pub struct SyncOutcome {
 pub struct Receiver<S: SlotStore = Vec<Vec<u8>>> {
     table: SlotTable,
     store: S,
-    version: Option<u64>,
-    digests: Vec<u64>,
+    /// The version held, its digests, and what syncs may start.
+    held: HeldState,
     staging: Option<Staging>,
     apply_as_received: bool,
 }
@@ -181,13 +183,11 @@ impl Receiver<Vec<Vec<u8>>> {
             .iter()
             .map(|s| vec![0u8; s.nbytes() as usize])
             .collect();
-        // No state to prove yet: digests start meaningful at the first seed.
-        let digests = vec![0; table.len()];
+        let held = HeldState::none(&table);
         Receiver {
             table,
             store,
-            version: None,
-            digests,
+            held,
             staging: None,
             apply_as_received: false,
         }
@@ -213,8 +213,7 @@ impl<S: SlotStore> Receiver<S> {
         Ok(Receiver {
             table,
             store,
-            version,
-            digests,
+            held: HeldState::holding(version, digests),
             staging: None,
             apply_as_received: false,
         })
@@ -226,7 +225,7 @@ impl<S: SlotStore> Receiver<S> {
 
     /// The version this receiver holds (None before its first seed).
     pub fn version(&self) -> Option<u64> {
-        self.version
+        self.held.version()
     }
 
     pub fn store(&self) -> &S {
@@ -245,21 +244,22 @@ impl<S: SlotStore> Receiver<S> {
 
     /// Running per-slot digests.
     pub fn digests(&self) -> &[u64] {
-        &self.digests
+        self.held.digests()
     }
 
     /// The combined digest acked to the sender: the sum of the slot digests.
     pub fn state_digest(&self) -> u64 {
-        self.digests.iter().fold(0u64, |a, &d| a.wrapping_add(d))
+        self.held.state_digest()
     }
 
     /// Recomputes every slot's digest from memory and returns the slots whose bytes no longer
     /// match the running digest (weights changed behind the receiver's back).
     /// An unseeded receiver holds no state to check and reports none.
     pub fn recompute_digests(&self) -> Vec<u32> {
-        if self.version.is_none() {
+        if self.held.version().is_none() {
             return Vec::new();
         }
+        let digests = self.held.digests();
         (0..self.table.len() as u32)
             .into_par_iter()
             .filter(|&id| {
@@ -267,7 +267,7 @@ impl<S: SlotStore> Receiver<S> {
                     id,
                     self.table.slots()[id as usize].dtype.width(),
                     self.store.slot(id),
-                ) != self.digests[id as usize]
+                ) != digests[id as usize]
             })
             .collect()
     }
@@ -300,12 +300,14 @@ impl<S: SlotStore> Receiver<S> {
         self.apply_as_received
     }
 
-    /// Drops the sync being received, writing back what it wrote in place.
+    /// Drops the sync being received, writing back what it wrote in place (so the version
+    /// held stays).
     fn drop_staging(&mut self) {
         if let Some(staging) = self.staging.take() {
             if staging.in_place {
                 self.undo_in_place(&staging.chunks);
             }
+            self.held.fail(staging.pending);
         }
     }
 
@@ -334,15 +336,12 @@ impl<S: SlotStore> Receiver<S> {
             });
         }
         if h.kind == FrameKind::Close {
-            if self.staging.is_some() {
-                // `receive` drops the half-received sync (its in-place writes undone).
-                return Err(Error::IncompleteSync(
-                    "the sender closed in the middle of a sync".into(),
-                ));
-            }
+            // Refused mid-sync: `receive` drops the half-received sync (its in-place writes
+            // undone).
+            self.held.check_close(self.staging.is_some())?;
             return Ok(Some(SyncOutcome {
                 kind: FrameKind::Close,
-                version: self.version.unwrap_or(0),
+                version: self.held.version().unwrap_or(0),
                 flushes: 1,
                 changed: 0,
                 wire_bytes: bytes.len() as u64,
@@ -351,30 +350,12 @@ impl<S: SlotStore> Receiver<S> {
         }
         let family = h.kind.family();
         if h.flush_index == 0 {
-            match family {
-                FrameKind::Delta | FrameKind::Verify => {
-                    let expected = if family == FrameKind::Delta {
-                        // No version follows u64::MAX (a seed may bring a receiver there).
-                        self.version.and_then(|v| v.checked_add(1))
-                    } else {
-                        self.version
-                    };
-                    if expected != Some(h.version) {
-                        return Err(Error::VersionMismatch {
-                            current: self.version.unwrap_or(0),
-                            got: h.version,
-                            expected: expected.unwrap_or(0),
-                        });
-                    }
-                }
-                _ => {}
-            }
+            let pending = self.held.begin(h.kind, h.version)?;
             // A new sync replaces one left half received (its in-place writes undone).
             self.drop_staging();
             self.staging = Some(Staging {
-                kind: family,
+                pending,
                 all_dense: true,
-                version: h.version,
                 next_flush: 0,
                 flush_count: h.flush_count,
                 chunks: Vec::new(),
@@ -393,18 +374,18 @@ impl<S: SlotStore> Receiver<S> {
                 got: h.flush_index,
             });
         };
-        if staging.version != h.version || staging.next_flush != h.flush_index {
+        if staging.pending.version() != h.version || staging.next_flush != h.flush_index {
             return Err(Error::FlushOutOfOrder {
-                version: staging.version,
+                version: staging.pending.version(),
                 expected: staging.next_flush,
                 got: h.flush_index,
             });
         }
-        if staging.kind != family {
+        if staging.pending.kind() != family {
             return Err(Error::Malformed(format!(
                 "a {} frame in a {} sync",
                 h.kind.name(),
-                staging.kind.name()
+                staging.pending.kind().name()
             )));
         }
         if staging.flush_count != h.flush_count {
@@ -441,11 +422,10 @@ impl<S: SlotStore> Receiver<S> {
                 )));
             }
         }
-        if h.flush_index == 0 && h.is_final && staging.kind == FrameKind::Delta {
+        if h.flush_index == 0 && h.is_final && staging.pending.kind() == FrameKind::Delta {
             // The whole sync is this one verified flush: apply it in one pass, undo on failure.
             let wire_bytes = staging.wire_bytes;
             if let Some(outcome) = self.apply_single(&frame, wire_bytes)? {
-                self.staging = None;
                 return Ok(Some(outcome));
             }
         }
@@ -567,13 +547,7 @@ impl<S: SlotStore> Receiver<S> {
                     slot.name
                 )));
             };
-            if record.base != self.digests[id] {
-                return Err(Error::BaseDigestMismatch {
-                    slot: slot.name.clone(),
-                    expected: record.base,
-                    actual: self.digests[id],
-                });
-            }
+            self.held.check_base(&self.table, id as u32, record.base)?;
             expected.push(record.new);
         }
         let Some(chunks) = write_frame(&self.table, &mut self.store, frame)? else {
@@ -581,7 +555,7 @@ impl<S: SlotStore> Receiver<S> {
         };
         let table = &self.table;
         let mut failure = None;
-        let mut next = self.digests.clone();
+        let mut next = self.held.digests().to_vec();
         for id in self.staging.iter().flat_map(Staging::dense_slots) {
             next[id] = 0;
         }
@@ -598,22 +572,31 @@ impl<S: SlotStore> Receiver<S> {
             next[c.slot as usize] = next[c.slot as usize].wrapping_add(c.digest);
             changed += if c.all { c.range } else { c.rel.len() as u64 };
         }
+        let Some(staging) = self.staging.as_mut() else {
+            return Err(Error::IncompleteSync("no staged sync".into()));
+        };
         if failure.is_none() {
-            if let Some(id) = (0..next.len()).find(|&id| next[id] != expected[id]) {
-                failure = Some(Error::DigestMismatch {
-                    slot: table.slots()[id].name.clone(),
-                    expected: expected[id],
-                    actual: next[id],
-                });
-            }
+            failure = (0..next.len()).find_map(|id| {
+                let settled = staging
+                    .pending
+                    .settle(table, id as u32, next[id], expected[id]);
+                settled.err()
+            });
         }
         if let Some(err) = failure {
-            // Undo: every written chunk gets its old bits back.
+            // Undo: every written chunk gets its old bits back (`receive` then drops the
+            // staging, the version held kept).
             write_back(&self.table, &mut self.store, &chunks);
             return Err(err);
         }
-        self.digests = next;
-        self.version = Some(frame.header.version);
+        let staging = self
+            .staging
+            .take()
+            .ok_or_else(|| Error::IncompleteSync("no staged sync".into()))?;
+        if let Err(e) = self.held.commit(&self.table, staging.pending) {
+            write_back(&self.table, &mut self.store, &chunks);
+            return Err(e);
+        }
         Ok(Some(SyncOutcome {
             kind: frame.header.kind,
             version: frame.header.version,
@@ -626,42 +609,56 @@ impl<S: SlotStore> Receiver<S> {
 
     /// Verifies a fully received sync and applies it (a sync written in place is only
     /// verified, and written back if it does not verify).
-    fn finish_sync(&mut self, staging: Staging) -> Result<SyncOutcome> {
-        let new_digests = match self.verify_staged(&staging) {
-            Ok(digests) => digests,
+    fn finish_sync(&mut self, mut staging: Staging) -> Result<SyncOutcome> {
+        if let Err(e) = self.verify_staged(&mut staging) {
+            if staging.in_place {
+                self.undo_in_place(&staging.chunks);
+            }
+            self.held.fail(staging.pending);
+            return Err(e);
+        }
+        // Held from here on (a refusal puts back what was written in place); then written.
+        let kind = staging.outcome_kind();
+        let flushes = staging.next_flush;
+        let wire_bytes = staging.wire_bytes;
+        let Staging {
+            pending,
+            chunks,
+            in_place,
+            ..
+        } = staging;
+        let version = match self.held.commit(&self.table, pending) {
+            Ok(version) => version,
             Err(e) => {
-                if staging.in_place {
-                    self.undo_in_place(&staging.chunks);
+                if in_place {
+                    self.undo_in_place(&chunks);
                 }
                 return Err(e);
             }
         };
-        let changed = if staging.in_place {
-            staging
-                .chunks
+        let changed = if in_place {
+            chunks
                 .iter()
                 .map(|c| if c.all { c.range } else { c.rel.len() as u64 })
                 .sum()
         } else {
-            apply_chunks(&self.table, &mut self.store, &staging.chunks)
+            apply_chunks(&self.table, &mut self.store, &chunks)
         };
-        self.digests = new_digests;
-        self.version = Some(staging.version);
         Ok(SyncOutcome {
-            kind: staging.outcome_kind(),
-            version: staging.version,
-            flushes: staging.next_flush,
+            kind,
+            version,
+            flushes,
             changed,
-            wire_bytes: staging.wire_bytes,
+            wire_bytes,
             state_digest: self.state_digest(),
         })
     }
 
-    /// The digests after a fully received sync, computed from the bits held before it (its
-    /// chunks' digest changes were taken when they were decoded), once every check passed:
-    /// a digest record per slot, a seed's every element, the base digests, no no-op, and the
-    /// sender's new digests.
-    fn verify_staged(&self, staging: &Staging) -> Result<Vec<u64>> {
+    /// Settles the digests after a fully received sync, computed from the bits held before
+    /// it (its chunks' digest changes were taken when they were decoded), once every check
+    /// passed: a digest record per slot, a seed's every element, the base digests, no no-op,
+    /// and the sender's new digests.
+    fn verify_staged(&self, staging: &mut Staging) -> Result<()> {
         let mut sender = Vec::with_capacity(self.table.len());
         for (id, record) in staging.sender_digests.iter().enumerate() {
             let slot = &self.table.slots()[id];
@@ -671,7 +668,7 @@ impl<S: SlotStore> Receiver<S> {
                     slot.name
                 )));
             };
-            if staging.kind == FrameKind::Seed && staging.slot_count[id] != slot.numel() {
+            if staging.pending.kind() == FrameKind::Seed && staging.slot_count[id] != slot.numel() {
                 return Err(Error::IncompleteSync(format!(
                     "seed carries {} of {} elements of slot `{}`",
                     staging.slot_count[id],
@@ -684,18 +681,12 @@ impl<S: SlotStore> Receiver<S> {
 
         // Digests after the sync, computed from the bits this receiver actually holds, before
         // anything is written.
-        let new_digests: Vec<u64> = match staging.kind {
+        let new_digests: Vec<u64> = match staging.pending.kind() {
             FrameKind::Delta => {
-                for (id, rec) in sender.iter().enumerate() {
-                    if rec.base != self.digests[id] {
-                        return Err(Error::BaseDigestMismatch {
-                            slot: self.table.slots()[id].name.clone(),
-                            expected: rec.base,
-                            actual: self.digests[id],
-                        });
-                    }
+                for rec in &sender {
+                    self.held.check_base(&self.table, rec.slot, rec.base)?;
                 }
-                let mut next = self.digests.clone();
+                let mut next = self.held.digests().to_vec();
                 for id in staging.dense_slots() {
                     next[id] = 0;
                 }
@@ -732,15 +723,11 @@ impl<S: SlotStore> Receiver<S> {
                 actual
             }
         };
-        for (id, rec) in sender.iter().enumerate() {
-            if rec.new != new_digests[id] {
-                return Err(Error::DigestMismatch {
-                    slot: self.table.slots()[id].name.clone(),
-                    expected: rec.new,
-                    actual: new_digests[id],
-                });
-            }
+        for (rec, &computed) in sender.iter().zip(&new_digests) {
+            staging
+                .pending
+                .settle(&self.table, rec.slot, computed, rec.new)?;
         }
-        Ok(new_digests)
+        Ok(())
     }
 }

@@ -4,8 +4,10 @@
 //! The modules follow the data flow: [`diff`] a shard against its snapshot, [`codec`] the
 //! changes per chunk, pack chunks into checksummed [`wire`] frames with the streaming
 //! [`flush`] builder, and on the receiver [`apply`] a whole verified sync, proven by the
-//! [`digest`]. [`sender`] ties the trainer side together, [`sharded`] the sharded one (its
-//! deterministic cuts in [`plan`]); [`io`] reads and writes safetensors.
+//! [`digest`]; what a receiver holds and decides about each sync (versions, digests) is
+//! [`held`], shared with the GPU receiver. [`sender`] ties the trainer side together,
+//! [`sharded`] the sharded one (its deterministic cuts in [`plan`]); [`io`] reads and writes
+//! safetensors.
 
 pub mod codec;
 pub mod diff;
@@ -22,6 +24,7 @@ pub use slot::{SlotInfo, SlotTable};
 
 pub mod apply;
 pub mod flush;
+pub mod held;
 pub mod io;
 pub mod plan;
 pub mod sender;
@@ -34,5 +37,6 @@ pub(crate) mod testutil;
 pub use apply::{Receiver, SlotStore, SyncOutcome};
 pub use codec::{CodecChoice, PosCodec, ValCodec};
 pub use flush::{FlushConfig, SyncStats};
+pub use held::{HeldState, Pending};
 pub use sender::{SendReport, Sender, WeightSender};
 pub use wire::FrameKind;

@@ -406,7 +406,8 @@ class GpuReceiver:
         self._native.verify()
 
     @property
-    def version(self) -> int:
+    def version(self) -> Optional[int]:
+        """The version held; ``None`` before the first seed or once the state was lost."""
         return self._native.version
 
     @property

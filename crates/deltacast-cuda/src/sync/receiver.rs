@@ -1,11 +1,15 @@
 //! Each rollout process's side of the GPU sync: [`GpuReceiver`] checks and applies a sync
-//! stage by stage, all or nothing (see the module above).
+//! stage by stage, all or nothing (see the module above). What may start at the version held,
+//! the base and new digests and what a failure leaves held are the core's decisions
+//! ([`deltacast::held`], as for the CPU receiver); this file does the receiving, the journals
+//! and the kernels.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use deltacast::codec::{PosCodec, ValCodec};
 use deltacast::wire::{ChunkEntry, FrameHeader, FrameKind};
+use deltacast::{HeldState, Pending, SlotTable};
 
 use super::{
     check_tensors, digest_inputs, limits, ms, slot_table, GpuSyncReport, GpuTensor, Growable,
@@ -68,12 +72,10 @@ enum Applied {
 struct Incoming {
     /// The first refusal; later stages are received and dropped.
     failure: Option<CudaError>,
+    /// The sync admitted at its first stage (its digests settled stage by stage, and whether
+    /// a stage landed without a copy of what it replaced); `None` before or when refused.
+    pending: Option<Pending>,
     applied: Vec<Applied>,
-    /// A seed or dense stage has landed in the tensors without a copy of what it replaced
-    /// (a failure then leaves no version held).
-    clobbered: bool,
-    /// The digests after the stages applied so far.
-    digests: Vec<u64>,
     changed: u64,
     payload_bytes: u64,
     chunks: u64,
@@ -89,10 +91,11 @@ pub struct GpuReceiver {
     timeout: Duration,
     tensors: Vec<GpuTensor>,
     limits: TableLimits,
-    /// Digests of the bits held, valid when `version > 0`.
-    digests: Vec<u64>,
-    /// 0: holds nothing trustworthy (before the first seed, after a failed whole sync).
-    version: u64,
+    /// The slot table of `tensors` (names for the refusals).
+    table: SlotTable,
+    /// The version held and its digests (none before the first seed, or after a sync that
+    /// failed with a stage it could not undo).
+    held: HeldState,
     header: DeviceBuffer,
     manifest: Growable,
     /// Per stage index.
@@ -128,7 +131,6 @@ impl GpuReceiver {
         }
         check_tensors(&tensors)?;
         let table = slot_table(&tensors)?;
-        let n = tensors.len();
         Ok(GpuReceiver {
             header: gpu.alloc(HEADER_BYTES)?,
             status: gpu.alloc(8)?,
@@ -137,8 +139,8 @@ impl GpuReceiver {
             discard: Growable::new(),
             code_scratch: CodeScratch::new(),
             limits: limits(&table),
-            digests: vec![0; n],
-            version: 0,
+            held: HeldState::none(&table),
+            table,
             gpu,
             comm,
             root,
@@ -147,13 +149,14 @@ impl GpuReceiver {
         })
     }
 
-    /// The version held (0: none yet, or the last whole sync failed).
-    pub fn version(&self) -> u64 {
-        self.version
+    /// The version held (`None`: no seed yet, or a sync failed with a stage it could not
+    /// undo, or [`verify`](Self::verify) found the weights changed).
+    pub fn version(&self) -> Option<u64> {
+        self.held.version()
     }
 
     pub fn digests(&self) -> &[u64] {
-        &self.digests
+        self.held.digests()
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -192,9 +195,8 @@ impl GpuReceiver {
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
         let mut got = Incoming {
             failure: None,
+            pending: None,
             applied: Vec::new(),
-            clobbered: false,
-            digests: self.digests.clone(),
             changed: 0,
             payload_bytes: 0,
             chunks: 0,
@@ -208,26 +210,24 @@ impl GpuReceiver {
             Err(e) => {
                 // The link failed (or lied) part way: put back what this sync applied.
                 self.undo(&mut got);
-                if got.clobbered {
-                    self.version = 0;
+                if let Some(pending) = got.pending.take() {
+                    self.held.fail(pending);
                 }
                 return Err(e);
             }
         };
         // Every stage applied and verified: this receiver holds the new version, whatever
         // becomes of the ack (a sender that misses it reseeds).
-        let refused = match got.failure.take() {
-            Some(e) => {
-                if got.clobbered {
-                    self.version = 0;
+        let pending = got.pending.take();
+        let refused = match (got.failure.take(), pending) {
+            (Some(e), pending) => {
+                if let Some(pending) = pending {
+                    self.held.fail(pending);
                 }
                 Some(e)
             }
-            None => {
-                self.digests = std::mem::take(&mut got.digests);
-                self.version = last.header.version;
-                None
-            }
+            (None, Some(pending)) => self.held.commit(&self.table, pending).err().map(Into::into),
+            (None, None) => Some(CudaError::Protocol("a sync that was never admitted".into())),
         };
         // The ack: 1 when this receiver refused.
         let stream = self.gpu.stream_handle();
@@ -250,7 +250,7 @@ impl GpuReceiver {
             } else {
                 last.kind()
             },
-            version: self.version,
+            version: last.header.version,
             changed: got.changed,
             numel: self.limits.total_elements,
             payload_bytes: got.payload_bytes,
@@ -286,21 +286,26 @@ impl GpuReceiver {
             let header = self.receive_header(wait)?;
             phases.lap("wait", mark);
             if header.kind == FrameKind::Close {
-                if prev.is_none() {
-                    // Nothing follows: let go of the link (the IPC link's root waits for
-                    // that before freeing its staging).
-                    self.comm.leave();
-                    return Ok(None);
+                if let Err(e) = self.held.check_close(prev.is_some()) {
+                    self.comm.abort();
+                    return Err(e.into());
                 }
-                self.comm.abort();
-                return Err(CudaError::Protocol(
-                    "a close in the middle of a sync".into(),
-                ));
+                // Nothing follows: let go of the link (the IPC link's root waits for that
+                // before freeing its staging).
+                self.comm.leave();
+                return Ok(None);
             }
             let stage = self.receive_manifest(header)?;
             if let Err(e) = stage.follows(prev.as_ref(), self.tensors.len()) {
                 self.comm.abort();
                 return Err(e);
+            }
+            if prev.is_none() {
+                // The gate: whether a sync of this kind may start at the version held.
+                match self.held.begin(stage.kind(), stage.header.version) {
+                    Ok(pending) => got.pending = Some(pending),
+                    Err(e) => got.failure = Some(e.into()),
+                }
             }
             phases.lap("manifest", mark);
             got.payload_bytes += stage.wire_bytes();
@@ -308,7 +313,8 @@ impl GpuReceiver {
                 FrameKind::Delta => stage.entries.len() as u64,
                 _ => 0,
             };
-            if got.failure.is_some() {
+            // (A stage is applied only in a sync admitted at its first stage.)
+            if got.failure.is_some() || got.pending.is_none() {
                 self.discard_stage(&stage)?;
                 phases.lap("payload", mark);
             } else {
@@ -411,13 +417,12 @@ impl GpuReceiver {
             };
             if undone.is_err() {
                 // The tensors are in an unknown state.
-                got.clobbered = true;
+                got.pending.iter_mut().for_each(Pending::clobber);
             }
         }
         if self.gpu.synchronize().is_err() {
-            got.clobbered = true;
+            got.pending.iter_mut().for_each(Pending::clobber);
         }
-        got.digests = self.digests.clone();
     }
 
     fn apply_delta(
@@ -569,65 +574,64 @@ impl GpuReceiver {
             got.entropy = true;
             phases.lap("decode", mark);
         }
-        // Digests of every slot: the stage's from the manifest, the others as held (they
-        // get no chunk here, so their change is 0).
-        let mut expected = self.digests.clone();
+        // Every chunk checked and the stage's digests computed from the bits held (the
+        // held digest plus the change), settled against the sender's; only then the
+        // scatter, so a refusal writes nothing.
+        // SAFETY: sections lie inside the received buffers (Manifest::decode checked the
+        // offsets against the announced lengths, which the buffers hold); slots are ours.
+        let check = unsafe { self.gpu.apply_check(&inputs, false, self.tensors.len())? };
+        if let Some(e) = check.errors.first() {
+            return Err(CudaError::BadChunk {
+                chunk: e.chunk,
+                reason: e.reason,
+            });
+        }
+        let mut outside = (0..self.tensors.len()).filter(|i| !stage.slots().contains(i));
+        if outside.any(|i| check.digest_change[i] != 0) {
+            return Err(CudaError::Protocol(
+                "a chunk of a slot outside its stage".into(),
+            ));
+        }
+        let pending = admitted(&mut got.pending)?;
         for d in &stage.digests {
-            expected[d.slot as usize] = d.new;
+            let slot = d.slot as usize;
+            let computed = self.held.digests()[slot].wrapping_add(check.digest_change[slot]);
+            pending.settle(&self.table, d.slot, computed, d.new)?;
         }
         // The last stage is never undone; the others keep what they overwrite.
         let journaled = !stage.is_last();
-        // SAFETY: sections lie inside the received buffers (Manifest::decode checked the
-        // offsets against the announced lengths, which the buffers hold); slots are ours;
-        // the journal is sized by its layout.
-        let new = unsafe {
+        // SAFETY: as the check above, every chunk checked clean; the journal is sized by its
+        // layout.
+        let scattered = unsafe {
             if journaled {
                 let journal = self.stages[index]
                     .journal
                     .at_least(&self.gpu, journal_layout(&inputs).1)?;
-                let new = self.gpu.apply_verified_journaled(
-                    &inputs,
-                    &self.digests,
-                    &expected,
-                    journal,
-                )?;
-                got.applied.push(Applied::Delta { inputs, journal });
-                new
+                let done = self.gpu.apply_scatter_journaled(&inputs, journal);
+                if done.is_ok() {
+                    got.applied.push(Applied::Delta { inputs, journal });
+                }
+                done
             } else {
-                self.gpu
-                    .apply_verified(&inputs, false, &self.digests, &expected)?
+                self.gpu.apply_scatter(&inputs)
             }
         };
-        for i in stage.slots() {
-            got.digests[i] = new[i];
+        if !journaled || scattered.is_err() {
+            // Written with nothing to undo it from (or part way): a failure from here on
+            // leaves no version held.
+            pending.clobber();
         }
+        scattered?;
         got.changed += stage.entries.iter().map(|c| c.count).sum::<u64>();
         got.any_delta = true;
         Ok(())
     }
 
-    /// The delta or dense stage's base: the receiver holds the version before it and, per
-    /// slot of the stage, the digest it starts from.
+    /// The delta or dense stage's base: per slot of the stage, the digest it starts from is
+    /// the one held (the version was checked when the sync was admitted).
     fn check_base(&self, stage: &Stage) -> Result<()> {
-        let first = stage.slots().start;
-        if self.version == 0 || stage.header.version != self.version + 1 {
-            return Err(CudaError::BaseMismatch {
-                held: self.version,
-                slot: first as u32,
-                expected: stage.digests.first().map_or(0, |d| d.base),
-                actual: self.digests.get(first).copied().unwrap_or(0),
-            });
-        }
         for d in &stage.digests {
-            let held = self.digests[d.slot as usize];
-            if d.base != held {
-                return Err(CudaError::BaseMismatch {
-                    held: self.version,
-                    slot: d.slot,
-                    expected: d.base,
-                    actual: held,
-                });
-            }
+            self.held.check_base(&self.table, d.slot, d.base)?;
         }
         Ok(())
     }
@@ -677,7 +681,7 @@ impl GpuReceiver {
                 }
             }
         } else {
-            got.clobbered = true;
+            admitted(&mut got.pending)?.clobber();
         }
         for e in &stage.entries {
             let t = &self.tensors[e.slot as usize];
@@ -702,37 +706,29 @@ impl GpuReceiver {
             self.gpu
                 .digest(&digest_inputs(&self.tensors, slots.clone()))?
         };
+        let pending = admitted(&mut got.pending)?;
         for (d, &actual) in stage.digests.iter().zip(&digests) {
-            if d.new != actual {
-                return Err(CudaError::DigestMismatch {
-                    slot: d.slot,
-                    expected: d.new,
-                    actual,
-                });
-            }
+            pending.settle(&self.table, d.slot, actual, d.new)?;
         }
-        got.digests[slots.clone()].copy_from_slice(&digests);
         got.changed += self.tensors[slots].iter().map(|t| t.numel()).sum::<u64>();
         got.dense_stages += 1;
         Ok(())
     }
 
     /// Recomputes the digests of the bits held and compares them with the ones recorded:
-    /// finds weights changed behind the receiver's back (then it needs a seed).
+    /// finds weights changed behind the receiver's back (then it holds no version and needs
+    /// a seed). Nothing held: nothing to check.
     pub fn verify(&mut self) -> Result<()> {
         let all = 0..self.tensors.len();
         // SAFETY: our tensors (constructor contract).
         let got = unsafe { self.gpu.digest(&digest_inputs(&self.tensors, all))? };
-        for (slot, (&expected, &actual)) in self.digests.iter().zip(&got).enumerate() {
-            if expected != actual {
-                self.version = 0;
-                return Err(CudaError::DigestMismatch {
-                    slot: slot as u32,
-                    expected,
-                    actual,
-                });
-            }
-        }
-        Ok(())
+        Ok(self.held.verify(&self.table, &got)?)
     }
+}
+
+/// The sync admitted at its first stage: a stage is applied only after that.
+fn admitted(pending: &mut Option<Pending>) -> Result<&mut Pending> {
+    pending
+        .as_mut()
+        .ok_or_else(|| CudaError::Protocol("a stage of a sync that was not admitted".into()))
 }
