@@ -218,7 +218,7 @@ pub fn script_named(name: &str) -> &'static [(f64, Before)] {
 }
 
 pub fn script_name(steps: &'static [(f64, Before)]) -> &'static str {
-    if std::ptr::eq(steps, STEPS_STAGED) {
+    if steps == STEPS_STAGED {
         "staged"
     } else {
         "plain"
