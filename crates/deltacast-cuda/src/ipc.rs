@@ -39,7 +39,7 @@ use cudarc::driver::{result as cu, sys};
 
 use crate::error::{CudaError, Result};
 use crate::gpu::{drv, guarded, release_in};
-use crate::ipc_frame::{pieces, Frame, IPC_HANDLE_BYTES, MAX_REDUCE_WORDS, MAX_SLOTS};
+use crate::ipc_frame::{Frame, IPC_HANDLE_BYTES, MAX_REDUCE_WORDS, MAX_SLOTS};
 use crate::ipc_setup::{
     await_bye, confirm_joined, join_root, link, loopback_addresses, read_frame, unexpected,
     write_frame, Refusal, RootListener, Staging, DEFAULT_HANDSHAKE_TIMEOUT,
@@ -107,6 +107,15 @@ struct Slot {
     copied: sys::CUevent,
 }
 
+/// A piece of a broadcast in parts: its slot, its bytes (root: filled so far; others: as
+/// announced) and, on the other ranks, how many of them were copied out.
+#[derive(Debug, Clone, Copy)]
+struct OpenPiece {
+    slot: usize,
+    len: u64,
+    used: u64,
+}
+
 /// One rank of an IPC link (see the module documentation).
 pub struct IpcComm {
     rank: usize,
@@ -128,6 +137,8 @@ pub struct IpcComm {
     timeout: Duration,
     /// Pieces broadcast so far (both sides count the same).
     seq: u64,
+    /// The piece being filled (root) or emptied (others) by a broadcast in parts.
+    open: Option<OpenPiece>,
     /// Set by a failure: the connections are shut for writing, nothing more is sent.
     aborted: bool,
     /// Set by `leave`: the farewell is done (what was mapped is released).
@@ -263,6 +274,7 @@ impl IpcComm {
             slot_bytes: options.slot_bytes,
             timeout: options.timeout,
             seq: 0,
+            open: None,
             aborted: false,
             left: false,
             refused: Vec::new(),
@@ -358,6 +370,16 @@ impl IpcComm {
         Ok(())
     }
 
+    /// Another call between the parts of a broadcast would desynchronise the ranks.
+    fn no_open_broadcast(&self) -> Result<()> {
+        match self.open {
+            None => Ok(()),
+            Some(_) => Err(CudaError::InvalidArgument(
+                "IPC link: a broadcast in parts is not ended (broadcast_end)".into(),
+            )),
+        }
+    }
+
     fn live(&self) -> Result<()> {
         if self.left {
             return Err(link("link", "closed by the sender; make a new one"));
@@ -388,6 +410,47 @@ impl IpcComm {
         stream: u64,
         within: Duration,
     ) -> Result<()> {
+        // SAFETY: per this function's contract.
+        unsafe { self.broadcast_many(&[(src, dst, len as u64)], root, stream, within) }
+    }
+
+    /// Broadcasts several `(src, dst, len)` segments as one, laid end to end through the
+    /// slots: many small tensors share a piece (each piece costs a message and a wait,
+    /// whatever its size), so a stage of whole tensors moves at the slots' speed. Both ends
+    /// must broadcast the same segment lengths in the same calls.
+    ///
+    /// # Safety
+    /// As [`IpcComm::broadcast`], for every segment.
+    pub unsafe fn broadcast_many(
+        &mut self,
+        segments: &[(DevicePtr, DevicePtr, u64)],
+        root: usize,
+        stream: u64,
+        within: Duration,
+    ) -> Result<()> {
+        for &(src, dst, len) in segments {
+            // SAFETY: per this function's contract.
+            unsafe { self.broadcast_part(src, dst, len, root, stream, within)? };
+        }
+        self.broadcast_end(stream)
+    }
+
+    /// One segment of a broadcast in parts, laid after the ones before it through the slots;
+    /// [`IpcComm::broadcast_end`] ends the broadcast (a part may lie in a piece not yet
+    /// announced until then). For a sender that produces a stage's segments one at a time.
+    ///
+    /// # Safety
+    /// As [`IpcComm::broadcast`]; `src` (root) must stay unchanged until the stream has
+    /// passed the copy of this part into the slots.
+    pub unsafe fn broadcast_part(
+        &mut self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: u64,
+        root: usize,
+        stream: u64,
+        within: Duration,
+    ) -> Result<()> {
         self.live()?;
         if root != 0 {
             return Err(CudaError::InvalidArgument(format!(
@@ -395,26 +458,46 @@ impl IpcComm {
             )));
         }
         let deadline = Deadline::after(within);
+        let stream = stream as sys::CUstream;
         let done = if self.rank == 0 {
             // SAFETY: per this function's contract.
-            unsafe { self.send_pieces(src, dst, len as u64, stream, deadline) }
+            unsafe { self.send_part(src, dst, len, stream, deadline) }
         } else {
             // SAFETY: per this function's contract.
-            unsafe { self.take_pieces(dst, len as u64, stream, deadline) }
+            unsafe { self.take_part(dst, len, stream, deadline) }
         };
         done.inspect_err(|_| self.abort())
     }
 
-    /// Root: the pieces of one broadcast into the slots.
-    unsafe fn send_pieces(
+    /// Ends a broadcast in parts: the root announces its last piece; another rank checks
+    /// that it took the whole of the root's last piece.
+    pub fn broadcast_end(&mut self, stream: u64) -> Result<()> {
+        self.live()?;
+        let done = if self.rank == 0 {
+            match self.open.take() {
+                Some(piece) if piece.len > 0 => self.announce(piece, stream as sys::CUstream),
+                _ => Ok(()),
+            }
+        } else if let Some(piece) = self.open.take() {
+            Err(CudaError::Protocol(format!(
+                "IPC link: the root's piece {} holds {} bytes, the broadcast ended after {}",
+                self.seq, piece.len, piece.used
+            )))
+        } else {
+            Ok(())
+        };
+        done.inspect_err(|_| self.abort())
+    }
+
+    /// Root: one part into the slots, announcing each piece it fills.
+    unsafe fn send_part(
         &mut self,
         src: DevicePtr,
         dst: DevicePtr,
         len: u64,
-        stream: u64,
+        stream: sys::CUstream,
         deadline: Deadline,
     ) -> Result<()> {
-        let stream = stream as sys::CUstream;
         if src != dst && len > 0 {
             // SAFETY: both valid for `len` (the caller's contract).
             guarded(|| {
@@ -423,34 +506,65 @@ impl IpcComm {
             })?;
         }
         let nslots = self.slots.len() as u64;
-        for (at, n) in pieces(len, self.slot_bytes) {
-            let seq = self.seq;
-            let k = (seq % nslots) as usize;
-            if seq >= nslots {
-                // Every rank's copy of the slot's last piece has completed.
-                self.await_drained(seq - nslots, deadline)?;
-            }
-            let slot = &self.slots[k];
+        let mut at = 0;
+        while at < len {
+            let piece = match self.open.take() {
+                Some(p) => p,
+                None => {
+                    let seq = self.seq;
+                    if seq >= nslots {
+                        // Every rank's copy of the slot's last piece has completed.
+                        self.await_drained(seq - nslots, deadline)?;
+                    }
+                    OpenPiece {
+                        slot: (seq % nslots) as usize,
+                        len: 0,
+                        used: 0,
+                    }
+                }
+            };
+            let n = (len - at).min(self.slot_bytes - piece.len);
+            let to = self.slots[piece.slot].ptr + piece.len;
             guarded(|| {
-                // SAFETY: the slot holds `slot_bytes` >= n; `src + at` lies in the source.
-                unsafe { cu::memcpy_dtod_async(slot.ptr, src + at, n as usize, stream) }
-                    .map_err(drv("cuMemcpyDtoDAsync"))?;
-                // SAFETY: our event and the caller's stream.
-                unsafe { cu::event::record(slot.filled, stream) }.map_err(drv("cuEventRecord"))
+                // SAFETY: `to..to + n` lies in the slot (piece.len + n <= slot_bytes);
+                // `src + at..` in the source (at + n <= len).
+                unsafe { cu::memcpy_dtod_async(to, src + at, n as usize, stream) }
+                    .map_err(drv("cuMemcpyDtoDAsync"))
             })?;
-            for p in &mut self.peers {
-                write_frame(
-                    p,
-                    Frame::Filled {
-                        seq,
-                        len: n,
-                        slot: k as u64,
-                    },
-                    &[],
-                )?;
+            at += n;
+            let piece = OpenPiece {
+                len: piece.len + n,
+                ..piece
+            };
+            if piece.len == self.slot_bytes {
+                self.announce(piece, stream)?;
+            } else {
+                self.open = Some(piece);
             }
-            self.seq += 1;
         }
+        Ok(())
+    }
+
+    /// Root: records the piece's "filled" event and tells every rank where it is.
+    fn announce(&mut self, piece: OpenPiece, stream: sys::CUstream) -> Result<()> {
+        let filled = self.slots[piece.slot].filled;
+        guarded(|| {
+            // SAFETY: our event and the caller's stream.
+            unsafe { cu::event::record(filled, stream) }.map_err(drv("cuEventRecord"))
+        })?;
+        let seq = self.seq;
+        for p in &mut self.peers {
+            write_frame(
+                p,
+                Frame::Filled {
+                    seq,
+                    len: piece.len,
+                    slot: piece.slot as u64,
+                },
+                &[],
+            )?;
+        }
+        self.seq += 1;
         Ok(())
     }
 
@@ -510,67 +624,103 @@ impl IpcComm {
         Ok(())
     }
 
-    /// Another rank: the pieces of one broadcast out of the slots.
-    unsafe fn take_pieces(
+    /// Another rank: one part out of the slots, taking the root's pieces as they come.
+    unsafe fn take_part(
         &mut self,
         dst: DevicePtr,
         len: u64,
-        stream: u64,
+        stream: sys::CUstream,
         deadline: Deadline,
     ) -> Result<()> {
-        let stream = stream as sys::CUstream;
-        let nslots = self.slots.len() as u64;
-        for (at, n) in pieces(len, self.slot_bytes) {
-            // The root refills a slot only after our copy of its last piece: report it.
-            while self
-                .pending
-                .front()
-                .is_some_and(|&(seq, _)| seq + nslots <= self.seq)
-            {
-                let (seq, k) = self.pending[0];
-                let ev = self.slots[k].copied;
-                poll(
-                    Deadline::after(self.timeout),
-                    "a copy out of a slot",
-                    || event_done(ev),
-                )?;
-                write_frame(&mut self.peers[0], Frame::Drained { seq }, &[])?;
-                self.pending.pop_front();
-            }
-            let (f, _) = self.read_from_root(deadline, "the next piece of a broadcast")?;
-            let k = (self.seq % nslots) as usize;
-            let expected = Frame::Filled {
-                seq: self.seq,
-                len: n,
-                slot: k as u64,
+        let mut at = 0;
+        while at < len {
+            let piece = match self.open.take() {
+                Some(p) => p,
+                None => self.next_piece(stream, deadline)?,
             };
-            if f != expected {
-                return Err(unexpected(f, &format!("{expected:?}")));
-            }
-            let slot = &self.slots[k];
+            let n = (len - at).min(piece.len - piece.used);
+            let from = self.slots[piece.slot].ptr + piece.used;
             guarded(|| {
-                // SAFETY: the root's event; its last record is this piece's copy (it records
-                // it again only after our `Drained` for this piece).
-                unsafe {
-                    cu::stream::wait_event(
-                        stream,
-                        slot.filled,
-                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                    )
-                }
-                .map_err(drv("cuStreamWaitEvent"))?;
-                // SAFETY: `dst + at` lies in the destination (caller's contract); the slot
-                // holds at least `n` bytes (checked when mapped; `n` is our own cut, which
-                // the root's `Filled` was checked to equal).
-                unsafe { cu::memcpy_dtod_async(dst + at, slot.ptr, n as usize, stream) }
-                    .map_err(drv("cuMemcpyDtoDAsync"))?;
-                // SAFETY: our event, the caller's stream.
-                unsafe { cu::event::record(slot.copied, stream) }.map_err(drv("cuEventRecord"))
+                // SAFETY: `dst + at..` lies in the destination (caller's contract, at + n <=
+                // len); `from..from + n` in the slot, which maps at least `slot_bytes` >=
+                // piece.len bytes (checked when mapped and in `next_piece`).
+                unsafe { cu::memcpy_dtod_async(dst + at, from, n as usize, stream) }
+                    .map_err(drv("cuMemcpyDtoDAsync"))
             })?;
-            self.pending.push_back((self.seq, k));
-            self.seq += 1;
+            at += n;
+            let piece = OpenPiece {
+                used: piece.used + n,
+                ..piece
+            };
+            if piece.used == piece.len {
+                let copied = self.slots[piece.slot].copied;
+                guarded(|| {
+                    // SAFETY: our event, the caller's stream.
+                    unsafe { cu::event::record(copied, stream) }.map_err(drv("cuEventRecord"))
+                })?;
+                self.pending.push_back((self.seq, piece.slot));
+                self.seq += 1;
+            } else {
+                self.open = Some(piece);
+            }
         }
         Ok(())
+    }
+
+    /// Another rank: reports the copies the root waits for, reads the next piece's `Filled`
+    /// (its number and slot ours to expect, its length at most a slot) and makes the stream
+    /// wait for it.
+    fn next_piece(&mut self, stream: sys::CUstream, deadline: Deadline) -> Result<OpenPiece> {
+        let nslots = self.slots.len() as u64;
+        // The root refills a slot only after our copy of its last piece: report it.
+        while self
+            .pending
+            .front()
+            .is_some_and(|&(seq, _)| seq + nslots <= self.seq)
+        {
+            let (seq, k) = self.pending[0];
+            let ev = self.slots[k].copied;
+            poll(
+                Deadline::after(self.timeout),
+                "a copy out of a slot",
+                || event_done(ev),
+            )?;
+            write_frame(&mut self.peers[0], Frame::Drained { seq }, &[])?;
+            self.pending.pop_front();
+        }
+        let (f, _) = self.read_from_root(deadline, "the next piece of a broadcast")?;
+        let k = (self.seq % nslots) as usize;
+        match f {
+            Frame::Filled { seq, len, slot }
+                if seq == self.seq && slot == k as u64 && len > 0 && len <= self.slot_bytes =>
+            {
+                let filled = self.slots[k].filled;
+                guarded(|| {
+                    // SAFETY: the root's event; its last record is this piece's copy (it
+                    // records it again only after our `Drained` for this piece).
+                    unsafe {
+                        cu::stream::wait_event(
+                            stream,
+                            filled,
+                            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                        )
+                    }
+                    .map_err(drv("cuStreamWaitEvent"))
+                })?;
+                Ok(OpenPiece {
+                    slot: k,
+                    len,
+                    used: 0,
+                })
+            }
+            f => Err(unexpected(
+                f,
+                &format!(
+                    "piece {} in slot {k}, of 1 to {} bytes",
+                    self.seq, self.slot_bytes
+                ),
+            )),
+        }
     }
 
     /// Element-wise maximum of `count` u64 at `buf` over every rank, in place. Waits for
@@ -586,6 +736,7 @@ impl IpcComm {
         stream: u64,
     ) -> Result<()> {
         self.live()?;
+        self.no_open_broadcast()?;
         if count as u64 > MAX_REDUCE_WORDS {
             return Err(CudaError::InvalidArgument(format!(
                 "an IPC all-reduce of {count} words (at most {MAX_REDUCE_WORDS})"

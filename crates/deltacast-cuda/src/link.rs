@@ -80,6 +80,57 @@ impl Link {
         }
     }
 
+    /// Broadcasts several `(src, dst, len)` segments from `root` as one (see
+    /// [`IpcComm::broadcast_many`]: the IPC link lays them end to end through its slots);
+    /// NCCL and frame links take them one by one. Both ends must use the same calls.
+    ///
+    /// # Safety
+    /// As [`Link::broadcast`], for every segment.
+    pub unsafe fn broadcast_many(
+        &mut self,
+        segments: &[(DevicePtr, DevicePtr, u64)],
+        root: usize,
+        stream: u64,
+        within: Duration,
+    ) -> Result<()> {
+        for &(src, dst, len) in segments {
+            // SAFETY: the caller's contract, segment by segment.
+            unsafe { self.broadcast_part(src, dst, len, root, stream, within)? };
+        }
+        self.broadcast_end(stream)
+    }
+
+    /// One segment of a broadcast in parts (see [`IpcComm::broadcast_part`]); NCCL and frame
+    /// links broadcast it at once.
+    ///
+    /// # Safety
+    /// As [`Link::broadcast`]; on the IPC link's root `src` must stay unchanged until the
+    /// stream has passed the part.
+    pub unsafe fn broadcast_part(
+        &mut self,
+        src: DevicePtr,
+        dst: DevicePtr,
+        len: u64,
+        root: usize,
+        stream: u64,
+        within: Duration,
+    ) -> Result<()> {
+        match self {
+            // SAFETY: the caller's contract.
+            Link::Ipc(c) => unsafe { c.broadcast_part(src, dst, len, root, stream, within) },
+            // SAFETY: the caller's contract.
+            _ => unsafe { self.broadcast(src, dst, len as usize, root, stream, within) },
+        }
+    }
+
+    /// Ends a broadcast in parts (the IPC link announces its last piece).
+    pub fn broadcast_end(&mut self, stream: u64) -> Result<()> {
+        match self {
+            Link::Ipc(c) => c.broadcast_end(stream),
+            _ => Ok(()),
+        }
+    }
+
     /// Element-wise maximum of `count` u64 at `buf` over every rank, in place.
     ///
     /// # Safety

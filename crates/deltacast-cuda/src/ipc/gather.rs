@@ -29,6 +29,7 @@ impl IpcComm {
         stream: u64,
     ) -> Result<()> {
         self.live()?;
+        self.no_open_broadcast()?;
         // SAFETY: per this function's contract.
         let done = unsafe { self.gather_rows(src, dst, count, stream) };
         done.inspect_err(|_| self.abort())
@@ -53,6 +54,7 @@ impl IpcComm {
         stream: u64,
     ) -> Result<()> {
         self.live()?;
+        self.no_open_broadcast()?;
         if root != 0 || lens.len() != self.nranks {
             return Err(CudaError::InvalidArgument(format!(
                 "an IPC gather goes to rank 0: {} lengths and root {root} for {} ranks",

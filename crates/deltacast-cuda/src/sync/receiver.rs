@@ -390,14 +390,13 @@ impl GpuReceiver {
         };
         let most = lens.iter().copied().max().unwrap_or(0);
         let ptr = self.discard.at_least(&self.gpu, most)?;
-        for len in lens {
-            // SAFETY: scratch of at least `len` bytes (bounded by the checked header and
-            // this receiver's own tensors).
-            unsafe {
-                self.comm
-                    .broadcast(ptr, ptr, len as usize, self.root, stream, self.timeout)?
-            };
-        }
+        let segments: Vec<(u64, u64, u64)> = lens.iter().map(|&len| (ptr, ptr, len)).collect();
+        // SAFETY: scratch of at least each segment's bytes (bounded by the checked header
+        // and this receiver's own tensors); what lands there is dropped.
+        unsafe {
+            self.comm
+                .broadcast_many(&segments, self.root, stream, self.timeout)?
+        };
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "a refused stage")
     }
@@ -458,18 +457,11 @@ impl GpuReceiver {
         };
         // SAFETY: sized above (bounded by this receiver's own table in Header::decode).
         unsafe {
-            self.comm.broadcast(
-                pptr,
-                pptr,
-                stage.position_bytes() as usize,
-                self.root,
-                stream,
-                self.timeout,
-            )?;
-            self.comm.broadcast(
-                vptr,
-                vptr,
-                stage.value_bytes() as usize,
+            self.comm.broadcast_many(
+                &[
+                    (pptr, pptr, stage.position_bytes()),
+                    (vptr, vptr, stage.value_bytes()),
+                ],
                 self.root,
                 stream,
                 self.timeout,
@@ -683,22 +675,21 @@ impl GpuReceiver {
         } else {
             admitted(&mut got.pending)?.clobber();
         }
-        for e in &stage.entries {
-            let t = &self.tensors[e.slot as usize];
-            let dst = t.ptr + e.start * t.dtype.width() as u64;
-            // SAFETY: decode_stage checked that the entries tile their slots, so each lies
-            // inside its tensor, valid for nbytes (the caller's promise at construction).
-            unsafe {
-                self.comm.broadcast(
-                    dst,
-                    dst,
-                    e.val_len as usize,
-                    self.root,
-                    stream,
-                    self.timeout,
-                )?
-            };
-        }
+        let segments: Vec<(u64, u64, u64)> = stage
+            .entries
+            .iter()
+            .map(|e| {
+                let t = &self.tensors[e.slot as usize];
+                let dst = t.ptr + e.start * t.dtype.width() as u64;
+                (dst, dst, e.val_len)
+            })
+            .collect();
+        // SAFETY: decode_stage checked that the entries tile their slots, so each lies
+        // inside its tensor, valid for nbytes (the caller's promise at construction).
+        unsafe {
+            self.comm
+                .broadcast_many(&segments, self.root, stream, self.timeout)?
+        };
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "the tensors")?;
         // SAFETY: our tensors (constructor contract).

@@ -765,10 +765,9 @@ impl GpuSender {
                 self.comm
                     .broadcast(mptr, mptr, manifest.len(), root, side, within)?;
             }
-            for &(ptr, len) in payload {
-                self.comm
-                    .broadcast(ptr, ptr, len as usize, root, side, within)?;
-            }
+            let segments: Vec<(DevicePtr, DevicePtr, u64)> =
+                payload.iter().map(|&(ptr, len)| (ptr, ptr, len)).collect();
+            self.comm.broadcast_many(&segments, root, side, within)?;
             self.gpu.record_event(&bufs.sent, side)?;
         }
         bufs.in_flight = true;

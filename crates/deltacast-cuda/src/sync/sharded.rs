@@ -713,8 +713,12 @@ impl GpuShardedSender {
         // SAFETY: the gathered sections, sized above; the stream orders the broadcasts after
         // the gathers that fill them.
         unsafe {
-            receivers.broadcast(gp, gp, positions as usize, root, stream, within)?;
-            receivers.broadcast(gv, gv, values as usize, root, stream, within)?;
+            receivers.broadcast_many(
+                &[(gp, gp, positions), (gv, gv, values)],
+                root,
+                stream,
+                within,
+            )?;
         }
         // With the timeout, before the next stage's diff (which cannot time out) queues
         // behind these broadcasts.
@@ -842,11 +846,14 @@ impl GpuShardedSender {
                         .map(|e| (e.start * w, e.val_len))
                         .collect();
                     let receivers = self.receivers_mut()?;
+                    // Parts of one broadcast of the stage (what the receivers take as one):
+                    // each slot's part is copied out of the staging before the next gather
+                    // refills it, in stream order.
                     for (at, len) in entries {
-                        receivers.broadcast(
+                        receivers.broadcast_part(
                             staging + at,
                             staging + at,
-                            len as usize,
+                            len,
                             root,
                             stream,
                             within,
@@ -854,6 +861,9 @@ impl GpuShardedSender {
                     }
                 }
             }
+        }
+        if leader {
+            self.receivers_mut()?.broadcast_end(stream)?;
         }
         let done = self.gpu.record_done()?;
         self.trainers
