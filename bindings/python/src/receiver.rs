@@ -57,15 +57,19 @@ impl Receiver {
     /// multi-flush delta into the arrays as it arrives instead of staging the sync until its
     /// last flush (no pass over the arrays after the last flush; but between flushes they hold
     /// parts of two versions, so do not read them while `is_staging`); a sync that fails, or
-    /// `abort_sync`, still puts the arrays back as they were.
+    /// `abort_sync`, still puts the arrays back as they were. `commit_on_demand`: stage, then
+    /// commit: a sync's last flush verifies it whole but writes nothing (`receive` returns
+    /// None, `awaits_commit` is True) until `commit()` writes it in one pass; the arrays keep
+    /// the version held meanwhile (readers pause only for the commit); `abort_sync()` drops it.
     #[new]
-    #[pyo3(signature = (slots, arrays, *, version = None, apply_as_received = false))]
+    #[pyo3(signature = (slots, arrays, *, version = None, apply_as_received = false, commit_on_demand = false))]
     fn new(
         py: Python<'_>,
         slots: &Bound<'_, PyAny>,
         arrays: &Bound<'_, PyAny>,
         version: Option<u64>,
         apply_as_received: bool,
+        commit_on_demand: bool,
     ) -> PyResult<Self> {
         let table = table_arg(slots)?;
         let names: Vec<&str> = table.slots().iter().map(|s| s.name.as_str()).collect();
@@ -88,6 +92,7 @@ impl Receiver {
             .detach(|| deltacast::Receiver::with_state(table, store, version))
             .py()?;
         inner.set_apply_as_received(apply_as_received);
+        inner.set_commit_on_demand(commit_on_demand);
         Ok(Receiver {
             inner,
             arrays: dict.unbind(),
@@ -140,10 +145,37 @@ impl Receiver {
             .collect()
     }
 
-    /// Drops a half-received sync (e.g. the connection to the sender broke); flushes written
-    /// as they arrived are put back.
+    /// Drops a half-received sync (e.g. the connection to the sender broke), or a verified
+    /// one that awaits its commit; flushes written as they arrived are put back.
     fn abort_sync(&mut self) {
         self.inner.abort_sync();
+    }
+
+    /// Whether a verified sync waits for `commit()` (with `commit_on_demand`).
+    #[getter]
+    fn awaits_commit(&self) -> bool {
+        self.inner.awaits_commit()
+    }
+
+    /// Writes the verified sync that waits into the arrays and returns its `SyncOutcome`.
+    /// Releases the GIL.
+    fn commit(&mut self, py: Python<'_>) -> PyResult<SyncOutcome> {
+        let inner = &mut self.inner;
+        let (result, seconds) = py.detach(|| {
+            let t = Instant::now();
+            let r = inner.commit();
+            (r, t.elapsed().as_secs_f64())
+        });
+        let o = result.py()?;
+        Ok(SyncOutcome {
+            kind: o.kind.name(),
+            version: o.version,
+            flushes: o.flushes,
+            changed: o.changed,
+            wire_bytes: o.wire_bytes,
+            state_digest: o.state_digest,
+            rust_seconds: self.staged_seconds + seconds,
+        })
     }
 
     /// The version the arrays hold (None before the first seed).

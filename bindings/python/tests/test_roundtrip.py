@@ -209,3 +209,39 @@ def test_numpy_frames_are_zero_copy_and_read_only(rng, tmp_path):
     assert same_bits(receiver.arrays["layer0.weight"], src["layer0.weight"])
     with pytest.raises(dc.InvalidArgumentError):
         dc.Sender(table, frame_type="memoryview")
+
+
+def test_stage_then_commit(rng):
+    """With commit_on_demand the arrays keep the version held until commit(); abort drops."""
+    table, src = model(rng, dtypes=("bf16", "f32"))
+    sender = dc.Sender(table, bucket_size=4096)
+    dst = table.zeros()
+    receiver = dc.Receiver(table, dst, commit_on_demand=True)
+    for step in range(3):
+        if step:
+            for a in src.values():
+                perturb(rng, a, 0.05)
+        before = {n: a.copy() for n, a in dst.items()}
+        frames = sender.sync(src).frames
+        assert all(receiver.receive(f) is None for f in frames)
+        assert receiver.awaits_commit
+        for n in dst:
+            assert same_bits(dst[n], before[n]), n
+        with pytest.raises(dc.InvalidArgumentError):
+            receiver.receive(frames[0])
+        outcome = receiver.commit()
+        assert outcome.version == step + 1 == receiver.version
+        assert outcome.state_digest == sender.state_digest
+        for n in src:
+            assert same_bits(dst[n], src[n]), n
+    for a in src.values():
+        perturb(rng, a, 0.05)
+    held = {n: a.copy() for n, a in dst.items()}
+    for f in sender.sync(src).frames:
+        receiver.receive(f)
+    receiver.abort_sync()
+    assert not receiver.awaits_commit and receiver.version == 3
+    for n in dst:
+        assert same_bits(dst[n], held[n]), n
+    with pytest.raises(dc.InvalidArgumentError):
+        receiver.commit()

@@ -57,6 +57,16 @@ enum SlotUse {
     Dense(u32),
 }
 
+/// A sync received whole and verified, waiting for [`Receiver::commit`].
+#[derive(Debug)]
+struct Verified {
+    pending: Pending,
+    chunks: Vec<StagedChunk>,
+    kind: FrameKind,
+    flushes: u32,
+    wire_bytes: u64,
+}
+
 /// A sync being received.
 #[derive(Debug)]
 struct Staging {
@@ -173,6 +183,9 @@ pub struct Receiver<S: SlotStore = Vec<Vec<u8>>> {
     held: HeldState,
     staging: Option<Staging>,
     apply_as_received: bool,
+    /// Hold a verified sync until `commit` instead of applying it at its last flush.
+    commit_on_demand: bool,
+    verified: Option<Verified>,
 }
 
 impl Receiver<Vec<Vec<u8>>> {
@@ -190,6 +203,8 @@ impl Receiver<Vec<Vec<u8>>> {
             held,
             staging: None,
             apply_as_received: false,
+            commit_on_demand: false,
+            verified: None,
         }
     }
 }
@@ -216,6 +231,8 @@ impl<S: SlotStore> Receiver<S> {
             held: HeldState::holding(version, digests),
             staging: None,
             apply_as_received: false,
+            commit_on_demand: false,
+            verified: None,
         })
     }
 
@@ -277,10 +294,49 @@ impl<S: SlotStore> Receiver<S> {
         self.staging.is_some()
     }
 
-    /// Drops a half-received sync (e.g. after a lost connection). The state is as it was
-    /// before the sync (flushes already written in place are written back).
+    /// Drops a half-received sync (e.g. after a lost connection), or a verified one waiting
+    /// for [`commit`](Self::commit). The state is as it was before the sync (flushes already
+    /// written in place are written back).
     pub fn abort_sync(&mut self) {
         self.drop_staging();
+        if let Some(v) = self.verified.take() {
+            self.held.fail(v.pending);
+        }
+    }
+
+    /// Splits each sync into *stage* and *commit*: with this on, a sync's last flush verifies
+    /// it whole (every check and digest, from the bits held) but writes nothing, `receive`
+    /// returns `None` and [`awaits_commit`](Self::awaits_commit) says so; the store keeps
+    /// serving the version held until [`commit`](Self::commit) writes the sync in one pass
+    /// (the only part that needs readers paused), or [`abort_sync`](Self::abort_sync) drops
+    /// it. Takes precedence over [`set_apply_as_received`](Self::set_apply_as_received)
+    /// (nothing is written before the commit). Off by default.
+    pub fn set_commit_on_demand(&mut self, on: bool) {
+        self.commit_on_demand = on;
+    }
+
+    /// Whether a verified sync waits for [`commit`](Self::commit).
+    pub fn awaits_commit(&self) -> bool {
+        self.verified.is_some()
+    }
+
+    /// Writes the verified sync that waits (see [`set_commit_on_demand`](Self::set_commit_on_demand))
+    /// and takes its version.
+    pub fn commit(&mut self) -> Result<SyncOutcome> {
+        let v = self
+            .verified
+            .take()
+            .ok_or_else(|| Error::InvalidArgument("no verified sync waits for a commit".into()))?;
+        let version = self.held.commit(&self.table, v.pending)?;
+        let changed = apply_chunks(&self.table, &mut self.store, &v.chunks);
+        Ok(SyncOutcome {
+            kind: v.kind,
+            version,
+            flushes: v.flushes,
+            changed,
+            wire_bytes: v.wire_bytes,
+            state_digest: self.state_digest(),
+        })
     }
 
     /// Whether the flushes of a multi-flush delta are written into the store as they arrive
@@ -319,6 +375,12 @@ impl<S: SlotStore> Receiver<S> {
     /// Takes one flush. Returns `Some` when it completed a sync that was verified and applied.
     /// Any error drops the whole staged sync and leaves the state as it was.
     pub fn receive(&mut self, frame: &[u8]) -> Result<Option<SyncOutcome>> {
+        if self.verified.is_some() {
+            // Refused without touching the sync that waits.
+            return Err(Error::InvalidArgument(
+                "a verified sync waits for commit or abort_sync".into(),
+            ));
+        }
         let result = self.receive_inner(frame);
         if result.is_err() {
             self.drop_staging();
@@ -362,7 +424,9 @@ impl<S: SlotStore> Receiver<S> {
                 sender_digests: vec![None; self.table.len()],
                 slot_count: vec![0; self.table.len()],
                 wire_bytes: 0,
-                in_place: self.apply_as_received && family == FrameKind::Delta,
+                in_place: self.apply_as_received
+                    && !self.commit_on_demand
+                    && family == FrameKind::Delta,
                 written: vec![Vec::new(); self.table.len()],
                 slot_use: vec![SlotUse::Untouched; self.table.len()],
             });
@@ -422,7 +486,11 @@ impl<S: SlotStore> Receiver<S> {
                 )));
             }
         }
-        if h.flush_index == 0 && h.is_final && staging.pending.kind() == FrameKind::Delta {
+        if h.flush_index == 0
+            && h.is_final
+            && staging.pending.kind() == FrameKind::Delta
+            && !self.commit_on_demand
+        {
             // The whole sync is this one verified flush: apply it in one pass, undo on failure.
             let wire_bytes = staging.wire_bytes;
             if let Some(outcome) = self.apply_single(&frame, wire_bytes)? {
@@ -481,7 +549,28 @@ impl<S: SlotStore> Receiver<S> {
             .staging
             .take()
             .ok_or_else(|| Error::IncompleteSync("no staged sync".into()))?;
+        if self.commit_on_demand && staging.pending.kind() != FrameKind::Verify {
+            self.stage_verified(staging)?;
+            return Ok(None);
+        }
         self.finish_sync(staging).map(Some)
+    }
+
+    /// Verifies a fully received sync and keeps it for [`Receiver::commit`].
+    fn stage_verified(&mut self, mut staging: Staging) -> Result<()> {
+        if let Err(e) = self.verify_staged(&mut staging) {
+            self.held.fail(staging.pending);
+            return Err(e);
+        }
+        let kind = staging.outcome_kind();
+        self.verified = Some(Verified {
+            kind,
+            flushes: staging.next_flush,
+            wire_bytes: staging.wire_bytes,
+            pending: staging.pending,
+            chunks: staging.chunks,
+        });
+        Ok(())
     }
 
     /// Writes one flush of a delta received in place (see
