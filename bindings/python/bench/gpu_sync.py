@@ -664,9 +664,10 @@ def run_rank(rank: int, args, port: int):
         stage_kw = ({} if args.stage_mib is None
                     else {"stage_bytes": int(args.stage_mib * (1 << 20))})
         if rank == 0:
+            capacity_kw = {} if args.capacity is None else {"capacity": args.capacity}
             sender = dcc.GpuSender(comm, named, device=ordinal, root=0, snapshots=snaps,
-                                   chunk_elems=args.chunk_elems, capacity=args.capacity,
-                                   entropy=args.entropy, **stage_kw)
+                                   chunk_elems=args.chunk_elems, entropy=args.entropy,
+                                   **capacity_kw, **stage_kw)
         else:
             receiver = dcc.GpuReceiver(comm, named, device=ordinal, root=0)
         dc_errors = (dc_error,)
@@ -1040,7 +1041,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bucket-mib", type=float, default=512, help="bucket size of (a) and (b)")
     ap.add_argument("--chunk-elems", type=int, default=1 << 20, help="deltacast chunk_elems")
-    ap.add_argument("--capacity", type=float, default=0.05, help="deltacast capacity")
+    ap.add_argument("--capacity", type=float, default=None,
+                    help="deltacast capacity (default: the library's DEFAULT_CAPACITY)")
     ap.add_argument("--entropy", choices=["auto", "on", "off"], default="auto",
                     help="deltacast's entropy codecs (gaps + ulp): auto (default: measures "
                          "both, keeps the faster), on, off (abs32/bitmap + raw only)")

@@ -424,7 +424,7 @@ pub struct NativeGpuSender {
 #[pymethods]
 impl NativeGpuSender {
     #[new]
-    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0, snapshot="device", entropy="auto", stage_bytes=deltacast_cuda::sync::DEFAULT_STAGE_BYTES))]
+    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=deltacast_cuda::sync::DEFAULT_CAPACITY, timeout_s=300.0, snapshot="device", entropy="auto", stage_bytes=deltacast_cuda::sync::DEFAULT_STAGE_BYTES))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         comm: AnyComm<'_>,
@@ -532,7 +532,7 @@ impl NativeGpuShardedSender {
     /// communicator with the receivers, `None` on the other ranks. Collective over the
     /// trainer ranks.
     #[new]
-    #[pyo3(signature = (trainers, receivers, shards, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=0.05, timeout_s=300.0, snapshot="device", entropy="auto", stage_bytes=deltacast_cuda::sync::DEFAULT_STAGE_BYTES))]
+    #[pyo3(signature = (trainers, receivers, shards, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=deltacast_cuda::sync::DEFAULT_CAPACITY, timeout_s=300.0, snapshot="device", entropy="auto", stage_bytes=deltacast_cuda::sync::DEFAULT_STAGE_BYTES))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

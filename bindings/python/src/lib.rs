@@ -48,6 +48,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda::decline_sharded, m)?)?;
     m.add("DEFAULT_BUCKET_SIZE", deltacast::flush::DEFAULT_BUCKET_SIZE)?;
     m.add("DEFAULT_CHUNK_ELEMS", deltacast::flush::DEFAULT_CHUNK_ELEMS)?;
+    m.add("DEFAULT_CAPACITY", deltacast_cuda::sync::DEFAULT_CAPACITY)?;
     m.add(
         "DEFAULT_STAGE_BYTES",
         deltacast_cuda::sync::DEFAULT_STAGE_BYTES,

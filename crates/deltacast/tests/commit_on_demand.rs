@@ -83,7 +83,10 @@ fn an_aborted_sync_leaves_the_version_held_and_the_next_one_follows_it() {
     assert!(receiver.awaits_commit());
     // A frame of another sync while one waits: refused, the waiting sync kept.
     let refused = receiver.receive(&frames[0]);
-    assert!(matches!(refused, Err(Error::InvalidArgument(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
     assert!(receiver.awaits_commit());
     receiver.abort_sync();
     assert!(!receiver.awaits_commit());
@@ -122,7 +125,11 @@ fn a_sync_that_fails_its_checks_is_refused_at_its_last_flush_and_writes_nothing(
         .expect("a refusal");
     assert!(matches!(got, Err(Error::DigestMismatch { .. })), "{got:?}");
     assert!(!receiver.awaits_commit());
-    assert_eq!(receiver.store(), &tampered, "a refused sync wrote something");
+    assert_eq!(
+        receiver.store(),
+        &tampered,
+        "a refused sync wrote something"
+    );
 }
 
 trait ReceiveAll {

@@ -35,6 +35,7 @@ __all__ = [
 DEFAULT_BUCKET_SIZE: int
 DEFAULT_CHUNK_ELEMS: int
 DEFAULT_STAGE_BYTES: int  # the GPU sync's stage size (deltacast.cuda)
+DEFAULT_CAPACITY: float  # the GPU senders' delta capacity (deltacast.cuda)
 
 _Path = Union[str, PathLike[str]]
 _DType = Union[str, Any]  # "bf16", "f16", "f32", "f8_e4m3", "f8_e5m2", torch names, a torch dtype
@@ -356,7 +357,7 @@ class NativeGpuSender:
         snapshots: Sequence[int] | None = None,
         root: int = 0,
         chunk_elems: int = ...,
-        capacity: float = 0.05,
+        capacity: float = ...,
         timeout_s: float = 300.0,
         snapshot: str = "device",
         entropy: str = "auto",
@@ -387,7 +388,7 @@ class NativeGpuShardedSender:
         shards: Sequence[tuple[str, int, str, Sequence[int], int, int]],
         root: int = 0,
         chunk_elems: int = ...,
-        capacity: float = 0.05,
+        capacity: float = ...,
         timeout_s: float = 300.0,
         snapshot: str = "device",
         entropy: str = "auto",

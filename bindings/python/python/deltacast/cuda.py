@@ -52,10 +52,16 @@ __all__ = [
     "dim0_shard",
     "dtensor_shards",
     "DEFAULT_STAGE_BYTES",
+    "DEFAULT_CAPACITY",
 ]
 
 #: Default ``GpuSender(stage_bytes=...)``: 2 GiB (a 7B model in BF16 goes in 7 stages).
 DEFAULT_STAGE_BYTES: int = _native.DEFAULT_STAGE_BYTES
+
+#: Default ``capacity`` of both senders: deltas of up to 30 % of a stage's elements; more goes
+#: dense. The delta buffers take about 3.6 bytes per BF16 element of the largest stage per
+#: buffer set (two with several stages; 2.4 with ``entropy="off"``).
+DEFAULT_CAPACITY: float = _native.DEFAULT_CAPACITY
 
 _DTYPES = {
     "torch.bfloat16": "BF16",
@@ -200,7 +206,7 @@ class GpuSender(_Sender):
         root: int = 0,
         snapshots: Optional[Sequence[Any]] = None,
         chunk_elems: int = _native.DEFAULT_CHUNK_ELEMS,
-        capacity: float = 0.05,
+        capacity: float = _native.DEFAULT_CAPACITY,
         timeout_s: float = 300.0,
         snapshot: str = "device",
         entropy: Union[bool, str] = "auto",
@@ -346,7 +352,7 @@ class GpuShardedSender(_Sender):
         device: Optional[int] = None,
         root: int = 0,
         chunk_elems: int = _native.DEFAULT_CHUNK_ELEMS,
-        capacity: float = 0.05,
+        capacity: float = _native.DEFAULT_CAPACITY,
         timeout_s: float = 300.0,
         snapshot: str = "device",
         entropy: Union[bool, str] = "auto",

@@ -52,7 +52,8 @@ mod sharded_setup;
 pub use receiver::GpuReceiver;
 pub use sender::GpuSender;
 pub use settings::{
-    EntropyMode, GpuSenderConfig, SnapshotPlace, AUTO_PROBE_EVERY, DEFAULT_STAGE_BYTES,
+    EntropyMode, GpuSenderConfig, SnapshotPlace, AUTO_PROBE_EVERY, DEFAULT_CAPACITY,
+    DEFAULT_STAGE_BYTES,
 };
 pub use sharded::{GpuShard, GpuShardedSender};
 

@@ -8,6 +8,15 @@ use crate::error::{CudaError, Result};
 use crate::protocol::MIN_CHUNK_ELEMS;
 use crate::{DeviceBuffer, DevicePtr, Gpu, HostBuffer};
 
+/// Default [`GpuSenderConfig::capacity`]: deltas up to 30 % of a stage's elements. At lr 1e-5
+/// on Qwen2.5-0.5B (10–25 % changed) such deltas take 0.5–0.8× a full copy over CUDA IPC where
+/// dense stages take 0.95× (1×H200, 2026-12-02, docs/data/gpu-sync/capacity-lr1e-5/); the
+/// price is the delta buffers' memory: per buffer set (two when a sync has several stages)
+/// `capacity × (8 + 2 × width)` bytes per element of the largest stage with the entropy codecs
+/// possible (`Auto`, `On`), `capacity × (8 + width)` without: 3.6 bytes per BF16 element at
+/// 0.3, 1.8 GB for Qwen2.5-0.5B, 7.7 GB for 7B in 2 GiB stages.
+pub const DEFAULT_CAPACITY: f64 = 0.3;
+
 /// Settings of a [`GpuSender`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuSenderConfig {
@@ -109,7 +118,7 @@ impl Default for GpuSenderConfig {
         GpuSenderConfig {
             root: 0,
             chunk_elems: deltacast::flush::DEFAULT_CHUNK_ELEMS,
-            capacity: 0.05,
+            capacity: DEFAULT_CAPACITY,
             timeout: Duration::from_secs(300),
             entropy: EntropyMode::Auto,
             snapshot: SnapshotPlace::Device,
