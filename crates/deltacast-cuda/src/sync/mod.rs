@@ -55,7 +55,8 @@ pub use settings::{
     EntropyMode, GpuSenderConfig, SnapshotPlace, AUTO_PROBE_EVERY, DEFAULT_CAPACITY,
     DEFAULT_STAGE_BYTES,
 };
-pub use sharded::{GpuShard, GpuShardedSender};
+pub use sharded::GpuShardedSender;
+pub use sharded_setup::GpuShard;
 
 // The Python bindings hold both ends across threads: they must stay Send + Sync.
 const _: fn() = || {

@@ -26,13 +26,14 @@ use std::ops::Range;
 use std::time::Instant;
 
 use deltacast::wire::FrameKind;
-use deltacast::{DType, SlotTable, WeightSender};
+use deltacast::{SlotTable, WeightSender};
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::sender::run_diff;
 use super::settings::{AutoEntropy, Snapshot};
 use super::sharded_setup::{
-    agree_on_heads, agree_on_layout, all_gather_rows, check_shards, Buffers, RowBuffers,
+    agree_on_heads, agree_on_layout, all_gather_rows, check_shards, Buffers, GpuShard, RowBuffers,
+    LEADER,
 };
 use super::WaitStream;
 use super::{
@@ -44,33 +45,10 @@ use crate::protocol::{
     decode_chunk_records, decode_header, decode_stage, rebase_chunk_records, Stage, TableLimits,
     CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES,
 };
-use crate::{CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DigestInput, Gpu};
+use crate::{CodeScratch, DeviceBuffer, DiffInput, DiffOutput, DigestInput, Gpu};
 
-/// The trainer rank that gathers and sends.
-pub(super) const LEADER: usize = 0;
 /// Fixed words of a stage's row, before the digest contributions of its slots.
 const ROW_FIXED: usize = 5;
-
-/// One trainer rank's shard of a slot, by device pointer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuShard {
-    pub name: String,
-    pub dtype: DType,
-    /// The whole slot's shape, as receivers hold it.
-    pub shape: Vec<u64>,
-    /// Slot index of the shard's first element.
-    pub first_index: u64,
-    /// Elements of the shard (0: this rank holds none of the slot).
-    pub numel: u64,
-    /// Device address of its first element (contiguous, aligned to the element width).
-    pub ptr: DevicePtr,
-}
-
-impl GpuShard {
-    pub(super) fn nbytes(&self) -> u64 {
-        self.numel * self.dtype.width() as u64
-    }
-}
 
 /// One stage's row as every rank contributes it to the lockstep exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

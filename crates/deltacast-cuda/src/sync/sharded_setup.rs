@@ -5,15 +5,38 @@
 use std::ops::Range;
 
 use deltacast::plan::plan_stages;
-use deltacast::{SlotInfo, SlotTable};
+use deltacast::{DType, SlotInfo, SlotTable};
 
 use super::settings::Snapshot;
-use super::sharded::{GpuShard, LEADER};
 use super::{u64s, EntropyMode, GpuSenderConfig, Growable};
 use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{check_shard_runs, HEADER_BYTES, MAX_TRAINER_RANKS};
-use crate::{DeviceBuffer, Gpu, DECODE_SLACK};
+use crate::{DeviceBuffer, DevicePtr, Gpu, DECODE_SLACK};
+
+/// The trainer rank that gathers and sends.
+pub(super) const LEADER: usize = 0;
+
+/// One trainer rank's shard of a slot, by device pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuShard {
+    pub name: String,
+    pub dtype: DType,
+    /// The whole slot's shape, as receivers hold it.
+    pub shape: Vec<u64>,
+    /// Slot index of the shard's first element.
+    pub first_index: u64,
+    /// Elements of the shard (0: this rank holds none of the slot).
+    pub numel: u64,
+    /// Device address of its first element (contiguous, aligned to the element width).
+    pub ptr: DevicePtr,
+}
+
+impl GpuShard {
+    pub(super) fn nbytes(&self) -> u64 {
+        self.numel * self.dtype.width() as u64
+    }
+}
 
 /// This rank's own checks of its arguments; the slot table they make.
 pub(super) fn check_shards(
