@@ -87,7 +87,7 @@ test)
         echo "== $e suite ($py)"
         # Required: a missing engine fails the run rather than skipping (never counts as passed).
         DELTACAST_ENGINES_REQUIRED=1 PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest \
-            "$ROOT/bindings/python/tests/engines/test_${e}_layout.py" \
+            "$ROOT"/bindings/python/tests/engines/test_"${e}"_*.py \
             "$ROOT/bindings/python/tests/engines/test_layout_probe.py" \
             -q -rs -p no:cacheprovider || rc=$?
     done

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 WORKER = Path(__file__).with_name("_worker.py")
+ADAPTER_WORKER = Path(__file__).with_name("_adapter_worker.py")
 ARCHS = ("qwen2", "qwen3_moe")
 
 
@@ -32,25 +33,19 @@ def require(module: str) -> None:
     pytest.skip(why, allow_module_level=True)
 
 
-def run_ranks(engine: str, tp: int, workdir: Path, archs=ARCHS, timeout: int = 900) -> dict:
-    """Starts every rank, waits for all; returns {(arch, rank): result}."""
+def start_ranks(worker: Path, engine: str, tp: int, workdir: Path, *extra: str, timeout: int):
+    """Runs ``worker ENGINE TP RANK INIT_FILE WORKDIR EXTRA...`` for every rank (gloo through
+    INIT_FILE), waits for all; returns each rank's log. Fails on a rank that did not exit 0."""
     init = workdir / "dist-init"
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     procs, logs = [], []
     for r in range(tp):
         log = open(workdir / f"rank{r}.log", "w")
         logs.append(log)
-        cmd = [
-            sys.executable,
-            str(WORKER),
-            engine,
-            str(tp),
-            str(r),
-            str(init),
-            str(workdir),
-            ",".join(archs),
-        ]
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+        cmd = [sys.executable, str(worker), engine, str(tp), str(r), str(init), str(workdir)]
+        procs.append(
+            subprocess.Popen(cmd + list(extra), stdout=log, stderr=subprocess.STDOUT, env=env)
+        )
     codes = []
     try:
         for p in procs:
@@ -62,10 +57,19 @@ def run_ranks(engine: str, tp: int, workdir: Path, archs=ARCHS, timeout: int = 9
                 p.wait()
         for log in logs:
             log.close()
-    out = {}
+    texts = []
     for r in range(tp):
         text = (workdir / f"rank{r}.log").read_text()
         assert codes[r] == 0, f"rank {r} exited {codes[r]}:\n{text[-6000:]}"
+        texts.append(text)
+    return texts
+
+
+def run_ranks(engine: str, tp: int, workdir: Path, archs=ARCHS, timeout: int = 900) -> dict:
+    """Starts every rank of the layout test, waits for all; returns {(arch, rank): result}."""
+    texts = start_ranks(WORKER, engine, tp, workdir, ",".join(archs), timeout=timeout)
+    out = {}
+    for r, text in enumerate(texts):
         for arch in archs:
             path = workdir / f"result-{arch}-{r}.json"
             assert path.exists(), f"rank {r} wrote no result for {arch}:\n{text[-6000:]}"
@@ -132,3 +136,39 @@ def check_coverage(workdir: Path, arch: str, tp: int) -> None:
             assert all(whole), f"{arch} {s}: whole on some ranks only"
         else:
             assert total.max() == 1, f"{arch} {s}: split shares overlap"
+
+
+def run_adapter(engine: str, tp: int, workdir: Path, timeout: int = 600) -> list[dict]:
+    """Runs the ranks of the adapter test (tests/engines/_adapter_worker.py); their reports."""
+    texts = start_ranks(ADAPTER_WORKER, engine, tp, workdir, timeout=timeout)
+    out = []
+    for r, text in enumerate(texts):
+        path = workdir / f"adapter-{r}.json"
+        assert path.exists(), f"rank {r} wrote no report:\n{text[-6000:]}"
+        rep = json.loads(path.read_text())
+        assert rep["ok"], f"{engine} rank {r}/{tp}:\n{rep.get('error')}\n{text[-3000:]}"
+        out.append(rep)
+    return out
+
+
+def check_adapter_steps(engine: str, tp: int, reports: list[dict]) -> None:
+    """Every step on every rank: a sync that should land left the parameters bit-identical to
+    load_weights of the full new checkpoint and changed them; a refused one raised deltacast's
+    error and left them as they were (still equal to the previous checkpoint)."""
+    for rep in reports:
+        steps = rep["steps"]
+        assert [s["step"] for s in steps][:4] == ["seed", "delta1", "delta2", "delta3"], steps
+        assert steps[-1]["step"] == "reseed", steps
+        for s in steps:
+            where = f"{engine} rank {rep['rank']}/{tp} step {s['step']} ({s['how']})"
+            assert s["mismatched"] == [], f"{where}: differs from load_weights: {s['mismatched']}"
+            assert s["frames"] > 1, where  # several flushes: staging is exercised
+            if s["expect_error"] is None:
+                assert s["error"] is None, f"{where}: refused: {s['error']}"
+                assert s["changed"] > 0, f"{where}: nothing reached this rank"
+            else:
+                assert s["error"] is not None, f"{where}: a bad sync was accepted"
+                if s["expect_error"] != "refused":
+                    assert s["error"].startswith(s["expect_error"]), (where, s["error"])
+                assert s["deltacast_error"], f"{where}: not deltacast's refusal: {s['error']}"
+                assert s["changed"] == 0, f"{where}: a refused sync changed {s['changed']}"

@@ -459,6 +459,45 @@ def apply_delta(
     return written
 
 
+def apply_slot(layout: EngineLayout, params: Mapping[str, Any], slot: str, values: Any) -> int:
+    """Writes a whole HF slot (``values``: the slot's full tensor, any shape with its number of
+    elements, the parameters' dtype) into this rank's engine parameters, in place, as bit copies.
+
+    The same result as ``apply_delta`` with every position of the slot, without building the
+    positions: each block is one strided copy. Returns the number of elements written."""
+    import torch
+
+    blocks = layout.by_slot().get(slot)
+    if blocks is None:
+        raise LayoutError(f"unknown HF slot {slot!r}")
+    vals = torch.as_tensor(values)
+    numel = math.prod(layout.slots[slot])
+    if vals.numel() != numel:
+        raise LayoutError(f"{slot}: {vals.numel()} values for a slot of {numel} elements")
+    if not vals.is_contiguous():
+        raise LayoutError(f"{slot}: the values are not contiguous")
+    written = 0
+    for pname, b in blocks:
+        target = params[pname]
+        data = target.data if hasattr(target, "data") else target
+        if vals.dtype != data.dtype:
+            raise LayoutError(
+                f"{slot} -> {pname}: values are {vals.dtype}, the parameter {data.dtype}"
+            )
+        if not data.is_contiguous():
+            raise LayoutError(f"{pname} is not contiguous")
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[data.element_size()]
+        dst = data.view(-1).view(ints)  # bit copies: NaN payloads stay as they are
+        src = vals.reshape(-1).view(ints)
+        size = (b.count, b.length)
+        # as_strided takes offsets into the storage, not into the view.
+        d = dst.as_strided(size, (b.dst_stride, 1), dst.storage_offset() + b.dst)
+        s = src.as_strided(size, (b.src_stride, 1), src.storage_offset() + b.src)
+        d.copy_(s.to(d.device))
+        written += b.elements
+    return written
+
+
 def cache_path(key: Mapping[str, Any], cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Where the layout for ``key`` (engine, version, architecture, config, rank, world) lives."""
     base = Path(

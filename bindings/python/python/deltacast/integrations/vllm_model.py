@@ -22,7 +22,8 @@ def version() -> str:
     return str(vllm.__version__)
 
 
-def _config(config_dir: str | Path, tp: int, dtype: str) -> Any:
+def config(config_dir: str | Path, tp: int, dtype: str) -> Any:
+    """The ``VllmConfig`` of the model of ``config_dir`` at tensor parallel ``tp`` on a CPU."""
     from vllm.config import DeviceConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig
 
     mc = ModelConfig(
@@ -67,7 +68,7 @@ def build_model(config_dir: str | Path, dtype: str = "float32") -> Any:
 
     if _TP is None:
         raise RuntimeError("init_distributed first")
-    vc = _config(config_dir, _TP, dtype)
+    vc = config(config_dir, _TP, dtype)
     # As vLLM's loaders do: parameters take the default dtype at construction.
     with set_current_vllm_config(vc), set_default_torch_dtype(vc.model_config.dtype):
         model = initialize_model(vllm_config=vc)
@@ -89,6 +90,6 @@ def post_load(model: Any, config_dir: str | Path, dtype: str = "float32") -> Non
 
     if _TP is None:
         raise RuntimeError("init_distributed first")
-    vc = _config(config_dir, _TP, dtype)
+    vc = config(config_dir, _TP, dtype)
     with set_current_vllm_config(vc):
         process_weights_after_loading(model, vc.model_config, torch.device("cpu"))

@@ -1,0 +1,277 @@
+"""One tensor-parallel rank of an engine adapter test, run as its own process:
+
+    python _adapter_worker.py ENGINE TP RANK INIT_FILE WORKDIR
+
+ENGINE "vllm": the "deltacast" weight-transfer backend, found through vLLM's own plugin loading
+and built by its ``WeightTransferEngineFactory``, driven through its lifecycle calls.
+ENGINE "sglang": the custom weight loader, called by SGLang's own
+``WeightUpdater.update_weights_from_tensor``.
+
+The tiny Qwen2 in bf16. Rank 0 runs a deltacast ``Sender`` over the HF checkpoint and writes
+each sync as a file; every rank delivers it to its engine (the same frames, as vLLM and SGLang
+hand every worker the same update). After every step each rank compares all its parameters,
+bit for bit, with a reference model that loaded the expected full checkpoint with the engine's
+own ``load_weights``. Steps: a seed, deltas (edge bit patterns), refusals (a corrupted frame, an
+old sync replayed, a delta to a restarted receiver, for vLLM a session that ends mid-sync) that
+must leave the weights as they were, and the syncs after them. Writes WORKDIR/adapter-RANK.json.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from _worker import as_tensor, random_bits
+
+DTYPE = "bfloat16"
+
+
+def mutate(rng, ckpt: dict, step: int) -> dict:
+    """The next checkpoint: per slot (rotating with the step) untouched, a few elements, about
+    a tenth in random order, or all of it, new values with edge patterns."""
+    new = {n: b.copy() for n, b in ckpt.items()}
+    for k, (n, b) in enumerate(new.items()):
+        kind = (k + step) % 4
+        if kind == 0:
+            continue
+        m = {1: min(3, b.size), 2: max(1, b.size // 10), 3: b.size}[kind]
+        pos = rng.choice(b.size, size=m, replace=False)
+        b[pos] = random_bits(rng, DTYPE, m)
+    return new
+
+
+class VllmDelivery:
+    """The backend as vLLM's worker drives it (init, start, update_weights, finish)."""
+
+    def __init__(self, torch, glue, model, cdir, tp, table, workdir, report):
+        from vllm.config import set_current_vllm_config
+        from vllm.config.weight_transfer import WeightTransferConfig
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+        from vllm.plugins import load_general_plugins
+
+        from deltacast.integrations.engine_receiver import table_entries
+        from deltacast.integrations.vllm_backend import DeltacastWeightTransferEngine
+
+        # (a) vLLM's own plugin loading registers the backend; nothing here registers it.
+        report["registered_before_plugins"] = "deltacast" in WeightTransferEngineFactory._registry
+        load_general_plugins()
+        report["registered_after_plugins"] = "deltacast" in WeightTransferEngineFactory._registry
+        self.vc = glue.config(cdir, tp, DTYPE)
+        with set_current_vllm_config(self.vc):
+            self.engine = WeightTransferEngineFactory.create_engine(
+                WeightTransferConfig(backend="deltacast"), self.vc, torch.device("cpu"), model
+            )
+        report["engine_class"] = type(self.engine).__name__
+        report["is_ours"] = isinstance(self.engine, DeltacastWeightTransferEngine)
+        self.init = {"slots": table_entries(table), "layout_cache": str(workdir / "layouts")}
+        self.restart()
+        report["layout_from_cache"] = self.engine.layout_from_cache
+
+        # update_weights ends with torch.accelerator.synchronize(), which raises where there is
+        # no accelerator. With none, no device work can be queued: wait for nothing.
+        real = torch.accelerator.synchronize
+
+        def synchronize(device=None):
+            if torch.accelerator.current_accelerator() is None:
+                return None
+            return real(device)
+
+        torch.accelerator.synchronize = synchronize
+
+    def restart(self):
+        """As a restarted worker: init_transfer_engine again (a fresh receiver, same layout)."""
+        self.engine.init_transfer_engine(self.engine.parse_init_info(self.init))
+
+    def deliver(self, torch, path: Path, frames, how: str):
+        eng = self.engine
+        eng.start_weight_update()
+        try:
+            if how == "file":
+                eng.update_weights({"sync_file": str(path)})
+            elif how == "split":  # one sync over two calls, frames as uint8 tensors
+                ts = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in frames]
+                k = max(1, len(ts) // 2)
+                eng.update_weights({"frames": ts[:k]})
+                eng.update_weights({"frames": ts[k:]})
+            elif how == "half":  # the session ends in the middle of the sync
+                eng.update_weights({"frames": list(frames[: len(frames) // 2])})
+            else:
+                eng.update_weights({"frames": list(frames)})
+        finally:
+            eng.finish_weight_update()
+
+
+class SglangDelivery:
+    """The loader as SGLang's WeightUpdater calls it."""
+
+    def __init__(self, torch, glue, model, cdir, tp, table, workdir, report):
+        import os
+
+        from sglang.srt.model_executor.model_runner_components.weight_updater import (
+            WeightUpdater,
+        )
+
+        from deltacast.integrations import sglang as dsg
+
+        os.environ["DELTACAST_LAYOUT_CACHE"] = str(workdir / "layouts")
+        self.dsg, self.model, self.table = dsg, model, table
+        self.updater = WeightUpdater(
+            tp_rank=int(sys.argv[3]),
+            device="cpu",
+            gpu_id=0,
+            model_config=None,
+            custom_weight_loaders=[dsg.LOADER],
+            get_model=lambda: model,
+            update_model_fields=lambda *a, **k: None,
+            recapture_cuda_graph=lambda: None,
+            get_model_runner=lambda: None,
+        )
+        self.send_table = True
+
+    def restart(self):
+        self.dsg.reset(self.model)
+        self.send_table = True
+
+    def deliver(self, torch, path: Path, frames, how: str):
+        from deltacast import read_sync_file
+
+        frames = read_sync_file(path) if how == "file" else frames
+        named = self.dsg.named_tensors(frames, self.table if self.send_table else None)
+        ok, msg = self.updater.update_weights_from_tensor(named, load_format=self.dsg.LOADER)
+        assert ok, msg
+        self.send_table = False
+
+
+def main() -> int:
+    engine, tp, rank, init_file, workdir = sys.argv[1:6]
+    tp, rank, workdir = int(tp), int(rank), Path(workdir)
+    t0 = time.time()
+    glue = importlib.import_module(f"deltacast.integrations.{engine}_model")
+    import torch
+    import torch.distributed as dist
+
+    import deltacast
+    from deltacast.integrations import tiny
+
+    glue.init_distributed(tp, rank, init_file)
+    report: dict = {"rank": rank, "steps": [], "ok": False}
+    try:
+        cdir = tiny.write_config(workdir / "qwen2", "qwen2")
+        shapes = tiny.hf_shapes(tiny.QWEN2)
+        names = list(shapes)
+
+        def tensors(ckpt):
+            return ((n, as_tensor(torch, ckpt[n], DTYPE, shapes[n])) for n in names)
+
+        model = glue.build_model(cdir, DTYPE)
+        ref = glue.build_model(cdir, DTYPE)
+        rng = np.random.default_rng(20261203)  # the same checkpoints on every rank
+        ckpt = {n: random_bits(rng, DTYPE, math.prod(s)) for n, s in shapes.items()}
+        glue.load(model, tensors(ckpt))  # the engine starts from an older checkpoint
+        params = dict(model.named_parameters())
+        ref_params = dict(ref.named_parameters())
+        with torch.no_grad():
+            for p, t in ref_params.items():
+                t.copy_(params[p])  # what the loader never writes is equal too
+        table = deltacast.SlotTable([(n, "bf16", s) for n, s in shapes.items()])
+        kind = {"vllm": VllmDelivery, "sglang": SglangDelivery}[engine]
+        delivery = kind(torch, glue, model, cdir, tp, table, workdir, report)
+        report["setup_s"] = round(time.time() - t0, 2)
+        sender = deltacast.Sender(table, bucket_size=1 << 14) if rank == 0 else None
+
+        def raw(t):
+            return t.detach().reshape(-1).view(torch.int16)
+
+        counter = [0]
+
+        def sync_file(make):
+            """Rank 0 makes a sync's frames (``make(sender)``) and writes them; all read."""
+            counter[0] += 1
+            path = workdir / f"sync-{counter[0]}.dcast"
+            if rank == 0:
+                frames = make(sender)
+                deltacast.write_sync_file(path, frames)
+            dist.barrier()
+            return path, deltacast.read_sync_file(path)
+
+        def step(name, path, frames, how, expect_error, oracle):
+            before = {p: raw(t).clone() for p, t in params.items()}
+            err, ours = None, None
+            try:
+                delivery.deliver(torch, path, frames, how)
+            except Exception as e:  # noqa: BLE001 - the step records what was raised
+                err, ours = f"{type(e).__name__}: {e}"[:300], isinstance(e, deltacast.DeltacastError)
+            glue.load(ref, tensors(oracle))
+            mismatched = [p for p, t in params.items() if not torch.equal(raw(t), raw(ref_params[p]))]
+            changed = sum(int((raw(t) != before[p]).sum()) for p, t in params.items())
+            report["steps"].append(
+                {
+                    "step": name,
+                    "how": how,
+                    "frames": len(frames),
+                    "expect_error": expect_error,
+                    "error": err,
+                    "deltacast_error": ours,
+                    "mismatched": mismatched,
+                    "changed": changed,
+                }
+            )
+            dist.barrier()
+
+        def sync_of(new):
+            return lambda s: s.sync(new).frames
+
+        # A seed of a checkpoint the engine does not hold, then deltas.
+        ckpt = {n: random_bits(rng, DTYPE, b.size) for n, b in ckpt.items()}
+        path, frames = sync_file(sync_of(ckpt))
+        step("seed", path, frames, "file", None, ckpt)
+        replay = None
+        for i, how in enumerate(("file", "frames", "split" if engine == "vllm" else "file")):
+            ckpt = mutate(rng, ckpt, i)
+            path, frames = sync_file(sync_of(ckpt))
+            replay = replay or (path, frames)
+            step(f"delta{i + 1}", path, frames, how, None, ckpt)
+
+        # A corrupted last frame: the flushes before it verified, yet nothing lands.
+        new = mutate(rng, ckpt, 7)
+        path, frames = sync_file(sync_of(new))
+        bad = [bytes(f) for f in frames]
+        last = bytearray(bad[-1])
+        last[len(last) // 2] ^= 0x40
+        bad[-1] = bytes(last)
+        step("corrupted", path, bad, "frames", "refused", ckpt)
+        if engine == "vllm":
+            step("incomplete", path, frames, "half", "IncompleteSyncError", ckpt)
+        step("after-refusal", path, frames, "frames", None, new)
+        ckpt = new
+        # An old sync again: the wrong version.
+        step("replayed", replay[0], replay[1], "file", "refused", ckpt)
+        # A restarted receiver holds no version: a delta is refused, a seed lands.
+        delivery.restart()
+        new = mutate(rng, ckpt, 9)
+        path, frames = sync_file(sync_of(new))
+        step("delta-to-restarted", path, frames, "file", "refused", ckpt)
+
+        def reseed(s):
+            s.request_seed()
+            return s.sync(new).frames
+
+        path, frames = sync_file(reseed)
+        step("reseed", path, frames, "file", None, new)
+        report["ok"] = True
+    except Exception:
+        report["error"] = traceback.format_exc()
+    report["seconds"] = round(time.time() - t0, 2)
+    (workdir / f"adapter-{rank}.json").write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

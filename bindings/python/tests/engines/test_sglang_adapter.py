@@ -1,0 +1,28 @@
+"""The deltacast custom weight loader on SGLang's real Qwen2 on a CPU, tensor parallel 1 and 2
+(a process per rank, gloo), called by SGLang's own WeightUpdater.update_weights_from_tensor: a
+seed and deltas sent by a deltacast Sender over the HF checkpoint leave every rank bit-identical
+to load_weights of the full new checkpoint; refused syncs (a corrupted frame, a replayed sync, a
+delta to a restarted receiver) leave the weights untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_case import check_adapter_steps, require, run_adapter
+
+require("sglang")
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=lambda tp: f"tp{tp}")
+def reports(request, tmp_path_factory):
+    tp = request.param
+    return tp, run_adapter("sglang", tp, tmp_path_factory.mktemp(f"sglang-adapter-tp{tp}"))
+
+
+def test_syncs_through_update_weights_from_tensor_equal_load_weights(reports):
+    tp, reps = reports
+    check_adapter_steps("sglang", tp, reps)
+    assert [s["step"] for s in reps[0]["steps"]] == [
+        "seed", "delta1", "delta2", "delta3", "corrupted", "after-refusal", "replayed",
+        "delta-to-restarted", "reseed",
+    ]

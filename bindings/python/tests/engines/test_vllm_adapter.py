@@ -1,0 +1,39 @@
+"""The "deltacast" vLLM weight-transfer backend on vLLM's real Qwen2 on a CPU, tensor parallel 1
+and 2 (a process per rank, gloo): vLLM's own plugin loading registers it and its factory builds
+it; a seed and deltas sent by a deltacast Sender over the HF checkpoint arrive through the
+engine's lifecycle calls and leave every rank bit-identical to load_weights of the full new
+checkpoint; refused syncs (a corrupted frame, a replayed sync, a delta to a restarted worker, a
+session that ends mid-sync) leave the weights untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_case import check_adapter_steps, require, run_adapter
+
+require("vllm")
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=lambda tp: f"tp{tp}")
+def reports(request, tmp_path_factory):
+    tp = request.param
+    return tp, run_adapter("vllm", tp, tmp_path_factory.mktemp(f"vllm-adapter-tp{tp}"))
+
+
+def test_plugin_loading_registers_the_backend(reports):
+    _, reps = reports
+    for rep in reps:
+        assert not rep["registered_before_plugins"], "registered before vLLM loaded plugins"
+        assert rep["registered_after_plugins"]
+        assert rep["engine_class"] == "DeltacastWeightTransferEngine" and rep["is_ours"]
+        # Each rank learned its own layout (a fresh cache) at init, then reused it.
+        assert rep["layout_from_cache"] is False
+
+
+def test_syncs_through_the_lifecycle_equal_load_weights(reports):
+    tp, reps = reports
+    check_adapter_steps("vllm", tp, reps)
+    assert [s["step"] for s in reps[0]["steps"]] == [
+        "seed", "delta1", "delta2", "delta3", "corrupted", "incomplete", "after-refusal",
+        "replayed", "delta-to-restarted", "reseed",
+    ]
