@@ -74,12 +74,13 @@ class VllmDelivery:
         self.restart()
         report["layout_from_cache"] = self.engine.layout_from_cache
 
-        # update_weights ends with torch.accelerator.synchronize(), which raises where there is
-        # no accelerator. With none, no device work can be queued: wait for nothing.
+        # update_weights ends with torch.accelerator.synchronize(), which raises where no
+        # accelerator is available (a CUDA build of torch without a GPU). With none, no device
+        # work can be queued: wait for nothing; with one, synchronize as vLLM does.
         real = torch.accelerator.synchronize
 
         def synchronize(device=None):
-            if torch.accelerator.current_accelerator() is None:
+            if not torch.accelerator.is_available():
                 return None
             return real(device)
 
@@ -184,7 +185,7 @@ def main() -> int:
         kind = {"vllm": VllmDelivery, "sglang": SglangDelivery}[engine]
         delivery = kind(torch, glue, model, cdir, tp, table, workdir, report)
         report["setup_s"] = round(time.time() - t0, 2)
-        sender = deltacast.Sender(table, bucket_size=1 << 14) if rank == 0 else None
+        sender = deltacast.Sender(table, bucket_size=1 << 12) if rank == 0 else None
 
         def raw(t):
             return t.detach().reshape(-1).view(torch.int16)
@@ -225,8 +226,11 @@ def main() -> int:
             )
             dist.barrier()
 
+        def hf(ckpt):
+            return {n: ckpt[n].reshape(shapes[n]) for n in names}
+
         def sync_of(new):
-            return lambda s: s.sync(new).frames
+            return lambda s: s.sync(hf(new)).frames
 
         # A seed of a checkpoint the engine does not hold, then deltas.
         ckpt = {n: random_bits(rng, DTYPE, b.size) for n, b in ckpt.items()}
@@ -261,7 +265,7 @@ def main() -> int:
 
         def reseed(s):
             s.request_seed()
-            return s.sync(new).frames
+            return s.sync(hf(new)).frames
 
         path, frames = sync_file(reseed)
         step("reseed", path, frames, "file", None, new)

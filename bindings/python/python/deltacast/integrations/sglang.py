@@ -72,7 +72,7 @@ def _start(model: Any, entries: list) -> LayoutReceiver:
     import hashlib
 
     import sglang
-    from sglang.srt.distributed import (
+    from sglang.srt.distributed.parallel_state import (
         get_tensor_model_parallel_rank,
         get_tensor_model_parallel_world_size,
     )
