@@ -194,3 +194,97 @@ def test_a_layout_read_from_outside_is_checked():
     bad["format"] = 99
     with pytest.raises(L.LayoutError, match="format"):
         L.EngineLayout.from_json(bad)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_slot_equals_the_loader_and_apply_delta(world, dtype):
+    """A whole slot written by strided block copies lands where the loader puts it, and where
+    apply_delta with every position of the slot puts it."""
+    rng = np.random.default_rng(11)
+    for rank in range(world):
+        lay = L.learn_layout(Toy(rank, world), HF, rank=rank, world=world)
+        base, new = random_checkpoint(rng, dtype), random_checkpoint(rng, dtype)
+        models = [Toy(rank, world, dtype=dtype) for _ in range(3)]
+        for m in models:
+            m.load_weights(base.items())
+        by_slot, by_pos, oracle = (dict(m.named_parameters()) for m in models)
+        for n, t in new.items():
+            assert L.apply_slot(lay, by_slot, n, t) == L.apply_delta(
+                lay, by_pos, n, torch.arange(t.numel()), t.reshape(-1)
+            )
+        models[2].load_weights(new.items())
+        for p in oracle:
+            assert torch.equal(raw(by_slot[p]), raw(oracle[p])), (rank, p)
+            assert torch.equal(raw(by_pos[p]), raw(oracle[p])), (rank, p)
+    with pytest.raises(L.LayoutError, match="values for a slot"):
+        L.apply_slot(lay, by_slot, "norm.weight", torch.zeros(H + 1, dtype=dtype))
+
+
+def _bits(t):
+    """A checkpoint tensor as the numpy bits a deltacast Sender takes (bf16 as uint16)."""
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_layout_receiver_lands_syncs_as_the_loader_and_refuses_all_or_nothing(world):
+    """Sender -> frames -> LayoutReceiver on every rank of the toy engine, against the loader:
+    a seed, deltas, then a corrupted frame and a replayed sync that change nothing."""
+    import deltacast
+    from deltacast.integrations.engine_receiver import LayoutReceiver
+
+    dtype = torch.bfloat16
+    rng = np.random.default_rng(13)
+    table = deltacast.SlotTable([(n, "bf16", s) for n, s in HF.items()])
+    sender = deltacast.Sender(table)  # one frame per sync: the engine tests do several
+    ranks = []
+    for rank in range(world):
+        lay = L.learn_layout(Toy(rank, world), HF, rank=rank, world=world)
+        model, oracle = Toy(rank, world, dtype=dtype), Toy(rank, world, dtype=dtype)
+        ranks.append((model, oracle, LayoutReceiver(table, lay, dict(model.named_parameters()))))
+    ckpt = random_checkpoint(rng, dtype)
+    syncs = []
+    for step in range(4):
+        if step:
+            for k, t in enumerate(ckpt.values()):
+                if (k + step) % 3:
+                    flat = t.view(-1)
+                    pos = torch.from_numpy(rng.choice(flat.numel(), size=2, replace=False))
+                    flat[pos] = random_checkpoint(rng, dtype)["norm.weight"][:2]
+        result = sender.sync({n: _bits(t) for n, t in ckpt.items()})
+        assert result.kind == ("seed" if step == 0 else "delta")
+        syncs.append(result.frames)
+        for model, oracle, rx in ranks:
+            outcomes = rx.receive_all(result.frames)
+            assert [o.version for o in outcomes] == [step + 1]
+            oracle.load_weights(ckpt.items())
+            for (p, a), b in zip(model.named_parameters(), oracle.parameters()):
+                assert torch.equal(raw(a), raw(b)), (step, p)
+    next_ckpt = {n: t.clone() for n, t in ckpt.items()}
+    next_ckpt["norm.weight"].view(-1)[0] = 7.0
+    frames = [bytes(f) for f in sender.sync({n: _bits(t) for n, t in next_ckpt.items()}).frames]
+    frames[-1] = frames[-1][:-1] + bytes([frames[-1][-1] ^ 1])
+    for bad, err in ((frames, deltacast.MalformedFrameError), (syncs[1], deltacast.VersionMismatchError)):
+        for model, _, rx in ranks:
+            before = {p: raw(t) for p, t in model.named_parameters()}
+            with pytest.raises(err):
+                rx.receive_all(bad)
+            assert not rx.is_staging and rx.version == 4
+            assert all(torch.equal(raw(t), before[p]) for p, t in model.named_parameters())
+
+
+def test_layout_receiver_refuses_a_table_the_engine_cannot_hold():
+    import deltacast
+    from deltacast.integrations.engine_receiver import LayoutReceiver
+
+    lay = L.learn_layout(Toy(), HF)
+    params = dict(Toy(dtype=torch.bfloat16).named_parameters())
+    ok = [(n, "bf16", s) for n, s in HF.items()]
+    LayoutReceiver(deltacast.SlotTable(ok), lay, params)
+    for bad, match in (
+        ([(n, "f32", s) for n, s in HF.items()], "send the engine's dtype"),
+        (ok + [("extra.weight", "bf16", (2,))], "not in the engine's layout"),
+        ([(n, "bf16", (1,) + tuple(s)) for n, s in HF.items()], "shape"),
+    ):
+        with pytest.raises(L.LayoutError, match=match):
+            LayoutReceiver(deltacast.SlotTable(bad), lay, params)
