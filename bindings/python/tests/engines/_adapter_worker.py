@@ -208,9 +208,12 @@ def main() -> int:
             try:
                 delivery.deliver(torch, path, frames, how)
             except Exception as e:  # noqa: BLE001 - the step records what was raised
-                err, ours = f"{type(e).__name__}: {e}"[:300], isinstance(e, deltacast.DeltacastError)
+                err = f"{type(e).__name__}: {e}"[:300]
+                ours = isinstance(e, deltacast.DeltacastError)
             glue.load(ref, tensors(oracle))
-            mismatched = [p for p, t in params.items() if not torch.equal(raw(t), raw(ref_params[p]))]
+            mismatched = [
+                p for p, t in params.items() if not torch.equal(raw(t), raw(ref_params[p]))
+            ]
             changed = sum(int((raw(t) != before[p]).sum()) for p, t in params.items())
             report["steps"].append(
                 {

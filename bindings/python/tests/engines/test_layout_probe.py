@@ -264,7 +264,8 @@ def test_layout_receiver_lands_syncs_as_the_loader_and_refuses_all_or_nothing(wo
     next_ckpt["norm.weight"].view(-1)[0] = 7.0
     frames = [bytes(f) for f in sender.sync({n: _bits(t) for n, t in next_ckpt.items()}).frames]
     frames[-1] = frames[-1][:-1] + bytes([frames[-1][-1] ^ 1])
-    for bad, err in ((frames, deltacast.MalformedFrameError), (syncs[1], deltacast.VersionMismatchError)):
+    refusals = ((frames, deltacast.MalformedFrameError), (syncs[1], deltacast.VersionMismatchError))
+    for bad, err in refusals:
         for model, _, rx in ranks:
             before = {p: raw(t) for p, t in model.named_parameters()}
             with pytest.raises(err):
