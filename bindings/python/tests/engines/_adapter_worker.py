@@ -92,6 +92,13 @@ class VllmDelivery:
 
     def deliver(self, torch, path: Path, frames, how: str):
         eng = self.engine
+
+        def bits():
+            params = eng.model.parameters()
+            return [t.detach().reshape(-1).view(torch.int16).clone() for t in params]
+
+        start = bits()
+        self.changed_before_finish = None
         eng.start_weight_update()
         try:
             if how == "file":
@@ -105,6 +112,10 @@ class VllmDelivery:
                 eng.update_weights({"frames": list(frames[: len(frames) // 2])})
             else:
                 eng.update_weights({"frames": list(frames)})
+            # Stage, then commit: the weights change only in finish_weight_update.
+            self.changed_before_finish = any(
+                not torch.equal(a, b) for a, b in zip(start, bits(), strict=True)
+            )
         finally:
             eng.finish_weight_update()
 
@@ -225,6 +236,7 @@ def main() -> int:
                     "deltacast_error": ours,
                     "mismatched": mismatched,
                     "changed": changed,
+                    "changed_before_finish": getattr(delivery, "changed_before_finish", None),
                 }
             )
             dist.barrier()

@@ -37,3 +37,11 @@ def test_syncs_through_the_lifecycle_equal_load_weights(reports):
         "seed", "delta1", "delta2", "delta3", "corrupted", "incomplete", "after-refusal",
         "replayed", "delta-to-restarted", "reseed",
     ]
+
+
+def test_a_sync_lands_at_finish_weight_update(reports):
+    """Stage, then commit: update_weights verifies, finish_weight_update writes."""
+    _, reps = reports
+    for rep in reps:
+        landed = [s for s in rep["steps"] if s["expect_error"] is None]
+        assert landed and all(s["changed_before_finish"] is False for s in landed), landed

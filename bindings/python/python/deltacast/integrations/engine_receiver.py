@@ -53,9 +53,20 @@ class LayoutReceiver:
     ``slots``: the sender's table (HF names, dtypes, shapes): a subset of the layout's slots,
     shapes equal, each dtype the dtype of every parameter it lands in. The first sync must be a
     seed (a fresh receiver holds no version): a new or restarted engine worker never trusts
-    that its weights equal what the sender last sent."""
+    that its weights equal what the sender last sent.
 
-    def __init__(self, slots: Any, layout: EngineLayout, params: Mapping[str, Any]) -> None:
+    ``commit_on_demand``: a sync's last frame verifies it whole but nothing is written (to the
+    shadow or the engine) until ``commit()``; meanwhile ``awaits_commit`` is True and the
+    engine keeps the version it holds."""
+
+    def __init__(
+        self,
+        slots: Any,
+        layout: EngineLayout,
+        params: Mapping[str, Any],
+        *,
+        commit_on_demand: bool = False,
+    ) -> None:
         import torch
 
         self.table = slot_table(slots)
@@ -83,12 +94,19 @@ class LayoutReceiver:
         self.shadow = {
             s.name: torch.zeros(tuple(s.shape), dtype=_torch_dtype(s.dtype)) for s in self.table
         }
+        self.commit_on_demand = commit_on_demand
         self._fresh_receiver()
 
     def _fresh_receiver(self) -> None:
         # version=None: the next sync must be a seed.
-        self.receiver = _native.Receiver(self.table, self.shadow)
+        self.receiver = _native.Receiver(
+            self.table, self.shadow, commit_on_demand=self.commit_on_demand
+        )
         self._before: dict[str, int] | None = None
+
+    @property
+    def awaits_commit(self) -> bool:
+        return self.receiver.awaits_commit
 
     @property
     def version(self) -> int | None:
@@ -103,11 +121,20 @@ class LayoutReceiver:
         ``SyncOutcome`` when it completed a verified sync (then applied to the engine), None
         while a sync is still arriving. A refusal raises the receiver's error; shadow and
         engine are as they were, and the half-received sync is dropped."""
-        if not self.receiver.is_staging:
+        if not self.receiver.is_staging and not self.receiver.awaits_commit:
             self._before = self.receiver.digests
         outcome = self.receiver.receive(_frame_arg(frame))
         if outcome is None:
             return None
+        return self._land(outcome)
+
+    def commit(self) -> _native.SyncOutcome:
+        """With ``commit_on_demand``: writes the verified sync that waits into the shadow and
+        then the engine; its ``SyncOutcome``."""
+        return self._land(self.receiver.commit())
+
+    def _land(self, outcome: _native.SyncOutcome) -> _native.SyncOutcome:
+        """The shadow holds the verified sync: write the slots it changed into the engine."""
         before, self._before = self._before or {}, None
         if outcome.kind == "seed":
             changed = list(self.shadow)
@@ -134,7 +161,8 @@ class LayoutReceiver:
         return out
 
     def abort_sync(self) -> None:
-        """Drops a half-received sync (nothing of it reached shadow or engine)."""
+        """Drops a half-received sync, or one that awaits its commit (nothing of it reached
+        shadow or engine)."""
         self.receiver.abort_sync()
         self._before = None
 

@@ -14,9 +14,10 @@ Lifecycle, in each worker (every tensor-parallel rank gets the same calls):
 - ``receive_weights({"frames": [...]} or {"sync_file": path})`` (through vLLM's
   ``update_weights``, any number of calls per session): the frames of one or more syncs, as
   bytes or uint8 tensors, or a file written by ``deltacast.write_sync_file`` (JSON-able, for
-  the HTTP route). Each sync is applied to the model only once it verified, all or nothing; a
-  refusal raises deltacast's error and leaves the weights as they were.
-- ``finish_weight_update()``: closes the session; a sync still half received is dropped and
+  the HTTP route): one sync per session. Its last frame verifies it whole, all or nothing,
+  but the weights do not change yet; a refusal raises deltacast's error and drops it.
+- ``finish_weight_update()``: commits: the verified sync is written into the model (only the
+  slots it changed, through the layout). A sync still half received is dropped instead and
   ``IncompleteSyncError`` raised (its frames never reached the weights).
 - ``shutdown()``: drops the receiver (the next ``init_transfer_engine`` starts with a seed).
 
@@ -124,7 +125,10 @@ class DeltacastWeightTransferEngine(WeightTransferEngine[DeltacastInitInfo, Delt
         layout, self.layout_from_cache = cached_layout(
             key, lambda: self._learn(shapes, rank, world), init_info.layout_cache
         )
-        self.receiver = LayoutReceiver(table, layout, dict(self.model.named_parameters()))
+        # Stage, then commit: a sync verified in update_weights lands in finish_weight_update.
+        self.receiver = LayoutReceiver(
+            table, layout, dict(self.model.named_parameters()), commit_on_demand=True
+        )
         self.outcomes = []
 
     def start_weight_update(self) -> None:
@@ -143,8 +147,14 @@ class DeltacastWeightTransferEngine(WeightTransferEngine[DeltacastInitInfo, Delt
 
     def finish_weight_update(self) -> None:
         self._active = False
-        if self.receiver is not None and self.receiver.is_staging:
-            self.receiver.abort_sync()
+        rx = self.receiver
+        if rx is None:
+            return
+        if rx.awaits_commit:
+            with torch.no_grad():
+                self.outcomes.append(rx.commit())
+        elif rx.is_staging:
+            rx.abort_sync()
             raise IncompleteSyncError(
                 "deltacast: the session ended in the middle of a sync; it was dropped and the "
                 "weights hold the last complete one"
