@@ -51,11 +51,13 @@ pub enum Error {
         "slot table mismatch: frame was built for table {frame:016x}, receiver holds {local:016x}"
     )]
     SlotTableMismatch { frame: u64, local: u64 },
-    #[error("version mismatch: receiver is at version {current}, got a delta for version {got} (needs {expected} or a seed)")]
+    /// `current`: the version held (None: none yet); `expected`: the version a delta or
+    /// verify may have now (None: only a seed can follow).
+    #[error("version mismatch: {}", version_mismatch(*current, *got, *expected))]
     VersionMismatch {
-        current: u64,
+        current: Option<u64>,
         got: u64,
-        expected: u64,
+        expected: Option<u64>,
     },
     #[error("sync is incomplete: {0}")]
     IncompleteSync(String),
@@ -122,3 +124,20 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The text of [`Error::VersionMismatch`].
+fn version_mismatch(current: Option<u64>, got: u64, expected: Option<u64>) -> String {
+    match (current, expected) {
+        (None, _) => {
+            format!("receiver holds no version yet, got a sync for version {got} (needs a seed)")
+        }
+        (Some(c), Some(e)) => {
+            format!(
+                "receiver is at version {c}, got a sync for version {got} (needs {e} or a seed)"
+            )
+        }
+        (Some(c), None) => {
+            format!("receiver is at version {c}, got a sync for version {got} (needs a seed)")
+        }
+    }
+}

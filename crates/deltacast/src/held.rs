@@ -93,9 +93,9 @@ impl HeldState {
         };
         if expected != Some(version) {
             return Err(Error::VersionMismatch {
-                current: self.version.unwrap_or(0),
+                current: self.version,
                 got: version,
-                expected: expected.unwrap_or(0),
+                expected,
             });
         }
         let digests = match family {

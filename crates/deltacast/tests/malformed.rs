@@ -203,9 +203,9 @@ fn wrong_version_and_wrong_slot_table_are_named_with(in_place: bool) {
         matches!(
             errors[0],
             Error::VersionMismatch {
-                current: 1,
+                current: Some(1),
                 got: 3,
-                expected: 2
+                expected: Some(2)
             }
         ),
         "{}",

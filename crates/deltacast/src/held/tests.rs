@@ -45,7 +45,7 @@ fn the_gate() {
         for v in [0, 1, u64::MAX] {
             let err = none.begin(kind, v).unwrap_err();
             assert!(
-                matches!(err, Error::VersionMismatch { current: 0, got, expected: 0 } if got == v),
+                matches!(err, Error::VersionMismatch { current: None, got, expected: None } if got == v),
                 "{kind:?} {v}: {err}"
             );
         }
@@ -63,7 +63,7 @@ fn the_gate() {
         for v in [0, 4, 5, 7, u64::MAX] {
             let err = held.begin(kind, v).unwrap_err();
             assert!(
-                matches!(err, Error::VersionMismatch { current: 5, got, expected: 6 } if got == v),
+                matches!(err, Error::VersionMismatch { current: Some(5), got, expected: Some(6) } if got == v),
                 "{kind:?} {v}: {err}"
             );
         }
@@ -76,8 +76,8 @@ fn the_gate() {
         assert!(matches!(
             held.begin(FrameKind::Verify, v),
             Err(Error::VersionMismatch {
-                current: 5,
-                expected: 5,
+                current: Some(5),
+                expected: Some(5),
                 ..
             })
         ));
@@ -107,8 +107,8 @@ fn no_version_follows_u64_max() {
                 matches!(
                     err,
                     Error::VersionMismatch {
-                        current: u64::MAX,
-                        expected: 0,
+                        current: Some(u64::MAX),
+                        expected: None,
                         ..
                     }
                 ),
