@@ -45,7 +45,7 @@ use crate::ipc_setup::{
     write_frame, Refusal, RootListener, Staging, DEFAULT_HANDSHAKE_TIMEOUT,
 };
 use crate::sync::u64s;
-use crate::wait::{event_done, poll, stream_done, Deadline};
+use crate::wait::{event_done, poll, Deadline};
 use crate::{DeviceBuffer, DevicePtr, Gpu};
 pub use deltacast_net::{generate_token, Secret, SECRET_ENV};
 
@@ -411,33 +411,14 @@ impl IpcComm {
         within: Duration,
     ) -> Result<()> {
         // SAFETY: per this function's contract.
-        unsafe { self.broadcast_many(&[(src, dst, len as u64)], root, stream, within) }
-    }
-
-    /// Broadcasts several `(src, dst, len)` segments as one, laid end to end through the
-    /// slots: many small tensors share a piece (each piece costs a message and a wait,
-    /// whatever its size), so a stage of whole tensors moves at the slots' speed. Both ends
-    /// must broadcast the same segment lengths in the same calls.
-    ///
-    /// # Safety
-    /// As [`IpcComm::broadcast`], for every segment.
-    pub unsafe fn broadcast_many(
-        &mut self,
-        segments: &[(DevicePtr, DevicePtr, u64)],
-        root: usize,
-        stream: u64,
-        within: Duration,
-    ) -> Result<()> {
-        for &(src, dst, len) in segments {
-            // SAFETY: per this function's contract.
-            unsafe { self.broadcast_part(src, dst, len, root, stream, within)? };
-        }
+        unsafe { self.broadcast_part(src, dst, len as u64, root, stream, within)? };
         self.broadcast_end(stream)
     }
 
-    /// One segment of a broadcast in parts, laid after the ones before it through the slots;
-    /// [`IpcComm::broadcast_end`] ends the broadcast (a part may lie in a piece not yet
-    /// announced until then). For a sender that produces a stage's segments one at a time.
+    /// One segment of a broadcast in parts, laid after the ones before it through the slots,
+    /// so that many small tensors share a piece (each piece costs a message and a wait,
+    /// whatever its size); [`IpcComm::broadcast_end`] ends the broadcast (a part may lie in a
+    /// piece not yet announced until then). Both ends must broadcast the same parts.
     ///
     /// # Safety
     /// As [`IpcComm::broadcast`]; `src` (root) must stay unchanged until the stream has
@@ -748,17 +729,9 @@ impl IpcComm {
     }
 
     unsafe fn reduce(&mut self, buf: DevicePtr, count: usize, stream: u64) -> Result<()> {
-        let stream = stream as sys::CUstream;
         let deadline = Deadline::after(self.timeout);
-        let mut words = vec![0u64; count];
-        poll(deadline, "the work before an all-reduce", || {
-            stream_done(stream)
-        })?;
-        guarded(|| {
-            // SAFETY: `buf` holds `count` words (caller's contract); the stream that wrote
-            // them has completed.
-            unsafe { cu::memcpy_dtoh_sync(&mut words, buf) }.map_err(drv("cuMemcpyDtoH"))
-        })?;
+        // SAFETY: `buf` holds `count` words (caller's contract).
+        let mut words = u64s(&unsafe { gather::download_after(buf, count * 8, stream, deadline)? });
         let words_frame = Frame::Reduce {
             words: count as u64,
         };
@@ -796,15 +769,8 @@ impl IpcComm {
             }
             words = u64s(&trailer);
         }
-        // On the caller's stream, then waited for: a "synchronous" copy from pageable memory
-        // may return before the device holds the words, and on the legacy stream it would
-        // not be ordered before the caller's next reads.
-        guarded(|| {
-            // SAFETY: `buf` holds `count` words; `words` lives until the copy has completed
-            // (polled below).
-            unsafe { cu::memcpy_htod_async(buf, &words, stream) }.map_err(drv("cuMemcpyHtoDAsync"))
-        })?;
-        poll(deadline, "an all-reduce's result", || stream_done(stream))
+        // SAFETY: `buf` holds `count` words (caller's contract).
+        unsafe { gather::upload_and_wait(&[(buf, &words_bytes(&words))], stream, deadline) }
     }
 
     /// Waits until `event` (recorded on the stream after the link's calls) has completed; after

@@ -335,19 +335,7 @@ impl NcclComm {
         stream: u64,
     ) -> Result<()> {
         let api = self.live()?;
-        if lens.len() != self.nranks || root >= self.nranks {
-            return Err(CudaError::InvalidArgument(format!(
-                "gather: {} lengths and root {root} for {} ranks",
-                lens.len(),
-                self.nranks
-            )));
-        }
-        let total = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
-        if self.rank == root && total.is_none_or(|t| t > dst_len) {
-            return Err(CudaError::InvalidArgument(format!(
-                "gather: {lens:?} bytes do not fit the {dst_len} at the root"
-            )));
-        }
+        crate::link::check_gather(lens, self.nranks, self.rank, root, dst_len)?;
         let as_usize = |n: u64| {
             usize::try_from(n)
                 .map_err(|_| CudaError::InvalidArgument(format!("gather: {n} bytes on this host")))

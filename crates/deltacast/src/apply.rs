@@ -696,48 +696,42 @@ impl<S: SlotStore> Receiver<S> {
         }))
     }
 
-    /// Verifies a fully received sync and applies it (a sync written in place is only
-    /// verified, and written back if it does not verify).
+    /// Verifies a fully received sync and applies it: a staged one as `commit` writes it, one
+    /// written in place only verified, and written back if it does not verify.
     fn finish_sync(&mut self, mut staging: Staging) -> Result<SyncOutcome> {
+        if !staging.in_place {
+            self.stage_verified(staging)?;
+            return self.commit();
+        }
         if let Err(e) = self.verify_staged(&mut staging) {
-            if staging.in_place {
-                self.undo_in_place(&staging.chunks);
-            }
+            self.undo_in_place(&staging.chunks);
             self.held.fail(staging.pending);
             return Err(e);
         }
-        // Held from here on (a refusal puts back what was written in place); then written.
         let kind = staging.outcome_kind();
-        let flushes = staging.next_flush;
-        let wire_bytes = staging.wire_bytes;
         let Staging {
             pending,
             chunks,
-            in_place,
+            next_flush: flushes,
+            wire_bytes,
             ..
         } = staging;
+        // Held from here on (a refusal puts back what was written in place).
         let version = match self.held.commit(&self.table, pending) {
             Ok(version) => version,
             Err(e) => {
-                if in_place {
-                    self.undo_in_place(&chunks);
-                }
+                self.undo_in_place(&chunks);
                 return Err(e);
             }
-        };
-        let changed = if in_place {
-            chunks
-                .iter()
-                .map(|c| if c.all { c.range } else { c.rel.len() as u64 })
-                .sum()
-        } else {
-            apply_chunks(&self.table, &mut self.store, &chunks)
         };
         Ok(SyncOutcome {
             kind,
             version,
             flushes,
-            changed,
+            changed: chunks
+                .iter()
+                .map(|c| if c.all { c.range } else { c.rel.len() as u64 })
+                .sum(),
             wire_bytes,
             state_digest: self.state_digest(),
         })

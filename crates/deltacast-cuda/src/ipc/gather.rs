@@ -11,6 +11,7 @@ use crate::error::{CudaError, Result};
 use crate::gpu::{drv, guarded};
 use crate::ipc_frame::Frame;
 use crate::ipc_setup::{read_exact, read_frame, unexpected, write_frame};
+use crate::link::check_gather;
 use crate::wait::{poll, stream_done, Deadline};
 use crate::DevicePtr;
 
@@ -55,19 +56,12 @@ impl IpcComm {
     ) -> Result<()> {
         self.live()?;
         self.no_open_broadcast()?;
-        if root != 0 || lens.len() != self.nranks {
+        if root != 0 {
             return Err(CudaError::InvalidArgument(format!(
-                "an IPC gather goes to rank 0: {} lengths and root {root} for {} ranks",
-                lens.len(),
-                self.nranks
+                "an IPC gather goes to rank 0, not {root}"
             )));
         }
-        let total = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
-        if self.rank == 0 && total.is_none_or(|t| t > dst_len) {
-            return Err(CudaError::InvalidArgument(format!(
-                "gather: {lens:?} bytes do not fit the {dst_len} at the root"
-            )));
-        }
+        check_gather(lens, self.nranks, self.rank, root, dst_len)?;
         // SAFETY: per this function's contract.
         let done = unsafe { self.gather_parts(src, lens, dst, stream) };
         done.inspect_err(|_| self.abort())
@@ -194,11 +188,12 @@ impl IpcComm {
     }
 }
 
-/// `len` bytes at `src`, once `stream`'s work before it has completed.
+/// `len` bytes at `src`, once `stream`'s work before it has completed (the link's all-reduce
+/// reads its words so too).
 ///
 /// # Safety
 /// `src` must be device memory valid for `len` bytes; `stream` a live stream.
-unsafe fn download_after(
+pub(super) unsafe fn download_after(
     src: DevicePtr,
     len: usize,
     stream: u64,
@@ -216,12 +211,13 @@ unsafe fn download_after(
     Ok(out)
 }
 
-/// Copies each `(dst, bytes)` to the device on `stream` and waits for the copies (the host
-/// bytes must outlive them; a "synchronous" copy from pageable memory may return early).
+/// Copies each `(dst, bytes)` to the device on `stream` and waits for the copies: on the
+/// caller's stream, so that its next reads are ordered after them, and waited for, since the
+/// host bytes must outlive them (a "synchronous" copy from pageable memory may return early).
 ///
 /// # Safety
 /// Each `dst` must be device memory valid for its bytes; `stream` a live stream.
-unsafe fn upload_and_wait(
+pub(super) unsafe fn upload_and_wait(
     parts: &[(DevicePtr, &[u8])],
     stream: u64,
     deadline: Deadline,

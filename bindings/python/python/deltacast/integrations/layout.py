@@ -406,6 +406,22 @@ def _verify(
                 )
 
 
+def _bit_view(params: Mapping[str, Any], slot: str, pname: str, dtype: Any):
+    """Engine parameter `pname` as a flat view of same-width integers (bit copies: NaN payloads
+    stay as they are) and that integer dtype; refuses values of another dtype and a parameter
+    that is not contiguous."""
+    import torch
+
+    target = params[pname]
+    data = target.data if hasattr(target, "data") else target
+    if dtype != data.dtype:
+        raise LayoutError(f"{slot} -> {pname}: values are {dtype}, the parameter {data.dtype}")
+    if not data.is_contiguous():
+        raise LayoutError(f"{pname} is not contiguous")
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[data.element_size()]
+    return data.view(-1).view(ints), ints
+
+
 def apply_delta(
     layout: EngineLayout,
     params: Mapping[str, Any],
@@ -433,14 +449,7 @@ def apply_delta(
         raise LayoutError(f"{slot}: a position outside 0..{numel}")
     written = 0
     for pname, b in blocks:
-        target = params[pname]
-        data = target.data if hasattr(target, "data") else target
-        if vals.dtype != data.dtype:
-            raise LayoutError(
-                f"{slot} -> {pname}: values are {vals.dtype}, the parameter {data.dtype}"
-            )
-        if not data.is_contiguous():
-            raise LayoutError(f"{pname} is not contiguous")
+        flat, ints = _bit_view(params, slot, pname, vals.dtype)
         q = pos - b.src
         if b.count == 1:
             hit = (q >= 0) & (q < b.length)
@@ -452,8 +461,6 @@ def apply_delta(
             dst = b.dst + i * b.dst_stride + j
         if not bool(hit.any()):
             continue
-        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[data.element_size()]
-        flat = data.view(-1).view(ints)  # bit copies: NaN payloads stay as they are
         flat[dst[hit]] = vals[hit].view(ints).to(flat.device)
         written += int(hit.sum())
     return written
@@ -478,16 +485,7 @@ def apply_slot(layout: EngineLayout, params: Mapping[str, Any], slot: str, value
         raise LayoutError(f"{slot}: the values are not contiguous")
     written = 0
     for pname, b in blocks:
-        target = params[pname]
-        data = target.data if hasattr(target, "data") else target
-        if vals.dtype != data.dtype:
-            raise LayoutError(
-                f"{slot} -> {pname}: values are {vals.dtype}, the parameter {data.dtype}"
-            )
-        if not data.is_contiguous():
-            raise LayoutError(f"{pname} is not contiguous")
-        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[data.element_size()]
-        dst = data.view(-1).view(ints)  # bit copies: NaN payloads stay as they are
+        dst, ints = _bit_view(params, slot, pname, vals.dtype)
         src = vals.reshape(-1).view(ints)
         size = (b.count, b.length)
         # as_strided takes offsets into the storage, not into the view.
