@@ -9,6 +9,7 @@
 //! slot's new digest is summed afresh from its values, so its cover must be exact and no
 //! other frame may touch it (docs/wire-format.md).
 
+pub mod changes;
 mod chunks;
 
 use rayon::prelude::*;
@@ -96,6 +97,119 @@ struct Staging {
 }
 
 impl Staging {
+    fn new(pending: Pending, flush_count: u32, slots: usize, in_place: bool) -> Self {
+        Staging {
+            pending,
+            all_dense: true,
+            next_flush: 0,
+            flush_count,
+            chunks: Vec::new(),
+            sender_digests: vec![None; slots],
+            slot_count: vec![0; slots],
+            wire_bytes: 0,
+            in_place,
+            written: vec![Vec::new(); slots],
+            slot_use: vec![SlotUse::Untouched; slots],
+        }
+    }
+
+    /// The checks every frame of a sync passes before its chunks are decoded, in order: its
+    /// place in the sync (version, flush index, family, flush count), then its structure (a
+    /// dense frame's cover, chunk ranges inside their slots, no slot over-filled). Counts the
+    /// frame as received.
+    fn admit(&mut self, table: &SlotTable, frame: &Frame<'_>, bytes: usize) -> Result<()> {
+        let h = frame.header;
+        if self.pending.version() != h.version || self.next_flush != h.flush_index {
+            return Err(Error::FlushOutOfOrder {
+                version: self.pending.version(),
+                expected: self.next_flush,
+                got: h.flush_index,
+            });
+        }
+        if self.pending.kind() != h.kind.family() {
+            return Err(Error::Malformed(format!(
+                "a {} frame in a {} sync",
+                h.kind.name(),
+                self.pending.kind().name()
+            )));
+        }
+        if self.flush_count != h.flush_count {
+            return Err(Error::Malformed(format!(
+                "flush {} says the sync has {} flushes, flush 0 said {}",
+                h.flush_index, h.flush_count, self.flush_count
+            )));
+        }
+        self.next_flush += 1;
+        self.wire_bytes += bytes as u64;
+        self.all_dense &= h.kind == FrameKind::Dense;
+
+        // Structural checks in order (a dense frame's cover first: it names the problem
+        // best).
+        self.claim_slots(table, frame)?;
+        for e in &frame.entries {
+            let slot = table.get(e.slot)?;
+            let end = e.start + e.range; // no overflow: checked by parse_frame
+            if end > slot.numel() {
+                return Err(Error::Malformed(format!(
+                    "chunk [{}, {end}) lies beyond slot `{}` of {} elements",
+                    e.start,
+                    slot.name,
+                    slot.numel()
+                )));
+            }
+            let staged = &mut self.slot_count[e.slot as usize];
+            *staged += e.count;
+            if *staged > slot.numel() {
+                return Err(Error::Malformed(format!(
+                    "sync carries more than {} elements for slot `{}`",
+                    slot.numel(),
+                    slot.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the sender's digest records of a frame (one per slot over the whole sync).
+    fn record_digests(&mut self, table: &SlotTable, frame: &Frame<'_>) -> Result<()> {
+        for d in &frame.digests {
+            let slot = table.get(d.slot)?;
+            let record = &mut self.sender_digests[d.slot as usize];
+            if record.is_some() {
+                return Err(Error::Malformed(format!(
+                    "two digest records for slot `{}`",
+                    slot.name
+                )));
+            }
+            *record = Some(*d);
+        }
+        Ok(())
+    }
+
+    /// After the last frame: the sender's digest record of every slot, and for a seed every
+    /// element of every slot received.
+    fn sender_records(&self, table: &SlotTable) -> Result<Vec<SlotDigest>> {
+        let mut sender = Vec::with_capacity(table.len());
+        for (id, record) in self.sender_digests.iter().enumerate() {
+            let slot = &table.slots()[id];
+            let Some(record) = record else {
+                return Err(Error::IncompleteSync(format!(
+                    "no digest for slot `{}`",
+                    slot.name
+                )));
+            };
+            if self.pending.kind() == FrameKind::Seed && self.slot_count[id] != slot.numel() {
+                return Err(Error::IncompleteSync(format!(
+                    "seed carries {} of {} elements of slot `{}`",
+                    self.slot_count[id],
+                    slot.numel(),
+                    slot.name
+                )));
+            }
+            sender.push(*record);
+        }
+        Ok(sender)
+    }
     /// The kind a completed sync reports: dense when every frame was dense.
     fn outcome_kind(&self) -> FrameKind {
         let kind = self.pending.kind();
@@ -415,21 +529,14 @@ impl<S: SlotStore> Receiver<S> {
             let pending = self.held.begin(h.kind, h.version)?;
             // A new sync replaces one left half received (its in-place writes undone).
             self.drop_staging();
-            self.staging = Some(Staging {
+            let in_place =
+                self.apply_as_received && !self.commit_on_demand && family == FrameKind::Delta;
+            self.staging = Some(Staging::new(
                 pending,
-                all_dense: true,
-                next_flush: 0,
-                flush_count: h.flush_count,
-                chunks: Vec::new(),
-                sender_digests: vec![None; self.table.len()],
-                slot_count: vec![0; self.table.len()],
-                wire_bytes: 0,
-                in_place: self.apply_as_received
-                    && !self.commit_on_demand
-                    && family == FrameKind::Delta,
-                written: vec![Vec::new(); self.table.len()],
-                slot_use: vec![SlotUse::Untouched; self.table.len()],
-            });
+                h.flush_count,
+                self.table.len(),
+                in_place,
+            ));
         }
         let Some(staging) = self.staging.as_mut() else {
             return Err(Error::FlushOutOfOrder {
@@ -438,54 +545,7 @@ impl<S: SlotStore> Receiver<S> {
                 got: h.flush_index,
             });
         };
-        if staging.pending.version() != h.version || staging.next_flush != h.flush_index {
-            return Err(Error::FlushOutOfOrder {
-                version: staging.pending.version(),
-                expected: staging.next_flush,
-                got: h.flush_index,
-            });
-        }
-        if staging.pending.kind() != family {
-            return Err(Error::Malformed(format!(
-                "a {} frame in a {} sync",
-                h.kind.name(),
-                staging.pending.kind().name()
-            )));
-        }
-        if staging.flush_count != h.flush_count {
-            return Err(Error::Malformed(format!(
-                "flush {} says the sync has {} flushes, flush 0 said {}",
-                h.flush_index, h.flush_count, staging.flush_count
-            )));
-        }
-        staging.next_flush += 1;
-        staging.wire_bytes += bytes.len() as u64;
-        staging.all_dense &= h.kind == FrameKind::Dense;
-
-        // Structural checks in order (a dense frame's cover first: it names the problem
-        // best), then decode the chunks in parallel.
-        staging.claim_slots(&self.table, &frame)?;
-        for e in &frame.entries {
-            let slot = self.table.get(e.slot)?;
-            let end = e.start + e.range; // no overflow: checked by parse_frame
-            if end > slot.numel() {
-                return Err(Error::Malformed(format!(
-                    "chunk [{}, {end}) lies beyond slot `{}` of {} elements",
-                    e.start,
-                    slot.name,
-                    slot.numel()
-                )));
-            }
-            let staged = &mut staging.slot_count[e.slot as usize];
-            *staged += e.count;
-            if *staged > slot.numel() {
-                return Err(Error::Malformed(format!(
-                    "sync carries more than {} elements for slot `{}`",
-                    slot.numel(),
-                    slot.name
-                )));
-            }
-        }
+        staging.admit(&self.table, &frame, bytes.len())?;
         if h.flush_index == 0
             && h.is_final
             && staging.pending.kind() == FrameKind::Delta
@@ -531,17 +591,7 @@ impl<S: SlotStore> Receiver<S> {
         for chunk in decoded {
             staging.chunks.push(chunk?);
         }
-        for d in &frame.digests {
-            let slot = self.table.get(d.slot)?;
-            let record = &mut staging.sender_digests[d.slot as usize];
-            if record.is_some() {
-                return Err(Error::Malformed(format!(
-                    "two digest records for slot `{}`",
-                    slot.name
-                )));
-            }
-            *record = Some(*d);
-        }
+        staging.record_digests(&self.table, &frame)?;
         if !h.is_final {
             return Ok(None);
         }
@@ -742,25 +792,7 @@ impl<S: SlotStore> Receiver<S> {
     /// passed: a digest record per slot, a seed's every element, the base digests, no no-op,
     /// and the sender's new digests.
     fn verify_staged(&self, staging: &mut Staging) -> Result<()> {
-        let mut sender = Vec::with_capacity(self.table.len());
-        for (id, record) in staging.sender_digests.iter().enumerate() {
-            let slot = &self.table.slots()[id];
-            let Some(record) = record else {
-                return Err(Error::IncompleteSync(format!(
-                    "no digest for slot `{}`",
-                    slot.name
-                )));
-            };
-            if staging.pending.kind() == FrameKind::Seed && staging.slot_count[id] != slot.numel() {
-                return Err(Error::IncompleteSync(format!(
-                    "seed carries {} of {} elements of slot `{}`",
-                    staging.slot_count[id],
-                    slot.numel(),
-                    slot.name
-                )));
-            }
-            sender.push(*record);
-        }
+        let sender = staging.sender_records(&self.table)?;
 
         // Digests after the sync, computed from the bits this receiver actually holds, before
         // anything is written.

@@ -34,6 +34,7 @@ pub mod wire;
 #[cfg(test)]
 pub(crate) mod testutil;
 
+pub use apply::changes::{ChangeChunk, ChangeReceiver, HeldBits, Progress};
 pub use apply::{Receiver, SlotStore, SyncOutcome};
 pub use codec::{CodecChoice, PosCodec, ValCodec};
 pub use flush::{FlushConfig, SyncStats};

@@ -35,17 +35,14 @@ pub(super) struct StagedChunk {
     pub(super) old: Vec<u8>,
 }
 
-/// Decodes one manifest entry against the receiver's current state.
-/// `held` is the chunk's range of its slot as the receiver holds it; `keep_old` keeps the bits
-/// read there (at the chunk's positions) in the result.
-pub(super) fn decode_entry(
+/// Decodes the positions of manifest entry `e`, relative to its start (empty when every
+/// element of its range is set: `all`), after checking that its value section can hold its
+/// count. Returns them and whether the chunk is `all`.
+pub(super) fn chunk_positions(
     table: &SlotTable,
-    held: &[u8],
     frame: &Frame<'_>,
     e: &ChunkEntry,
-    kind: FrameKind,
-    keep_old: bool,
-) -> Result<StagedChunk> {
+) -> Result<(Vec<u32>, bool)> {
     let slot = table.get(e.slot)?;
     let width = slot.dtype.width();
     let codec_err = |source| Error::Codec {
@@ -101,21 +98,59 @@ pub(super) fn decode_entry(
         decode_positions(e.pos_codec, frame.positions(e), count, range, &mut rel)
             .map_err(codec_err)?;
     }
+    Ok((rel, all))
+}
+
+/// Decodes the new values of entry `e` (`width`-byte elements): raw ones as they are, ulp
+/// steps applied to `old`, the bits held at the chunk's positions (the step decoding itself
+/// does not depend on them, so a receiver that holds only some positions may pass anything
+/// at the others and ignore what they decode to).
+pub(super) fn chunk_values(
+    frame: &Frame<'_>,
+    e: &ChunkEntry,
+    width: usize,
+    old: &[u8],
+) -> Result<Vec<u8>> {
+    match e.val_codec {
+        // Length checked by `chunk_positions`.
+        ValCodec::Raw => Ok(frame.values(e).to_vec()),
+        codec => {
+            let mut values = Vec::new();
+            decode_values(codec, width, frame.values(e), old, &mut values).map_err(|source| {
+                Error::Codec {
+                    slot: e.slot,
+                    start: e.start,
+                    source,
+                }
+            })?;
+            Ok(values)
+        }
+    }
+}
+
+/// Decodes one manifest entry against the receiver's current state.
+/// `held` is the chunk's range of its slot as the receiver holds it; `keep_old` keeps the bits
+/// read there (at the chunk's positions) in the result.
+pub(super) fn decode_entry(
+    table: &SlotTable,
+    held: &[u8],
+    frame: &Frame<'_>,
+    e: &ChunkEntry,
+    kind: FrameKind,
+    keep_old: bool,
+) -> Result<StagedChunk> {
+    let width = table.get(e.slot)?.dtype.width();
+    let count = e.count as u32;
+    let (rel, all) = chunk_positions(table, frame, e)?;
     let positions = (!all).then_some(rel.as_slice());
     // The held bits at the chunk's positions: what ulp steps start from and what a delta's
     // digest change subtracts. One pass over the held state, whose cache lines are the cost.
     let held_old = |old: &mut Vec<u8>| gather(width, held, positions, count as usize, old);
     let mut old = Vec::new();
-    let values = match e.val_codec {
-        // Length checked above.
-        ValCodec::Raw => frame.values(e).to_vec(),
-        codec => {
-            held_old(&mut old);
-            let mut values = Vec::new();
-            decode_values(codec, width, frame.values(e), &old, &mut values).map_err(codec_err)?;
-            values
-        }
-    };
+    if e.val_codec != ValCodec::Raw {
+        held_old(&mut old);
+    }
+    let values = chunk_values(frame, e, width, &old)?;
     let (digest, noop) = match kind {
         FrameKind::Delta => {
             if old.len() != values.len() {
