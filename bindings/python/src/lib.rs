@@ -8,6 +8,7 @@
 use pyo3::prelude::*;
 
 mod arrays;
+mod changes;
 mod cuda;
 mod errors;
 mod files;
@@ -28,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sender::SyncResult>()?;
     m.add_class::<receiver::Receiver>()?;
     m.add_class::<receiver::SyncOutcome>()?;
+    m.add_class::<changes::ChangeReceiver>()?;
     m.add_class::<params::Converter>()?;
     m.add_class::<params::Param>()?;
     m.add_class::<sharded::Layout>()?;

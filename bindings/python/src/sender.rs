@@ -207,6 +207,8 @@ pub struct Sender {
 enum Mode {
     Auto,
     Seed,
+    /// A seed of the version last sent, from its bits (a receiver that restarted).
+    Resend,
 }
 
 impl Sender {
@@ -240,6 +242,17 @@ impl Sender {
             let r = match mode {
                 Mode::Auto => inner.sync(&slices, |f| out.push(f)),
                 Mode::Seed => inner.seed(&slices, |f| out.push(f)),
+                Mode::Resend => {
+                    inner
+                        .resend_seed(&slices, |f| out.push(f))
+                        .map(|stats| SendReport {
+                            kind: deltacast::FrameKind::Seed,
+                            stats,
+                            base_digest: 0,
+                            state_digest: inner.state_digest(),
+                            elements: inner.table().total_elements(),
+                        })
+                }
             };
             (r, t.elapsed().as_secs_f64())
         });
@@ -308,6 +321,20 @@ impl Sender {
         sink: Option<Py<PyAny>>,
     ) -> PyResult<SyncResult> {
         self.run(py, arrays, sink, Mode::Seed)
+    }
+
+    /// A seed of the version last sent, for one receiver that restarted or joined late,
+    /// changing nothing: `arrays` must hold the bits of that version (what was last passed to
+    /// `sync`). The other receivers keep taking deltas; the restarted one takes this seed on
+    /// its own link, then the same deltas as the others.
+    #[pyo3(signature = (arrays, *, sink = None))]
+    fn resend_seed(
+        &mut self,
+        py: Python<'_>,
+        arrays: &Bound<'_, PyAny>,
+        sink: Option<Py<PyAny>>,
+    ) -> PyResult<SyncResult> {
+        self.run(py, arrays, sink, Mode::Resend)
     }
 
     /// Frames that carry only the digests of the current version: a receiver recomputes its

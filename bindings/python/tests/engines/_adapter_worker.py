@@ -11,9 +11,12 @@ The tiny Qwen2 in bf16. Rank 0 runs a deltacast ``Sender`` over the HF checkpoin
 each sync as a file; every rank delivers it to its engine (the same frames, as vLLM and SGLang
 hand every worker the same update). After every step each rank compares all its parameters,
 bit for bit, with a reference model that loaded the expected full checkpoint with the engine's
-own ``load_weights``. Steps: a seed, deltas (edge bit patterns), refusals (a corrupted frame, an
-old sync replayed, a delta to a restarted receiver, for vLLM a session that ends mid-sync) that
-must leave the weights as they were, and the syncs after them. Writes WORKDIR/adapter-RANK.json.
+own ``load_weights``. Steps: a seed, deltas (edge bit patterns), refusals (a corrupted frame, a
+frame corrupted on one rank only, an old sync replayed, a delta to a restarted receiver, for
+vLLM a session that ends mid-sync) that must leave the weights of every rank as they were, and
+the syncs after them; then a second engine B on the same sender that joins late, restarts and
+is re-seeded (``resend_seed``) while the first takes every delta. Writes
+WORKDIR/adapter-RANK.json.
 """
 
 from __future__ import annotations
@@ -213,19 +216,18 @@ def main() -> int:
             dist.barrier()
             return path, deltacast.read_sync_file(path)
 
-        def step(name, path, frames, how, expect_error, oracle):
-            before = {p: raw(t).clone() for p, t in params.items()}
+        def step(name, path, frames, how, expect_error, oracle, d=None, ps=None):
+            d, ps = d or delivery, ps or params
+            before = {p: raw(t).clone() for p, t in ps.items()}
             err, ours = None, None
             try:
-                delivery.deliver(torch, path, frames, how)
+                d.deliver(torch, path, frames, how)
             except Exception as e:  # noqa: BLE001 - the step records what was raised
                 err = f"{type(e).__name__}: {e}"[:300]
                 ours = isinstance(e, deltacast.DeltacastError)
             glue.load(ref, tensors(oracle))
-            mismatched = [
-                p for p, t in params.items() if not torch.equal(raw(t), raw(ref_params[p]))
-            ]
-            changed = sum(int((raw(t) != before[p]).sum()) for p, t in params.items())
+            mismatched = [p for p, t in ps.items() if not torch.equal(raw(t), raw(ref_params[p]))]
+            changed = sum(int((raw(t) != before[p]).sum()) for p, t in ps.items())
             report["steps"].append(
                 {
                     "step": name,
@@ -236,7 +238,7 @@ def main() -> int:
                     "deltacast_error": ours,
                     "mismatched": mismatched,
                     "changed": changed,
-                    "changed_before_finish": getattr(delivery, "changed_before_finish", None),
+                    "changed_before_finish": getattr(d, "changed_before_finish", None),
                 }
             )
             dist.barrier()
@@ -270,6 +272,19 @@ def main() -> int:
             step("incomplete", path, frames, "half", "IncompleteSyncError", ckpt)
         step("after-refusal", path, frames, "frames", None, new)
         ckpt = new
+        # One rank refuses (only the last rank's copy of a frame is corrupted; at TP 1 that is
+        # the only rank): every rank of the group drops the sync, nothing lands anywhere; the
+        # genuine frames then land.
+        new = mutate(rng, ckpt, 8)
+        path, frames = sync_file(sync_of(new))
+        mine = [bytes(f) for f in frames]
+        if rank == tp - 1:
+            mid = bytearray(mine[len(mine) // 2])
+            mid[len(mid) // 2] ^= 0x01
+            mine[len(mine) // 2] = bytes(mid)
+        step("one-rank-refuses", path, mine, "frames", "refused", ckpt)
+        step("after-group-refusal", path, frames, "frames", None, new)
+        ckpt = new
         # An old sync again: the wrong version.
         step("replayed", replay[0], replay[1], "file", "refused", ckpt)
         # A restarted receiver holds no version: a delta is refused, a seed lands.
@@ -284,6 +299,41 @@ def main() -> int:
 
         path, frames = sync_file(reseed)
         step("reseed", path, frames, "file", None, new)
+        ckpt = new
+
+        # Two engines on one sender: B joins late (a seed of the version the sender holds,
+        # resend_seed: the sender does not move on), restarts mid-run and is re-seeded the
+        # same way, while A takes every delta and never stops.
+        model_b = glue.build_model(cdir, DTYPE)
+        params_b = dict(model_b.named_parameters())
+        with torch.no_grad():
+            for p, t in params_b.items():
+                t.copy_(params[p])
+        glue.load(model_b, tensors({n: random_bits(rng, DTYPE, b.size) for n, b in ckpt.items()}))
+        delivery_b = kind(torch, glue, model_b, cdir, tp, table, workdir, {})
+        B = {"d": delivery_b, "ps": params_b}
+
+        def resend(cur):
+            return lambda s: s.resend_seed(hf(cur)).frames
+
+        path, frames = sync_file(resend(ckpt))
+        step("B-joins", path, frames, "file", None, ckpt, **B)
+        for i in range(2):
+            new = mutate(rng, ckpt, 11 + i)
+            path, frames = sync_file(sync_of(new))
+            step(f"A-delta{i}", path, frames, "file", None, new)
+            if i == 0:
+                step(f"B-delta{i}", path, frames, "file", None, new, **B)
+                delivery_b.restart()  # B restarts; the sender and A go on
+            else:
+                step("B-delta-restarted", path, frames, "file", "refused", ckpt, **B)
+                path, frames = sync_file(resend(new))
+                step("B-reseed", path, frames, "file", None, new, **B)
+            ckpt = new
+        new = mutate(rng, ckpt, 13)
+        path, frames = sync_file(sync_of(new))
+        step("A-after", path, frames, "file", None, new)
+        step("B-after", path, frames, "file", None, new, **B)
         report["ok"] = True
     except Exception:
         report["error"] = traceback.format_exc()

@@ -226,10 +226,11 @@ def _bits(t):
     return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1])
 def test_layout_receiver_lands_syncs_as_the_loader_and_refuses_all_or_nothing(world):
-    """Sender -> frames -> LayoutReceiver on every rank of the toy engine, against the loader:
-    a seed, deltas, then a corrupted frame and a replayed sync that change nothing."""
+    """Sender -> frames -> LayoutReceiver on the toy engine, against the loader: a seed,
+    deltas, then a corrupted frame and a replayed sync that change nothing. (TP 2 needs a
+    process group per rank: the engine adapter tests run it over gloo, a process per rank.)"""
     import deltacast
     from deltacast.integrations.engine_receiver import LayoutReceiver
 

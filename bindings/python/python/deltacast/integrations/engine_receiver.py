@@ -1,26 +1,50 @@
-"""A deltacast ``Receiver`` in Hugging Face coordinates in front of an engine's own parameters.
+"""A deltacast receiver in Hugging Face coordinates that writes straight into an engine's own
+parameters, through the ``EngineLayout`` learned from the engine's ``load_weights``.
 
 The sender speaks HF checkpoint slots; an engine rank holds fused, sliced, padded parameters.
-``LayoutReceiver`` keeps a shadow copy of the HF slots (host memory, the engine's dtype) that a
-plain ``deltacast.Receiver`` verifies and applies syncs into, all or nothing. Only when a sync
-verified (every flush checked, the state digest equal to the sender's) does it write the slots
-that changed into the engine's parameters through the learned ``EngineLayout``: every slot on a
-seed, on a delta the slots whose digest moved. A refused sync leaves shadow and engine as they
-were.
+``LayoutReceiver`` runs the native ``ChangeReceiver`` (the core's frame checks, decoder and
+receiver state machine: version gate, base digests, digests settled against the sender's) with
+the engine's parameters as the bits it checks against: for each chunk of a frame it reads the
+old bits of the chunk's positions from the parameters through the layout (zeros and "not held"
+where this rank holds none), the core decodes the new values and keeps only the changes of the
+positions this rank holds, and once the whole group agreed they are written into the
+parameters through the layout. No host copy of the checkpoint, no full-size temporary, no
+``load_weights`` per sync: memory and work O(changed elements) per sync (a seed: O(this rank's
+share)).
 
-Costs, for now (the CPU path): one host copy of the HF checkpoint per rank, and a delta writes
-the whole share of each slot it touches (O(slot), not O(changed elements): the CPU ``Receiver``
-applies in place and does not hand out the positions it changed).
+Tensor parallelism (``group``: a ``torch.distributed`` process group of the engine's TP ranks,
+gloo or any backend that sums int64 tensors on the CPU): each HF element is *counted* in the
+digest by exactly one rank, the lowest rank that holds it (replicated parameters and KV heads
+shared by several ranks are held by several; the ranks' layouts are exchanged once, at
+construction, to know which). Per frame the ranks all-reduce a small vector (a refusal flag,
+a completion flag, and when every rank completed the sync its per-slot digest parts as 16-bit
+limbs, so the sum is exact mod 2^64); the sums are settled against the sender's digests on
+every rank, and a second all-reduce of the settle results makes the sync all or nothing across
+the group: if any rank refused (a bad frame, a wrong version, a digest that does not come out),
+every rank drops the sync and nothing is written anywhere. Every rank must be fed the same
+frames in the same calls.
 
 Used by ``deltacast.integrations.vllm`` (weight-transfer backend) and
 ``deltacast.integrations.sglang`` (custom weight loader); it imports no engine."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from .. import _native
-from .layout import EngineLayout, LayoutError, apply_slot
+from .._errors import DeltacastError
+from .layout import EngineLayout, LayoutError, _bit_view, apply_delta
+
+NOT_HELD, HELD, COUNTED = 0, 1, 2
+_LIMBS = 4  # 16-bit limbs per u64 digest part: exact sums for up to 2^47 ranks
+
+
+class GroupRefusedError(DeltacastError):
+    """Another rank of the tensor-parallel group refused the sync (its own error is raised
+    there): this rank dropped it too, nothing was written."""
 
 
 def _torch_dtype(name: str) -> Any:
@@ -46,18 +70,57 @@ def table_entries(table: _native.SlotTable) -> list[list[Any]]:
     return [[s.name, s.dtype, list(s.shape)] for s in table]
 
 
+def _held_runs(layout: EngineLayout) -> dict[str, list[tuple[int, int]]]:
+    """Per slot, the HF element runs ``[start, end)`` this rank holds, sorted and merged."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for slot, blocks in layout.by_slot().items():
+        runs = []
+        for _, b in blocks:
+            for i in range(b.count):
+                s = b.src + i * b.src_stride
+                runs.append((s, s + b.length))
+        out[slot] = _merge(runs)
+    return out
+
+
+def _merge(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[list[int]] = []
+    for s, e in sorted(runs):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [(s, e) for s, e in merged]
+
+
+def _in_runs(pos: Any, runs: tuple[Any, Any]) -> Any:
+    """Which of ``pos`` (int64 tensor) lie in the sorted disjoint runs (starts, ends)."""
+    import torch
+
+    starts, ends = runs
+    if starts.numel() == 0:
+        return torch.zeros(pos.shape, dtype=torch.bool)
+    i = torch.searchsorted(starts, pos, right=True) - 1
+    ok = i >= 0
+    i = i.clamp(min=0)
+    return ok & (pos < ends[i])
+
+
 class LayoutReceiver:
-    """Receives deltacast syncs of HF slots and applies them into ``params`` (this rank's
-    engine parameters, by name) through ``layout``.
+    """Receives deltacast syncs of HF slots and writes their changes into ``params`` (this
+    rank's engine parameters, by name) through ``layout``.
 
     ``slots``: the sender's table (HF names, dtypes, shapes): a subset of the layout's slots,
     shapes equal, each dtype the dtype of every parameter it lands in. The first sync must be a
     seed (a fresh receiver holds no version): a new or restarted engine worker never trusts
     that its weights equal what the sender last sent.
 
-    ``commit_on_demand``: a sync's last frame verifies it whole but nothing is written (to the
-    shadow or the engine) until ``commit()``; meanwhile ``awaits_commit`` is True and the
-    engine keeps the version it holds."""
+    ``group``: the TP group's process group (None: this rank alone, then ``layout.world`` must
+    be 1). Constructing it is a collective over the group.
+
+    ``commit_on_demand``: a sync's last frame verifies it whole (on every rank) but nothing is
+    written until ``commit()``; meanwhile ``awaits_commit`` is True and the engine keeps the
+    version it holds."""
 
     def __init__(
         self,
@@ -66,13 +129,18 @@ class LayoutReceiver:
         params: Mapping[str, Any],
         *,
         commit_on_demand: bool = False,
+        group: Any = None,
     ) -> None:
         import torch
 
         self.table = slot_table(slots)
         self.layout = layout
         self.params = dict(params)
+        self.group = group
+        self.commit_on_demand = commit_on_demand
         by_slot = layout.by_slot()
+        self._blocks = {}
+        self._dtypes = {}
         for s in self.table:
             if s.name not in layout.slots:
                 raise LayoutError(f"the sender's slot {s.name!r} is not in the engine's layout")
@@ -91,18 +159,39 @@ class LayoutReceiver:
                         f"{s.name} is {s.dtype} on the wire but lands in {pname} of {got}: "
                         "send the engine's dtype"
                     )
-        self.shadow = {
-            s.name: torch.zeros(tuple(s.shape), dtype=_torch_dtype(s.dtype)) for s in self.table
-        }
-        self.commit_on_demand = commit_on_demand
+            self._blocks[s.name] = by_slot[s.name]
+            self._dtypes[s.name] = want
+        self.rank, self.world = self._rank_world()
+        if self.group is None and layout.world != 1:
+            raise LayoutError(
+                f"a layout of rank {layout.rank} of {layout.world} needs its TP group"
+            )
+        # The runs the ranks below this one hold: what this rank holds there is not counted.
+        mine = _held_runs(layout)
+        everyone = [mine]
+        if self.group is not None and self.world > 1:
+            import torch.distributed as dist
+
+            everyone = [None] * self.world
+            dist.all_gather_object(everyone, mine, group=self.group)
+        self._lower = {}
+        for s in self.table:
+            runs = _merge([r for q in everyone[: self.rank] for r in q.get(s.name, [])])
+            self._lower[s.name] = (
+                torch.tensor([a for a, _ in runs], dtype=torch.int64),
+                torch.tensor([b for _, b in runs], dtype=torch.int64),
+            )
         self._fresh_receiver()
 
+    def _rank_world(self) -> tuple[int, int]:
+        if self.group is None:
+            return 0, 1
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group), dist.get_world_size(self.group)
+
     def _fresh_receiver(self) -> None:
-        # version=None: the next sync must be a seed.
-        self.receiver = _native.Receiver(
-            self.table, self.shadow, commit_on_demand=self.commit_on_demand
-        )
-        self._before: dict[str, int] | None = None
+        self.receiver = _native.ChangeReceiver(self.table)
 
     @property
     def awaits_commit(self) -> bool:
@@ -116,39 +205,133 @@ class LayoutReceiver:
     def is_staging(self) -> bool:
         return self.receiver.is_staging
 
-    def receive(self, frame: Any) -> _native.SyncOutcome | None:
-        """Takes one frame (``bytes``, a uint8 numpy array or CPU tensor). Returns the
-        ``SyncOutcome`` when it completed a verified sync (then applied to the engine), None
-        while a sync is still arriving. A refusal raises the receiver's error; shadow and
-        engine are as they were, and the half-received sync is dropped."""
-        if not self.receiver.is_staging and not self.receiver.awaits_commit:
-            self._before = self.receiver.digests
-        outcome = self.receiver.receive(_frame_arg(frame))
-        if outcome is None:
+    # --- the bits the core checks against: the engine's parameters, through the layout ---
+
+    def _read(self, slot: str, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Old bits and shares (see ``ChangeReceiver``) at HF flat ``positions`` of ``slot``."""
+        import torch
+
+        pos = torch.from_numpy(positions)
+        dt = self._dtypes[slot]
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[torch.empty(0, dtype=dt).element_size()]
+        old = torch.zeros(pos.numel(), dtype=ints)
+        share = torch.zeros(pos.numel(), dtype=torch.uint8)
+        for pname, b in self._blocks[slot]:
+            hit, dst = _block_hits(b, pos)
+            if not bool(hit.any()):
+                continue
+            flat, _ = _bit_view(self.params, slot, pname, dt)
+            old[hit] = flat[dst[hit]].cpu()
+            share[hit] = HELD
+        held = share == HELD
+        counted = held & ~_in_runs(pos, self._lower[slot])
+        share[counted] = COUNTED
+        return old.numpy().view(np.uint8), share.numpy()
+
+    def _write(self, changes: list, use_old: bool = False) -> int:
+        import torch
+
+        written = 0
+        for name, pos, values, old in changes:
+            bits = old if use_old else values
+            written += apply_delta(
+                self.layout,
+                self.params,
+                name,
+                torch.from_numpy(pos),
+                torch.from_numpy(bits).view(self._dtypes[name]),
+            )
+        return written
+
+    # --- the group ---
+
+    def _all_reduce(self, vec: Any) -> Any:
+        if self.group is None or self.world == 1:
+            return vec
+        import torch.distributed as dist
+
+        dist.all_reduce(vec, group=self.group)
+        return vec
+
+    def _step(self, frame: Any) -> _native.SyncOutcome | None:
+        """One frame on every rank: receive here, agree with the group, settle, commit."""
+        import torch
+
+        n = len(self.table)
+        error: BaseException | None = None
+        complete = False
+        try:
+            complete = self.receiver.receive(_frame_arg(frame), self._read)
+        except Exception as e:  # refused here: the group hears of it, then it is raised
+            error = e
+        vec = torch.zeros(2 + _LIMBS * n, dtype=torch.int64)
+        vec[0] = int(error is not None)
+        vec[1] = int(complete)
+        if complete:
+            part = self.receiver.part
+            limbs = [(p >> (16 * k)) & 0xFFFF for p in part for k in range(_LIMBS)]
+            vec[2:] = torch.tensor(limbs, dtype=torch.int64)
+        vec = self._all_reduce(vec)
+        refused, completed = int(vec[0]), int(vec[1])
+        if refused or (completed and completed != self.world):
+            self.receiver.abort_sync()
+            if error is not None:
+                raise error
+            raise GroupRefusedError(
+                f"deltacast: {refused} rank(s) of the TP group refused the sync"
+                if refused
+                else "deltacast: the TP group's ranks were not fed the same frames"
+            )
+        if not completed:
             return None
-        return self._land(outcome)
+        raw = vec[2:].tolist()
+        sums = [
+            sum(raw[i * _LIMBS + k] << (16 * k) for k in range(_LIMBS)) % (1 << 64)
+            for i in range(n)
+        ]
+        try:
+            self.receiver.settle(sums)
+        except Exception as e:
+            error = e
+        ok = self._all_reduce(torch.tensor([int(error is not None)], dtype=torch.int64))
+        if int(ok[0]):
+            self.receiver.abort_sync()
+            if error is not None:
+                raise error
+            raise GroupRefusedError("deltacast: another rank of the TP group refused the sync")
+        if self.commit_on_demand:
+            return None
+        return self.commit()
+
+    def receive(self, frame: Any) -> _native.SyncOutcome | None:
+        """Takes one frame (``bytes``, a uint8 numpy array or CPU tensor) — on every rank of
+        the group, the same one. Returns the ``SyncOutcome`` when it completed a sync that the
+        whole group verified (then written into the engine, unless ``commit_on_demand``),
+        None otherwise. A refusal anywhere in the group raises on every rank (the refusing
+        rank's own error, ``GroupRefusedError`` elsewhere) and drops the sync everywhere."""
+        return self._step(frame)
 
     def commit(self) -> _native.SyncOutcome:
-        """With ``commit_on_demand``: writes the verified sync that waits into the shadow and
-        then the engine; its ``SyncOutcome``."""
-        return self._land(self.receiver.commit())
+        """Writes the verified sync's changes into the engine's parameters; its
+        ``SyncOutcome``. A write that fails half way is written back from the old bits kept
+        (then the sync is dropped); if even that fails the receiver holds nothing (the next
+        sync must be a seed)."""
+        import torch
 
-    def _land(self, outcome: _native.SyncOutcome) -> _native.SyncOutcome:
-        """The shadow holds the verified sync: write the slots it changed into the engine."""
-        before, self._before = self._before or {}, None
-        if outcome.kind == "seed":
-            changed = list(self.shadow)
-        else:
-            after = self.receiver.digests
-            changed = [n for n in self.shadow if after[n] != before.get(n)]
+        changes = self.receiver.changes()
         try:
-            for name in changed:
-                apply_slot(self.layout, self.params, name, self.shadow[name])
+            with torch.no_grad():
+                self._write(changes)
         except BaseException:
-            # The engine may hold part of this sync: trust nothing but a new seed.
-            self._fresh_receiver()
+            try:
+                with torch.no_grad():
+                    self._write(changes, use_old=True)
+                self.receiver.abort_sync()
+            except BaseException:
+                self.receiver.lose()
             raise
-        self.last_changed_slots = changed
+        outcome = self.receiver.commit()
+        self.last_changed_slots = sorted({c[0] for c in changes})
         return outcome
 
     def receive_all(self, frames: Iterable[Any]) -> list[_native.SyncOutcome]:
@@ -162,9 +345,20 @@ class LayoutReceiver:
 
     def abort_sync(self) -> None:
         """Drops a half-received sync, or one that awaits its commit (nothing of it reached
-        shadow or engine)."""
+        the engine). Local: call it on every rank."""
         self.receiver.abort_sync()
-        self._before = None
+
+
+def _block_hits(b: Any, pos: Any) -> tuple[Any, Any]:
+    """Which HF positions block ``b`` holds, and where they land in its parameter."""
+    import torch
+
+    q = pos - b.src
+    if b.count == 1:
+        return (q >= 0) & (q < b.length), q + b.dst
+    i = torch.div(q, b.src_stride, rounding_mode="floor")
+    j = q - i * b.src_stride
+    return (q >= 0) & (i < b.count) & (j < b.length), b.dst + i * b.dst_stride + j
 
 
 def _frame_arg(frame: Any) -> Any:

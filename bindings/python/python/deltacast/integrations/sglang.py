@@ -19,7 +19,8 @@ the model's own ``load_weights`` on a float32 copy (cached on disk under
 once it verified, all or nothing; a refusal raises deltacast's error (the weights are as they
 were). The first sync after the receiver starts (a new or restarted worker) must be a seed.
 
-CPU only for now (host shadow copy, probe model on the CPU)."""
+CPU only for now (the probe model is built on the CPU; the parameters are written from host
+memory). Every TP worker must get the same calls: the ranks agree on each frame."""
 
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ def _start(model: Any, entries: list) -> LayoutReceiver:
     from sglang.srt.distributed.parallel_state import (
         get_tensor_model_parallel_rank,
         get_tensor_model_parallel_world_size,
+        get_tp_group,
     )
 
     table = slot_table(entries)
@@ -91,7 +93,9 @@ def _start(model: Any, entries: list) -> LayoutReceiver:
         "world": world,
     }
     layout, _ = cached_layout(key, lambda: _learn(model, shapes, rank, world))
-    return LayoutReceiver(table, layout, dict(model.named_parameters()))
+    # The TP ranks check each sync together (digest parts summed over the gloo CPU group).
+    group = get_tp_group().cpu_group if world > 1 else None
+    return LayoutReceiver(table, layout, dict(model.named_parameters()), group=group)
 
 
 def receiver_of(model: Any) -> LayoutReceiver | None:

@@ -21,8 +21,10 @@ Lifecycle, in each worker (every tensor-parallel rank gets the same calls):
   ``IncompleteSyncError`` raised (its frames never reached the weights).
 - ``shutdown()``: drops the receiver (the next ``init_transfer_engine`` starts with a seed).
 
-CPU only for now: the receiver's shadow copy and the apply run in host memory, and the probe
-model is built on the CPU; the GPU path is the CUDA receiver's (later)."""
+The changes are checked by the TP group together (all or nothing across it) and written
+straight into the model's parameters: O(changed elements) per sync, no copy of the checkpoint.
+CPU only for now: the probe model is built on the CPU and the writes come from host memory;
+the GPU path is the CUDA receiver's (later)."""
 
 from __future__ import annotations
 
@@ -126,8 +128,18 @@ class DeltacastWeightTransferEngine(WeightTransferEngine[DeltacastInitInfo, Delt
             key, lambda: self._learn(shapes, rank, world), init_info.layout_cache
         )
         # Stage, then commit: a sync verified in update_weights lands in finish_weight_update.
+        group = None
+        if world > 1:
+            from vllm.distributed.parallel_state import get_tp_group
+
+            # The TP ranks check each sync together (digest parts summed over gloo).
+            group = get_tp_group().cpu_group
         self.receiver = LayoutReceiver(
-            table, layout, dict(self.model.named_parameters()), commit_on_demand=True
+            table,
+            layout,
+            dict(self.model.named_parameters()),
+            commit_on_demand=True,
+            group=group,
         )
         self.outcomes = []
 
