@@ -1,13 +1,13 @@
 """One tensor-parallel rank of an engine adapter test, run as its own process:
 
-    python _adapter_worker.py ENGINE TP RANK INIT_FILE WORKDIR
+    python _adapter_worker.py ENGINE TP RANK INIT_FILE WORKDIR [ARCH DTYPE]
 
 ENGINE "vllm": the "deltacast" weight-transfer backend, found through vLLM's own plugin loading
 and built by its ``WeightTransferEngineFactory``, driven through its lifecycle calls.
 ENGINE "sglang": the custom weight loader, called by SGLang's own
 ``WeightUpdater.update_weights_from_tensor``.
 
-The tiny Qwen2 in bf16. Rank 0 runs a deltacast ``Sender`` over the HF checkpoint and writes
+The tiny Qwen2 in bf16 unless ARCH DTYPE say otherwise (e.g. qwen3_moe float32). Rank 0 runs a deltacast ``Sender`` over the HF checkpoint and writes
 each sync as a file; every rank delivers it to its engine (the same frames, as vLLM and SGLang
 hand every worker the same update). After every step each rank compares all its parameters,
 bit for bit, with a reference model that loaded the expected full checkpoint with the engine's
@@ -165,7 +165,9 @@ class SglangDelivery:
 
 
 def main() -> int:
+    global DTYPE
     engine, tp, rank, init_file, workdir = sys.argv[1:6]
+    arch, DTYPE = (sys.argv[6:8] + ["qwen2", "bfloat16"][len(sys.argv[6:8]) :])[:2]
     tp, rank, workdir = int(tp), int(rank), Path(workdir)
     t0 = time.time()
     glue = importlib.import_module(f"deltacast.integrations.{engine}_model")
@@ -178,8 +180,8 @@ def main() -> int:
     glue.init_distributed(tp, rank, init_file)
     report: dict = {"rank": rank, "steps": [], "ok": False}
     try:
-        cdir = tiny.write_config(workdir / "qwen2", "qwen2")
-        shapes = tiny.hf_shapes(tiny.QWEN2)
+        cdir = tiny.write_config(workdir / arch, arch)
+        shapes = tiny.hf_shapes(tiny.CONFIGS[arch])
         names = list(shapes)
 
         def tensors(ckpt):
@@ -195,14 +197,16 @@ def main() -> int:
         with torch.no_grad():
             for p, t in ref_params.items():
                 t.copy_(params[p])  # what the loader never writes is equal too
-        table = deltacast.SlotTable([(n, "bf16", s) for n, s in shapes.items()])
+        wire = {"bfloat16": "bf16", "float32": "f32"}[DTYPE]
+        table = deltacast.SlotTable([(n, wire, s) for n, s in shapes.items()])
         kind = {"vllm": VllmDelivery, "sglang": SglangDelivery}[engine]
         delivery = kind(torch, glue, model, cdir, tp, table, workdir, report)
         report["setup_s"] = round(time.time() - t0, 2)
         sender = deltacast.Sender(table, bucket_size=1 << 12) if rank == 0 else None
 
         def raw(t):
-            return t.detach().reshape(-1).view(torch.int16)
+            t = t.detach().reshape(-1)
+            return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
         counter = [0]
 

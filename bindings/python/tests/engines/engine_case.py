@@ -138,9 +138,12 @@ def check_coverage(workdir: Path, arch: str, tp: int) -> None:
             assert total.max() == 1, f"{arch} {s}: split shares overlap"
 
 
-def run_adapter(engine: str, tp: int, workdir: Path, timeout: int = 600) -> list[dict]:
-    """Runs the ranks of the adapter test (tests/engines/_adapter_worker.py); their reports."""
-    texts = start_ranks(ADAPTER_WORKER, engine, tp, workdir, timeout=timeout)
+def run_adapter(
+    engine: str, tp: int, workdir: Path, *case: str, timeout: int = 600
+) -> list[dict]:
+    """Runs the ranks of the adapter test (tests/engines/_adapter_worker.py; ``case``: ARCH
+    DTYPE, default the tiny Qwen2 in bf16); their reports."""
+    texts = start_ranks(ADAPTER_WORKER, engine, tp, workdir, *case, timeout=timeout)
     out = []
     for r, text in enumerate(texts):
         path = workdir / f"adapter-{r}.json"

@@ -14,10 +14,15 @@ from engine_case import check_adapter_steps, require, run_adapter
 require("vllm")
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=lambda tp: f"tp{tp}")
+# Qwen2 in bf16 at TP 1 and 2, Qwen3-MoE in fp32 at TP 2 (its experts stacked and sliced).
+CASES = [(1, "qwen2", "bfloat16"), (2, "qwen2", "bfloat16"), (2, "qwen3_moe", "float32")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"tp{c[0]}-{c[1]}-{c[2]}")
 def reports(request, tmp_path_factory):
-    tp = request.param
-    return tp, run_adapter("vllm", tp, tmp_path_factory.mktemp(f"vllm-adapter-tp{tp}"))
+    tp, arch, dtype = request.param
+    work = tmp_path_factory.mktemp(f"vllm-adapter-tp{tp}-{arch}")
+    return tp, run_adapter("vllm", tp, work, arch, dtype)
 
 
 def test_plugin_loading_registers_the_backend(reports):
