@@ -25,16 +25,12 @@ impl deltacast::HeldBits for PyOwner<'_> {
     fn read(
         &mut self,
         slot: u32,
-        start: u64,
-        rel: Option<&[u32]>,
-        count: usize,
+        positions: &[u64],
         old: &mut Vec<u8>,
         share: &mut Vec<u8>,
     ) -> deltacast::Result<()> {
-        let positions: Vec<i64> = match rel {
-            Some(rel) => rel.iter().map(|&p| (start + p as u64) as i64).collect(),
-            None => (0..count as u64).map(|k| (start + k) as i64).collect(),
-        };
+        // Slot positions fit i64: a slot's elements are bounded by its bytes in memory.
+        let positions: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
         let name = self.names.get(slot as usize).cloned().unwrap_or_default();
         let result = (|| -> PyResult<()> {
             let out = self.read.call1((name, positions.into_pyarray(self.py)))?;
@@ -121,23 +117,29 @@ impl ChangeReceiver {
         self.inner.settle(&sums).py()
     }
 
-    /// The settled sync's changes at the positions held: a list of `(slot_name, positions,
-    /// values, old)`, positions int64, values and old uint8 (the slot's width per element).
+    /// The settled sync's changes at the positions held, one entry per slot it changed (its
+    /// chunks joined, in order): a list of `(slot_name, positions, values, old)`, positions
+    /// int64, values and old uint8 (the slot's width per element).
     fn changes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let table = self.inner.table();
-        let out = PyList::empty(py);
+        let mut by_slot: Vec<(Vec<i64>, Vec<u8>, Vec<u8>)> = vec![Default::default(); table.len()];
         for c in self.inner.changes() {
-            let slot = table.get(c.slot).py()?;
-            let pos: Vec<i64> = c
-                .positions(slot.dtype.width())
-                .into_iter()
-                .map(|p| p as i64)
-                .collect();
+            let width = table.get(c.slot).py()?.dtype.width();
+            let (pos, values, old) = &mut by_slot[c.slot as usize];
+            pos.extend(c.positions(width).into_iter().map(|p| p as i64));
+            values.extend_from_slice(&c.values);
+            old.extend_from_slice(&c.old);
+        }
+        let out = PyList::empty(py);
+        for (slot, (pos, values, old)) in table.slots().iter().zip(by_slot) {
+            if pos.is_empty() {
+                continue;
+            }
             out.append((
                 slot.name.as_str(),
                 pos.into_pyarray(py),
-                c.values.clone().into_pyarray(py),
-                c.old.clone().into_pyarray(py),
+                values.into_pyarray(py),
+                old.into_pyarray(py),
             ))?;
         }
         Ok(out)

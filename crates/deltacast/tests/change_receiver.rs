@@ -17,7 +17,7 @@ const MEMBERS: usize = 3;
 fn holders(s: u32, i: u64) -> Vec<usize> {
     let h = (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (s as u64 * 31)) >> 7;
     let a = (h % MEMBERS as u64) as usize;
-    if i % 5 == 0 {
+    if i.is_multiple_of(5) {
         let mut v = vec![a, (a + 1) % MEMBERS];
         v.sort();
         v
@@ -39,16 +39,13 @@ impl HeldBits for Member {
     fn read(
         &mut self,
         slot: u32,
-        start: u64,
-        rel: Option<&[u32]>,
-        count: usize,
+        positions: &[u64],
         old: &mut Vec<u8>,
         share: &mut Vec<u8>,
     ) -> deltacast::Result<()> {
         let w = self.widths[slot as usize];
-        self.reads += count;
-        for k in 0..count {
-            let i = start + rel.map_or(k as u64, |r| r[k] as u64);
+        self.reads += positions.len();
+        for &i in positions {
             let h = holders(slot, i);
             let at = i as usize * w;
             if h.contains(&self.id) {
@@ -97,8 +94,8 @@ impl Group {
     /// summed, settled everywhere, and committed only if every member settled.
     fn sync(&mut self, frames: &[Vec<u8>], corrupt: Option<(usize, usize)>) -> Result<(), Error> {
         let mut first_err = None;
-        let mut complete = vec![false; MEMBERS];
-        for m in 0..MEMBERS {
+        let mut complete = [false; MEMBERS];
+        for (m, done) in complete.iter_mut().enumerate() {
             for (f, frame) in frames.iter().enumerate() {
                 let mut frame = frame.clone();
                 if corrupt == Some((m, f)) {
@@ -106,7 +103,7 @@ impl Group {
                     frame[at] ^= 0x10;
                 }
                 match self.rx[m].receive(&frame, &mut self.members[m]) {
-                    Ok(Progress::Complete) => complete[m] = true,
+                    Ok(Progress::Complete) => *done = true,
                     Ok(_) => {}
                     Err(e) => {
                         first_err.get_or_insert(e);
@@ -201,7 +198,6 @@ fn a_group_of_part_holders_tracks_a_full_receiver_bit_for_bit() {
             bucket_size: bucket,
             chunk_elems: 300,
             codec: deltacast::CodecChoice::parse(codec).expect("codec"),
-            ..FlushConfig::default()
         };
         let mut sender = Sender::new(table.clone(), config).expect("sender");
         let mut oracle = Receiver::new(table.clone());

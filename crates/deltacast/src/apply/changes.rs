@@ -37,16 +37,15 @@ pub const COUNTED: u8 = 2;
 
 /// Whoever holds the bits a [`ChangeReceiver`] checks syncs against.
 pub trait HeldBits {
-    /// The bits held at elements `start + rel[k]` of `slot` (`start + k`, k < `count`, when
-    /// `rel` is `None`): `count` elements of the slot's width into `old` (anything, e.g.
-    /// zero, where none is held), and per element [`NOT_HELD`], [`HELD`] or [`COUNTED`] into
-    /// `share`. Both are cleared first by the caller.
+    /// The bits held at elements `positions` of `slot` (flat, row-major; every chunk of the
+    /// slot in a frame at once, so an owner that pays per call pays per slot and frame): one
+    /// element of the slot's width per position into `old` (anything, e.g. zero, where none
+    /// is held), and per position [`NOT_HELD`], [`HELD`] or [`COUNTED`] into `share`. Both
+    /// are cleared first by the caller.
     fn read(
         &mut self,
         slot: u32,
-        start: u64,
-        rel: Option<&[u32]>,
-        count: usize,
+        positions: &[u64],
         old: &mut Vec<u8>,
         share: &mut Vec<u8>,
     ) -> Result<()>;
@@ -255,53 +254,80 @@ impl ChangeReceiver {
             });
         };
         r.staging.admit(&self.table, &frame, bytes.len())?;
-        let (mut old, mut share) = (Vec::new(), Vec::new());
+        // Positions of every chunk first; then one read per slot of the frame.
+        let mut decoded = Vec::with_capacity(frame.entries.len());
         for e in &frame.entries {
-            let width = self.table.get(e.slot)?.dtype.width();
-            let (rel, all) = chunk_positions(&self.table, &frame, e)?;
-            let count = e.count as usize;
+            decoded.push(chunk_positions(&self.table, &frame, e)?);
+        }
+        let mut order: Vec<usize> = (0..frame.entries.len()).collect();
+        order.sort_by_key(|&k| frame.entries[k].slot); // stable: chunk order kept per slot
+        let (mut old, mut share, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+        let mut at = 0;
+        while at < order.len() {
+            let slot = frame.entries[order[at]].slot;
+            let end = at
+                + order[at..]
+                    .iter()
+                    .take_while(|&&k| frame.entries[k].slot == slot)
+                    .count();
+            let width = self.table.get(slot)?.dtype.width();
+            positions.clear();
+            for &k in &order[at..end] {
+                let (e, (rel, all)) = (&frame.entries[k], &decoded[k]);
+                if *all {
+                    positions.extend(e.start..e.start + e.count);
+                } else {
+                    positions.extend(rel.iter().map(|&p| e.start + p as u64));
+                }
+            }
             old.clear();
             share.clear();
-            owner.read(
-                e.slot,
-                e.start,
-                (!all).then_some(&rel),
-                count,
-                &mut old,
-                &mut share,
-            )?;
-            if old.len() != count * width || share.len() != count {
+            owner.read(slot, &positions, &mut old, &mut share)?;
+            if old.len() != positions.len() * width || share.len() != positions.len() {
                 return Err(Error::InvalidArgument(format!(
-                    "the owner read {} bytes and {} shares for {count} elements of {width} bytes",
+                    "the owner read {} bytes and {} shares for {} elements of {width} bytes",
                     old.len(),
-                    share.len()
+                    share.len(),
+                    positions.len()
                 )));
             }
-            let values = chunk_values(&frame, e, width, &old)?;
-            let index = |k: usize| e.start + if all { k as u64 } else { rel[k] as u64 };
-            let salt = slot_salt(e.slot);
-            let mut part = 0u64;
-            let delta = h.kind == FrameKind::Delta;
-            for (k, &s) in share.iter().enumerate() {
-                if s == NOT_HELD {
-                    continue;
+            let mut first = 0; // of this chunk in `positions`
+            for &k in &order[at..end] {
+                let e = &frame.entries[k];
+                let (rel, all) = std::mem::take(&mut decoded[k]);
+                let count = e.count as usize;
+                let (old, share) = (
+                    &old[first * width..(first + count) * width],
+                    &share[first..first + count],
+                );
+                let idx = &positions[first..first + count];
+                first += count;
+                let values = chunk_values(&frame, e, width, old)?;
+                let salt = slot_salt(slot);
+                let mut part = 0u64;
+                let delta = h.kind == FrameKind::Delta;
+                for (k, &s) in share.iter().enumerate() {
+                    if s == NOT_HELD {
+                        continue;
+                    }
+                    let (o, n) = (load_bits(old, width, k), load_bits(&values, width, k));
+                    if delta && o == n && r.noop.is_none() {
+                        r.noop = Some((slot, idx[k]));
+                    }
+                    if s == COUNTED {
+                        part = part.wrapping_add(if delta {
+                            change(salt, idx[k], o, n)
+                        } else {
+                            element_hash(salt, idx[k], n)
+                        });
+                    }
                 }
-                let (o, n) = (load_bits(&old, width, k), load_bits(&values, width, k));
-                if delta && o == n && r.noop.is_none() {
-                    r.noop = Some((e.slot, index(k)));
-                }
-                if s == COUNTED {
-                    part = part.wrapping_add(if delta {
-                        change(salt, index(k), o, n)
-                    } else {
-                        element_hash(salt, index(k), n)
-                    });
-                }
+                r.part[slot as usize] = r.part[slot as usize].wrapping_add(part);
+                r.chunks.push(keep_held(
+                    slot, e.start, all, rel, values, old, share, width,
+                ));
             }
-            r.part[e.slot as usize] = r.part[e.slot as usize].wrapping_add(part);
-            r.chunks.push(keep_held(
-                e.slot, e.start, all, rel, values, &old, &share, width,
-            ));
+            at = end;
         }
         r.staging.record_digests(&self.table, &frame)?;
         if !h.is_final {
@@ -393,7 +419,8 @@ impl ChangeReceiver {
             let width = slot.dtype.width();
             old.clear();
             share.clear();
-            owner.read(id as u32, 0, None, count, &mut old, &mut share)?;
+            let positions: Vec<u64> = (0..count as u64).collect();
+            owner.read(id as u32, &positions, &mut old, &mut share)?;
             if old.len() != count * width || share.len() != count {
                 return Err(Error::InvalidArgument(format!(
                     "the owner read {} bytes and {} shares for slot `{}`",
