@@ -8,13 +8,20 @@ digest moved. Both end bit-identical to the sender (checked). Needs torch (an en
 """
 import time
 
-import numpy as np, torch, deltacast
+import deltacast
+import numpy as np
+import torch
 from deltacast.integrations.layout import EngineLayout, ParamLayout, Block, apply_slot
 from deltacast.integrations.engine_receiver import LayoutReceiver
 N, S = 2_000_000, 8
 names = [f"w{i}" for i in range(S)]
-lay = EngineLayout(rank=0, world=1, slots={n: (N,) for n in names},
-                   params={n: ParamLayout(shape=(N,), blocks=[Block(slot=n, src=0, dst=0, length=N, count=1, src_stride=0, dst_stride=0)]) for n in names})
+
+def whole(n):
+    return Block(slot=n, src=0, dst=0, length=N, count=1, src_stride=0, dst_stride=0)
+
+
+params = {n: ParamLayout(shape=(N,), blocks=[whole(n)]) for n in names}
+lay = EngineLayout(rank=0, world=1, slots={n: (N,) for n in names}, params=params)
 table = deltacast.SlotTable([(n, "bf16", (N,)) for n in names])
 rng = np.random.default_rng(1)
 cur = {n: rng.integers(0, 1 << 16, N, dtype=np.uint16) for n in names}
@@ -26,9 +33,13 @@ rx_a = LayoutReceiver(table, lay, params_a)
 rx_a.receive_all(seed)
 shadow = {n: np.zeros(N, dtype=np.uint16) for n in names}
 rx_b = deltacast.Receiver(table, shadow)
-rx_b.receive_all(seed) if hasattr(rx_b, "receive_all") else [rx_b.receive(f) for f in seed]
-for n in names: apply_slot(lay, params_b, n, torch.from_numpy(shadow[n]).view(torch.bfloat16))
-print(f"# {time.strftime('%Y-%m-%d')}, {N*S/1e6:.0f}M bf16 elements, {S} slots; shadow copy: {sum(a.nbytes for a in shadow.values())/1e6:.0f} MB per rank (b only)")
+for f in seed:
+    rx_b.receive(f)
+for n in names:
+    apply_slot(lay, params_b, n, torch.from_numpy(shadow[n]).view(torch.bfloat16))
+mb = sum(a.nbytes for a in shadow.values()) / 1e6
+print(f"# {time.strftime('%Y-%m-%d')}, {N * S / 1e6:.0f}M bf16 elements, {S} slots; "
+      f"shadow copy (b only): {mb:.0f} MB per rank")
 for density in (0.001, 0.01, 0.05):
     ta = tb = 0.0
     for rep in range(3):
@@ -45,6 +56,8 @@ for density in (0.001, 0.01, 0.05):
                 apply_slot(lay, params_b, n, torch.from_numpy(shadow[n]).view(torch.bfloat16))
         tb += time.perf_counter() - t
         for n in names:
-            assert torch.equal(params_a[n].view(torch.int16), torch.from_numpy(cur[n].view(np.int16)))
+            want = torch.from_numpy(cur[n].view(np.int16))
+            assert torch.equal(params_a[n].view(torch.int16), want)
             assert torch.equal(params_b[n].view(torch.int16), params_a[n].view(torch.int16))
-    print(f"density {density:.3f}: change receiver {ta/3*1e3:.1f} ms, shadow+apply_slot {tb/3*1e3:.1f} ms per sync, ratio {ta/tb:.2f}")
+    print(f"density {density:.3f}: change receiver {ta / 3 * 1e3:.1f} ms, "
+          f"shadow+apply_slot {tb / 3 * 1e3:.1f} ms per sync, ratio {ta / tb:.2f}")

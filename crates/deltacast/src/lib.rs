@@ -4,8 +4,10 @@
 //! The modules follow the data flow: [`diff`] a shard against its snapshot, [`codec`] the
 //! changes per chunk, pack chunks into checksummed [`wire`] frames with the streaming
 //! [`flush`] builder, and on the receiver [`apply`] a whole verified sync, proven by the
-//! [`digest`]; what a receiver holds and decides about each sync (versions, digests) is
-//! [`held`], shared with the GPU receiver. [`sender`] ties the trainer side together,
+//! [`digest`] (or, for an owner that keeps the bits itself, such as an engine's
+//! tensor-parallel ranks, check it with a [`ChangeReceiver`] that hands out the changes); what
+//! a receiver holds and decides about each sync (versions, digests) is [`held`], shared with
+//! the GPU receiver and the change receiver. [`sender`] ties the trainer side together,
 //! [`sharded`] the sharded one (its deterministic cuts in [`plan`]); [`io`] reads and writes
 //! safetensors.
 

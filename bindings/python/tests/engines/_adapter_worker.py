@@ -7,15 +7,16 @@ and built by its ``WeightTransferEngineFactory``, driven through its lifecycle c
 ENGINE "sglang": the custom weight loader, called by SGLang's own
 ``WeightUpdater.update_weights_from_tensor``.
 
-The tiny Qwen2 in bf16 unless ARCH DTYPE say otherwise (e.g. qwen3_moe float32). Rank 0 runs a deltacast ``Sender`` over the HF checkpoint and writes
-each sync as a file; every rank delivers it to its engine (the same frames, as vLLM and SGLang
-hand every worker the same update). After every step each rank compares all its parameters,
-bit for bit, with a reference model that loaded the expected full checkpoint with the engine's
-own ``load_weights``. Steps: a seed, deltas (edge bit patterns), refusals (a corrupted frame, a
-frame corrupted on one rank only, an old sync replayed, a delta to a restarted receiver, for
-vLLM a session that ends mid-sync) that must leave the weights of every rank as they were, and
-the syncs after them; then a second engine B on the same sender that joins late, restarts and
-is re-seeded (``resend_seed``) while the first takes every delta. Writes
+The tiny Qwen2 in bf16 unless ARCH DTYPE say otherwise (e.g. qwen3_moe float32). Rank 0 runs a
+deltacast ``Sender`` over the HF checkpoint and writes each sync as a file; every rank delivers
+it to its engine (the same frames, as vLLM and SGLang hand every worker the same update). After
+every step each rank compares all its parameters, bit for bit, with a reference model that
+loaded the expected full checkpoint with the engine's own ``load_weights``. Steps: a seed,
+deltas (edge bit patterns), refusals (a corrupted frame, a frame corrupted on one rank only, one
+rank's weights diverged, an old sync replayed, a delta to a restarted receiver, for vLLM a
+session that ends mid-sync) that must leave the weights of every rank as they were, and the
+syncs after them; then a second engine B on the same sender that joins late, restarts and is
+re-seeded (``resend_seed``) while the first takes every delta. Writes
 WORKDIR/adapter-RANK.json.
 """
 
@@ -89,6 +90,9 @@ class VllmDelivery:
 
         torch.accelerator.synchronize = synchronize
 
+    def layout(self):
+        return self.engine.receiver.layout
+
     def restart(self):
         """As a restarted worker: init_transfer_engine again (a fresh receiver, same layout)."""
         self.engine.init_transfer_engine(self.engine.parse_init_info(self.init))
@@ -149,6 +153,9 @@ class SglangDelivery:
             get_model_runner=lambda: None,
         )
         self.send_table = True
+
+    def layout(self):
+        return self.dsg.receiver_of(self.model).layout
 
     def restart(self):
         self.dsg.reset(self.model)
@@ -220,15 +227,18 @@ def main() -> int:
             dist.barrier()
             return path, deltacast.read_sync_file(path)
 
-        def step(name, path, frames, how, expect_error, oracle, d=None, ps=None):
+        def step(name, path, frames, how, expect_error, oracle, d=None, ps=None, tamper=None):
             d, ps = d or delivery, ps or params
             before = {p: raw(t).clone() for p, t in ps.items()}
+            undo = tamper() if tamper is not None else None
             err, ours = None, None
             try:
                 d.deliver(torch, path, frames, how)
             except Exception as e:  # noqa: BLE001 - the step records what was raised
                 err = f"{type(e).__name__}: {e}"[:300]
                 ours = isinstance(e, deltacast.DeltacastError)
+            if undo is not None:
+                undo()  # put back what the test changed behind the receiver's back
             glue.load(ref, tensors(oracle))
             mismatched = [p for p, t in ps.items() if not torch.equal(raw(t), raw(ref_params[p]))]
             changed = sum(int((raw(t) != before[p]).sum()) for p, t in ps.items())
@@ -288,6 +298,28 @@ def main() -> int:
             mine[len(mine) // 2] = bytes(mid)
         step("one-rank-refuses", path, mine, "frames", "refused", ckpt)
         step("after-group-refusal", path, frames, "frames", None, new)
+        ckpt = new
+        # One rank's weights diverged (an element of q_proj, held by that rank alone, changed
+        # behind the receiver's back) where the next delta changes them: that rank's part of
+        # the digest change is wrong, so the group's sum is, and every rank refuses at settle.
+        slot = "model.layers.0.self_attn.q_proj.weight"
+        new = mutate(rng, ckpt, (3 - names.index(slot)) % 4)  # the whole slot changes
+        path, frames = sync_file(sync_of(new))
+
+        def tamper():
+            if rank != tp - 1:
+                return None
+            pname, block = delivery.layout().by_slot()[slot][0]
+            flat = raw(params[pname])
+            flat[block.dst] ^= 1  # a view: this writes into the parameter
+
+            def undo():
+                flat[block.dst] ^= 1
+
+            return undo
+
+        step("diverged-rank-refuses", path, frames, "frames", "refused", ckpt, tamper=tamper)
+        step("after-divergence", path, frames, "frames", None, new)
         ckpt = new
         # An old sync again: the wrong version.
         step("replayed", replay[0], replay[1], "file", "refused", ckpt)

@@ -213,7 +213,8 @@ class LayoutReceiver:
 
         pos = torch.from_numpy(positions)
         dt = self._dtypes[slot]
-        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[torch.empty(0, dtype=dt).element_size()]
+        width = torch.empty(0, dtype=dt).element_size()
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[width]
         old = torch.zeros(pos.numel(), dtype=ints)
         share = torch.zeros(pos.numel(), dtype=torch.uint8)
         for pname, b in self._blocks[slot]:
