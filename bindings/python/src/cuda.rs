@@ -412,8 +412,10 @@ fn report_dict<'py>(py: Python<'py>, r: &GpuSyncReport) -> PyResult<Bound<'py, P
         m.set_item("diff_ms_per_gb", c.diff_ms_per_gb)?;
         m.set_item("plain_ms_per_mchange", c.delta_ms_per_mchange[0])?;
         m.set_item("entropy_ms_per_mchange", c.delta_ms_per_mchange[1])?;
-        m.set_item("plain_measured", c.measured[0])?;
-        m.set_item("entropy_measured", c.measured[1])?;
+        m.set_item("plain_fixed_ms", c.delta_fixed_ms[0])?;
+        m.set_item("entropy_fixed_ms", c.delta_fixed_ms[1])?;
+        m.set_item("plain_syncs_measured", c.measured[0])?;
+        m.set_item("entropy_syncs_measured", c.measured[1])?;
         m.set_item("plain_dense_above", c.dense_above[0])?;
         m.set_item("entropy_dense_above", c.dense_above[1])?;
         d.set_item("choice", m)?;

@@ -435,7 +435,8 @@ impl GpuSender {
             EntropyMode::On => &[DeltaCodec::Entropy],
             EntropyMode::Auto => &[DeltaCodec::Plain, DeltaCodec::Entropy],
         };
-        let codec = self.costs.codec(allowed);
+        let expected = self.last_changed.iter().flatten().sum::<u64>();
+        let codec = self.costs.codec(allowed, expected);
         let use_entropy = codec.entropy();
         let whole = (0..self.stages.len())
             .map(|s| self.whole_before_diff(s, codec))
@@ -540,7 +541,10 @@ impl GpuSender {
             return false;
         };
         let bytes: u64 = self.tensors[range].iter().map(|t| t.nbytes()).sum();
-        !pinned && self.costs.dense_before_diff(bytes, expected, codec)
+        !pinned
+            && self
+                .costs
+                .dense_before_diff(bytes, self.stages.len(), expected, codec)
     }
 
     /// Stage `s` whole without a diff: refresh, count, send.
@@ -702,7 +706,7 @@ impl GpuSender {
         };
         if self
             .costs
-            .dense_after_diff(dense_bytes, diff.found, delta_bytes, codec)
+            .dense_after_diff(dense_bytes, stages as usize, diff.found, delta_bytes, codec)
         {
             // Whole is predicted faster: the snapshot and digests are already current.
             let bytes =

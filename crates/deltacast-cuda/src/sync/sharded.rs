@@ -339,7 +339,7 @@ impl GpuShardedSender {
             EntropyMode::On => &[DeltaCodec::Entropy],
             EntropyMode::Auto => &[DeltaCodec::Plain, DeltaCodec::Entropy],
         };
-        let codec = self.costs.codec(allowed);
+        let codec = self.costs.codec(allowed, self.table.total_elements() / 50);
         let use_entropy = codec.entropy();
         let mut run = ShardRun {
             version: self.version + 1,
