@@ -15,9 +15,11 @@
 # either, the baselines still run and the deltacast column says why it was skipped.
 #
 # Env (each also a flag above): GPU_BENCH_STEPS (default 8 timed steps, after 1 warm-up step),
-# GPU_BENCH_RUNS (default "0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket", on one GPU "0.5b:ipc"; a third field
-# on|off|auto sets deltacast's entropy codecs, default auto; a fourth the stage size in MiB,
-# default the library's),
+# GPU_BENCH_RUNS (default "0.5b:nvlink 0.5b:socket 7b:nvlink 7b:socket", on one GPU
+# "0.5b:ipc::: 0.5b:ipc:::1e-5 0.5b:ipc:::6e-5", the densities of issue 24: 1-4 %, 10-25 % and
+# ~50 % changed per step; a third field on|off|auto sets deltacast's entropy codecs, default
+# auto; a fourth the stage size in MiB, default the library's; a fifth the learning rate,
+# default gpu_sync.py's 1e-6),
 # GPU_BENCH_RUN_TIMEOUT (seconds per run, default 420), PYTHON (default python3).
 # Results: $OUT if set (the device tool's folder), else ./bench-out: one JSON per run
 # (gpu_sync_<model>_<transport>.json) and the whole log (gpu-bench.log). A run kept for the
@@ -95,7 +97,7 @@ if [ "${ngpu:-0}" -lt 1 ]; then
     exit 0
 fi
 if [ "${ngpu:-0}" -lt 2 ] && [ -z "${RUNS_GIVEN:-}" ]; then
-    RUNS="0.5b:ipc"
+    RUNS="0.5b:ipc::: 0.5b:ipc:::1e-5 0.5b:ipc:::6e-5"
     say "gpu-bench: one GPU: trainer and receiver as two processes on it, over CUDA IPC (runs: $RUNS)"
 fi
 {
@@ -107,12 +109,13 @@ fi
 status=0
 results=()
 for spec in $RUNS; do
-    IFS=: read -r model transport entropy stage_mib <<<"$spec"
+    IFS=: read -r model transport entropy stage_mib lr <<<"$spec"
     entropy=${entropy:-auto}
     stage=()
     [ -n "${stage_mib:-}" ] && stage=(--stage-mib "$stage_mib")
+    [ -n "${lr:-}" ] && stage+=(--lr "$lr")
     say ""
-    say "== run: model $model, transport $transport, entropy $entropy, stage ${stage_mib:-default} MiB, $STEPS steps ($(date -u +%H:%M:%S))"
+    say "== run: model $model, transport $transport, entropy $entropy, stage ${stage_mib:-default} MiB, lr ${lr:-default}, $STEPS steps ($(date -u +%H:%M:%S))"
     start=$(date +%s)
     timeout -k 15 "$RUN_TIMEOUT" "$PY" bindings/python/bench/gpu_sync.py --model "$model" \
         --transport "$transport" --entropy "$entropy" --steps "$STEPS" --out "$OUT_DIR" \
@@ -126,7 +129,7 @@ for spec in $RUNS; do
         124|137) what="TIMED OUT after ${RUN_TIMEOUT}s" ;;
         *) what="FAILED (exit $rc)" ;;
     esac
-    results+=("$model $transport (entropy $entropy, stage ${stage_mib:-default} MiB): $what (exit $rc, ${took}s)")
+    results+=("$model $transport (entropy $entropy, stage ${stage_mib:-default} MiB, lr ${lr:-default}): $what (exit $rc, ${took}s)")
     [ "$rc" -ne 0 ] && status=1
 done
 
@@ -139,13 +142,14 @@ import glob, json, os, sys
 def f(x, unit=""):
     return "-" if x is None else f"{x:.2f}{unit}"
 
-print(f"{'model':<6} {'transport':<9} {'entropy':<7} {'full ms':>9} {'plain ms':>9} {'deltacast ms':>13} "
+print(f"{'model':<6} {'transport':<9} {'entropy':<7} {'lr':>6} {'full ms':>9} {'plain ms':>9} {'deltacast ms':>13} "
       f"{'full/dc':>8} {'plain/dc':>9} {'changed':>8}  checks")
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "gpu_sync_*.json"))):
     r = json.load(open(path))
     s, c = r["summary"], r["correctness"]
     ch = s.get("changed_ratio_median")
     print(f"{r['model']:<6} {r['transport']:<9} {r['args'].get('entropy', 'auto'):<7} "
+          f"{r['args'].get('lr', 1e-6):>6g} "
           f"{f(s['full']['median_ms']):>9} "
           f"{f(s['plain']['median_ms']):>9} {f(s['deltacast']['median_ms']):>13} "
           f"{f(s['full_over_deltacast'], 'x'):>8} {f(s['plain_over_deltacast'], 'x'):>9} "

@@ -71,7 +71,7 @@ def codec_bytes():
 
 def codec_speed():
     runs, build = {}, None
-    for line in (DATA / "codecs/spare-capacity.txt").open():
+    for line in (DATA / "codecs/prefetch-decoder.txt").open():
         m = re.match(r"== round \d+ (\w+) \((bench chunk|chunks)", line)
         if m:
             build, data = m.group(1), ("new chunks" if m.group(2) == "chunks" else "bench chunk")
@@ -81,7 +81,7 @@ def codec_speed():
             runs.setdefault((data, float(kv["d"])), []).append(kv)
     keys = [k for k in sorted(runs, key=lambda k: (k[1], k[0])) if k[1] >= 0.1]
     ratio = lambda k, what: statistics.median(float(r[what]) / float(r["diff"]) for r in runs[k])
-    bars(IMG / "codec-speed.svg", "Codec per core against the diff (median ratio, 90f1665)",
+    bars(IMG / "codec-speed.svg", "Codec per core against the diff (median ratio, 0ac59fd)",
          "changes/s ÷ the diff's", [f"{k[1] * 100:g} %, {k[0]}" for k in keys],
          [("chunk encode", [ratio(k, "auto") for k in keys]),
           ("chunk decode", [ratio(k, "chunk_dec") for k in keys])], ref=1.0)

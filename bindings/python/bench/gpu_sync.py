@@ -687,7 +687,8 @@ def run_rank(rank: int, args, port: int):
                         "entropy": info.get("entropy"),
                         "stages": info.get("stages"),
                         "dense_stages": info.get("dense_stages"),
-                        "phases_ms": info.get("phases_ms")})
+                        "phases_ms": info.get("phases_ms"),
+                        "choice": info.get("choice")})
             if info.get("changed") is not None:
                 row["changed_ratio"] = info["changed"] / numel
         return row

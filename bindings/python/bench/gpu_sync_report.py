@@ -187,6 +187,8 @@ def out_name(args):
     suffix = {"auto": "", "on": "_entropy", "off": "_noentropy"}[args.entropy]
     if args.stage_mib is not None:
         suffix += f"_stage{args.stage_mib:g}"
+    if args.lr != 1e-6:
+        suffix += f"_lr{args.lr:g}"
     if args.transport == "ipc" and args.devices[1] == 0:
         suffix += "_onegpu"
     return f"gpu_sync_{args.model}_{args.transport}{suffix}.json"

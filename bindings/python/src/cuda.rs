@@ -404,6 +404,22 @@ fn report_dict<'py>(py: Python<'py>, r: &GpuSyncReport) -> PyResult<Bound<'py, P
         phases.set_item(*name, *ms)?;
     }
     d.set_item("phases_ms", phases)?;
+    if let Some(c) = &r.choice {
+        // The sender's cost model: rates learned on this link, and the changed fraction of a
+        // BF16 stage above which it sends the stage whole (per codec: plain, entropy).
+        let m = PyDict::new(py);
+        m.set_item("dense_ms_per_gb", c.dense_ms_per_gb)?;
+        m.set_item("diff_ms_per_gb", c.diff_ms_per_gb)?;
+        m.set_item("plain_ms_per_mchange", c.delta_ms_per_mchange[0])?;
+        m.set_item("entropy_ms_per_mchange", c.delta_ms_per_mchange[1])?;
+        m.set_item("plain_fixed_ms", c.delta_fixed_ms[0])?;
+        m.set_item("entropy_fixed_ms", c.delta_fixed_ms[1])?;
+        m.set_item("plain_syncs_measured", c.measured[0])?;
+        m.set_item("entropy_syncs_measured", c.measured[1])?;
+        m.set_item("plain_dense_above", c.dense_above[0])?;
+        m.set_item("entropy_dense_above", c.dense_above[1])?;
+        d.set_item("choice", m)?;
+    }
     Ok(d)
 }
 

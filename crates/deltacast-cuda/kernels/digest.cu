@@ -6,6 +6,10 @@
 //                     the same whatever the order).
 //   dc_digest_update  the O(changed) update: Σ h(i, new) − h(i, old) over change lists laid out
 //                     as dc_diff writes them (positions u64, bits at byte g * width).
+//   dc_digest_refresh dc_digest that also brings a snapshot up to date and counts the elements
+//                     that differed from it: what a stage sent whole without a diff needs (its
+//                     digests, its snapshot refreshed, and its density for the next sync's
+//                     choice), in one pass instead of a copy and a digest.
 
 #define DIGEST_THREADS 256
 #define DIGEST_PER_THREAD 32
@@ -20,6 +24,13 @@ struct DigestTensor {
     u64 out;          // device pointer to the u64 that receives the sum
     u32 width;
     u32 pad;
+};
+
+// dc_digest_refresh's tensor: a DigestTensor plus its snapshot and its changed count.
+struct RefreshTensor {
+    DigestTensor t;
+    u64 snap;         // device pointer to the snapshot (numel * width bytes), written
+    u64 changed_out;  // device pointer to the u64 that receives the changed count
 };
 
 struct UpdateSeg {
@@ -97,6 +108,48 @@ dc_digest_update(const UpdateSeg* __restrict__ segs, u32 num_segs, u64 num_block
         }
         const u64 total = dc_block_sum(sum, s_sum);
         if (threadIdx.x == 0) atomicAdd((u64*)s.out, total);
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DIGEST_THREADS)
+dc_digest_refresh(const RefreshTensor* __restrict__ tensors, u32 num_tensors, u64 num_blocks) {
+    __shared__ u64 s_sum[32];
+    __shared__ u32 s_j;
+    for (u64 b = blockIdx.x; b < num_blocks; b += gridDim.x) {
+        if (threadIdx.x == 0) {
+            u32 lo = 0, hi = num_tensors;
+            while (hi - lo > 1) {
+                const u32 mid = (lo + hi) >> 1;
+                if (tensors[mid].t.block_begin <= b) lo = mid; else hi = mid;
+            }
+            s_j = lo;
+        }
+        __syncthreads();
+        const RefreshTensor r = tensors[s_j];
+        const DigestTensor t = r.t;
+        const u64 e0 = (b - t.block_begin) * DIGEST_BLOCK_ELEMS;
+        const u8* p = (const u8*)t.ptr;
+        u8* snap = (u8*)r.snap;
+        u64 sum = 0, changed = 0;
+#pragma unroll 8
+        for (u32 i = 0; i < DIGEST_PER_THREAD; ++i) {
+            const u64 e = e0 + (u64)i * DIGEST_THREADS + threadIdx.x;
+            if (e < t.numel) {
+                const u32 bits = dc_load_bits(p, e, t.width);
+                sum += dc_element_hash(t.salt, t.first_index + e, bits);
+                if (dc_load_bits(snap, e, t.width) != bits) {
+                    ++changed;
+                    dc_store_bits(snap, e, t.width, bits);
+                }
+            }
+        }
+        const u64 total = dc_block_sum(sum, s_sum);
+        const u64 count = dc_block_sum(changed, s_sum);
+        if (threadIdx.x == 0) {
+            atomicAdd((u64*)t.out, total);
+            if (count) atomicAdd((u64*)r.changed_out, count);
+        }
         __syncthreads();
     }
 }

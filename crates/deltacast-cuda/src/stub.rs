@@ -360,6 +360,14 @@ impl Gpu {
         match self.never {}
     }
 
+    pub unsafe fn digest_refresh(
+        &self,
+        inputs: &[DigestInput],
+        snapshots: &[DevicePtr],
+    ) -> Result<(Vec<u64>, Vec<u64>)> {
+        match self.never {}
+    }
+
     pub unsafe fn digest_update(
         &self,
         positions: DevicePtr,

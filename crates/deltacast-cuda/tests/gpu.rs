@@ -618,3 +618,54 @@ fn digest_matches_the_core() {
         );
     }
 }
+
+#[test]
+#[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
+fn digest_refresh_digests_counts_and_refreshes() {
+    // What a stage sent whole without a diff relies on: the digests of the tensors, the
+    // snapshot equal to them afterwards, and the count of elements whose bits differed
+    // (NaN payloads, ±0 and subnormals compared as bits), against the core.
+    let gpu = gpu();
+    let mut rng = Rng(11);
+    let (mut inputs, mut snaps, mut keep) = (Vec::new(), Vec::new(), Vec::new());
+    let mut expect = Vec::new();
+    for t in 0..24usize {
+        let numel = [0usize, 1, 3, 8191, 8192, 8193, 100_003, 1 << 20][t % 8];
+        let width = [1usize, 2, 4][t % 3];
+        let density = [0.0, 0.01, 0.5, 1.0][t % 4];
+        let old = fill_old(&mut rng, numel, width);
+        let new = mutate(&mut rng, &old, width, density);
+        let changed = (0..numel)
+            .filter(|&i| load_bits(&old, width, i) != load_bits(&new, width, i))
+            .count() as u64;
+        let first_index = rng.below(1 << 35);
+        let cur = gpu.upload(&new).unwrap();
+        let snap = gpu.upload(&old).unwrap();
+        inputs.push(DigestInput {
+            ptr: cur.ptr(),
+            numel: numel as u64,
+            width,
+            first_index,
+            slot: t as u32 * 3,
+        });
+        snaps.push(snap.ptr());
+        expect.push((
+            digest_range(t as u32 * 3, width, &new, first_index),
+            changed,
+            new,
+        ));
+        keep.push((cur, snap));
+    }
+    // SAFETY: the uploads above, distinct buffers of the inputs' sizes.
+    let (digests, counts) = unsafe { gpu.digest_refresh(&inputs, &snaps) }.unwrap();
+    for (i, (digest, changed, new)) in expect.iter().enumerate() {
+        assert_eq!(digests[i], *digest, "digest {i}");
+        assert_eq!(counts[i], *changed, "count {i}");
+        // SAFETY: the snapshot buffer, of that size.
+        let snap = unsafe { gpu.download(snaps[i], new.len()) }.unwrap();
+        assert_eq!(&snap, new, "snapshot {i} refreshed");
+    }
+    // Mismatched lists are refused, not read past.
+    // SAFETY: nothing is launched for a refused call.
+    assert!(unsafe { gpu.digest_refresh(&inputs, &snaps[1..]) }.is_err());
+}

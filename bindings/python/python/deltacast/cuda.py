@@ -177,16 +177,20 @@ class GpuSender(_Sender):
     """The trainer side. ``named_tensors``: ``(name, tensor)`` pairs (``named_parameters()``
     works; parameters are read through ``.data``). ``snapshots``: optional tensors of the
     same shapes and dtypes to hold the previous version (else allocated inside).
-    ``capacity``: the fraction of all elements a delta may carry before the sync goes dense.
+    ``capacity``: the fraction of all elements the delta buffers hold (their memory); a stage
+    changing more goes whole. Within it each stage goes whole, as a plain delta or
+    entropy-coded by its predicted time on the link (each report's ``"choice"``: the rates
+    learned and the changed fraction above which stages go whole).
     ``snapshot``: where the snapshot allocated inside lives: ``"device"`` (GPU memory, as
     much again as the tensors) or ``"pinned"`` (page-locked host memory that the diff reads
     over PCIe and refreshes in place: no GPU memory for it, a diff about as long as copying
     the tensors host-to-device once); not with ``snapshots``.
     ``entropy``: whether deltas also use the entropy codecs (gaps positions, ulp values:
     about 1.2 bytes per change on AdamW steps instead of about 6, for some GPU time on both
-    sides): ``True``/``"on"``, ``False``/``"off"``, or ``"auto"`` (default: measures both and
-    keeps the faster, retrying the other after 16 deltas times how many times slower it was;
-    on NVLink that is usually off, across nodes on). Each report says ``"entropy"``: whether
+    sides): ``True``/``"on"``, ``False``/``"off"``, or ``"auto"`` (default: the codecs the
+    sender's cost model predicts faster on this link, the other retried every 16 deltas
+    while it is predicted within 1.25×; on NVLink or CUDA IPC that is usually off, across
+    nodes on). Each report says ``"entropy"``: whether
     that sync used them.
     ``stage_bytes``: a sync goes in stages of whole tensors of at least this many bytes
     (default 2 GiB; 0: one stage): receivers check and apply one stage while the sender

@@ -96,7 +96,10 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
     ),
     ("encode", &["dc_encode_cells", "dc_encode_place"]),
     ("apply", &["dc_apply_check", "dc_apply_scatter"]),
-    ("digest", &["dc_digest", "dc_digest_update"]),
+    (
+        "digest",
+        &["dc_digest", "dc_digest_update", "dc_digest_refresh"],
+    ),
     (
         "entropy",
         &[

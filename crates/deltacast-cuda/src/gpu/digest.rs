@@ -40,6 +40,41 @@ struct KUpdateSeg {
     pad: u32,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KRefreshTensor {
+    t: KDigestTensor,
+    snap: u64,
+    changed_out: u64,
+}
+
+/// The kernels' table of `inputs`, each summing into the u64 at `out + 8 i`, and the blocks
+/// it takes.
+fn digest_table(inputs: &[DigestInput], out: DevicePtr) -> Result<(Vec<KDigestTensor>, u64)> {
+    let mut table = Vec::with_capacity(inputs.len());
+    let mut blocks = 0u64;
+    for (i, t) in inputs.iter().enumerate() {
+        if !matches!(t.width, 1 | 2 | 4) || (t.numel > 0 && t.ptr % t.width as u64 != 0) {
+            return Err(CudaError::InvalidArgument(format!(
+                "input {i}: width {} or alignment",
+                t.width
+            )));
+        }
+        table.push(KDigestTensor {
+            ptr: t.ptr,
+            numel: t.numel,
+            first_index: t.first_index,
+            salt: slot_salt(t.slot),
+            block_begin: blocks,
+            out: out + i as u64 * 8,
+            width: t.width as u32,
+            pad: 0,
+        });
+        blocks += t.numel.div_ceil(DIGEST_BLOCK_ELEMS);
+    }
+    Ok((table, blocks))
+}
+
 impl Gpu {
     /// The digest of each input (`Σ h(slot, first_index + k, bits_k)`), all in one launch.
     ///
@@ -55,27 +90,7 @@ impl Gpu {
             let t_len = (n * std::mem::size_of::<KDigestTensor>()) as u64;
             let (_guard, base) = self.scratch((t_len + n as u64 * 8) as usize)?;
             let out = base + t_len;
-            let mut table = Vec::with_capacity(n);
-            let mut blocks = 0u64;
-            for (i, t) in inputs.iter().enumerate() {
-                if !matches!(t.width, 1 | 2 | 4) || (t.numel > 0 && t.ptr % t.width as u64 != 0) {
-                    return Err(CudaError::InvalidArgument(format!(
-                        "input {i}: width {} or alignment",
-                        t.width
-                    )));
-                }
-                table.push(KDigestTensor {
-                    ptr: t.ptr,
-                    numel: t.numel,
-                    first_index: t.first_index,
-                    salt: slot_salt(t.slot),
-                    block_begin: blocks,
-                    out: out + i as u64 * 8,
-                    width: t.width as u32,
-                    pad: 0,
-                });
-                blocks += t.numel.div_ceil(DIGEST_BLOCK_ELEMS);
-            }
+            let (table, blocks) = digest_table(inputs, out)?;
             self.upload_typed(base, &table)?;
             // SAFETY: inside the scratch region.
             unsafe { cu::memset_d8_async(out, 0, n * 8, self.stream) }
@@ -87,6 +102,63 @@ impl Gpu {
                 Args::new().push(base).push(n as u64).push(blocks),
             )?;
             self.download_typed(out, n)
+        })
+    }
+
+    /// [`Gpu::digest`] of each input that also copies the input over `snapshots[i]` where
+    /// their bits differ, and counts those elements: returns (digests, changed counts).
+    ///
+    /// # Safety
+    /// As [`Gpu::digest`]; each snapshot valid for its input's bytes, aligned alike, not
+    /// overlapping any input, and nothing else using it meanwhile.
+    pub unsafe fn digest_refresh(
+        &self,
+        inputs: &[DigestInput],
+        snapshots: &[DevicePtr],
+    ) -> Result<(Vec<u64>, Vec<u64>)> {
+        guarded(|| {
+            self.bind()?;
+            let n = inputs.len();
+            if snapshots.len() != n {
+                return Err(CudaError::InvalidArgument(format!(
+                    "{n} inputs but {} snapshots",
+                    snapshots.len()
+                )));
+            }
+            if n == 0 {
+                return Ok((Vec::new(), Vec::new()));
+            }
+            let t_len = (n * std::mem::size_of::<KRefreshTensor>()) as u64;
+            let (_guard, base) = self.scratch((t_len + n as u64 * 16) as usize)?;
+            let out = base + t_len;
+            let counts = out + n as u64 * 8;
+            let (digests, blocks) = digest_table(inputs, out)?;
+            let mut table = Vec::with_capacity(n);
+            for (i, (t, &snap)) in digests.into_iter().zip(snapshots).enumerate() {
+                if t.numel > 0 && snap % t.width as u64 != 0 {
+                    return Err(CudaError::InvalidArgument(format!(
+                        "snapshot {i} is not aligned to its width {}",
+                        t.width
+                    )));
+                }
+                table.push(KRefreshTensor {
+                    t,
+                    snap,
+                    changed_out: counts + i as u64 * 8,
+                });
+            }
+            self.upload_typed(base, &table)?;
+            // SAFETY: inside the scratch region (digest words and counts).
+            unsafe { cu::memset_d8_async(out, 0, n * 16, self.stream) }
+                .map_err(drv("cuMemsetD8"))?;
+            self.launch(
+                "dc_digest_refresh",
+                blocks.min(MAX_GRID * 4),
+                THREADS,
+                Args::new().push(base).push(n as u64).push(blocks),
+            )?;
+            let words: Vec<u64> = self.download_typed(out, 2 * n)?;
+            Ok((words[..n].to_vec(), words[n..].to_vec()))
         })
     }
 

@@ -42,6 +42,7 @@ use deltacast::wire::FrameKind;
 use crate::protocol::TableLimits;
 use crate::{DeviceBuffer, DevicePtr, DigestInput, Gpu};
 
+mod choice;
 mod chunks;
 mod receiver;
 mod sender;
@@ -49,6 +50,7 @@ mod settings;
 mod sharded;
 mod sharded_setup;
 
+pub use choice::{ChoiceReport, PROBE_WITHIN};
 pub use receiver::GpuReceiver;
 pub use sender::GpuSender;
 pub use settings::{
@@ -134,6 +136,9 @@ pub struct GpuSyncReport {
     /// milliseconds. On the sender the broadcasts overlap the next stage's diff, so the
     /// phases add up to the call's time while the work they name overlaps.
     pub phases: Vec<(&'static str, f64)>,
+    /// The sender's cost model after the sync: the rates it learned on this link and the
+    /// densities above which it sends stages whole (senders; None for receivers).
+    pub choice: Option<ChoiceReport>,
 }
 
 impl GpuSyncReport {
@@ -152,6 +157,7 @@ impl GpuSyncReport {
             stages: 1,
             dense_stages: 1,
             phases: Vec::new(),
+            choice: None,
         }
     }
 }
@@ -164,9 +170,22 @@ struct SendTotals {
     chunks: u64,
     diff_ms: f64,
     dense_stages: u32,
+    /// Bytes of tensor diffed, bytes sent whole, and the delta stages' wire bytes and changes
+    /// (for the cost model).
+    diffed_bytes: u64,
+    dense_bytes: u64,
+    delta_bytes: u64,
+    delta_changes: u64,
 }
 
 impl SendTotals {
+    /// Counts a stage sent whole, of `bytes` on the wire.
+    fn add_dense(&mut self, bytes: u64) {
+        self.payload_bytes += bytes;
+        self.dense_bytes += bytes;
+        self.dense_stages += 1;
+    }
+
     /// Whether any of `stages` stages went as a delta.
     fn any_delta(&self, stages: u32) -> bool {
         self.dense_stages < stages
@@ -200,6 +219,7 @@ impl SendTotals {
             stages,
             dense_stages: self.dense_stages,
             phases,
+            choice: None,
         }
     }
 }

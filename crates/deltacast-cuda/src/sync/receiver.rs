@@ -261,6 +261,7 @@ impl GpuReceiver {
             stages: last.count(),
             dense_stages: got.dense_stages,
             phases: phases.finish("receiver"),
+            choice: None,
         }))
     }
 

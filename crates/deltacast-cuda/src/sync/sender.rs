@@ -9,8 +9,9 @@ use deltacast::plan::plan_stages;
 use deltacast::wire::FrameKind;
 use deltacast::{SlotTable, WeightSender};
 
+use super::choice::{CostModel, DeltaCodec, SyncCosts};
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
-use super::settings::{AutoEntropy, EntropyMode, GpuSenderConfig, Snapshot, SnapshotPlace};
+use super::settings::{EntropyMode, GpuSenderConfig, Snapshot, SnapshotPlace};
 use super::WaitStream;
 use super::{
     check_tensors, digest_inputs, ms, slot_table, u64s, wall_ms, GpuSyncReport, GpuTensor,
@@ -20,8 +21,8 @@ use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{Stage, CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};
 use crate::{
-    CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent,
-    GpuStream, DECODE_SLACK,
+    CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, DigestInput, Gpu,
+    GpuEvent, GpuStream, DECODE_SLACK,
 };
 
 /// One diff of a stage, with the snapshot where `place` says.
@@ -199,6 +200,8 @@ impl StageSet {
 struct SyncRun {
     version: u64,
     use_entropy: bool,
+    /// Per stage: sent whole without a diff (predicted cheaper than its delta).
+    whole: Vec<bool>,
     /// Every slot's digest after the sync, filled stage by stage.
     after: Vec<u64>,
     totals: SendTotals,
@@ -227,7 +230,10 @@ pub struct GpuSender {
     stages: Vec<Range<usize>>,
     sets: Vec<StageSet>,
     code_scratch: CodeScratch,
-    auto: AutoEntropy,
+    /// What each way of sending a stage costs on this link (see `choice`).
+    costs: CostModel,
+    /// Per stage: its changed elements at the last sync (None: unknown, e.g. after a seed).
+    last_changed: Vec<Option<u64>>,
     /// Where the broadcasts run, so that they overlap the next stage's kernels.
     nccl_stream: GpuStream,
     /// Recorded on the GPU's stream when a stage is ready to send.
@@ -320,7 +326,8 @@ impl GpuSender {
             diff_gpu,
             sets,
             code_scratch: CodeScratch::new(),
-            auto: AutoEntropy::default(),
+            costs: CostModel::default(),
+            last_changed: vec![None; stages.len()],
             nccl_stream: gpu.new_stream(true)?,
             ready: gpu.new_event()?,
             acked: gpu.new_event()?,
@@ -391,17 +398,20 @@ impl GpuSender {
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
         let all = 0..self.tensors.len();
-        let mut after = self.refresh(all.clone())?;
+        let (mut after, _) = self.refresh(all.clone())?;
         let version = self.version + 1;
         let payload_bytes = self.send_whole(FrameKind::Seed, 0, 1, all, version, &mut after)?;
         self.finish(version, after)?;
         let numel = self.table.total_elements();
-        Ok(GpuSyncReport::seed(
-            self.version,
-            numel,
-            payload_bytes,
-            started,
-        ))
+        let mut report = GpuSyncReport::seed(self.version, numel, payload_bytes, started);
+        self.costs.record(&SyncCosts {
+            time_ms: report.time_ms,
+            dense_bytes: payload_bytes,
+            ..SyncCosts::default()
+        });
+        self.last_changed.iter_mut().for_each(|c| *c = None);
+        report.choice = Some(self.costs.report());
+        Ok(report)
     }
 
     /// Sends what changed since the last version (a seed first, when one is due), stage by
@@ -420,14 +430,21 @@ impl GpuSender {
         self.needs_seed = true;
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
-        let use_entropy = match self.config.entropy {
-            EntropyMode::Off => false,
-            EntropyMode::On => true,
-            EntropyMode::Auto => self.auto.choose(),
+        let allowed: &[DeltaCodec] = match self.config.entropy {
+            EntropyMode::Off => &[DeltaCodec::Plain],
+            EntropyMode::On => &[DeltaCodec::Entropy],
+            EntropyMode::Auto => &[DeltaCodec::Plain, DeltaCodec::Entropy],
         };
+        let expected = self.last_changed.iter().flatten().sum::<u64>();
+        let codec = self.costs.codec(allowed, expected);
+        let use_entropy = codec.entropy();
+        let whole = (0..self.stages.len())
+            .map(|s| self.whole_before_diff(s, codec))
+            .collect();
         let mut run = SyncRun {
             version: self.version + 1,
             use_entropy,
+            whole,
             after: self.digests.clone(),
             totals: SendTotals::default(),
             phases: Phases::new(),
@@ -456,44 +473,99 @@ impl GpuSender {
         phases.lap("ack", &mut mark);
         let time_ms = ms(started);
         let stages = self.stages.len() as u32;
-        if totals.any_delta(stages) {
-            self.auto.record(use_entropy, time_ms, totals.changed);
-        }
+        let any_delta = totals.any_delta(stages);
+        self.costs.record(&SyncCosts {
+            time_ms,
+            diff_ms: totals.diff_ms,
+            diffed_bytes: totals.diffed_bytes,
+            dense_bytes: totals.dense_bytes,
+            delta: any_delta.then_some(codec),
+            delta_changes: totals.delta_changes,
+            delta_bytes: Some(totals.delta_bytes),
+        });
         let numel = self.table.total_elements();
-        Ok(totals.report(
+        let mut report = totals.report(
             self.version,
             numel,
             use_entropy,
             stages,
             time_ms,
             phases.finish("sender"),
-        ))
+        );
+        report.choice = Some(self.costs.report());
+        Ok(report)
     }
 
     /// Every stage of a delta sync: the diffs run back to back on the diff thread while this
     /// thread encodes and sends each stage as its diff arrives. The first diffs go to the free
     /// sets; the diff for stage `s + sets` is handed over once stage `s`'s broadcasts are
     /// enqueued, and its stream waits on the device for them before writing that set.
+    /// Stages predicted cheaper whole are not diffed: they are sent whole, their snapshot and
+    /// digests refreshed (and their changes counted) in one pass.
     fn send_stages(&mut self, run: &mut SyncRun) -> Result<()> {
         let stages = self.stages.len();
         let nsets = self.sets.len();
-        let mut submitted = 0;
-        while submitted < stages.min(nsets) {
-            self.submit_diff(submitted, run.use_entropy, None)?;
-            submitted += 1;
-        }
-        for s in 0..stages {
-            let (diff, begun, ended) = self.diff_worker.next()?;
-            run.phases.mark("diff-begun", begun);
-            run.phases.mark("diff-ended", ended);
-            run.phases.lap("diff", &mut run.mark);
-            self.send_stage(s, &diff?, run)?;
-            if submitted < stages {
-                let sent = Arc::clone(&self.sets[s % nsets].sent);
-                self.submit_diff(submitted, run.use_entropy, Some(sent))?;
-                submitted += 1;
+        for s in 0..stages.min(nsets) {
+            if !run.whole[s] {
+                self.submit_diff(s, run.use_entropy, None)?;
             }
         }
+        for s in 0..stages {
+            if run.whole[s] {
+                self.send_whole_stage(s, run)?;
+            } else {
+                let (diff, begun, ended) = self.diff_worker.next()?;
+                run.phases.mark("diff-begun", begun);
+                run.phases.mark("diff-ended", ended);
+                run.phases.lap("diff", &mut run.mark);
+                self.send_stage(s, &diff?, run)?;
+            }
+            let next = s + nsets;
+            if next < stages && !run.whole[next] {
+                let sent = Arc::clone(&self.sets[s % nsets].sent);
+                self.submit_diff(next, run.use_entropy, Some(sent))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether stage `s` is predicted cheaper sent whole than diffed (from its changes at the
+    /// last sync); never for a stage with a snapshot in host memory (the one-pass refresh
+    /// writes element by element, which PCIe does not do well).
+    fn whole_before_diff(&self, s: usize, codec: DeltaCodec) -> bool {
+        let range = self.stages[s].clone();
+        let pinned = self.snapshots[range.clone()]
+            .iter()
+            .any(|snap| matches!(snap, Snapshot::Pinned(_)));
+        let Some(expected) = self.last_changed[s] else {
+            return false;
+        };
+        let bytes: u64 = self.tensors[range].iter().map(|t| t.nbytes()).sum();
+        !pinned
+            && self
+                .costs
+                .dense_before_diff(bytes, self.stages.len(), expected, codec)
+    }
+
+    /// Stage `s` whole without a diff: refresh, count, send.
+    fn send_whole_stage(&mut self, s: usize, run: &mut SyncRun) -> Result<()> {
+        let range = self.stages[s].clone();
+        let stages = self.stages.len() as u32;
+        let (digests, changed) = self.refresh(range.clone())?;
+        run.after[range.clone()].copy_from_slice(&digests);
+        let changed = changed.unwrap_or(0);
+        self.last_changed[s] = Some(changed);
+        run.totals.changed += changed;
+        let bytes = self.send_whole(
+            FrameKind::Dense,
+            s as u32,
+            stages,
+            range,
+            run.version,
+            &mut run.after,
+        )?;
+        run.totals.add_dense(bytes);
+        run.phases.lap("whole", &mut run.mark);
         Ok(())
     }
 
@@ -544,8 +616,8 @@ impl GpuSender {
         (inputs, out)
     }
 
-    /// Encodes stage `s` from its diff and starts its broadcasts (delta, or dense when that
-    /// is smaller or the delta did not fit); `after` gets the stage's new digests.
+    /// Encodes stage `s` from its diff and starts its broadcasts (delta, or whole when that
+    /// is predicted faster or the delta did not fit); `after` gets the stage's new digests.
     fn send_stage(&mut self, s: usize, diff: &DiffResult, run: &mut SyncRun) -> Result<()> {
         let SyncRun {
             version,
@@ -554,6 +626,7 @@ impl GpuSender {
             totals,
             phases,
             mark,
+            ..
         } = run;
         let (version, use_entropy) = (*version, *use_entropy);
         let range = self.stages[s].clone();
@@ -570,17 +643,19 @@ impl GpuSender {
             .as_ref()
             .filter(|_| use_entropy)
             .map(|b| b.ptr());
-        totals.diff_ms += diff.kernel_ms as f64;
-        totals.changed += diff.found;
         let stage_bytes: u64 = self.tensors[range.clone()].iter().map(|t| t.nbytes()).sum();
+        totals.diff_ms += diff.kernel_ms as f64;
+        totals.diffed_bytes += stage_bytes;
+        totals.changed += diff.found;
+        self.last_changed[s] = Some(diff.found);
         if !diff.is_complete() {
             // More changed than the buffers hold: send the stage whole. The diff refreshed
-            // only the snapshot of the tiles it wrote out; the rest is copied whole.
-            let got = self.refresh(range.clone())?;
+            // only the snapshot of the tiles it wrote out; the rest is brought up to date.
+            let (got, _) = self.refresh(range.clone())?;
             after[range.clone()].copy_from_slice(&got);
-            totals.payload_bytes +=
+            let bytes =
                 self.send_whole(FrameKind::Dense, s as u32, stages, range, version, after)?;
-            totals.dense_stages += 1;
+            totals.add_dense(bytes);
             phases.lap("encode", mark);
             return Ok(());
         }
@@ -624,11 +699,19 @@ impl GpuSender {
         let fixed = (HEADER_BYTES + range.len() * SLOT_RECORD_BYTES) as u64;
         let delta_bytes = fixed + num_chunks * CHUNK_RECORD_BYTES as u64 + pos_bytes + value_bytes;
         let dense_bytes = fixed + (range.len() * CHUNK_RECORD_BYTES) as u64 + stage_bytes;
-        if delta_bytes > dense_bytes {
-            // Dense wins: the snapshot and digests are already current.
-            totals.payload_bytes +=
+        let codec = if use_entropy {
+            DeltaCodec::Entropy
+        } else {
+            DeltaCodec::Plain
+        };
+        if self
+            .costs
+            .dense_after_diff(dense_bytes, stages as usize, diff.found, delta_bytes, codec)
+        {
+            // Whole is predicted faster: the snapshot and digests are already current.
+            let bytes =
                 self.send_whole(FrameKind::Dense, s as u32, stages, range, version, after)?;
-            totals.dense_stages += 1;
+            totals.add_dense(bytes);
             phases.lap("encode", mark);
             return Ok(());
         }
@@ -670,6 +753,8 @@ impl GpuSender {
         )?;
         phases.lap("send", mark);
         totals.payload_bytes += delta_bytes;
+        totals.delta_bytes += delta_bytes;
+        totals.delta_changes += diff.found;
         totals.chunks += num_chunks;
         Ok(())
     }
@@ -686,9 +771,38 @@ impl GpuSender {
         Ok(())
     }
 
-    /// Copies the tensors of slots `slots` into their snapshots and recomputes their digests
-    /// (returned, and written to the device's digest words).
-    fn refresh(&mut self, slots: Range<usize>) -> Result<Vec<u64>> {
+    /// Brings the snapshots of slots `slots` up to date and recomputes their digests
+    /// (returned, and written to the device's digest words), with the count of elements
+    /// that differed where the snapshots are device memory (one pass; a pinned snapshot is
+    /// copied whole, then digested, and not counted).
+    fn refresh(&mut self, slots: Range<usize>) -> Result<(Vec<u64>, Option<u64>)> {
+        let inputs = digest_inputs(&self.tensors, slots.clone());
+        let pinned = self.snapshots[slots.clone()]
+            .iter()
+            .any(|s| matches!(s, Snapshot::Pinned(_)));
+        let (got, changed) = if pinned {
+            (self.copy_and_digest(slots.clone(), &inputs)?, None)
+        } else {
+            let snaps: Vec<DevicePtr> = self.snapshots[slots.clone()]
+                .iter()
+                .map(|s| s.ptr())
+                .collect();
+            // SAFETY: tensors and snapshots valid for their bytes (constructor contract),
+            // distinct; the call synchronises the stream before it returns.
+            let (got, counts) = unsafe { self.gpu.digest_refresh(&inputs, &snaps)? };
+            (got, Some(counts.iter().sum()))
+        };
+        let bytes: Vec<u8> = got.iter().flat_map(|d| d.to_le_bytes()).collect();
+        // SAFETY: our digest words, one per slot; `slots` lies inside the table.
+        unsafe {
+            self.gpu
+                .copy_to_device(self.digests_dev.ptr() + 8 * slots.start as u64, &bytes)?
+        };
+        Ok((got, changed))
+    }
+
+    /// Copies the tensors of `slots` over their snapshots, then digests them.
+    fn copy_and_digest(&mut self, slots: Range<usize>, inputs: &[DigestInput]) -> Result<Vec<u64>> {
         for i in slots.clone() {
             let (t, s) = (&self.tensors[i], &self.snapshots[i]);
             let len = t.nbytes() as usize;
@@ -698,17 +812,7 @@ impl GpuSender {
             unsafe { s.fill(&self.gpu, t.ptr, len)? };
         }
         // SAFETY: the tensors (constructor contract). Synchronises the stream.
-        let got = unsafe {
-            self.gpu
-                .digest(&digest_inputs(&self.tensors, slots.clone()))?
-        };
-        let bytes: Vec<u8> = got.iter().flat_map(|d| d.to_le_bytes()).collect();
-        // SAFETY: our digest words, one per slot; `slots` lies inside the table.
-        unsafe {
-            self.gpu
-                .copy_to_device(self.digests_dev.ptr() + 8 * slots.start as u64, &bytes)?
-        };
-        Ok(got)
+        unsafe { self.gpu.digest(inputs) }
     }
 
     /// Waits until set `set`'s last broadcasts completed (the host may then reuse it).

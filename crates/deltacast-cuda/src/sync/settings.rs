@@ -24,7 +24,8 @@ pub struct GpuSenderConfig {
     pub root: usize,
     /// Chunk grid in elements (at least [`MIN_CHUNK_ELEMS`]).
     pub chunk_elems: u64,
-    /// Fraction of all elements the delta buffers hold; a step changing more goes dense.
+    /// Fraction of all elements the delta buffers hold (their memory); a stage changing more
+    /// goes whole whatever the cost model predicts.
     pub capacity: f64,
     /// How long a sync may take before the communicator is aborted.
     pub timeout: Duration,
@@ -51,53 +52,16 @@ pub enum EntropyMode {
     /// abs32 / bitmap positions and raw values only.
     Off,
     On,
-    /// Measures both: the first two deltas try each, then every sync takes the one with the
-    /// lower sync time per changed element so far, trying the other again after
-    /// [`AUTO_PROBE_EVERY`] deltas times how many times slower it was (links and step sizes
-    /// change; a probe of a much slower mode is rarer, so probes cost under 1/16 on average).
+    /// Each sync takes the codecs predicted faster on this link by the sender's cost model
+    /// (`choice.rs`: the link's time per byte, measured from the seed, and each codec's
+    /// measured time per change), trying the other again every [`AUTO_PROBE_EVERY`] deltas
+    /// while it is predicted within [`super::PROBE_WITHIN`] of the faster.
     #[default]
     Auto,
 }
 
-/// How often [`EntropyMode::Auto`] retries the mode it is not using, for a mode less than
-/// twice as slow (one k times as slow is retried k times less often, at most 64 times).
+/// How often [`EntropyMode::Auto`] retries the codecs it is not using (deltas between tries).
 pub const AUTO_PROBE_EVERY: u64 = 16;
-
-/// [`EntropyMode::Auto`]'s record: per mode (off, on) the smoothed sync time per changed
-/// element.
-#[derive(Debug, Clone, Default)]
-pub(super) struct AutoEntropy {
-    cost: [Option<f64>; 2],
-    /// Deltas since the other mode was last tried.
-    since_probe: u64,
-}
-
-impl AutoEntropy {
-    pub(super) fn choose(&mut self) -> bool {
-        match self.cost {
-            [_, None] => true,
-            [None, _] => false,
-            [Some(off), Some(on)] => {
-                let best = on < off;
-                let ratio = (on.max(off) / on.min(off).max(f64::MIN_POSITIVE)).floor();
-                let period = AUTO_PROBE_EVERY * (ratio as u64).clamp(1, 64);
-                self.since_probe += 1;
-                if self.since_probe >= period {
-                    self.since_probe = 0;
-                    !best
-                } else {
-                    best
-                }
-            }
-        }
-    }
-
-    pub(super) fn record(&mut self, entropy: bool, time_ms: f64, changed: u64) {
-        let x = time_ms / changed.max(1) as f64;
-        let c = &mut self.cost[entropy as usize];
-        *c = Some(c.map_or(x, |old| 0.5 * old + 0.5 * x));
-    }
-}
 
 /// Where a [`GpuSender`] keeps the snapshot it allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -186,53 +150,5 @@ impl Snapshot {
                 _ => gpu.copy_device(self.ptr(), src, len),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn auto_entropy_tries_both_then_keeps_the_faster_and_probes_the_other() {
-        let mut auto = AutoEntropy::default();
-        assert!(auto.choose(), "first: entropy");
-        auto.record(true, 30.0, 1000);
-        assert!(!auto.choose(), "second: without");
-        auto.record(false, 10.0, 1000);
-        // Without is 3× faster: kept, entropy retried once every 3 × AUTO_PROBE_EVERY deltas.
-        let run = |auto: &mut AutoEntropy, n: u64, on: f64, off: f64| -> Vec<bool> {
-            (0..n)
-                .map(|_| {
-                    let e = auto.choose();
-                    auto.record(e, if e { on } else { off }, 1000);
-                    e
-                })
-                .collect()
-        };
-        let chosen = run(&mut auto, 6 * AUTO_PROBE_EVERY, 30.0, 10.0);
-        assert_eq!(chosen.iter().filter(|&&e| e).count(), 2, "{chosen:?}");
-        // Nearly equal: retried every AUTO_PROBE_EVERY.
-        let mut close = AutoEntropy::default();
-        close.record(true, 10.5, 1000);
-        close.record(false, 10.0, 1000);
-        let chosen = run(&mut close, 4 * AUTO_PROBE_EVERY, 10.5, 10.0);
-        assert_eq!(chosen.iter().filter(|&&e| e).count(), 4);
-        // The link slows down: a probe of entropy shows it is now the faster one, and it is
-        // kept from then on.
-        let chosen = run(&mut auto, 8 * AUTO_PROBE_EVERY, 30.0, 90.0);
-        let first_on = chosen.iter().position(|&e| e).expect("entropy retried");
-        assert!(first_on <= 3 * AUTO_PROBE_EVERY as usize);
-        let after = &chosen[first_on..];
-        let offs = after.iter().filter(|&&e| !e).count();
-        assert!(
-            offs <= after.len() / AUTO_PROBE_EVERY as usize + 1,
-            "only probes go back: {chosen:?}"
-        );
-        // Per changed element: a bigger step with the same time per change costs the same.
-        let mut a = AutoEntropy::default();
-        a.record(true, 10.0, 100);
-        a.record(false, 50.0, 1000);
-        assert!(!a.choose());
     }
 }

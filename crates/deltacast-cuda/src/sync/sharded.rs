@@ -19,8 +19,9 @@
 //! The other trainer ranks do not wait for it: they return from `sync` once the leader holds
 //! their part, and learn how the sync ended at the start of their next call, when the leader
 //! broadcasts its outcome (refused or not, its time); so every rank keeps the same version,
-//! the same seed-due flag and the same [`EntropyMode::Auto`] record (the codecs must be
-//! chosen alike on every rank before the diff).
+//! the same seed-due flag and the same cost model (`choice`: the codecs must be chosen
+//! alike on every rank before the diff; the model learns from the leader's times, and from the
+//! bytes and changes every rank knows alike).
 
 use std::ops::Range;
 use std::time::Instant;
@@ -28,9 +29,10 @@ use std::time::Instant;
 use deltacast::wire::FrameKind;
 use deltacast::{SlotTable, WeightSender};
 
+use super::choice::{CostModel, DeltaCodec, SyncCosts};
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::sender::run_diff;
-use super::settings::{AutoEntropy, Snapshot};
+use super::settings::Snapshot;
 use super::sharded_setup::{
     agree_on_heads, agree_on_layout, all_gather_rows, check_shards, Buffers, GpuShard, RowBuffers,
     LEADER,
@@ -122,12 +124,12 @@ pub struct GpuShardedSender {
     manifest: Growable,
     status: DeviceBuffer,
     code_scratch: CodeScratch,
-    auto: AutoEntropy,
+    costs: CostModel,
     /// Leader: how its last sync ended, for the next call's settle: (refused by, time in
     /// microseconds, version the receivers hold).
     outcome: [u64; 3],
     /// (entropy used, changes) of the last sync, recorded once the leader's time arrives.
-    pending: Option<(bool, u64)>,
+    pending: Option<SyncCosts>,
     // Last: fields drop in order, and every buffer, stream and event above is released
     // in this context (the primary context, released with the last `Gpu` of the device).
     gpu: Gpu,
@@ -211,7 +213,7 @@ impl GpuShardedSender {
             manifest: Growable::new(),
             digests: vec![0; n],
             code_scratch: CodeScratch::new(),
-            auto: AutoEntropy::default(),
+            costs: CostModel::default(),
             outcome: [0; 3],
             pending: None,
             layout,
@@ -291,17 +293,18 @@ impl GpuShardedSender {
             self.refresh_and_sum(all.clone(), &mut after)?;
             let version = self.version + 1;
             let payload_bytes = self.send_whole(FrameKind::Seed, 0, 1, all, version, &after)?;
-            self.finish(version, after, started, None)?;
+            let seed = SyncCosts {
+                dense_bytes: self.table.total_bytes(),
+                ..SyncCosts::default()
+            };
+            self.finish(version, after, started, Some(seed))?;
             Ok(payload_bytes)
         })();
         let payload_bytes = self.fail_on_error(outcome)?;
         let numel = self.table.total_elements();
-        Ok(GpuSyncReport::seed(
-            self.version,
-            numel,
-            payload_bytes,
-            started,
-        ))
+        let mut report = GpuSyncReport::seed(self.version, numel, payload_bytes, started);
+        report.choice = Some(self.costs.report());
+        Ok(report)
     }
 
     /// Sends what changed since the last version (a seed first, when one is due), stage by
@@ -331,11 +334,13 @@ impl GpuShardedSender {
     unsafe fn sync_settled(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
         let started = Instant::now();
         self.needs_seed = true;
-        let use_entropy = match self.config.entropy {
-            EntropyMode::Off => false,
-            EntropyMode::On => true,
-            EntropyMode::Auto => self.auto.choose(),
+        let allowed: &[DeltaCodec] = match self.config.entropy {
+            EntropyMode::Off => &[DeltaCodec::Plain],
+            EntropyMode::On => &[DeltaCodec::Entropy],
+            EntropyMode::Auto => &[DeltaCodec::Plain, DeltaCodec::Entropy],
         };
+        let codec = self.costs.codec(allowed, self.table.total_elements() / 50);
+        let use_entropy = codec.entropy();
         let mut run = ShardRun {
             version: self.version + 1,
             use_entropy,
@@ -352,7 +357,14 @@ impl GpuShardedSender {
             }
             let after = std::mem::take(&mut run.after);
             let any_delta = run.totals.any_delta(self.stages.len() as u32);
-            let record = any_delta.then_some((use_entropy, run.totals.changed));
+            // Only all-delta syncs teach the model (a mixed one's time cannot be split between
+            // its kinds of stage here); their wire bytes are the leader's alone, so the
+            // per-change figure takes in the link.
+            let record = (run.totals.dense_stages == 0).then_some(SyncCosts {
+                delta: any_delta.then_some(codec),
+                delta_changes: run.totals.changed,
+                ..SyncCosts::default()
+            });
             self.finish(run.version, after, started, record)?;
             run.phases.lap("ack", &mut run.mark);
             Ok(())
@@ -361,22 +373,24 @@ impl GpuShardedSender {
         let stages = self.stages.len() as u32;
         let numel = self.table.total_elements();
         let phases = run.phases.finish("shard");
-        Ok(run.totals.report(
+        let mut report = run.totals.report(
             self.version,
             numel,
             use_entropy,
             stages,
             ms(started),
             phases,
-        ))
+        );
+        report.choice = Some(self.costs.report());
+        Ok(report)
     }
 
     /// The start of every call: the leader tells every rank how its last sync ended
     /// (refused or not, its time, the version the receivers hold) and whether this call
     /// seeds (it was asked to, or a seed is due), so that all take the same decisions from
-    /// here: a seed after a refusal, the same call on every rank, and the same
-    /// [`EntropyMode::Auto`] record (the leader's time of the last delta and its count of
-    /// changes). Returns whether this call seeds.
+    /// here: a seed after a refusal, the same call on every rank, and the same cost model
+    /// (the leader's time of the last sync is what it learns from). Returns whether this
+    /// call seeds.
     fn settle(&mut self, asked_seed: bool) -> Result<bool> {
         let stream = self.gpu.stream_handle();
         let status = self.status.ptr();
@@ -402,9 +416,10 @@ impl GpuShardedSender {
         // SAFETY: written by the broadcast that completed.
         let words = u64s(&unsafe { self.gpu.download(status, 32)? });
         let (refused, micros, version, seed) = (words[0], words[1], words[2], words[3] != 0);
-        if let Some((entropy, changed)) = self.pending.take() {
+        if let Some(mut costs) = self.pending.take() {
             if refused == 0 {
-                self.auto.record(entropy, micros as f64 / 1e3, changed);
+                costs.time_ms = micros as f64 / 1e3;
+                self.costs.record(&costs);
             }
         }
         if refused != 0 {
@@ -889,13 +904,13 @@ impl GpuShardedSender {
     /// The end of a sync. The leader waits for the receivers' ack and keeps its outcome for
     /// the next [`GpuShardedSender::settle`]; the other ranks wait only until the leader has
     /// their part (their shards are then free to change) and take the new version as sent.
-    /// `record`: (entropy used, changes) of a sync with delta stages, for `EntropyMode::Auto`.
+    /// `record`: what the cost model learns from this sync once the leader has told its time.
     fn finish(
         &mut self,
         version: u64,
         after: Vec<u64>,
         started: Instant,
-        record: Option<(bool, u64)>,
+        record: Option<SyncCosts>,
     ) -> Result<()> {
         self.pending = record;
         if self.is_leader() {

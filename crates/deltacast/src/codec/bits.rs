@@ -462,6 +462,30 @@ pub(crate) fn x86_avx512() -> bool {
         && std::arch::is_x86_feature_detected!("avx512vpopcntdq")
 }
 
+/// Asks the CPU to bring `items` into its caches ahead of use, one request per cache line;
+/// no effect on results. The `ulp` decoder works a block at a time in L1 and then reads the
+/// block's old values in a burst: on new data those reads waited on memory (the next blocks'
+/// old values asked for early: 4–12 % faster decoding at 50 % density, none lost at 10 %;
+/// the encoders measured no gain from it: docs/data/codecs/README.md).
+#[inline(always)]
+pub(crate) fn prefetch<T>(items: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let start = items.as_ptr() as *const i8;
+        for offset in (0..std::mem::size_of_val(items)).step_by(64) {
+            // SAFETY: a prefetch is a hint: it reads no memory the program sees and never
+            // faults, here at an address inside a live slice; SSE is part of x86_64.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    start.wrapping_add(offset),
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = items;
+}
+
 /// The low `len` bits set (`len <= 63`).
 #[inline(always)]
 pub(crate) const fn mask(len: u32) -> u64 {

@@ -5,7 +5,7 @@ mod fast;
 mod lookup;
 
 use super::format::{le, nbits, read_entry, step_of, to_le, valid_code, BLOCK, DIR_ENTRY};
-use crate::codec::bits::{check_stream_len, mask, BitCursor, BitReader};
+use crate::codec::bits::{check_stream_len, mask, prefetch, BitCursor, BitReader};
 use crate::dtype::{from_ordered, to_ordered};
 use crate::error::CodecError;
 use fast::{fast_pair_bmi, fast_pair_outlined, Fast, BMI, K0, VALID};
@@ -134,6 +134,10 @@ fn decode_narrow<const W: usize, const HOW: u8>(
     while b < blocks {
         let (bits, k, c) = entry(b);
         let end = pos + bits as usize;
+        // The old values of the next two blocks on their way while these decode (their
+        // apply would wait on memory otherwise).
+        let next = ((b + 2) * BLOCK).min(n)..((b + 4) * BLOCK).min(n);
+        prefetch(&old[next]);
         let old_a = &old[block(b)];
         (steps_a.raws, steps_b.raws) = (0, 0);
         let mut first = StepCursor::new(reader, pos);

@@ -1,0 +1,467 @@
+//! How a [`super::GpuSender`]'s stages go — whole (dense), as a plain delta (abs32 / bitmap
+//! positions, raw values) or entropy-coded (gaps, ulp steps) — chosen per stage by the time each
+//! is predicted to take on this link, from costs the sender measures as it runs.
+//!
+//! The model measures the link's time per byte of a stage sent whole (seeds and dense syncs,
+//! the digest and snapshot refresh included), the diff's time per byte of tensor, and per delta
+//! codec its bytes per change and a line through its syncs' remaining time against their
+//! changes: a fixed part (launches, the ack) and the work per change (encode, decode, apply,
+//! the receivers' digest), fitted by least squares over the last few syncs and anchored by
+//! priors. A delta of `n` changes over `B` bytes of tensor is predicted to take
+//! `diff·B + fixed + (link·wire + work)·n`, the same stage whole `link·B`. Before a stage's diff the sender predicts `n` from the stage's density at the
+//! last sync and sends the stage whole without diffing it when that is cheaper; after the diff
+//! it knows `n` and the exact wire bytes, and sends whole if that is cheaper still. A codec
+//! not yet measured is predicted from priors (below) and tried only when the prediction says
+//! it wins; one measured slower is tried again now and then, only while it is predicted
+//! within [`PROBE_WITHIN`] of the best, so that no probe costs more than that.
+
+use super::settings::AUTO_PROBE_EVERY;
+
+/// A probe of the slower delta codec is made only while it is predicted at most this many
+/// times the faster one's time.
+pub const PROBE_WITHIN: f64 = 1.25;
+
+/// Prior work per change beyond the diff and the link, in ms (plain, entropy): an H200 over
+/// CUDA IPC at 12–25 % changed spent ~45 ps per change on plain deltas (encode, apply, digest
+/// update) and ~120 ps with the entropy codecs (docs/data/gpu-sync/capacity-lr1e-5/). Only a
+/// starting point, which the measured syncs soon outweigh.
+const PRIOR_WORK_MS: [f64; 2] = [45e-9, 120e-9];
+
+/// Prior fixed cost of a delta sync beyond its diff, in ms (launches, small copies, the ack):
+/// 1.2–1.5 ms on the same runs at 1.6–4 % changed.
+const PRIOR_FIXED_MS: [f64; 2] = [1.2, 2.0];
+
+/// Prior wire bytes per change (plain, entropy) on AdamW steps at 1–25 % changed: 3.1–2.5
+/// with abs32 or bitmap positions and raw BF16 values, 0.75–1.2 with gaps and ulp steps (the
+/// same runs).
+const PRIOR_WIRE: [f64; 2] = [3.0, 1.0];
+
+/// The scale of changes at which the slope's prior weighs as much as the fixed part's.
+const PRIOR_CHANGES: f64 = 1e8;
+
+/// Weight of the priors, against 1 for each sync measured.
+const PRIOR_WEIGHT: f64 = 0.1;
+
+/// Forgetting: each sync measured before the last counts this much less (an effective
+/// memory of about five syncs, so the model follows a link or a model that changes).
+const KEEP: f64 = 0.8;
+
+/// Syncs of fewer bytes (diffed or sent whole) teach the model nothing, and stages of fewer
+/// bytes are decided by their wire bytes alone: below this size a sync's fixed costs and the
+/// clock's noise outweigh everything that scales.
+pub const MODEL_MIN_BYTES: u64 = 64 << 20;
+
+/// The delta codecs, as indices into the model's per-codec rates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaCodec {
+    Plain = 0,
+    Entropy = 1,
+}
+
+impl DeltaCodec {
+    pub fn entropy(self) -> bool {
+        self == DeltaCodec::Entropy
+    }
+
+    fn of(entropy: bool) -> DeltaCodec {
+        if entropy {
+            DeltaCodec::Entropy
+        } else {
+            DeltaCodec::Plain
+        }
+    }
+}
+
+/// What one sync took, for [`CostModel::record`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SyncCosts {
+    /// Wall time until every receiver acked, ms.
+    pub time_ms: f64,
+    /// Device time of the diffs, ms, and the bytes of tensor they read.
+    pub diff_ms: f64,
+    pub diffed_bytes: u64,
+    /// Bytes sent whole (seed or dense stages, header and manifest included).
+    pub dense_bytes: u64,
+    /// Delta stages: their codec (None when there were none), changes and wire bytes (None
+    /// where the caller does not know them: the per-change figure then takes in the link).
+    pub delta: Option<DeltaCodec>,
+    pub delta_changes: u64,
+    pub delta_bytes: Option<u64>,
+}
+
+/// The rates learned so far, as each sync's metrics report them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ChoiceReport {
+    /// ms per GB sent whole (None before the seed).
+    pub dense_ms_per_gb: Option<f64>,
+    /// ms per GB of tensor diffed.
+    pub diff_ms_per_gb: Option<f64>,
+    /// Per codec (plain, entropy): predicted ms per million changes (link and work) and fixed
+    /// ms per sync, and how many syncs it was measured on (0: the priors alone).
+    pub delta_ms_per_mchange: [f64; 2],
+    pub delta_fixed_ms: [f64; 2],
+    pub measured: [u64; 2],
+    /// The changed fraction of a 1 GB BF16 stage, once diffed, above which sending it whole
+    /// is predicted cheaper than its delta, per codec.
+    pub dense_above: [Option<f64>; 2],
+}
+
+/// A weighted least-squares line `y = fixed + slope·n` over the syncs measured, older ones
+/// forgotten by [`KEEP`].
+#[derive(Debug, Clone, Copy, Default)]
+struct Line {
+    s0: f64,
+    sn: f64,
+    sy: f64,
+    snn: f64,
+    sny: f64,
+    count: u64,
+}
+
+impl Line {
+    fn add(&mut self, n: f64, y: f64) {
+        for s in [
+            &mut self.s0,
+            &mut self.sn,
+            &mut self.sy,
+            &mut self.snn,
+            &mut self.sny,
+        ] {
+            *s *= KEEP;
+        }
+        self.s0 += 1.0;
+        self.sn += n;
+        self.sy += y;
+        self.snn += n * n;
+        self.sny += n * y;
+        self.count += 1;
+    }
+
+    /// (fixed, slope), both ≥ 0: least squares with a ridge pulling each toward its prior
+    /// (`fixed0`, `slope0`), so that syncs of one size fix the time at that size and the
+    /// priors only split it between the two.
+    fn fit(&self, fixed0: f64, slope0: f64) -> (f64, f64) {
+        let lf = PRIOR_WEIGHT;
+        let lb = PRIOR_WEIGHT * PRIOR_CHANGES * PRIOR_CHANGES;
+        let (a, b, d) = (self.s0 + lf, self.sn, self.snn + lb);
+        let (r1, r2) = (self.sy + lf * fixed0, self.sny + lb * slope0);
+        let det = a * d - b * b;
+        if det.is_nan() || det <= 0.0 {
+            return (fixed0, slope0);
+        }
+        let fixed = (r1 * d - b * r2) / det;
+        let slope = (a * r2 - b * r1) / det;
+        if fixed < 0.0 {
+            // Through the origin instead.
+            return (0.0, ((self.sny + lb * slope0) / d).max(0.0));
+        }
+        if slope < 0.0 {
+            return ((self.sy + lf * fixed0) / a, 0.0);
+        }
+        (fixed, slope)
+    }
+}
+
+/// A sender's measured costs on its link; see the module docs.
+#[derive(Debug, Clone, Default)]
+pub struct CostModel {
+    link_ms_per_byte: Option<f64>,
+    diff_ms_per_byte: Option<f64>,
+    /// Per codec: time beyond the diff and the link against changes.
+    work: [Line; 2],
+    wire: [Option<f64>; 2],
+    /// Delta syncs since the slower codec was last tried.
+    since_probe: u64,
+}
+
+fn smooth(slot: &mut Option<f64>, x: f64) {
+    if x.is_finite() && x >= 0.0 {
+        *slot = Some(slot.map_or(x, |old| 0.5 * old + 0.5 * x));
+    }
+}
+
+impl CostModel {
+    fn link(&self) -> f64 {
+        self.link_ms_per_byte.unwrap_or(0.0)
+    }
+
+    /// `codec`'s (fixed ms per sync, ms per change: link bytes and work).
+    fn delta_rates(&self, codec: DeltaCodec) -> (f64, f64) {
+        let c = codec as usize;
+        let (fixed, work) = self.work[c].fit(PRIOR_FIXED_MS[c], PRIOR_WORK_MS[c]);
+        (
+            fixed,
+            self.link() * self.wire[c].unwrap_or(PRIOR_WIRE[c]) + work,
+        )
+    }
+
+    /// Predicted ms of a `codec` delta of `changes` changes, beyond the diff.
+    fn delta_ms(&self, codec: DeltaCodec, changes: f64) -> f64 {
+        let (fixed, per) = self.delta_rates(codec);
+        fixed + per * changes
+    }
+
+    /// The delta codec for the next sync's diffs (whether they keep old bits), among those
+    /// `allowed` (plain only, entropy only, or both for `Auto`), for a sync expected to
+    /// change about `expected` elements.
+    pub fn codec(&mut self, allowed: &[DeltaCodec], expected: u64) -> DeltaCodec {
+        if let [only] = allowed {
+            return *only;
+        }
+        let n = expected as f64;
+        let (p, e) = (
+            self.delta_ms(DeltaCodec::Plain, n),
+            self.delta_ms(DeltaCodec::Entropy, n),
+        );
+        let best = DeltaCodec::of(e < p);
+        let other = DeltaCodec::of(!best.entropy());
+        let ratio = p.max(e) / p.min(e).max(f64::MIN_POSITIVE);
+        self.since_probe += 1;
+        let measured = self.work[other as usize].count > 0;
+        if measured && ratio <= PROBE_WITHIN && self.since_probe >= AUTO_PROBE_EVERY {
+            self.since_probe = 0;
+            return other;
+        }
+        best
+    }
+
+    /// Whether a stage of `bytes` bytes, one of `stages`, whose last sync changed `expected`
+    /// elements is predicted to go faster whole than diffed and sent as a `codec` delta.
+    pub fn dense_before_diff(
+        &self,
+        bytes: u64,
+        stages: usize,
+        expected: u64,
+        codec: DeltaCodec,
+    ) -> bool {
+        let (Some(link), Some(diff)) = (self.link_ms_per_byte, self.diff_ms_per_byte) else {
+            return false;
+        };
+        if bytes < MODEL_MIN_BYTES {
+            return false;
+        }
+        let (fixed, per) = self.delta_rates(codec);
+        let b = bytes as f64;
+        link * b <= diff * b + fixed / stages.max(1) as f64 + per * expected as f64
+    }
+
+    /// Whether a diffed stage of `bytes` bytes, one of `stages`, with `changes` changes is
+    /// predicted to go faster whole than as its `wire`-byte `codec` delta.
+    pub fn dense_after_diff(
+        &self,
+        bytes: u64,
+        stages: usize,
+        changes: u64,
+        wire: u64,
+        codec: DeltaCodec,
+    ) -> bool {
+        let Some(link) = self.link_ms_per_byte.filter(|_| bytes >= MODEL_MIN_BYTES) else {
+            return wire >= bytes;
+        };
+        let c = codec as usize;
+        let (fixed, work) = self.work[c].fit(PRIOR_FIXED_MS[c], PRIOR_WORK_MS[c]);
+        let delta = fixed / stages.max(1) as f64 + link * wire as f64 + work * changes as f64;
+        link * bytes as f64 <= delta
+    }
+
+    /// Learns from a sync that went through.
+    pub fn record(&mut self, c: &SyncCosts) {
+        let wire = c.delta_bytes.unwrap_or(0);
+        let total = c.diffed_bytes.max(c.dense_bytes + wire);
+        if !(c.time_ms.is_finite() && c.diff_ms.is_finite()) || total < MODEL_MIN_BYTES {
+            return;
+        }
+        if c.diffed_bytes > 0 {
+            smooth(
+                &mut self.diff_ms_per_byte,
+                c.diff_ms / c.diffed_bytes as f64,
+            );
+        }
+        match c.delta {
+            None if c.dense_bytes > 0 => {
+                // Only stages sent whole (the diffs, if any ran, took their own time).
+                smooth(
+                    &mut self.link_ms_per_byte,
+                    (c.time_ms - c.diff_ms).max(0.0) / c.dense_bytes as f64,
+                );
+            }
+            Some(codec) if c.delta_changes > 0 => {
+                let i = codec as usize;
+                let rest = c.time_ms - c.diff_ms - self.link() * (c.dense_bytes + wire) as f64;
+                self.work[i].add(c.delta_changes as f64, rest.max(0.0));
+                smooth(&mut self.wire[i], wire as f64 / c.delta_changes as f64);
+            }
+            _ => {}
+        }
+    }
+
+    pub fn report(&self) -> ChoiceReport {
+        let codecs = [DeltaCodec::Plain, DeltaCodec::Entropy];
+        let elems = 5e8; // a 1 GB BF16 stage
+        let dense_above = codecs.map(|codec| {
+            let link = self.link_ms_per_byte?;
+            let (fixed, per) = self.delta_rates(codec);
+            // Whole: 2·link per element; delta: fixed + x·elems·per.
+            Some(((2.0 * link * elems - fixed) / (per * elems)).clamp(0.0, 1.0))
+        });
+        ChoiceReport {
+            dense_ms_per_gb: self.link_ms_per_byte.map(|r| r * 1e9),
+            diff_ms_per_gb: self.diff_ms_per_byte.map(|r| r * 1e9),
+            delta_ms_per_mchange: codecs.map(|codec| self.delta_rates(codec).1 * 1e6),
+            delta_fixed_ms: codecs.map(|codec| self.delta_rates(codec).0),
+            measured: codecs.map(|codec| self.work[codec as usize].count),
+            dense_above,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: u64 = 1_000_000_000;
+    const BOTH: [DeltaCodec; 2] = [DeltaCodec::Plain, DeltaCodec::Entropy];
+
+    fn seed(ms_per_gb: f64) -> CostModel {
+        let mut m = CostModel::default();
+        m.record(&SyncCosts {
+            time_ms: ms_per_gb,
+            dense_bytes: GB,
+            ..Default::default()
+        });
+        m
+    }
+
+    /// A delta sync over 1 GB whose time is `fixed + diff + link·wire + work·n`.
+    fn delta(m: &mut CostModel, codec: DeltaCodec, time_ms: f64, changes: u64, wire: u64) {
+        m.record(&SyncCosts {
+            time_ms,
+            diff_ms: 2.6,
+            diffed_bytes: GB,
+            delta: Some(codec),
+            delta_changes: changes,
+            delta_bytes: Some(wire),
+            ..Default::default()
+        });
+    }
+
+    #[test]
+    fn nothing_known_means_diff_and_compare_bytes() {
+        let m = CostModel::default();
+        assert!(!m.dense_before_diff(GB, 1, GB / 2, DeltaCodec::Plain));
+        assert!(m.dense_after_diff(GB, 1, 10, GB, DeltaCodec::Plain));
+        assert!(!m.dense_after_diff(GB, 1, 10, GB - 1, DeltaCodec::Plain));
+        assert_eq!(m.report().dense_ms_per_gb, None);
+    }
+
+    #[test]
+    fn the_fit_separates_fixed_costs_from_per_change_work() {
+        // An H200 over CUDA IPC: 13 ms per GB whole; plain deltas cost 1.3 ms fixed + 3 bytes
+        // and 43 ps of work per change.
+        let mut m = seed(13.0);
+        let link = 13.0 / GB as f64;
+        for n in [20e6, 80e6, 40e6, 60e6, 10e6, 70e6] {
+            let wire = 3.0 * n;
+            delta(
+                &mut m,
+                DeltaCodec::Plain,
+                1.3 + 2.6 + link * wire + 43e-9 * n,
+                n as u64,
+                wire as u64,
+            );
+        }
+        let r = m.report();
+        assert!((r.delta_fixed_ms[0] - 1.3).abs() < 0.2, "{r:?}");
+        let per = r.delta_ms_per_mchange[0];
+        assert!((per - (link * 3.0 + 43e-9) * 1e6).abs() < 0.01, "{r:?}");
+        // Whole above ~27 % of a 1 GB stage, once diffed.
+        let above = r.dense_above[0].expect("link known");
+        assert!((0.2..0.35).contains(&above), "{r:?}");
+        // Before the diff its time counts too: 12 % → delta, 60 % → whole without a diff.
+        let elems = GB / 2;
+        assert!(!m.dense_before_diff(GB, 1, elems / 8, DeltaCodec::Plain));
+        assert!(m.dense_before_diff(GB, 1, elems * 6 / 10, DeltaCodec::Plain));
+        assert!(m.dense_after_diff(GB, 1, elems * 4 / 10, 600_000_000, DeltaCodec::Plain));
+        assert!(!m.dense_after_diff(GB, 1, elems / 5, 300_000_000, DeltaCodec::Plain));
+        // The entropy codecs' priors predict them slower here: not tried.
+        for _ in 0..100 {
+            assert_eq!(m.codec(&BOTH, 50_000_000), DeltaCodec::Plain);
+        }
+    }
+
+    #[test]
+    fn one_small_delta_does_not_make_every_change_look_dear() {
+        // A 2 % step: most of its time is fixed. The prior keeps the per-change figure sane,
+        // so a 12 % step is still predicted cheaper as a delta.
+        let mut m = seed(11.0);
+        let link = 11.0 / GB as f64;
+        let n = 10e6;
+        delta(
+            &mut m,
+            DeltaCodec::Plain,
+            1.3 + 2.6 + link * 3.0 * n + 43e-9 * n,
+            n as u64,
+            (3.0 * n) as u64,
+        );
+        assert!(
+            !m.dense_before_diff(GB, 1, 60_000_000, DeltaCodec::Plain),
+            "{:?}",
+            m.report()
+        );
+        assert_eq!(m.codec(&BOTH, 10_000_000), DeltaCodec::Plain);
+    }
+
+    #[test]
+    fn a_slow_link_takes_the_entropy_codecs_at_once() {
+        // A socket: 1 s per GB whole.
+        let mut m = seed(1000.0);
+        assert_eq!(m.codec(&BOTH, 20_000_000), DeltaCodec::Entropy);
+        delta(&mut m, DeltaCodec::Entropy, 60.0, 50_000_000, 55_000_000);
+        for _ in 0..100 {
+            assert_eq!(m.codec(&BOTH, 50_000_000), DeltaCodec::Entropy);
+        }
+        let above = m.report().dense_above[1].expect("known");
+        assert!(above > 0.9, "{above}");
+    }
+
+    #[test]
+    fn near_ties_are_probed_now_and_then_and_the_model_follows_the_link() {
+        let mut m = seed(13.0);
+        delta(&mut m, DeltaCodec::Plain, 7.0, 50_000_000, 150_000_000);
+        delta(&mut m, DeltaCodec::Entropy, 7.6, 50_000_000, 50_000_000);
+        let picks: Vec<DeltaCodec> = (0..4 * AUTO_PROBE_EVERY)
+            .map(|_| m.codec(&BOTH, 50_000_000))
+            .collect();
+        let probes = picks.iter().filter(|&&c| c == DeltaCodec::Entropy).count();
+        assert_eq!(probes, 4, "{picks:?}");
+        // The entropy path gets cheaper (a faster decoder): it takes over.
+        for _ in 0..6 {
+            delta(&mut m, DeltaCodec::Entropy, 4.5, 50_000_000, 50_000_000);
+        }
+        assert_eq!(m.codec(&BOTH, 50_000_000), DeltaCodec::Entropy);
+        assert_eq!(m.codec(&[DeltaCodec::Plain], 1), DeltaCodec::Plain);
+    }
+
+    #[test]
+    fn small_syncs_and_nonsense_teach_nothing() {
+        let mut m = seed(13.0);
+        let before = m.report();
+        m.record(&SyncCosts {
+            time_ms: f64::NAN,
+            dense_bytes: GB,
+            ..Default::default()
+        });
+        m.record(&SyncCosts::default());
+        m.record(&SyncCosts {
+            time_ms: 2.0,
+            dense_bytes: MODEL_MIN_BYTES - 1,
+            ..Default::default()
+        });
+        assert_eq!(m.report(), before);
+        // A small stage is decided by its bytes.
+        let small = MODEL_MIN_BYTES / 2;
+        assert!(!m.dense_before_diff(small, 1, small, DeltaCodec::Plain));
+        assert!(!m.dense_after_diff(small, 1, small, small - 1, DeltaCodec::Plain));
+        assert!(m.dense_after_diff(small, 1, 1, small, DeltaCodec::Plain));
+    }
+}
