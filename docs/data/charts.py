@@ -1,7 +1,8 @@
 """Draws the charts of docs/benchmarks.md that no command of the repository draws, from the
 committed raw results (standard library only, SVG out):
 
-    python3 docs/data/charts.py     # writes docs/img/codec-bytes.svg, codec-speed.svg, gpu-diff.svg
+    python3 docs/data/charts.py     # writes docs/img/codec-bytes.svg, codec-speed.svg, gpu-diff.svg,
+                                    # gpu-density.svg
 
 The GPU sync and network charts come from `deltacast gpu-report` and `deltacast bench`.
 """
@@ -89,7 +90,7 @@ def codec_speed():
 
 def gpu_diff():
     rows = {}
-    for line in (DATA / "gpu-diff/slot-pair/final/gpu_bench.txt").open():
+    for line in (DATA / "gpu-diff/densities/gpu_bench.txt").open():
         m = re.match(r"\s+([\d.]+)%\s+(.+?)\s{2,}[\d.]+ ms\s+\d+ GB/s\s+(\d+)% of copy", line)
         if m:
             rows[(float(m.group(1)), m.group(2).strip())] = int(m.group(3))
@@ -101,7 +102,25 @@ def gpu_diff():
          [(name, [rows[(d, c)] for d in dens]) for c, name in configs], ref=70)
 
 
+def gpu_density():
+    """Each timed step of the one-GPU bench at three learning rates: deltacast's time and wire
+    bytes as a share of the same step's full copy."""
+    groups, time, wire = [], [], []
+    for lr in ("", "_lr1e-05", "_lr6e-05"):
+        run = json.load((DATA / f"gpu-sync/cost-model/gpu_sync_0.5b_ipc{lr}_onegpu.json").open())
+        full = {r["step"]: r for r in run["rows"] if r["method"] == "full" and r["step"] > 0}
+        for r in run["rows"]:
+            if r["method"] == "deltacast" and r["step"] in full:
+                groups.append(f"{100 * r['changed_ratio']:.0f}%")
+                time.append(r["time_ms"] / full[r["step"]]["time_ms"])
+                wire.append(r["wire_bytes"] / full[r["step"]]["wire_bytes"])
+    bars(IMG / "gpu-density.svg",
+         "0.5B on one H200 over CUDA IPC, defaults: deltacast ÷ full copy per step (lr 1e-6, 1e-5, 6e-5)",
+         "÷ the full copy", groups, [("time", time), ("wire bytes", wire)], ref=1.0)
+
+
 if __name__ == "__main__":
     codec_bytes()
     codec_speed()
     gpu_diff()
+    gpu_density()
