@@ -231,30 +231,6 @@ impl Link {
     }
 }
 
-/// The checks of a gather's arguments both trainer links make before anything moves: a
-/// length per rank, a root among them, and (on the root) lengths whose sum fits `dst_len`.
-pub(crate) fn check_gather(
-    lens: &[u64],
-    nranks: usize,
-    rank: usize,
-    root: usize,
-    dst_len: u64,
-) -> Result<()> {
-    if lens.len() != nranks || root >= nranks {
-        return Err(CudaError::InvalidArgument(format!(
-            "gather: {} lengths and root {root} for {nranks} ranks",
-            lens.len()
-        )));
-    }
-    let total = lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
-    if rank == root && total.is_none_or(|t| t > dst_len) {
-        return Err(CudaError::InvalidArgument(format!(
-            "gather: {lens:?} bytes do not fit the {dst_len} at the root"
-        )));
-    }
-    Ok(())
-}
-
 /// A frame link carries one sender's sync to its receivers, not the collectives between
 /// trainer ranks.
 fn trainer_link_only(what: &str) -> CudaError {

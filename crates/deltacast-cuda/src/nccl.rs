@@ -335,7 +335,7 @@ impl NcclComm {
         stream: u64,
     ) -> Result<()> {
         let api = self.live()?;
-        crate::link::check_gather(lens, self.nranks, self.rank, root, dst_len)?;
+        crate::protocol::check_gather(lens, self.nranks, self.rank, root, dst_len)?;
         let as_usize = |n: u64| {
             usize::try_from(n)
                 .map_err(|_| CudaError::InvalidArgument(format!("gather: {n} bytes on this host")))

@@ -11,7 +11,7 @@ use crate::error::{CudaError, Result};
 use crate::gpu::{drv, guarded};
 use crate::ipc_frame::Frame;
 use crate::ipc_setup::{read_exact, read_frame, unexpected, write_frame};
-use crate::link::check_gather;
+use crate::protocol::check_gather;
 use crate::wait::{poll, stream_done, Deadline};
 use crate::DevicePtr;
 

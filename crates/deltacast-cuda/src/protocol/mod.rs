@@ -38,6 +38,8 @@ mod relay;
 #[cfg(test)]
 mod tests;
 
+#[cfg(feature = "cuda")]
+pub(crate) use limits::check_gather;
 pub use limits::{check_shard_runs, choose_sections, ChunkChoice, TableLimits};
 use limits::{section_bounds, value_bounds};
 pub use relay::{device_parts, FrameAssembler};
