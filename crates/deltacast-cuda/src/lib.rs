@@ -40,6 +40,7 @@
 mod error;
 pub use error::{CudaError, Result, NOT_BUILT};
 
+pub mod choice;
 mod deadline;
 pub mod ipc_frame;
 pub mod ipc_setup;

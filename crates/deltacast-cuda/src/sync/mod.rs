@@ -42,7 +42,6 @@ use deltacast::wire::FrameKind;
 use crate::protocol::TableLimits;
 use crate::{DeviceBuffer, DevicePtr, DigestInput, Gpu};
 
-mod choice;
 mod chunks;
 mod receiver;
 mod sender;
@@ -50,12 +49,11 @@ mod settings;
 mod sharded;
 mod sharded_setup;
 
-pub use choice::{ChoiceReport, PROBE_WITHIN};
+pub use crate::choice::{ChoiceReport, AUTO_PROBE_EVERY, PROBE_WITHIN};
 pub use receiver::GpuReceiver;
 pub use sender::GpuSender;
 pub use settings::{
-    EntropyMode, GpuSenderConfig, SnapshotPlace, AUTO_PROBE_EVERY, DEFAULT_CAPACITY,
-    DEFAULT_STAGE_BYTES,
+    EntropyMode, GpuSenderConfig, SnapshotPlace, DEFAULT_CAPACITY, DEFAULT_STAGE_BYTES,
 };
 pub use sharded::GpuShardedSender;
 pub use sharded_setup::GpuShard;

@@ -9,7 +9,6 @@ use deltacast::plan::plan_stages;
 use deltacast::wire::FrameKind;
 use deltacast::{SlotTable, WeightSender};
 
-use super::choice::{CostModel, DeltaCodec, SyncCosts};
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::settings::{EntropyMode, GpuSenderConfig, Snapshot, SnapshotPlace};
 use super::WaitStream;
@@ -17,6 +16,7 @@ use super::{
     check_tensors, digest_inputs, ms, slot_table, u64s, wall_ms, GpuSyncReport, GpuTensor,
     Growable, Phases, SendTotals,
 };
+use crate::choice::{CostModel, DeltaCodec, SyncCosts};
 use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{Stage, CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};

@@ -53,15 +53,12 @@ pub enum EntropyMode {
     Off,
     On,
     /// Each sync takes the codecs predicted faster on this link by the sender's cost model
-    /// (`choice.rs`: the link's time per byte, measured from the seed, and each codec's
-    /// measured time per change), trying the other again every [`AUTO_PROBE_EVERY`] deltas
-    /// while it is predicted within [`super::PROBE_WITHIN`] of the faster.
+    /// (`crate::choice`: the link's time per byte, measured from the seed, and each codec's
+    /// measured time per change), trying the other again every [`crate::choice::AUTO_PROBE_EVERY`] deltas
+    /// while it is predicted within [`crate::choice::PROBE_WITHIN`] of the faster.
     #[default]
     Auto,
 }
-
-/// How often [`EntropyMode::Auto`] retries the codecs it is not using (deltas between tries).
-pub const AUTO_PROBE_EVERY: u64 = 16;
 
 /// Where a [`GpuSender`] keeps the snapshot it allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

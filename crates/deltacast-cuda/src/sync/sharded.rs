@@ -29,7 +29,6 @@ use std::time::Instant;
 use deltacast::wire::FrameKind;
 use deltacast::{SlotTable, WeightSender};
 
-use super::choice::{CostModel, DeltaCodec, SyncCosts};
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::sender::run_diff;
 use super::settings::Snapshot;
@@ -41,6 +40,7 @@ use super::WaitStream;
 use super::{
     limits, ms, u64s, EntropyMode, GpuSenderConfig, GpuSyncReport, Growable, Phases, SendTotals,
 };
+use crate::choice::{CostModel, DeltaCodec, SyncCosts};
 use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{

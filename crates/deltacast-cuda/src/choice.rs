@@ -1,4 +1,4 @@
-//! How a [`super::GpuSender`]'s stages go — whole (dense), as a plain delta (abs32 / bitmap
+//! How a GPU sender's stages go — whole (dense), as a plain delta (abs32 / bitmap
 //! positions, raw values) or entropy-coded (gaps, ulp steps) — chosen per stage by the time each
 //! is predicted to take on this link, from costs the sender measures as it runs.
 //!
@@ -15,7 +15,9 @@
 //! it wins; one measured slower is tried again now and then, only while it is predicted
 //! within [`PROBE_WITHIN`] of the best, so that no probe costs more than that.
 
-use super::settings::AUTO_PROBE_EVERY;
+/// How often the codecs not in use are tried again (delta syncs between tries), while
+/// predicted within [`PROBE_WITHIN`] of the faster.
+pub const AUTO_PROBE_EVERY: u64 = 16;
 
 /// A probe of the slower delta codec is made only while it is predicted at most this many
 /// times the faster one's time.
