@@ -17,7 +17,7 @@ use crate::{DeviceBuffer, DevicePtr, Gpu, HostBuffer};
 /// 0.3, 1.8 GB for Qwen2.5-0.5B, 7.7 GB for 7B in 2 GiB stages.
 pub const DEFAULT_CAPACITY: f64 = 0.3;
 
-/// Settings of a [`GpuSender`].
+/// Settings of a [`super::GpuSender`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuSenderConfig {
     /// Rank that sends (the others receive).
@@ -60,7 +60,7 @@ pub enum EntropyMode {
     Auto,
 }
 
-/// Where a [`GpuSender`] keeps the snapshot it allocates.
+/// Where a [`super::GpuSender`] keeps the snapshot it allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SnapshotPlace {
     /// Device memory: as much again as the tensors, diffed at device bandwidth.
