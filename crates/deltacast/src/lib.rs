@@ -12,6 +12,7 @@
 //! safetensors.
 
 pub mod codec;
+pub mod convert;
 pub mod diff;
 pub mod digest;
 pub mod dtype;
@@ -39,6 +40,7 @@ pub(crate) mod testutil;
 pub use apply::changes::{ChangeChunk, ChangeReceiver, HeldBits, Progress};
 pub use apply::{Receiver, SlotStore, SyncOutcome};
 pub use codec::{CodecChoice, PosCodec, ValCodec};
+pub use convert::Bf16Rule;
 pub use flush::{FlushConfig, SyncStats};
 pub use held::{HeldState, Pending};
 pub use sender::{SendReport, Sender, WeightSender};
