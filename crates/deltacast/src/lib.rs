@@ -43,5 +43,5 @@ pub use codec::{CodecChoice, PosCodec, ValCodec};
 pub use convert::Bf16Rule;
 pub use flush::{FlushConfig, SyncStats};
 pub use held::{HeldState, Pending};
-pub use sender::{SendReport, Sender, WeightSender};
+pub use sender::{SendReport, Sender, Source, WeightSender};
 pub use wire::FrameKind;
