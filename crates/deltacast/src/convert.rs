@@ -31,14 +31,18 @@ impl Bf16Rule {
     /// The bf16 bits of the fp32 value with bits `bits`.
     #[inline(always)]
     pub const fn convert(self, bits: u32) -> u16 {
-        // Without the sign, NaNs are exactly the patterns above +Inf's.
-        if bits & 0x7FFF_FFFF > 0x7F80_0000 {
-            return self.nan;
-        }
-        // Cannot overflow: the largest non-NaN pattern is −Inf, 0xFF80_0000, and the bias is at
-        // most 0x8000.
+        // Branch-free, so the slice loop vectorises: round every pattern, then pick NaN's bits.
+        // The add wraps only for NaNs above 0xFFFF_7FFF, whose rounding is discarded anyway
+        // (the largest non-NaN pattern is −Inf, 0xFF80_0000, and the bias is at most 0x8000).
         let bias = ((bits >> 16) & 1) + 0x7FFF;
-        ((bits + bias) >> 16) as u16
+        let rounded = (bits.wrapping_add(bias) >> 16) as u16;
+        // Without the sign, NaNs are exactly the patterns above +Inf's.
+        let is_nan = bits & 0x7FFF_FFFF > 0x7F80_0000;
+        if is_nan {
+            self.nan
+        } else {
+            rounded
+        }
     }
 
     /// Converts little-endian fp32 `source` into little-endian bf16 `dest`, element by element
@@ -54,7 +58,25 @@ impl Bf16Rule {
             2 * dest.len(),
             "fp32 source is not twice the bf16 size"
         );
-        for (d, s) in dest.chunks_exact_mut(2).zip(source.chunks_exact(4)) {
+        // Fixed-size groups give the compiler whole vectors to work on; the rest one by one.
+        const GROUP: usize = 16;
+        let mut dest_groups = dest.chunks_exact_mut(2 * GROUP);
+        let mut source_groups = source.chunks_exact(4 * GROUP);
+        for (d, s) in (&mut dest_groups).zip(&mut source_groups) {
+            let mut bits = [0u32; GROUP];
+            for (b, s) in bits.iter_mut().zip(s.chunks_exact(4)) {
+                *b = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+            let mut half = [0u16; GROUP];
+            for (h, &b) in half.iter_mut().zip(&bits) {
+                *h = self.convert(b);
+            }
+            for (d, h) in d.chunks_exact_mut(2).zip(half) {
+                d.copy_from_slice(&h.to_le_bytes());
+            }
+        }
+        let (d_rest, s_rest) = (dest_groups.into_remainder(), source_groups.remainder());
+        for (d, s) in d_rest.chunks_exact_mut(2).zip(s_rest.chunks_exact(4)) {
             let bits = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
             d.copy_from_slice(&self.convert(bits).to_le_bytes());
         }
