@@ -4,6 +4,10 @@
 //!
 //! As in benches/diff.rs, each iteration alternates between two sources, the pristine one and
 //! its mutation, so every iteration finds the same changes and refreshes the snapshot back.
+//!
+//! One run, 2026-12-02, 2-core AMD EPYC VM (shared, load ~1), 2^24 elements: plain bf16 1.78 ms
+//! (1 %) / 2.79 ms (10 %), converting 4.74 ms / 5.03 ms, i.e. 2.7× / 1.8× the plain diff, which
+//! reads 64 MiB to the converting diff's 96 MiB. The conversion is auto-vectorised only.
 
 use std::hint::black_box;
 
