@@ -149,6 +149,10 @@ pub fn to_py(err: Error) -> PyErr {
                 ("SlotMismatchError", vec![("slot", attr(py, slot.as_str()))])
             }
             Error::UnsupportedDType(_) => ("UnsupportedDTypeError", vec![]),
+            Error::UnsupportedConversion { slot, .. } => (
+                "UnsupportedDTypeError",
+                vec![("slot", attr(py, slot.as_str()))],
+            ),
             Error::Misaligned { .. } | Error::InvalidArgument(_) => {
                 ("InvalidArgumentError", vec![])
             }

@@ -19,6 +19,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 
 use rayon::prelude::*;
 
+pub use convert::{diff_f32_as_bf16, diff_f32_as_bf16_with};
+
+mod convert;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -380,10 +383,38 @@ fn diff_chunked(
         kind.is_available(),
         "diff kernel {kind} is not available on this CPU"
     );
+    chunked(
+        snapshot,
+        width,
+        first_index,
+        out,
+        chunk_elems,
+        |snap, first_elem, first, part| {
+            let start = first_elem * width;
+            let cur = &current[start..start + snap.len()];
+            run_kernel(kind, snap, cur, width, first, part);
+        },
+    );
+}
+
+/// The chunking and in-order append of [`diff_chunked`], for any per-piece kernel: `kernel`
+/// gets a piece of the snapshot, the index (in elements of the snapshot) of the piece's first
+/// element, the position to report for it, and the changes to append to. The converting diff
+/// (`convert`) reads its source at a different stride, hence the element index, not a slice.
+fn chunked<K>(
+    snapshot: &mut [u8],
+    width: usize,
+    first_index: u64,
+    out: &mut Changes,
+    chunk_elems: usize,
+    kernel: K,
+) where
+    K: Fn(&mut [u8], usize, u64, &mut Changes) + Sync,
+{
     assert!(chunk_elems > 0, "chunk size must be positive");
     let chunk_bytes = chunk_elems * width;
-    if current.len() <= chunk_bytes {
-        run_kernel(kind, snapshot, current, width, first_index, out);
+    if snapshot.len() <= chunk_bytes {
+        kernel(snapshot, 0, first_index, out);
         return;
     }
     // One lock per chunk only to hand a `&mut` piece to whichever worker draws it; each is
@@ -398,15 +429,12 @@ fn diff_chunked(
             let c = next_chunk.fetch_add(1, Ordering::Relaxed);
             let Some(piece) = pieces.get(c) else { break };
             let mut snap = lock(piece);
-            let start = c * chunk_bytes;
-            let cur = &current[start..start + snap.len()];
             part.clear();
-            run_kernel(
-                kind,
+            let first_elem = c * chunk_elems;
+            kernel(
                 &mut snap,
-                cur,
-                width,
-                first_index + (c * chunk_elems) as u64,
+                first_elem,
+                first_index + first_elem as u64,
                 &mut part,
             );
             drop(snap);

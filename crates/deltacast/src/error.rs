@@ -89,6 +89,13 @@ pub enum Error {
     UnknownDType(u8),
     #[error("dtype {0} is not supported")]
     UnsupportedDType(String),
+    /// A sender was given a source of a dtype it cannot convert to the slot's.
+    #[error("slot `{slot}`: no conversion from a {from:?} source to the slot's {to:?}")]
+    UnsupportedConversion {
+        slot: String,
+        from: crate::DType,
+        to: crate::DType,
+    },
     #[error("buffer of {len} bytes is not a whole number of {dtype} elements")]
     Misaligned { len: usize, dtype: String },
     #[error("invalid argument: {0}")]

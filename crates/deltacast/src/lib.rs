@@ -10,8 +10,16 @@
 //! the GPU receiver and the change receiver. [`sender`] ties the trainer side together,
 //! [`sharded`] the sharded one (its deterministic cuts in [`plan`]); [`io`] reads and writes
 //! safetensors.
+//!
+//! A slot's wire dtype need not be its source's: [`Sender::sync_from`] takes per-slot
+//! [`Source`]s, and an fp32 source for a bf16 slot is rounded on the fly during the diff
+//! ([`convert`]: bit-identical to torch's CPU `.to(torch.bfloat16)`, NaN result chosen by
+//! [`Bf16Rule`]), so fp32 master weights sync as the bf16 an engine holds with no converted
+//! copy. Other pairs are refused with [`Error::UnsupportedConversion`]. Only the single-process
+//! host [`Sender`] does this so far.
 
 pub mod codec;
+pub mod convert;
 pub mod diff;
 pub mod digest;
 pub mod dtype;
@@ -39,7 +47,8 @@ pub(crate) mod testutil;
 pub use apply::changes::{ChangeChunk, ChangeReceiver, HeldBits, Progress};
 pub use apply::{Receiver, SlotStore, SyncOutcome};
 pub use codec::{CodecChoice, PosCodec, ValCodec};
+pub use convert::Bf16Rule;
 pub use flush::{FlushConfig, SyncStats};
 pub use held::{HeldState, Pending};
-pub use sender::{SendReport, Sender, WeightSender};
+pub use sender::{SendReport, Sender, Source, WeightSender};
 pub use wire::FrameKind;

@@ -4,12 +4,14 @@
 
 use rayon::prelude::*;
 
-use crate::diff::{diff_and_refresh, Changes};
+use crate::convert::Bf16Rule;
+use crate::diff::{diff_and_refresh, diff_f32_as_bf16, Changes};
 use crate::digest::{changes_at, digest_slot};
 use crate::error::{Error, Result};
 use crate::flush::{FlushConfig, SyncEncoder, SyncStats};
 use crate::slot::SlotTable;
 use crate::wire::{FrameKind, SlotDigest};
+use crate::DType;
 
 /// What every deltacast sender does, whatever one sync reads (host buffers, a trainer rank's
 /// shards with its collective, device tensors) and wherever its frames go: the four senders
@@ -57,6 +59,31 @@ pub struct HostSync<'a> {
     pub sink: FrameSink<'a>,
 }
 
+/// One slot's source bits for [`Sender::sync_from`] and its kin: little-endian elements of
+/// `dtype`, which is either the slot's own dtype (synced as is) or a dtype the sender converts
+/// from on the fly. Only fp32 → bf16 converts so far (rounded by the sender's [`Bf16Rule`]);
+/// any other pair is [`Error::UnsupportedConversion`].
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    pub dtype: DType,
+    pub bytes: &'a [u8],
+}
+
+impl<'a> Source<'a> {
+    pub fn new(dtype: DType, bytes: &'a [u8]) -> Self {
+        Source { dtype, bytes }
+    }
+}
+
+/// How one slot's source becomes its bits, once checked against the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Feed {
+    /// The source is in the slot's dtype.
+    Same,
+    /// fp32 source, bf16 slot.
+    F32ToBf16,
+}
+
 impl WeightSender for Sender {
     type Input<'a> = HostSync<'a>;
     type Report = SendReport;
@@ -93,6 +120,8 @@ pub struct Sender {
     /// have the version the snapshot now holds.
     needs_seed: bool,
     changes: Changes,
+    /// How fp32 sources round into bf16 slots.
+    bf16_rule: Bf16Rule,
 }
 
 /// What one sync did on the sender.
@@ -125,6 +154,7 @@ impl Sender {
             version: 0,
             needs_seed: true,
             changes: Changes::default(),
+            bf16_rule: Bf16Rule::default(),
         })
     }
 
@@ -158,6 +188,18 @@ impl Sender {
         Ok(())
     }
 
+    /// How fp32 sources round into bf16 slots; [`Bf16Rule::TORCH_CPU`] unless set.
+    pub fn bf16_rule(&self) -> Bf16Rule {
+        self.bf16_rule
+    }
+
+    /// Sets the NaN result of fp32 → bf16 conversion, to match what the trainer's own
+    /// `.to(torch.bfloat16)` would give (see [`crate::convert`]). Takes effect from the next
+    /// sync; changing it between syncs is allowed (NaNs then show up as changes).
+    pub fn set_bf16_rule(&mut self, rule: Bf16Rule) {
+        self.bf16_rule = rule;
+    }
+
     fn compute_digests(&self, bufs: &[Vec<u8>]) -> Vec<u64> {
         bufs.par_iter()
             .enumerate()
@@ -188,6 +230,71 @@ impl Sender {
         Ok(())
     }
 
+    /// Checks one source per slot, in table order: its dtype converts to the slot's, and it
+    /// holds exactly the slot's elements.
+    fn check_sources(&self, sources: &[Source<'_>]) -> Result<Vec<Feed>> {
+        if sources.len() != self.table.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} sources given for {} slots",
+                sources.len(),
+                self.table.len()
+            )));
+        }
+        let mut feeds = Vec::with_capacity(sources.len());
+        for (slot, src) in self.table.slots().iter().zip(sources) {
+            let feed = match (src.dtype, slot.dtype) {
+                (from, to) if from == to => Feed::Same,
+                (DType::F32, DType::BF16) => Feed::F32ToBf16,
+                (from, to) => {
+                    return Err(Error::UnsupportedConversion {
+                        slot: slot.name.clone(),
+                        from,
+                        to,
+                    })
+                }
+            };
+            let need = slot.numel() * src.dtype.element_size() as u64;
+            if src.bytes.len() as u64 != need {
+                return Err(Error::SlotMismatch {
+                    slot: slot.name.clone(),
+                    reason: format!(
+                        "{:?} source has {} bytes, {} elements need {need}",
+                        src.dtype,
+                        src.bytes.len(),
+                        slot.numel()
+                    ),
+                });
+            }
+            feeds.push(feed);
+        }
+        Ok(feeds)
+    }
+
+    /// Sources in each slot's own dtype, after the plain length check.
+    fn same_sources<'a>(&self, current: &[&'a [u8]]) -> Result<Vec<Source<'a>>> {
+        self.check_buffers(current)?;
+        Ok(self
+            .table
+            .slots()
+            .iter()
+            .zip(current)
+            .map(|(slot, &bytes)| Source::new(slot.dtype, bytes))
+            .collect())
+    }
+
+    /// [`Sender::sync`] from per-slot sources that may need converting ([`Source`]).
+    pub fn sync_from<F: FnMut(Vec<u8>) -> Result<()>>(
+        &mut self,
+        sources: &[Source<'_>],
+        sink: F,
+    ) -> Result<SendReport> {
+        if self.needs_seed {
+            self.seed_from(sources, sink)
+        } else {
+            self.delta_from(sources, sink)
+        }
+    }
+
     /// Sends `current` (one buffer per slot, in table order): a seed the first time or after
     /// a failure, a delta otherwise. Frames go to `sink` as they fill.
     pub fn sync<F: FnMut(Vec<u8>) -> Result<()>>(
@@ -208,14 +315,31 @@ impl Sender {
         current: &[&[u8]],
         sink: F,
     ) -> Result<SendReport> {
-        self.check_buffers(current)?;
+        let sources = self.same_sources(current)?;
+        self.seed_from(&sources, sink)
+    }
+
+    /// [`Sender::seed`] from per-slot sources that may need converting.
+    pub fn seed_from<F: FnMut(Vec<u8>) -> Result<()>>(
+        &mut self,
+        sources: &[Source<'_>],
+        sink: F,
+    ) -> Result<SendReport> {
+        let feeds = self.check_sources(sources)?;
         self.needs_seed = true;
         let version = self.version + 1;
-        for (snap, cur) in self.snapshot.iter_mut().zip(current) {
-            snap.copy_from_slice(cur);
-        }
+        let rule = self.bf16_rule;
+        self.snapshot
+            .par_iter_mut()
+            .zip(sources.par_iter().zip(&feeds))
+            .for_each(|(snap, (src, feed))| match feed {
+                Feed::Same => snap.copy_from_slice(src.bytes),
+                Feed::F32ToBf16 => rule.convert_slice(src.bytes, snap),
+            });
         let digests = self.compute_digests(&self.snapshot);
-        let stats = self.encode_seed(version, &digests, current, sink)?;
+        // The snapshot now holds exactly the bits this seed carries.
+        let current: Vec<&[u8]> = self.snapshot.iter().map(Vec::as_slice).collect();
+        let stats = self.encode_seed(version, &digests, &current, sink)?;
         self.digests = digests;
         self.version = version;
         self.needs_seed = false;
@@ -275,7 +399,18 @@ impl Sender {
         current: &[&[u8]],
         sink: F,
     ) -> Result<SendReport> {
-        self.check_buffers(current)?;
+        let sources = self.same_sources(current)?;
+        self.delta_from(&sources, sink)
+    }
+
+    /// [`Sender::delta`] from per-slot sources that may need converting; a converted slot's
+    /// changes are those of its converted bits.
+    pub fn delta_from<F: FnMut(Vec<u8>) -> Result<()>>(
+        &mut self,
+        sources: &[Source<'_>],
+        sink: F,
+    ) -> Result<SendReport> {
+        let feeds = self.check_sources(sources)?;
         if self.needs_seed {
             return Err(Error::InvalidArgument(
                 "no seed went out yet: send a seed first".into(),
@@ -297,7 +432,13 @@ impl Sender {
             let width = slot.dtype.width();
             let changes = &mut self.changes;
             changes.clear();
-            diff_and_refresh(&mut self.snapshot[id], current[id], width, 0, changes);
+            let snap = &mut self.snapshot[id];
+            match feeds[id] {
+                Feed::Same => diff_and_refresh(snap, sources[id].bytes, width, 0, changes),
+                Feed::F32ToBf16 => {
+                    diff_f32_as_bf16(snap, sources[id].bytes, self.bf16_rule, 0, changes)
+                }
+            }
             // In pieces of 2^16 changes (the hash loop is vectorized per piece).
             const PIECE: usize = 1 << 16;
             let moved = changes
