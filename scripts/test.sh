@@ -36,7 +36,7 @@ say() { echo "$*" | tee -a "$LOG"; }
 
 # Every test that did not run, with its reason, from the log (printed also on failure).
 summary() {
-    local status=$?
+    local status=${1:-$?}
     {
         echo
         echo "== not run (from $LOG)"
@@ -82,7 +82,8 @@ stop_engine_venvs() {
         kill -- "-$ENGINE_VENVS_PID" 2>/dev/null || kill "$ENGINE_VENVS_PID" 2>/dev/null || true
     fi
 }
-trap 'stop_engine_venvs; summary' EXIT
+# The run's status is taken first: stop_engine_venvs's own status must not replace it.
+trap 'status=$?; stop_engine_venvs; summary "$status"' EXIT
 # Stopped from outside: the summary must say so, not "passed".
 trap 'exit 130' INT
 trap 'exit 143' TERM

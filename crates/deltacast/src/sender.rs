@@ -253,7 +253,8 @@ impl Sender {
                     })
                 }
             };
-            let need = slot.numel() * src.dtype.element_size() as u64;
+            // (`numel` counts sync words: two per 8-byte element; a source is whole elements.)
+            let need = slot.elements() * src.dtype.element_size() as u64;
             if src.bytes.len() as u64 != need {
                 return Err(Error::SlotMismatch {
                     slot: slot.name.clone(),
@@ -261,7 +262,7 @@ impl Sender {
                         "{:?} source has {} bytes, {} elements need {need}",
                         src.dtype,
                         src.bytes.len(),
-                        slot.numel()
+                        slot.elements()
                     ),
                 });
             }
