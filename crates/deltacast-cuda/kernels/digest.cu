@@ -43,16 +43,16 @@ struct UpdateSeg {
     u32 pad;
 };
 
-// Largest j < n with begin(j) <= b (begin(0) == 0).
-#define DC_FIND(table, n, b, result)                          \
-    do {                                                      \
-        u32 lo_ = 0, hi_ = (n);                               \
-        while (hi_ - lo_ > 1) {                               \
-            const u32 mid_ = (lo_ + hi_) >> 1;                \
-            if ((table)[mid_].block_begin <= (b)) lo_ = mid_; \
-            else hi_ = mid_;                                  \
-        }                                                     \
-        (result) = lo_;                                       \
+// Largest j < n with table[j].BEGIN <= b (table[0].BEGIN == 0).
+#define DC_FIND(table, BEGIN, n, b, result)            \
+    do {                                               \
+        u32 lo_ = 0, hi_ = (n);                        \
+        while (hi_ - lo_ > 1) {                        \
+            const u32 mid_ = (lo_ + hi_) >> 1;         \
+            if ((table)[mid_].BEGIN <= (b)) lo_ = mid_; \
+            else hi_ = mid_;                           \
+        }                                              \
+        (result) = lo_;                                \
     } while (0)
 
 extern "C" __global__ void __launch_bounds__(DIGEST_THREADS)
@@ -62,7 +62,7 @@ dc_digest(const DigestTensor* __restrict__ tensors, u32 num_tensors, u64 num_blo
     for (u64 b = blockIdx.x; b < num_blocks; b += gridDim.x) {
         if (threadIdx.x == 0) {
             u32 j;
-            DC_FIND(tensors, num_tensors, b, j);
+            DC_FIND(tensors, block_begin, num_tensors, b, j);
             s_j = j;
         }
         __syncthreads();
@@ -90,7 +90,7 @@ dc_digest_update(const UpdateSeg* __restrict__ segs, u32 num_segs, u64 num_block
     for (u64 b = blockIdx.x; b < num_blocks; b += gridDim.x) {
         if (threadIdx.x == 0) {
             u32 j;
-            DC_FIND(segs, num_segs, b, j);
+            DC_FIND(segs, block_begin, num_segs, b, j);
             s_j = j;
         }
         __syncthreads();
@@ -118,12 +118,9 @@ dc_digest_refresh(const RefreshTensor* __restrict__ tensors, u32 num_tensors, u6
     __shared__ u32 s_j;
     for (u64 b = blockIdx.x; b < num_blocks; b += gridDim.x) {
         if (threadIdx.x == 0) {
-            u32 lo = 0, hi = num_tensors;
-            while (hi - lo > 1) {
-                const u32 mid = (lo + hi) >> 1;
-                if (tensors[mid].t.block_begin <= b) lo = mid; else hi = mid;
-            }
-            s_j = lo;
+            u32 j;
+            DC_FIND(tensors, t.block_begin, num_tensors, b, j);
+            s_j = j;
         }
         __syncthreads();
         const RefreshTensor r = tensors[s_j];

@@ -505,12 +505,7 @@ impl<S: SlotStore> Receiver<S> {
     fn receive_inner(&mut self, bytes: &[u8]) -> Result<Option<SyncOutcome>> {
         let frame = parse_frame(bytes)?;
         let h = frame.header;
-        if h.table_hash != self.table.hash() {
-            return Err(Error::SlotTableMismatch {
-                frame: h.table_hash,
-                local: self.table.hash(),
-            });
-        }
+        check_table(h.table_hash, &self.table)?;
         if h.kind == FrameKind::Close {
             // Refused mid-sync: `receive` drops the half-received sync (its in-place writes
             // undone).
@@ -845,4 +840,15 @@ impl<S: SlotStore> Receiver<S> {
         }
         Ok(())
     }
+}
+
+/// A frame is for this receiver's slot table, or refused before anything else is read.
+pub(crate) fn check_table(frame: u64, table: &SlotTable) -> Result<()> {
+    if frame != table.hash() {
+        return Err(Error::SlotTableMismatch {
+            frame,
+            local: table.hash(),
+        });
+    }
+    Ok(())
 }

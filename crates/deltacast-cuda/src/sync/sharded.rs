@@ -130,6 +130,9 @@ pub struct GpuShardedSender {
     outcome: [u64; 3],
     /// (entropy used, changes) of the last sync, recorded once the leader's time arrives.
     pending: Option<SyncCosts>,
+    /// Changes of the last delta sync every rank recorded (the cost model's guess for the
+    /// next; before the first, 2 % of the elements).
+    expected_changes: u64,
     // Last: fields drop in order, and every buffer, stream and event above is released
     // in this context (the primary context, released with the last `Gpu` of the device).
     gpu: Gpu,
@@ -216,6 +219,7 @@ impl GpuShardedSender {
             costs: CostModel::default(),
             outcome: [0; 3],
             pending: None,
+            expected_changes: table.total_elements() / 50,
             layout,
             limits: limits(&table),
             gpu,
@@ -339,7 +343,7 @@ impl GpuShardedSender {
             EntropyMode::On => &[DeltaCodec::Entropy],
             EntropyMode::Auto => &[DeltaCodec::Plain, DeltaCodec::Entropy],
         };
-        let codec = self.costs.codec(allowed, self.table.total_elements() / 50);
+        let codec = self.costs.codec(allowed, self.expected_changes);
         let use_entropy = codec.entropy();
         let mut run = ShardRun {
             version: self.version + 1,
@@ -420,6 +424,9 @@ impl GpuShardedSender {
             if refused == 0 {
                 costs.time_ms = micros as f64 / 1e3;
                 self.costs.record(&costs);
+                if costs.delta.is_some() {
+                    self.expected_changes = costs.delta_changes;
+                }
             }
         }
         if refused != 0 {

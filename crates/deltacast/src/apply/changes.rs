@@ -25,7 +25,7 @@ use crate::slot::SlotTable;
 use crate::wire::{parse_frame, FrameKind, SlotDigest};
 
 use super::chunks::{chunk_positions, chunk_values};
-use super::{Staging, SyncOutcome};
+use super::{check_table, Staging, SyncOutcome};
 
 /// The owner holds no copy of this element: its decoded value is dropped.
 pub const NOT_HELD: u8 = 0;
@@ -224,12 +224,7 @@ impl ChangeReceiver {
     fn receive_inner<H: HeldBits>(&mut self, bytes: &[u8], owner: &mut H) -> Result<Progress> {
         let frame = parse_frame(bytes)?;
         let h = frame.header;
-        if h.table_hash != self.table.hash() {
-            return Err(Error::SlotTableMismatch {
-                frame: h.table_hash,
-                local: self.table.hash(),
-            });
-        }
+        check_table(h.table_hash, &self.table)?;
         if h.kind == FrameKind::Close {
             self.held.check_close(self.receiving.is_some())?;
             return Ok(Progress::Closed);
