@@ -10,6 +10,7 @@ engines' ``load_weights`` take."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,10 @@ def write_config(directory: str | Path, arch: str) -> Path:
     """Writes ``config.json`` of the tiny ``arch`` into ``directory``; returns the directory."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(CONFIGS[arch], indent=1))
+    # Atomically: the ranks of a TP group each write it while the others may be reading it.
+    tmp = d / f"config.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(CONFIGS[arch], indent=1))
+    os.replace(tmp, d / "config.json")
     return d
 
 
