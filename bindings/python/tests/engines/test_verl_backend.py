@@ -1,0 +1,168 @@
+"""deltacast as verl's checkpoint engine, against verl 0.9.1 from PyPI, without Ray.
+
+Trainer ranks and rollout workers run as processes (tests/engines/_verl_worker.py); this test
+is the driver and issues, for every sync, what verl's ``CheckpointEngineManager.update_weights``
+issues: ``prepare`` on every worker, ``build_topology`` here, ``init_process_group`` on every
+worker, trainer ``send_weights`` together with rollout ``update_weights`` (verl's own
+``CheckpointEngineWorker``), ``finalize``. Every trainer rank drains a generator of the step's
+full fp32 tensors. After each sync every rollout worker's SGLang model (updated by verl's own
+``delta_flush`` consumer) must equal, bit for bit, a fresh model that loaded torch's bf16
+rounding of the trainer's fp32 state with SGLang's ``load_weights``; so must the backend's
+mirror."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine_case import require
+
+require("sglang")
+require("verl")
+
+WORKER = Path(__file__).with_name("_verl_worker.py")
+STEPS = 10
+
+
+class Proc:
+    """One worker process and its command line."""
+
+    def __init__(self, role: str, index: int, world: int, workdir: Path, options: dict) -> None:
+        self.name = f"{role}{index}"
+        self.log_path = workdir / f"{self.name}.log"
+        self.log = open(self.log_path, "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        cmd = [sys.executable, str(WORKER), role, str(index), str(world), str(workdir)]
+        self.p = subprocess.Popen(
+            cmd + [json.dumps(options)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
+
+    def send(self, **cmd) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(json.dumps(cmd) + "\n")
+        self.p.stdin.flush()
+
+    def answer(self) -> dict:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            if line.startswith("@@ "):
+                out = json.loads(line[3:])
+                if not out["ok"]:
+                    raise AssertionError(f"{self.name} failed:\n{out['error']}\n{self.tail()}")
+                return out
+            self.log.write(line)
+        raise AssertionError(f"{self.name} exited (code {self.p.wait()}):\n{self.tail()}")
+
+    def tail(self) -> str:
+        self.log.flush()
+        return "".join(self.log_path.read_text().splitlines(True)[-40:])
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            try:
+                self.send(op="quit")
+                self.p.wait(timeout=30)
+            except Exception:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+
+
+def all_answer(procs: list[Proc], timeout: float) -> list[dict]:
+    """Every worker's answer, read concurrently (the workers wait for each other)."""
+    out: list = [None] * len(procs)
+
+    def read(i: int) -> None:
+        try:
+            out[i] = procs[i].answer()
+        except BaseException as e:  # reported below, with the others
+            out[i] = e
+
+    threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(procs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    for p, o in zip(procs, out):
+        if o is None:
+            raise AssertionError(f"{p.name} did not answer within {timeout} s:\n{p.tail()}")
+        if isinstance(o, BaseException):
+            raise o
+    return out
+
+
+def session(tmp_path: Path, trainers: int, rollouts: int, options: dict) -> list[dict]:
+    from deltacast.integrations.verl import DeltacastCheckpointEngine
+
+    procs = [Proc("trainer", r, trainers, tmp_path, options) for r in range(trainers)]
+    procs += [Proc("rollout", i, 0, tmp_path, options) for i in range(rollouts)]
+    actors, rolls = procs[:trainers], procs[trainers:]
+    results = []
+    try:
+        for step in range(STEPS + 1):
+            for p in procs:
+                p.send(op="prepare")
+            meta = [a["metadata"] for a in all_answer(procs, 300)]
+            kw_a, kw_r = DeltacastCheckpointEngine.build_topology(trainers, rollouts, meta)
+            for i, p in enumerate(actors):
+                p.send(op="init", kwargs={k: v[i] for k, v in kw_a.items()})
+            for i, p in enumerate(rolls):
+                p.send(op="init", kwargs={k: v[i] for k, v in kw_r.items()})
+            all_answer(procs, 300)
+            for p in procs:
+                p.send(op="sync", step=step)
+            answers = all_answer(procs, 300)
+            for p in procs:
+                p.send(op="finalize")
+            all_answer(procs, 60)
+            for p in rolls:
+                p.send(op="check")
+            checks = all_answer(rolls, 300)
+            for p, c in zip(rolls, checks):
+                assert not c["bad_params"], f"step {step}, {p.name}: {c['bad_params']}"
+                assert not c["bad_mirror"], f"step {step}, {p.name}: mirror {c['bad_mirror']}"
+            results.append(
+                {
+                    "step": step,
+                    "metrics": answers[0]["metrics"],
+                    "flushes": [a["flushes"] for a in answers[trainers:]],
+                    "nans": checks[0]["nans"],
+                }
+            )
+    finally:
+        for p in procs:
+            p.stop()
+    return results
+
+
+@pytest.mark.parametrize("trainers", [2, 4])
+def test_seed_and_ten_deltas_bit_exact_through_verls_consumer(tmp_path: Path, trainers: int) -> None:
+    results = session(tmp_path, trainers, 2, {"timeout_s": 120.0})
+    kinds = [r["metrics"]["deltacast/seed"] for r in results]
+    assert kinds == [1.0] + [0.0] * STEPS, kinds
+    for r in results:
+        for flushes in r["flushes"]:
+            if r["step"] == 0:
+                assert flushes and set(flushes) == {"dense"}, r
+            elif r["step"] == 7:
+                assert flushes == [], r  # nothing changed: nothing to apply
+            else:
+                assert "indices" in flushes, r
+    # The NaN of step 4 went dense (verl's consumers read NaN as "unchanged"); so did its
+    # removal at step 6? No: a finite new value travels as indices.
+    by_step = {r["step"]: r for r in results}
+    assert by_step[4]["nans"] == 1 and "dense" in by_step[4]["flushes"][0]
+    assert by_step[6]["nans"] == 0
+    changed = [r["metrics"]["deltacast/changed_ratio_rank0"] for r in results[1:]]
+    assert 0 < min(c for c in changed if c > 0) and max(changed) < 1, changed
