@@ -245,6 +245,17 @@ pub struct Want<'a> {
     pub shape: &'a [u64],
 }
 
+/// The dtype a sender reads from `arr` for a slot of `slot`: the slot's own, except a
+/// float32 array for a bf16 slot, which is an fp32 source the sender rounds on the fly.
+pub fn source_dtype(arr: &Bound<'_, PyUntypedArray>, slot: DType) -> DType {
+    let d = arr.dtype();
+    if slot == DType::BF16 && d.kind() == b'f' && d.itemsize() == 4 {
+        DType::F32
+    } else {
+        slot
+    }
+}
+
 /// Resolves `arrays` (a mapping name → array, or a sequence in order) against `wants`, checks
 /// every array and returns them with their memory. Every name must be present, and no other.
 pub fn resolve<'py>(
@@ -252,6 +263,18 @@ pub fn resolve<'py>(
     wants: &[Want<'_>],
     writable: bool,
 ) -> PyResult<(Vec<Bound<'py, PyUntypedArray>>, Vec<RawView>)> {
+    let (arrs, views, _) = resolve_as(arrays, wants, writable, false)?;
+    Ok((arrs, views))
+}
+
+/// [`resolve`] for a sender's sources: also the dtype each array is read as
+/// ([`source_dtype`]) when `sources`, else each slot's own.
+pub fn resolve_as<'py>(
+    arrays: &Bound<'py, PyAny>,
+    wants: &[Want<'_>],
+    writable: bool,
+    sources: bool,
+) -> PyResult<(Vec<Bound<'py, PyUntypedArray>>, Vec<RawView>, Vec<DType>)> {
     let mut objects = Vec::with_capacity(wants.len());
     if let Ok(dict) = arrays.cast::<PyDict>() {
         for w in wants {
@@ -287,6 +310,7 @@ pub fn resolve<'py>(
     }
     let mut arrs = Vec::with_capacity(wants.len());
     let mut views = Vec::with_capacity(wants.len());
+    let mut dtypes = Vec::with_capacity(wants.len());
     for (obj, w) in objects.iter().zip(wants) {
         let arr = as_ndarray(obj).map_err(|e| {
             let py = obj.py();
@@ -294,10 +318,16 @@ pub fn resolve<'py>(
             err.set_cause(py, Some(e));
             err
         })?;
-        views.push(check_array(&arr, w.name, w.dtype, w.shape, writable)?);
+        let dtype = if sources {
+            source_dtype(&arr, w.dtype)
+        } else {
+            w.dtype
+        };
+        views.push(check_array(&arr, w.name, dtype, w.shape, writable)?);
+        dtypes.push(dtype);
         arrs.push(arr);
     }
-    Ok((arrs, views))
+    Ok((arrs, views, dtypes))
 }
 
 /// `SlotMismatchError` naming the slot.

@@ -12,6 +12,7 @@ mod changes;
 mod cuda;
 mod errors;
 mod files;
+mod net;
 mod params;
 mod receiver;
 mod sender;
@@ -30,6 +31,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<receiver::Receiver>()?;
     m.add_class::<receiver::SyncOutcome>()?;
     m.add_class::<changes::ChangeReceiver>()?;
+    m.add_class::<net::FrameServer>()?;
+    m.add_class::<net::FrameClient>()?;
+    m.add_function(wrap_pyfunction!(net::generate_token, m)?)?;
     m.add_class::<params::Converter>()?;
     m.add_class::<params::Param>()?;
     m.add_class::<sharded::Layout>()?;

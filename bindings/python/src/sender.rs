@@ -5,14 +5,14 @@ use std::time::Instant;
 
 use deltacast::flush::{DEFAULT_BUCKET_SIZE, DEFAULT_CHUNK_ELEMS};
 use deltacast::WeightSender;
-use deltacast::{CodecChoice, Error, FlushConfig, SendReport, SyncStats};
+use deltacast::{CodecChoice, Error, FlushConfig, SendReport, Source, SyncStats};
 use numpy::npyffi::_PyArray_GET_ITEM_DATA;
 use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
 use numpy::{IntoPyArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::arrays::{resolve, Want};
+use crate::arrays::{resolve_as, Want};
 use crate::errors::{invalid, IntoPyResult};
 use crate::table::{table_arg, SlotTable};
 
@@ -195,6 +195,29 @@ impl SyncResult {
     }
 }
 
+/// The sources' bytes as slot buffers, refusing a source that would need converting (a seed
+/// resent from buffers must hold the slot's own bits).
+fn own_dtype_slices<'a>(
+    sources: &[Source<'a>],
+    table: &deltacast::SlotTable,
+) -> Result<Vec<&'a [u8]>, Error> {
+    sources
+        .iter()
+        .zip(table.slots())
+        .map(|(s, slot)| {
+            if s.dtype == slot.dtype {
+                Ok(s.bytes)
+            } else {
+                Err(Error::InvalidArgument(format!(
+                    "`{}`: resend_seed takes the slot's own dtype; without arrays it resends \
+                     from the snapshot",
+                    slot.name
+                )))
+            }
+        })
+        .collect()
+}
+
 /// The trainer side for one process holding whole slots: keeps a snapshot of what it last
 /// synced and sends a seed (every element) or a delta (only changed bits).
 #[pyclass(module = "deltacast._native")]
@@ -215,11 +238,12 @@ impl Sender {
     fn run(
         &mut self,
         py: Python<'_>,
-        arrays: &Bound<'_, PyAny>,
+        arrays: Option<&Bound<'_, PyAny>>,
         sink: Option<Py<PyAny>>,
         mode: Mode,
     ) -> PyResult<SyncResult> {
         let started = Instant::now();
+        let arrays_given = arrays.is_some();
         let table = self.inner.table();
         let wants: Vec<Want<'_>> = table
             .slots()
@@ -230,28 +254,40 @@ impl Sender {
                 shape: &s.shape,
             })
             .collect();
-        let (held, views) = resolve(arrays, &wants, false)?;
+        let (held, views, dtypes) = match arrays {
+            Some(a) => resolve_as(a, &wants, false, true)?,
+            None => (Vec::new(), Vec::new(), Vec::new()),
+        };
         let full_bytes = table.total_bytes();
         // SAFETY: `held` keeps every array alive until this function returns, after the core
-        // is done with the slices; the arrays were checked C-contiguous with the slot's size.
-        let slices: Vec<&[u8]> = views.iter().map(|v| unsafe { v.bytes() }).collect();
+        // is done with the slices; the arrays were checked C-contiguous with their source
+        // dtype's size.
+        let sources: Vec<Source<'_>> = views
+            .iter()
+            .zip(&dtypes)
+            .map(|(v, &d)| Source::new(d, unsafe { v.bytes() }))
+            .collect();
         let mut out = FrameSink::new(sink, self.frame_type);
         let inner = &mut self.inner;
         let (result, rust_seconds) = py.detach(|| {
             let t = Instant::now();
             let r = match mode {
-                Mode::Auto => inner.sync(&slices, |f| out.push(f)),
-                Mode::Seed => inner.seed(&slices, |f| out.push(f)),
+                Mode::Auto => inner.sync_from(&sources, |f| out.push(f)),
+                Mode::Seed => inner.seed_from(&sources, |f| out.push(f)),
                 Mode::Resend => {
-                    inner
-                        .resend_seed(&slices, |f| out.push(f))
-                        .map(|stats| SendReport {
-                            kind: deltacast::FrameKind::Seed,
-                            stats,
-                            base_digest: 0,
-                            state_digest: inner.state_digest(),
-                            elements: inner.table().total_elements(),
-                        })
+                    let sent = if arrays_given {
+                        own_dtype_slices(&sources, inner.table())
+                            .and_then(|s| inner.resend_seed(&s, |f| out.push(f)))
+                    } else {
+                        inner.resend_snapshot(|f| out.push(f))
+                    };
+                    sent.map(|stats| SendReport {
+                        kind: deltacast::FrameKind::Seed,
+                        stats,
+                        base_digest: 0,
+                        state_digest: inner.state_digest(),
+                        elements: inner.table().total_elements(),
+                    })
                 }
             };
             (r, t.elapsed().as_secs_f64())
@@ -300,7 +336,9 @@ impl Sender {
     }
 
     /// Syncs `arrays` (a dict name → array, or a list in table order): a seed the first time
-    /// or after a failed sync, a delta otherwise. Frames go to `sink(frame)` as they fill if
+    /// or after a failed sync, a delta otherwise. A bf16 slot also takes a float32 array (an
+    /// fp32 master): the sender rounds it to bf16 as torch's CPU `.to(torch.bfloat16)` does,
+    /// during the diff, with no converted copy. Frames go to `sink(frame)` as they fill if
     /// given, else into the result. The GIL is released while the core works.
     #[pyo3(signature = (arrays, *, sink = None))]
     fn sync(
@@ -309,7 +347,7 @@ impl Sender {
         arrays: &Bound<'_, PyAny>,
         sink: Option<Py<PyAny>>,
     ) -> PyResult<SyncResult> {
-        self.run(py, arrays, sink, Mode::Auto)
+        self.run(py, Some(arrays), sink, Mode::Auto)
     }
 
     /// Sends every element, whatever the receivers hold (a new receiver joined, or one asked).
@@ -320,18 +358,19 @@ impl Sender {
         arrays: &Bound<'_, PyAny>,
         sink: Option<Py<PyAny>>,
     ) -> PyResult<SyncResult> {
-        self.run(py, arrays, sink, Mode::Seed)
+        self.run(py, Some(arrays), sink, Mode::Seed)
     }
 
     /// A seed of the version last sent, for one receiver that restarted or joined late,
-    /// changing nothing: `arrays` must hold the bits of that version (what was last passed to
-    /// `sync`). The other receivers keep taking deltas; the restarted one takes this seed on
-    /// its own link, then the same deltas as the others.
-    #[pyo3(signature = (arrays, *, sink = None))]
+    /// changing nothing. Without `arrays` it comes from the sender's snapshot (which holds
+    /// exactly that version's bits, converted ones included); with them they must hold those
+    /// bits, in the slots' own dtypes. The other receivers keep taking deltas; the restarted
+    /// one takes this seed on its own link, then the same deltas as the others.
+    #[pyo3(signature = (arrays = None, *, sink = None))]
     fn resend_seed(
         &mut self,
         py: Python<'_>,
-        arrays: &Bound<'_, PyAny>,
+        arrays: Option<&Bound<'_, PyAny>>,
         sink: Option<Py<PyAny>>,
     ) -> PyResult<SyncResult> {
         self.run(py, arrays, sink, Mode::Resend)

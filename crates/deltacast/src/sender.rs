@@ -364,6 +364,18 @@ impl Sender {
         self.encode_seed(self.version, &self.digests, current, sink)
     }
 
+    /// [`Sender::resend_seed`] from the snapshot, which holds exactly the last version's bits
+    /// (converted ones included), so the caller needs no copy of them.
+    pub fn resend_snapshot<F: FnMut(Vec<u8>) -> Result<()>>(&self, sink: F) -> Result<SyncStats> {
+        if self.needs_seed {
+            return Err(Error::InvalidArgument(
+                "no complete sync to resend: the next sync is a seed".into(),
+            ));
+        }
+        let current: Vec<&[u8]> = self.snapshot.iter().map(Vec::as_slice).collect();
+        self.encode_seed(self.version, &self.digests, &current, sink)
+    }
+
     /// The frames of a seed of `version` whose slots have `digests`.
     fn encode_seed<F: FnMut(Vec<u8>) -> Result<()>>(
         &self,

@@ -14,6 +14,7 @@ bf16 travels as uint16 bits (``t.view(torch.uint16).numpy()``), fp8 as uint8. Se
 from __future__ import annotations
 
 from ._errors import (
+    AuthenticationError,
     BaseDigestMismatchError,
     ChecksumError,
     DeltacastError,
@@ -25,6 +26,7 @@ from ._errors import (
     CudaError,
     NcclError,
     IpcLinkError,
+    LinkError,
     ReceiverRefusedError,
     SyncTimeoutError,
     MalformedFrameError,
@@ -64,6 +66,8 @@ DTYPES = ("bf16", "f16", "f32", "f8_e4m3", "f8_e5m2")
 """The element types deltacast syncs (canonical names; torch names are accepted too)."""
 
 __all__ = [
+    "AuthenticationError",
+    "LinkError",
     "DEFAULT_BUCKET_SIZE",
     "DEFAULT_CHUNK_ELEMS",
     "DTYPES",

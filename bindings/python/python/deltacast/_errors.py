@@ -9,6 +9,8 @@ from __future__ import annotations
 
 __all__ = [
     "DeltacastError",
+    "LinkError",
+    "AuthenticationError",
     "MalformedFrameError",
     "ChecksumError",
     "TruncatedError",
@@ -123,6 +125,15 @@ class NcclError(CudaError):
 class IpcLinkError(CudaError):
     """The CUDA-IPC link failed: a peer closed its connection (often: it died), or the link
     could not be set up. The link is aborted; make a new one."""
+
+
+class LinkError(DeltacastError, ConnectionError):
+    """A TCP frame link failed: the peer went away, broke the protocol, refused the
+    connection, or sent more than the limits allow. The message names the peer."""
+
+
+class AuthenticationError(LinkError):
+    """The peer did not prove the shared secret (or we could not prove ours)."""
 
 
 class SyncTimeoutError(DeltacastError, TimeoutError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -67,6 +68,8 @@ class Adapter:
     def __init__(self, model) -> None:
         self.model = model
         self.flushes: list[str] = []
+        # A test of the test: take the flushes but apply none (the check must see it).
+        self.drop = False
 
     async def update_weights(self, weights, global_steps=None, wire_format="named_tensors", **kw):
         import importlib
@@ -80,6 +83,8 @@ class Adapter:
         for named, is_last in weights:
             spec = json.loads(bytes(dict(named)["__delta_spec__"].numpy().tobytes()))
             self.flushes.append(spec["encoding"])
+            if self.drop:
+                continue
             with torch.no_grad():
                 apply(self.model, named)
             del is_last
@@ -124,6 +129,11 @@ def main() -> int:
         cdir = tiny.write_config(workdir / f"config-{index}", ARCH)
         model = glue.build_model(cdir, "bfloat16")
         adapter = Adapter(model)
+        # What Ray sets for a worker of a group of one; the process group already exists
+        # (SGLang's), so verl's own initialisation keeps it.
+        for k, v in (("WORLD_SIZE", "1"), ("RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+            os.environ.setdefault(k, v)
+        os.environ.setdefault("MASTER_PORT", "1")
         worker = CheckpointEngineWorker(
             RolloutConfig(name="sglang", checkpoint_engine=ce_config), None, server_adapter=adapter
         )
@@ -147,6 +157,7 @@ def main() -> int:
                     metrics = asyncio.run(engine.send_weights(gen, global_steps=step))
                     reply({"ok": True, "metrics": metrics})
                 else:
+                    adapter.drop = bool(cmd.get("drop"))
                     asyncio.run(worker.update_weights(global_steps=step))
                     reply({"ok": True, "flushes": adapter.flushes})
             elif op == "finalize":

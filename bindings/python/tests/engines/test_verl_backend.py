@@ -102,7 +102,11 @@ def all_answer(procs: list[Proc], timeout: float) -> list[dict]:
     return out
 
 
-def session(tmp_path: Path, trainers: int, rollouts: int, options: dict) -> list[dict]:
+def session(
+    tmp_path: Path, trainers: int, rollouts: int, options: dict, steps: int = STEPS, drop: int = -1
+) -> list[dict]:
+    """Runs the workers through a seed and ``steps`` deltas, checking every rollout after each;
+    at step ``drop`` the rollouts' consumer applies nothing (the check must catch it)."""
     from deltacast.integrations.verl import DeltacastCheckpointEngine
 
     procs = [Proc("trainer", r, trainers, tmp_path, options) for r in range(trainers)]
@@ -110,7 +114,7 @@ def session(tmp_path: Path, trainers: int, rollouts: int, options: dict) -> list
     actors, rolls = procs[:trainers], procs[trainers:]
     results = []
     try:
-        for step in range(STEPS + 1):
+        for step in range(steps + 1):
             for p in procs:
                 p.send(op="prepare")
             meta = [a["metadata"] for a in all_answer(procs, 300)]
@@ -121,7 +125,7 @@ def session(tmp_path: Path, trainers: int, rollouts: int, options: dict) -> list
                 p.send(op="init", kwargs={k: v[i] for k, v in kw_r.items()})
             all_answer(procs, 300)
             for p in procs:
-                p.send(op="sync", step=step)
+                p.send(op="sync", step=step, drop=step == drop)
             answers = all_answer(procs, 300)
             for p in procs:
                 p.send(op="finalize")
@@ -166,3 +170,8 @@ def test_seed_and_ten_deltas_bit_exact_through_verls_consumer(tmp_path: Path, tr
     assert by_step[6]["nans"] == 0
     changed = [r["metrics"]["deltacast/changed_ratio_rank0"] for r in results[1:]]
     assert 0 < min(c for c in changed if c > 0) and max(changed) < 1, changed
+
+
+def test_the_check_sees_a_consumer_that_applied_nothing(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="step 2, rollout0"):
+        session(tmp_path, 2, 1, {"timeout_s": 120.0}, steps=2, drop=2)

@@ -183,7 +183,7 @@ class _Trainer:
         if self.sender is not None and self.sender.version > 0:
             for i in self.fresh:
                 self.server.send_to(i, self._control(syncs=2, greet=True))
-                for f in self.sender.resend_seed(self._arrays()).frames:
+                for f in self.sender.resend_seed().frames:
                     self.server.send_to(i, f)
                 self.greeted.add(i)
         self.seen: list[Part] = []
@@ -281,7 +281,7 @@ class _Trainer:
         result = self.sender.sync(self._arrays())
         for f in result.frames:
             self.server.broadcast(f)
-        acks = self.server.collect_acks(self.opts.timeout_s)
+        acks = self.server.collect_acks()
         bad = [
             a
             for a in acks
