@@ -176,6 +176,7 @@ fn run_diff_batch_at(
             width: c.width,
             first_index: c.first_index,
             digest: Some((digests.ptr() + 8 * i as u64, c.slot)),
+            f32_source: None,
         })
         .collect();
     let out = DiffOutput {
@@ -604,6 +605,7 @@ fn digest_matches_the_core() {
             width,
             first_index,
             slot: t as u32 * 7,
+            f32_source: None,
         });
         keep.push(buf);
         bufs.push(data);
@@ -647,6 +649,7 @@ fn digest_refresh_digests_counts_and_refreshes() {
             width,
             first_index,
             slot: t as u32 * 3,
+            f32_source: None,
         });
         snaps.push(snap.ptr());
         expect.push((
