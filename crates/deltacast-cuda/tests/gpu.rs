@@ -21,7 +21,7 @@ use kernel_cases::*;
 /// for that suite in cargo's output, as ignored.
 #[cfg(not(feature = "cuda"))]
 #[test]
-#[ignore = "tests/gpu_sync.rs, gpu_sharded.rs, gpu_frames.rs and ipc_auth.rs (the GPU sync over NCCL, CUDA IPC and frames; sharded trainers; the IPC link's stranger process) need the cuda feature and a GPU (their NCCL tests: 2)"]
+#[ignore = "tests/gpu_sync.rs, gpu_sharded.rs, gpu_frames.rs, gpu_convert.rs and ipc_auth.rs (the GPU sync over NCCL, CUDA IPC and frames; sharded trainers; fp32 sources for bf16 slots; the IPC link's stranger process) need the cuda feature and a GPU (their NCCL tests: 2)"]
 fn gpu_sync_suite_needs_the_cuda_feature() {
     panic!("these suites are built only with --features cuda (scripts/gpu-tests.sh)");
 }

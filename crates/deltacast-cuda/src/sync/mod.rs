@@ -457,4 +457,36 @@ mod dtype_tests {
             .to_string();
         assert!(err.contains("tensor `step` is I64"), "{err}");
     }
+
+    #[test]
+    fn senders_convert_fp32_into_bf16_only_and_receivers_never() {
+        let t = |dtype, source| GpuTensor::new("w", dtype, vec![3], 64).with_source(source);
+        assert!(check_tensors(&[t(DType::BF16, DType::F32)], true).is_ok());
+        assert!(t(DType::BF16, DType::F32).converts());
+        assert!(!t(DType::F32, DType::F32).converts());
+        for d in DType::ALL.into_iter().filter(|d| d.ulp_codable()) {
+            assert!(check_tensors(&[t(d, d)], false).is_ok(), "{d}");
+            for s in DType::ALL {
+                let ok = s == d || (s, d) == CONVERTIBLE;
+                assert_eq!(check_tensors(&[t(d, s)], true).is_ok(), ok, "{s} into {d}");
+                if s != d {
+                    let e = check_tensors(&[t(d, s)], false).unwrap_err();
+                    assert!(
+                        matches!(
+                            &e,
+                            CudaError::Sync(deltacast::Error::UnsupportedConversion { from, to, .. })
+                                if *from == s && *to == d
+                        ),
+                        "a receiver's {s} tensor for a {d} slot: {e:?}"
+                    );
+                }
+            }
+        }
+        // The source's width sets the alignment: 2-aligned is not enough for fp32.
+        let odd = GpuTensor::new("w", DType::BF16, vec![3], 66).with_source(DType::F32);
+        assert!(matches!(
+            check_tensors(&[odd], true),
+            Err(CudaError::InvalidArgument(_))
+        ));
+    }
 }
