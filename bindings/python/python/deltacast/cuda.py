@@ -204,7 +204,7 @@ class GpuSender(_Sender):
     bfloat16 to ±Inf); every NaN becomes ``bf16_nan`` (default ``0xFFFF``, what torch's
     contiguous CPU ``.to(torch.bfloat16)`` gives, as the CPU ``Sender``; torch's scalar path
     gives ``0x7FC0``). Lent ``snapshots`` are then bfloat16; not with ``snapshot="pinned"``.
-    Any other pair of dtypes raises ``UnsupportedConversionError``.
+    Any other pair of dtypes raises ``UnsupportedDTypeError`` (its ``slot`` names the tensor).
 
     After every ``seed()`` / ``sync()``, refused ones included, the snapshot holds exactly the
     tensors' bits at the time of the call (rounded, for converted tensors), so code that lends
