@@ -121,7 +121,8 @@ impl Gpu {
     }
 
     /// [`Gpu::digest`] of each input that also copies the input over `snapshots[i]` where
-    /// their bits differ, and counts those elements: returns (digests, changed counts).
+    /// their bits differ, and counts those elements: returns (digests, changed counts). An
+    /// fp32 source (`f32_source`) is compared, digested and copied as its bf16 rounding.
     ///
     /// # Safety
     /// As [`Gpu::digest`]; each snapshot valid for its input's bytes, aligned alike, not

@@ -137,8 +137,13 @@ impl GpuSender {
     /// (one per tensor, same size); else they are allocated here, where `config.snapshot`
     /// says (lending snapshots with [`SnapshotPlace::PinnedHost`] is an `InvalidArgument`).
     ///
+    /// Tensors may hold fp32 for bf16 slots ([`GpuTensor::source`]): the kernels round them
+    /// by [`GpuSender::bf16_rule`] as they read them, and whole sends of those slots go from
+    /// the snapshot (device memory then: not with [`SnapshotPlace::PinnedHost`]).
+    ///
     /// # Safety
-    /// Every pointer must be device memory of `gpu`'s device valid for its tensor's bytes.
+    /// Every pointer must be device memory of `gpu`'s device valid for its tensor's bytes (in
+    /// its source dtype).
     pub unsafe fn new(
         gpu: Gpu,
         comm: impl Into<Link>,
