@@ -368,12 +368,7 @@ fn tensors(specs: Vec<(String, u64, String, Vec<u64>)>) -> PyResult<Vec<GpuTenso
         .into_iter()
         .map(|(name, ptr, dtype, shape)| {
             let dtype = deltacast::DType::from_name(&dtype).map_err(|e| invalid(e.to_string()))?;
-            Ok(GpuTensor {
-                name,
-                dtype,
-                shape,
-                ptr,
-            })
+            Ok(GpuTensor::new(name, dtype, shape, ptr))
         })
         .collect()
 }
@@ -440,7 +435,7 @@ pub struct NativeGpuSender {
 #[pymethods]
 impl NativeGpuSender {
     #[new]
-    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=deltacast_cuda::sync::DEFAULT_CAPACITY, timeout_s=300.0, snapshot="device", entropy="auto", stage_bytes=deltacast_cuda::sync::DEFAULT_STAGE_BYTES))]
+    #[pyo3(signature = (comm, tensors, snapshots=None, root=0, chunk_elems=deltacast::flush::DEFAULT_CHUNK_ELEMS, capacity=deltacast_cuda::sync::DEFAULT_CAPACITY, timeout_s=300.0, snapshot="device", entropy="auto", stage_bytes=deltacast_cuda::sync::DEFAULT_STAGE_BYTES, sources=None, bf16_nan=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         comm: AnyComm<'_>,
@@ -453,8 +448,24 @@ impl NativeGpuSender {
         snapshot: &str,
         entropy: &str,
         stage_bytes: u64,
+        sources: Option<Vec<String>>,
+        bf16_nan: Option<u16>,
     ) -> PyResult<Self> {
-        let tensors = self::tensors(tensors)?;
+        // `tensors` name each slot's (wire) dtype; `sources`, when given, the dtype of the
+        // elements at each pointer (F32 for a BF16 slot converts on the fly).
+        let mut tensors = self::tensors(tensors)?;
+        if let Some(sources) = sources {
+            if sources.len() != tensors.len() {
+                return Err(invalid(format!(
+                    "{} source dtypes for {} tensors",
+                    sources.len(),
+                    tensors.len()
+                )));
+            }
+            for (t, s) in tensors.iter_mut().zip(sources) {
+                t.source = deltacast::DType::from_name(&s).map_err(|e| invalid(e.to_string()))?;
+            }
+        }
         let snapshot = snapshot_place(snapshot)?;
         let entropy = entropy_mode(entropy)?;
         let config = GpuSenderConfig {
@@ -469,7 +480,10 @@ impl NativeGpuSender {
         let (gpu, link) = comm.take()?;
         // SAFETY: the Python wrapper passes live CUDA tensors of this device (checked there:
         // device, contiguity, dtype) and keeps references to them for the sender's life.
-        let inner = unsafe { GpuSender::new(gpu, link, tensors, snapshots, config) }.py()?;
+        let mut inner = unsafe { GpuSender::new(gpu, link, tensors, snapshots, config) }.py()?;
+        if let Some(nan) = bf16_nan {
+            inner.set_bf16_rule(deltacast::Bf16Rule { nan });
+        }
         Ok(NativeGpuSender { inner })
     }
 
@@ -508,6 +522,12 @@ impl NativeGpuSender {
     #[getter]
     fn host_bytes(&self) -> u64 {
         self.inner.host_bytes()
+    }
+
+    /// The bf16 bits every fp32 NaN of a converting source becomes.
+    #[getter]
+    fn bf16_nan(&self) -> u16 {
+        self.inner.bf16_rule().nan
     }
 }
 

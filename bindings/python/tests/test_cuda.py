@@ -547,3 +547,121 @@ def test_fsdp2_sharded_trainer_synced_to_a_receiver_is_bit_identical():
     for name in truth:
         assert (truth[name] == truth1[name]).all(), name
         assert (truth[name] == state[name]).all(), name
+
+
+# fp32 tensors synced as bf16 slots (GpuSender(wire_dtypes=...)): every fp32 bit pattern, in
+# _PATTERN_TENSORS tensors of 2^28 elements, rounded by the sender's kernels as they read it.
+_PATTERN_TENSORS = 16
+_PATTERN_BITS = 28
+# Per step after the seed: the stride of the elements the trainer scales by 1 + 2^-10 (a
+# delta within the 1 % capacity, then a third of everything: refreshed and sent whole).
+_F32_STEPS = (1009, 3)
+
+
+def _f32_patterns(torch, i, device):
+    """Tensor ``i`` of the patterns: fp32 whose bits are i * 2^28 .. (i + 1) * 2^28 - 1."""
+    x = torch.arange(i << _PATTERN_BITS, (i + 1) << _PATTERN_BITS, dtype=torch.int64,
+                     device=device)
+    x = torch.where(x >= 1 << 31, x - (1 << 32), x).to(torch.int32)
+    return x.view(torch.float32)
+
+
+def _f32_step(t, k):
+    """Step ``k``'s update of a pattern tensor, the same bits in both processes."""
+    t[k::_F32_STEPS[k]] *= 1.0009765625
+
+
+def _f32_trainer(link, queue, device=0):
+    import torch
+
+    torch.cuda.set_device(device)
+    tensors = [(f"p{i}", _f32_patterns(torch, i, f"cuda:{device}"))
+               for i in range(_PATTERN_TENSORS)]
+    sender = dcc.GpuSender(_comm(link, 0, device), tensors, wire_dtypes=torch.bfloat16,
+                           capacity=0.01, entropy="off")
+    reports = [sender.seed()]
+    for k in range(len(_F32_STEPS)):
+        for _, t in tensors:
+            _f32_step(t, k)
+        reports.append(sender.sync())
+    sender.close()
+    queue.put(("trainer", [(r["kind"], r["dense_stages"]) for r in reports], sender.bf16_nan))
+
+
+def _f32_receiver(link, queue, device):
+    """Receives the seed and the steps into bf16 tensors; after each, compares every element
+    with torch CUDA's own ``.to(torch.bfloat16)`` of the trainer's fp32 (rebuilt here): the
+    non-NaN bits must be equal; the NaN bits are reported, torch's and the sync's."""
+    import torch
+
+    torch.cuda.set_device(device)
+    dev = f"cuda:{device}"
+    held = [(f"p{i}", torch.zeros(1 << _PATTERN_BITS, dtype=torch.bfloat16, device=dev))
+            for i in range(_PATTERN_TENSORS)]
+    receiver = dcc.GpuReceiver(_comm(link, 1, device), held)
+    results = []
+    for k in range(len(_F32_STEPS) + 1):
+        r = receiver.receive()
+        mismatches, first, torch_nan, sync_nan = 0, None, set(), set()
+        for i, (_, h) in enumerate(held):
+            src = _f32_patterns(torch, i, dev)
+            for j in range(k):
+                _f32_step(src, j)
+            ref = src.to(torch.bfloat16).view(torch.int16)
+            nan = (src.view(torch.int32) & 0x7FFFFFFF) > 0x7F800000
+            got = h.view(torch.int16)
+            bad = (got != ref) & ~nan
+            n_bad = int(bad.sum())
+            if n_bad and first is None:
+                at = int(bad.nonzero()[0])
+                first = (hex(int(src.view(torch.int32)[at]) & 0xFFFFFFFF),
+                         hex(int(got[at]) & 0xFFFF), hex(int(ref[at]) & 0xFFFF))
+            mismatches += n_bad
+            torch_nan |= {v & 0xFFFF for v in torch.unique(ref[nan]).tolist()}
+            sync_nan |= {v & 0xFFFF for v in torch.unique(got[nan]).tolist()}
+            del src, ref, nan, bad
+        results.append((r["kind"], mismatches, first, sorted(torch_nan), sorted(sync_nan)))
+    assert receiver.receive() is None
+    queue.put(("receiver", results))
+
+
+def test_every_f32_pattern_synced_as_bf16_matches_torch_cuda():
+    """A GpuSender over fp32 tensors holding all 2^32 patterns, synced as bf16 (seed, a delta,
+    a step sent whole), against torch CUDA's ``.to(torch.bfloat16)``: equal bits for every
+    non-NaN; every NaN arrives as the sender's ``bf16_nan``, and torch CUDA's NaN bits are
+    reported (a warning) so that the rule can be chosen to match them."""
+    import warnings
+
+    torch = _one_gpu()
+    import torch.multiprocessing as mp
+
+    devices = (0, 1) if torch.cuda.device_count() > 1 else (0, 0)
+    ctx = mp.get_context("spawn")
+    link = ("ipc", f"127.0.0.1:{_free_port()}", 4, 64 << 20, dcc.IpcComm.generate_secret())
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_f32_trainer, args=(link, queue, devices[0])),
+        ctx.Process(target=_f32_receiver, args=(link, queue, devices[1])),
+    ]
+    got = _run_all(procs, queue)
+    _, kinds, nan_rule = got["trainer"]
+    results = got["receiver"][1]
+    assert [k for k, _ in kinds] == ["seed", "delta", "dense"], kinds
+    for k, (kind, mismatches, first, torch_nan, sync_nan) in enumerate(results):
+        assert kind == kinds[k][0], (k, kind, kinds)
+        assert mismatches == 0, f"step {k}: {mismatches} non-NaN differ; first {first}"
+        assert sync_nan == [nan_rule], f"step {k}: NaNs arrived as {sync_nan}"
+        warnings.warn(f"step {k}: torch CUDA turns fp32 NaN into bf16 "
+                      f"{[hex(v) for v in torch_nan]}; the sync's rule gives {hex(nan_rule)}")
+
+
+def test_wire_dtypes_and_bf16_nan_are_checked_before_anything_runs():
+    with pytest.raises(dc.InvalidArgumentError, match="bf16_nan"):
+        dcc.GpuSender(None, [], bf16_nan=1 << 16)
+    with pytest.raises(dc.InvalidArgumentError, match="bf16_nan"):
+        dcc.GpuSender(None, [], bf16_nan=True)
+    assert dcc._wire_dtype(None, "w", "F32") == "F32"
+    assert dcc._wire_dtype("BF16", "w", "F32") == "BF16"
+    assert dcc._wire_dtype("BF16", "w", "F16") == "F16", "only float32 tensors convert"
+    assert dcc._wire_dtype({"w": "BF16"}, "w", "F32") == "BF16"
+    assert dcc._wire_dtype({"w": "BF16"}, "v", "F32") == "F32"

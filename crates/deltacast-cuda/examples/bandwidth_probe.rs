@@ -179,6 +179,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     width: 2,
                     first_index: 0,
                     digest: None,
+                    f32_source: None,
                 }];
                 let o = DiffOutput {
                     positions: pos.ptr(),

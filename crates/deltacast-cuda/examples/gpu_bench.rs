@@ -66,6 +66,7 @@ fn bf16_pieces(
                 width: 2,
                 first_index: first as u64,
                 digest: digest.map(|d| (d, 0)),
+                f32_source: None,
             }
         })
         .collect()
@@ -490,6 +491,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     width: 2,
                     first_index: 0,
                     slot: 0,
+                    f32_source: None,
                 }])
             }?[0];
             Ok(())

@@ -45,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         width: 2,
         first_index: 0,
         digest: None,
+        f32_source: None,
     }];
     let out = DiffOutput {
         positions: positions.ptr(),
@@ -91,6 +92,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     width: 2,
                     first_index: 0,
                     slot: 0,
+                    f32_source: None,
                 }];
                 // SAFETY: inside `small`.
                 unsafe { encoder.digest(&d)? };

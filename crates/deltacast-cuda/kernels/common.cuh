@@ -52,6 +52,28 @@ __device__ __forceinline__ u32 dc_load_bits(const u8* p, u64 e, u32 w) {
     return *(const u32*)(p + 4 * e);
 }
 
+// fp32 bits to bf16 bits exactly as deltacast::Bf16Rule::convert (crates/deltacast/src/
+// convert.rs): round to nearest even on the bit pattern (add 0x7fff plus the lowest kept bit,
+// keep the high half; no float arithmetic, so no flush of subnormals and no FPU mode), values
+// past the largest bf16 become ±Inf, and every NaN becomes `nan`.
+__device__ __forceinline__ u32 dc_bf16_of_f32(u32 bits, u32 nan) {
+    // The add wraps only for NaNs, whose rounding is discarded.
+    const u32 rounded = (bits + ((bits >> 16) & 1u) + 0x7fffu) >> 16;
+    return (bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+}
+
+// A source's conversion word, as the tables carry it: 0 when the source holds the elements as
+// they are; DC_FROM_F32 | nan when it holds fp32 that the kernel rounds to bf16 as it reads
+// (dc_bf16_of_f32 with that `nan`), the element width then being bf16's 2.
+#define DC_FROM_F32 0x10000u
+
+// Element `e` of a source: dc_load_bits, or (conversion word set) fp32 element `e` rounded to
+// bf16. The one load of every kernel that reads a sender's tensors element by element.
+__device__ __forceinline__ u32 dc_load_source(const u8* p, u64 e, u32 w, u32 convert) {
+    if (convert) return dc_bf16_of_f32(*(const u32*)(p + 4 * e), convert & 0xffffu);
+    return dc_load_bits(p, e, w);
+}
+
 __device__ __forceinline__ void dc_store_bits(u8* p, u64 e, u32 w, u32 bits) {
     if (w == 1) p[e] = (u8)bits;
     else if (w == 2) *(u16*)(p + 2 * e) = (u16)bits;
@@ -101,6 +123,16 @@ __device__ __forceinline__ u32 dc_change_mask(uint4 a, uint4 b, u32 w) {
             for (u32 b = 0; b < 4; ++b) m |= (((x[k] >> (8 * b)) & 0xffu) != 0) << (4 * k + b);
     }
     return m;
+}
+
+// Eight fp32 elements (`lo` then `hi`, 32 bytes) rounded to the eight bf16 of one 16-byte
+// vector, in order (dc_bf16_of_f32 each): how the diff reads an fp32 source for a bf16 slot.
+__device__ __forceinline__ uint4 dc_bf16x8_of_f32(uint4 lo, uint4 hi, u32 nan) {
+    const u32 f[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    u32 h[4];
+    for (u32 k = 0; k < 4; ++k)
+        h[k] = dc_bf16_of_f32(f[2 * k], nan) | dc_bf16_of_f32(f[2 * k + 1], nan) << 16;
+    return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
 __device__ __forceinline__ u32 dc_word(uint4 v, u32 k) {

@@ -82,14 +82,16 @@
 
 struct DiffTensor {
     u64 snap;         // device pointer, refreshed in place
-    u64 cur;          // device pointer
-    u64 nbytes;       // bytes of the tensor (whole elements)
+    u64 cur;          // device pointer (fp32, twice the snapshot's bytes, when `convert`)
+    u64 nbytes;       // bytes of the snapshot (whole elements)
     u64 first_index;  // slot index of element 0
     u64 tile_begin;   // first global tile
     u64 digest_out;   // 0, or device pointer to a u64 that receives Σ h(new) − h(old)
     u64 salt;         // digest salt of the slot
     u32 width;        // 1, 2 or 4
     u32 aligned16;    // both pointers 16-byte aligned: vector loads
+    u32 convert;      // 0, or DC_FROM_F32 | nan: `cur` is fp32 rounded to bf16 as it is read
+    u32 pad;
 };
 
 // Changes a slot holds at width w: u16 position + new + old bits each; a multiple of 8, so
@@ -110,17 +112,34 @@ __device__ __forceinline__ uint4 dc_load16(const u8* base, u64 off, u64 nbytes, 
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Asks the L2 for the 128-byte lines of tile `t` of this launch (snapshot and current), one
-// or more lines per thread; nothing past the tile's tensor.
+// The current bits' 16 bytes at snapshot offset `off` (zero past the end), as dc_load16; for
+// a converting tensor the 32 bytes of fp32 at 2 * off, rounded to eight bf16 (zeros past the
+// end round to zeros, so the tail compares equal as it does unconverted). Every read of a
+// diff's current bits goes through here.
+template <bool CACHE>
+__device__ __forceinline__ uint4 dc_load_cur16(const DiffTensor& T, u64 off, bool vec) {
+    if (!T.convert) return dc_load16<CACHE>((const u8*)T.cur, off, T.nbytes, vec);
+    const uint4 lo = dc_load16<CACHE>((const u8*)T.cur, 2 * off, 2 * T.nbytes, vec);
+    const uint4 hi = dc_load16<CACHE>((const u8*)T.cur, 2 * off + 16, 2 * T.nbytes, vec);
+    return dc_bf16x8_of_f32(lo, hi, T.convert & 0xffffu);
+}
+
+// Asks the L2 for the 128-byte lines of tile `t` of this launch (current, then snapshot), one
+// or more lines per thread; nothing past the tile's tensor. A converting tensor's current
+// spans twice the lines.
 __device__ __forceinline__ void dc_diff_prefetch(const DiffTensor* __restrict__ tensors,
                                                  const u32* __restrict__ tile_tensor, u64 t) {
     if (t >= gridDim.x) return;
     const DiffTensor P = tensors[tile_tensor[t]];
     const u64 byte0 = (t - P.tile_begin) * DIFF_TILE_BYTES;
-    for (u32 l = threadIdx.x; l < 2 * DIFF_TILE_BYTES / 128; l += DIFF_THREADS) {
-        const u64 off = byte0 + (u64)(l >> 1) * 128;
-        if (off < P.nbytes) {
-            const u8* p = (const u8*)((l & 1) ? P.snap : P.cur) + off;
+    const u32 scale = P.convert ? 2 : 1;
+    const u32 cur_lines = scale * DIFF_TILE_BYTES / 128;
+    for (u32 l = threadIdx.x; l < cur_lines + DIFF_TILE_BYTES / 128; l += DIFF_THREADS) {
+        const bool cur = l < cur_lines;
+        const u64 off = cur ? scale * byte0 + (u64)l * 128
+                            : byte0 + (u64)(l - cur_lines) * 128;
+        if (off < (cur ? scale * P.nbytes : P.nbytes)) {
+            const u8* p = (const u8*)(cur ? P.cur : P.snap) + off;
             asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
         }
     }
@@ -243,7 +262,7 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
 #pragma unroll
         for (u32 i = 0; i < DIFF_ITEMS; ++i) {
             const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-            cv[i] = dc_load16<RELOAD>((const u8*)T.cur, off, T.nbytes, vec);
+            cv[i] = dc_load_cur16<RELOAD>(T, off, vec);
             sv[i] = dc_load16<RELOAD>((const u8*)T.snap, off, T.nbytes, vec);
         }
         // After this tile's loads are issued, so that they do not wait behind its lookups.
@@ -327,7 +346,7 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
         const u32 at = (stash_at >> (8 * i)) & 0xffu;
         const uint4 cvi = STASH    ? stash_cur[at]
-                          : RELOAD ? dc_load16<true>((const u8*)T.cur, off, T.nbytes, vec)
+                          : RELOAD ? dc_load_cur16<true>(T, off, vec)
                                    : cv[i];
         const uint4 svi = STASH    ? stash_snap[at]
                           : RELOAD ? dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec)
@@ -532,7 +551,7 @@ __device__ u64 dc_diff_tile_warp(const DiffTensor& T, u64 byte0, u64 first, u64*
     u64 g = first;
     for (u32 r = 0; r < DIFF_TILE_VECS / 32; ++r) {
         const u64 off = byte0 + ((u64)r * 32 + lane) * 16;
-        const uint4 c = dc_load16<false>((const u8*)T.cur, off, T.nbytes, vec);
+        const uint4 c = dc_load_cur16<false>(T, off, vec);
         const uint4 s = dc_load16<false>((const u8*)T.snap, off, T.nbytes, vec);
         u32 m = dc_change_mask(c, s, w);
         const u32 mine = __popc(m);

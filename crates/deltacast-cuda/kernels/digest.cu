@@ -16,14 +16,14 @@
 #define DIGEST_BLOCK_ELEMS (DIGEST_THREADS * DIGEST_PER_THREAD)
 
 struct DigestTensor {
-    u64 ptr;          // device pointer to the elements
+    u64 ptr;          // device pointer to the elements (fp32 when `convert`)
     u64 numel;
     u64 first_index;  // slot index of element 0
     u64 salt;
     u64 block_begin;  // first global block of this tensor
     u64 out;          // device pointer to the u64 that receives the sum
-    u32 width;
-    u32 pad;
+    u32 width;        // of the digested (and refreshed) bits: 2 when `convert`
+    u32 convert;      // 0, or DC_FROM_F32 | nan: digest the fp32 elements rounded to bf16
 };
 
 // dc_digest_refresh's tensor: a DigestTensor plus its snapshot and its changed count.
@@ -73,7 +73,9 @@ dc_digest(const DigestTensor* __restrict__ tensors, u32 num_tensors, u64 num_blo
 #pragma unroll 8
         for (u32 i = 0; i < DIGEST_PER_THREAD; ++i) {
             const u64 e = e0 + (u64)i * DIGEST_THREADS + threadIdx.x;
-            if (e < t.numel) sum += dc_element_hash(t.salt, t.first_index + e, dc_load_bits(p, e, t.width));
+            if (e < t.numel)
+                sum += dc_element_hash(t.salt, t.first_index + e,
+                                       dc_load_source(p, e, t.width, t.convert));
         }
         const u64 total = dc_block_sum(sum, s_sum);
         if (threadIdx.x == 0) atomicAdd((u64*)t.out, total);
@@ -133,7 +135,7 @@ dc_digest_refresh(const RefreshTensor* __restrict__ tensors, u32 num_tensors, u6
         for (u32 i = 0; i < DIGEST_PER_THREAD; ++i) {
             const u64 e = e0 + (u64)i * DIGEST_THREADS + threadIdx.x;
             if (e < t.numel) {
-                const u32 bits = dc_load_bits(p, e, t.width);
+                const u32 bits = dc_load_source(p, e, t.width, t.convert);
                 sum += dc_element_hash(t.salt, t.first_index + e, bits);
                 if (dc_load_bits(snap, e, t.width) != bits) {
                     ++changed;

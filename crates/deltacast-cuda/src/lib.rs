@@ -77,6 +77,15 @@ pub use stub::{
 /// A device address (`CUdeviceptr`).
 pub type DevicePtr = u64;
 
+pub use deltacast::Bf16Rule;
+
+/// The kernels' conversion word of a source (kernels/common.cuh, `DC_FROM_F32`): 0 for bits
+/// read as they are, `0x10000 | nan` for fp32 rounded to bf16.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn convert_word(rule: Option<Bf16Rule>) -> u32 {
+    rule.map_or(0, |r| 0x1_0000 | r.nan as u32)
+}
+
 /// Whether this build carries the GPU path (the `cuda` feature).
 pub const fn is_built() -> bool {
     cfg!(feature = "cuda")
@@ -248,6 +257,10 @@ pub struct DiffInput {
     /// When set, `Σ h(new) − h(old)` of this tensor's changes is added (wrapping) to the u64
     /// at `.0`, with the slot id `.1` choosing the salt: the O(changed) digest update, fused.
     pub digest: Option<(DevicePtr, u32)>,
+    /// When set, `current` holds `numel` fp32 elements (twice the snapshot's bytes, aligned to
+    /// 4) that the diff rounds to the bf16 of this width-2 tensor as it reads them, by this
+    /// rule: fp32 master weights diff against a bf16 snapshot with no converted copy.
+    pub f32_source: Option<Bf16Rule>,
 }
 
 /// Where a batched diff writes its changes. Change `g` (in order: tensor after tensor, element
@@ -489,6 +502,9 @@ pub struct DigestInput {
     /// Slot index of element 0.
     pub first_index: u64,
     pub slot: u32,
+    /// When set, `ptr` holds fp32 elements, digested (and, by [`Gpu::digest_refresh`], copied
+    /// into the snapshot) as the bf16 this rule rounds them to; `width` is then 2.
+    pub f32_source: Option<Bf16Rule>,
 }
 
 /// One run of changes laid out as [`Gpu::diff_batch`] writes them ([`Gpu::digest_update`]).

@@ -21,7 +21,7 @@ use kernel_cases::*;
 /// for that suite in cargo's output, as ignored.
 #[cfg(not(feature = "cuda"))]
 #[test]
-#[ignore = "tests/gpu_sync.rs, gpu_sharded.rs, gpu_frames.rs and ipc_auth.rs (the GPU sync over NCCL, CUDA IPC and frames; sharded trainers; the IPC link's stranger process) need the cuda feature and a GPU (their NCCL tests: 2)"]
+#[ignore = "tests/gpu_sync.rs, gpu_sharded.rs, gpu_frames.rs, gpu_convert.rs and ipc_auth.rs (the GPU sync over NCCL, CUDA IPC and frames; sharded trainers; fp32 sources for bf16 slots; the IPC link's stranger process) need the cuda feature and a GPU (their NCCL tests: 2)"]
 fn gpu_sync_suite_needs_the_cuda_feature() {
     panic!("these suites are built only with --features cuda (scripts/gpu-tests.sh)");
 }
@@ -176,6 +176,7 @@ fn run_diff_batch_at(
             width: c.width,
             first_index: c.first_index,
             digest: Some((digests.ptr() + 8 * i as u64, c.slot)),
+            f32_source: None,
         })
         .collect();
     let out = DiffOutput {
@@ -604,6 +605,7 @@ fn digest_matches_the_core() {
             width,
             first_index,
             slot: t as u32 * 7,
+            f32_source: None,
         });
         keep.push(buf);
         bufs.push(data);
@@ -647,6 +649,7 @@ fn digest_refresh_digests_counts_and_refreshes() {
             width,
             first_index,
             slot: t as u32 * 3,
+            f32_source: None,
         });
         snaps.push(snap.ptr());
         expect.push((

@@ -105,6 +105,7 @@ fn tensors(bufs: &[DeviceBuffer]) -> Vec<GpuTensor> {
             dtype: *d,
             shape: s.to_vec(),
             ptr: b.ptr(),
+            source: *d,
         })
         .collect()
 }

@@ -123,6 +123,7 @@ fn pinned_host_snapshot_refuses_lent_snapshots() {
         dtype: DType::BF16,
         shape: vec![8],
         ptr: buf.ptr(),
+        source: DType::BF16,
     }];
     let config = GpuSenderConfig {
         snapshot: SnapshotPlace::PinnedHost,

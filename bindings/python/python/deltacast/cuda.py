@@ -36,7 +36,7 @@ TCP links): rank 0 makes one and hands it to the others the way it hands out the
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._native import IpcComm, NcclComm
@@ -197,9 +197,18 @@ class GpuSender(_Sender):
     diffs the next, and a stage that fails undoes the ones before it. Reports say
     ``"stages"`` and ``"dense_stages"`` (stages sent whole).
 
+    ``wire_dtypes``: float32 tensors to sync as bfloat16 slots, rounded on the fly as the
+    diff reads them (no converted copy): ``torch.bfloat16`` (or ``"BF16"``) for every float32
+    tensor, or a dict of tensor name to dtype for some. Receivers hold bfloat16 for those
+    slots. The rounding is torch's round-to-nearest-even (subnormals kept, past the largest
+    bfloat16 to ±Inf); every NaN becomes ``bf16_nan`` (default ``0xFFFF``, what torch's
+    contiguous CPU ``.to(torch.bfloat16)`` gives, as the CPU ``Sender``; torch's scalar path
+    gives ``0x7FC0``). Lent ``snapshots`` are then bfloat16; not with ``snapshot="pinned"``.
+    Any other pair of dtypes raises ``UnsupportedDTypeError`` (its ``slot`` names the tensor).
+
     After every ``seed()`` / ``sync()``, refused ones included, the snapshot holds exactly the
-    tensors' bits at the time of the call (so code that lends ``snapshots`` can read the
-    previous version from them before the next sync).
+    tensors' bits at the time of the call (rounded, for converted tensors), so code that lends
+    ``snapshots`` can read the previous version from them before the next sync.
     """
 
     def __init__(
@@ -215,8 +224,15 @@ class GpuSender(_Sender):
         snapshot: str = "device",
         entropy: Union[bool, str] = "auto",
         stage_bytes: int = _native.DEFAULT_STAGE_BYTES,
+        wire_dtypes: Union[None, Any, Mapping[str, Any]] = None,
+        bf16_nan: Optional[int] = None,
     ):
         entropy = _check_options(entropy, snapshot, stage_bytes)
+        if bf16_nan is not None and (
+            isinstance(bf16_nan, bool) or not isinstance(bf16_nan, int)
+            or not 0 <= bf16_nan <= 0xFFFF
+        ):
+            raise _errors().InvalidArgumentError(f"bf16_nan={bf16_nan!r}: bf16 bits, 0..=0xFFFF")
         if snapshot == "pinned" and snapshots is not None:
             raise _errors().InvalidArgumentError(
                 'snapshot="pinned" allocates the snapshot in host memory: lend no snapshots'
@@ -224,6 +240,9 @@ class GpuSender(_Sender):
         self.device = comm.device if device is None else int(device)
         named = [(n, getattr(t, "data", t)) for n, t in named_tensors]
         specs, self._tensors = _specs(named, self.device)
+        # Each slot's dtype on the wire; the specs keep the tensors' own as their sources.
+        sources = [d for _, _, d, _ in specs]
+        specs = [(n, p, _wire_dtype(wire_dtypes, n, d), s) for n, p, d, s in specs]
         snap_ptrs = None
         self._snapshots = None
         if snapshots is not None:
@@ -238,12 +257,12 @@ class GpuSender(_Sender):
             for (n, _, d, shape), (_, _, sd, sshape) in zip(specs, snap_specs):
                 if (d, shape) != (sd, sshape):
                     raise _errors().InvalidArgumentError(
-                        f"snapshot of {n!r} is {sd}{sshape}, the tensor {d}{shape}"
+                        f"snapshot of {n!r} is {sd}{sshape}, the slot {d}{shape}"
                     )
             snap_ptrs = [p for _, p, _, _ in snap_specs]
         self._native = _native.NativeGpuSender(
             comm, specs, snap_ptrs, root, chunk_elems, capacity, timeout_s, snapshot,
-            entropy, int(stage_bytes),
+            entropy, int(stage_bytes), sources, bf16_nan,
         )
 
     @property
@@ -256,6 +275,31 @@ class GpuSender(_Sender):
     def host_bytes(self) -> int:
         """Pinned host bytes held: the snapshot with ``snapshot="pinned"``, else 0."""
         return self._native.host_bytes
+
+    @property
+    def bf16_nan(self) -> int:
+        """The bf16 bits every NaN of a float32 tensor synced as bfloat16 becomes."""
+        return self._native.bf16_nan
+
+
+def _dtype_name(dtype: Any) -> str:
+    """A torch dtype (or a deltacast dtype name) as the native side names it."""
+    if isinstance(dtype, str):
+        return dtype
+    name = _DTYPES.get(str(dtype))
+    if name is None:
+        raise _errors().UnsupportedDTypeError(f"dtype {dtype} cannot be synced")
+    return name
+
+
+def _wire_dtype(wire_dtypes: Any, name: str, own: str) -> str:
+    """The slot dtype of tensor ``name`` (own dtype ``own``) under ``wire_dtypes``: a mapping
+    by name, one dtype for every float32 tensor, or None (every tensor as it is)."""
+    if wire_dtypes is None:
+        return own
+    if isinstance(wire_dtypes, Mapping):
+        return _dtype_name(wire_dtypes[name]) if name in wire_dtypes else own
+    return _dtype_name(wire_dtypes) if own == "F32" else own
 
 
 def dim0_shard(rows: int, rank: int, world: int) -> Tuple[int, int]:

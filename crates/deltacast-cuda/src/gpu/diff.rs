@@ -12,7 +12,7 @@ use super::context::Gpu;
 use super::context::{Args, MAX_GRID, THREADS};
 use super::driver::{drv, guarded};
 use crate::error::{CudaError, Result};
-use crate::{DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult};
+use crate::{convert_word, DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult};
 
 const DIFF_THREADS: u32 = 256;
 
@@ -32,6 +32,8 @@ struct KDiffTensor {
     salt: u64,
     width: u32,
     aligned16: u32,
+    convert: u32,
+    pad: u32,
 }
 
 impl Args {
@@ -55,8 +57,8 @@ impl Gpu {
     /// copy `current` over the snapshot and recompute the digests.
     ///
     /// # Safety
-    /// Every pointer must be valid for its size (`numel * width` bytes for the tensors;
-    /// `out` as documented on [`DiffOutput`]), snapshots must not overlap anything else, and
+    /// Every pointer must be valid for its size (`numel * width` bytes for the tensors,
+    /// `numel * 4` for an fp32 `current`; `out` as documented on [`DiffOutput`]), snapshots must not overlap anything else, and
     /// the digest words must be valid u64.
     pub unsafe fn diff_batch(&self, inputs: &[DiffInput], out: &DiffOutput) -> Result<DiffResult> {
         // SAFETY: per this function's contract.
@@ -276,9 +278,16 @@ fn diff_table(
                 "tensor {i}: size overflows"
             )));
         }
-        if t.numel > 0 && (t.snapshot % w != 0 || t.current % w != 0) {
+        // An fp32 source: 4-byte elements, rounded into a bf16 snapshot.
+        let src_w = if t.f32_source.is_some() { 4 } else { w };
+        if t.f32_source.is_some() && (w != 2 || t.numel.checked_mul(4).is_none()) {
             return Err(CudaError::InvalidArgument(format!(
-                "tensor {i}: pointers not aligned to the element width {w}"
+                "tensor {i}: an fp32 source converts into a bf16 (width 2) snapshot, not width {w}"
+            )));
+        }
+        if t.numel > 0 && (t.snapshot % w != 0 || t.current % src_w != 0) {
+            return Err(CudaError::InvalidArgument(format!(
+                "tensor {i}: pointers not aligned to the element widths ({w}, source {src_w})"
             )));
         }
     }
@@ -303,6 +312,8 @@ fn diff_table(
             salt,
             width: t.width as u32,
             aligned16: (t.snapshot | t.current).is_multiple_of(16) as u32,
+            convert: convert_word(t.f32_source),
+            pad: 0,
         });
         tiles += nbytes.div_ceil(tile_bytes);
     }

@@ -9,7 +9,7 @@ use super::context::Gpu;
 use super::context::{Args, MAX_GRID, THREADS};
 use super::driver::{drv, guarded};
 use crate::error::{CudaError, Result};
-use crate::{DevicePtr, DigestInput, UpdateInput};
+use crate::{convert_word, DevicePtr, DigestInput, UpdateInput};
 
 /// Elements per digest block (kernels/digest.cu).
 const DIGEST_BLOCK_ELEMS: u64 = 256 * 32;
@@ -25,7 +25,7 @@ struct KDigestTensor {
     block_begin: u64,
     out: u64,
     width: u32,
-    pad: u32,
+    convert: u32,
 }
 
 #[repr(C)]
@@ -54,10 +54,24 @@ fn digest_table(inputs: &[DigestInput], out: DevicePtr) -> Result<(Vec<KDigestTe
     let mut table = Vec::with_capacity(inputs.len());
     let mut blocks = 0u64;
     for (i, t) in inputs.iter().enumerate() {
-        if !matches!(t.width, 1 | 2 | 4) || (t.numel > 0 && t.ptr % t.width as u64 != 0) {
+        // An fp32 source is read 4 bytes an element and digested as bf16.
+        let src_w = if t.f32_source.is_some() {
+            4
+        } else {
+            t.width as u64
+        };
+        if !matches!(t.width, 1 | 2 | 4)
+            || (t.f32_source.is_some() && t.width != 2)
+            || (t.numel > 0 && t.ptr % src_w != 0)
+        {
             return Err(CudaError::InvalidArgument(format!(
-                "input {i}: width {} or alignment",
-                t.width
+                "input {i}: width {}{} or alignment",
+                t.width,
+                if t.f32_source.is_some() {
+                    " (an fp32 source converts to bf16, width 2)"
+                } else {
+                    ""
+                }
             )));
         }
         table.push(KDigestTensor {
@@ -68,7 +82,7 @@ fn digest_table(inputs: &[DigestInput], out: DevicePtr) -> Result<(Vec<KDigestTe
             block_begin: blocks,
             out: out + i as u64 * 8,
             width: t.width as u32,
-            pad: 0,
+            convert: convert_word(t.f32_source),
         });
         blocks += t.numel.div_ceil(DIGEST_BLOCK_ELEMS);
     }
@@ -79,7 +93,8 @@ impl Gpu {
     /// The digest of each input (`Σ h(slot, first_index + k, bits_k)`), all in one launch.
     ///
     /// # Safety
-    /// Every `ptr` must be valid for `numel * width` bytes, aligned to the width.
+    /// Every `ptr` must be valid for `numel * width` bytes (`numel * 4` for an fp32 source),
+    /// aligned to its element width.
     pub unsafe fn digest(&self, inputs: &[DigestInput]) -> Result<Vec<u64>> {
         guarded(|| {
             self.bind()?;
@@ -106,7 +121,8 @@ impl Gpu {
     }
 
     /// [`Gpu::digest`] of each input that also copies the input over `snapshots[i]` where
-    /// their bits differ, and counts those elements: returns (digests, changed counts).
+    /// their bits differ, and counts those elements: returns (digests, changed counts). An
+    /// fp32 source (`f32_source`) is compared, digested and copied as its bf16 rounding.
     ///
     /// # Safety
     /// As [`Gpu::digest`]; each snapshot valid for its input's bytes, aligned alike, not

@@ -26,7 +26,8 @@
 //! its own shards and the leader gathers the ranks' encoded changes before sending them on;
 //! receivers are the same.
 //!
-//! Layout: `sender.rs` is the trainer's side ([`GpuSender`]), `sharded.rs` a sharded trainer
+//! Layout: `sender.rs` is the trainer's side ([`GpuSender`]; its diff thread in
+//! `diff_worker.rs`), `sharded.rs` a sharded trainer
 //! rank's ([`GpuShardedSender`]; its set-up and the ranks' agreements in `sharded_setup.rs`), `chunks.rs` the chunk planning and writing both senders
 //! share, `receiver.rs` each rollout process's ([`GpuReceiver`]); this file holds what all
 //! use.
@@ -34,7 +35,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use deltacast::{DType, SlotInfo, SlotTable};
+use deltacast::{Bf16Rule, DType, SlotInfo, SlotTable};
 
 use crate::error::{CudaError, Result};
 use deltacast::wire::FrameKind;
@@ -43,6 +44,7 @@ use crate::protocol::TableLimits;
 use crate::{DeviceBuffer, DevicePtr, DigestInput, Gpu};
 
 mod chunks;
+mod diff_worker;
 mod receiver;
 mod sender;
 mod settings;
@@ -92,19 +94,52 @@ impl WaitStream {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuTensor {
     pub name: String,
+    /// The slot's dtype: what goes on the wire and what receivers hold.
     pub dtype: DType,
     pub shape: Vec<u64>,
-    /// Device address of its first element (contiguous, aligned to the element width).
+    /// Device address of its first element (contiguous, aligned to the source's width).
     pub ptr: DevicePtr,
+    /// The dtype of the elements at `ptr`: `dtype`, or (on a [`GpuSender`]) F32 for a BF16
+    /// slot, rounded by the sender's [`deltacast::Bf16Rule`] as the kernels read it, so that
+    /// fp32 master weights sync as bf16 with no converted copy. Any other pair is refused
+    /// with the core's [`deltacast::Error::UnsupportedConversion`].
+    pub source: DType,
 }
 
 impl GpuTensor {
+    /// A tensor whose elements are in the slot's dtype.
+    pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<u64>, ptr: DevicePtr) -> Self {
+        GpuTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            ptr,
+            source: dtype,
+        }
+    }
+
+    /// The same slot read from elements of `source` at `ptr` (see [`GpuTensor::source`]).
+    pub fn with_source(self, source: DType) -> Self {
+        GpuTensor { source, ..self }
+    }
+
     pub fn numel(&self) -> u64 {
         self.shape.iter().product()
     }
 
+    /// Bytes of the slot (the snapshot's, the wire's).
     fn nbytes(&self) -> u64 {
         self.numel() * self.dtype.width() as u64
+    }
+
+    /// Whether the kernels round this tensor's fp32 elements into its bf16 slot.
+    fn converts(&self) -> bool {
+        self.source != self.dtype
+    }
+
+    /// The kernels' conversion of this tensor under `rule` (None: read as it is).
+    fn f32_source(&self, rule: Bf16Rule) -> Option<Bf16Rule> {
+        self.converts().then_some(rule)
     }
 }
 
@@ -335,10 +370,20 @@ fn limits(table: &SlotTable) -> TableLimits {
     }
 }
 
-fn check_tensors(tensors: &[GpuTensor]) -> Result<()> {
+/// Checks the tensors' dtypes and alignment; `convert`: whether a source may be fp32 for a
+/// bf16 slot (a sender's) or must be the slot's dtype (a receiver's, which writes its bits).
+fn check_tensors(tensors: &[GpuTensor], convert: bool) -> Result<()> {
     for t in tensors {
         refuse_non_float(&t.name, t.dtype)?;
-        let w = t.dtype.width() as u64;
+        let allowed = t.source == t.dtype || (convert && (t.source, t.dtype) == CONVERTIBLE);
+        if !allowed {
+            return Err(CudaError::Sync(deltacast::Error::UnsupportedConversion {
+                slot: t.name.clone(),
+                from: t.source,
+                to: t.dtype,
+            }));
+        }
+        let w = t.source.width() as u64;
         if t.numel() > 0 && t.ptr % w != 0 {
             return Err(CudaError::InvalidArgument(format!(
                 "tensor `{}` is not aligned to its element width",
@@ -348,6 +393,9 @@ fn check_tensors(tensors: &[GpuTensor]) -> Result<()> {
     }
     Ok(())
 }
+
+/// The one (source, slot) dtype pair a sender converts: fp32 rounded to bf16.
+const CONVERTIBLE: (DType, DType) = (DType::F32, DType::BF16);
 
 /// The GPU sync codes values as ULP steps and counts a tensor's elements as its words, so it
 /// takes the one-word float dtypes only; integer, bool and 8-byte tensors sync on the CPU.
@@ -361,8 +409,8 @@ pub(crate) fn refuse_non_float(name: &str, dtype: DType) -> Result<()> {
     )))
 }
 
-/// The digest inputs of the tensors of slots `slots`.
-fn digest_inputs(tensors: &[GpuTensor], slots: Range<usize>) -> Vec<DigestInput> {
+/// The digest inputs of the tensors of slots `slots` (fp32 sources rounded by `rule`).
+fn digest_inputs(tensors: &[GpuTensor], slots: Range<usize>, rule: Bf16Rule) -> Vec<DigestInput> {
     slots
         .map(|i| {
             let t = &tensors[i];
@@ -372,6 +420,7 @@ fn digest_inputs(tensors: &[GpuTensor], slots: Range<usize>) -> Vec<DigestInput>
                 width: t.dtype.width(),
                 first_index: 0,
                 slot: i as u32,
+                f32_source: t.f32_source(rule),
             }
         })
         .collect()
@@ -407,5 +456,37 @@ mod dtype_tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("tensor `step` is I64"), "{err}");
+    }
+
+    #[test]
+    fn senders_convert_fp32_into_bf16_only_and_receivers_never() {
+        let t = |dtype, source| GpuTensor::new("w", dtype, vec![3], 64).with_source(source);
+        assert!(check_tensors(&[t(DType::BF16, DType::F32)], true).is_ok());
+        assert!(t(DType::BF16, DType::F32).converts());
+        assert!(!t(DType::F32, DType::F32).converts());
+        for d in DType::ALL.into_iter().filter(|d| d.ulp_codable()) {
+            assert!(check_tensors(&[t(d, d)], false).is_ok(), "{d}");
+            for s in DType::ALL {
+                let ok = s == d || (s, d) == CONVERTIBLE;
+                assert_eq!(check_tensors(&[t(d, s)], true).is_ok(), ok, "{s} into {d}");
+                if s != d {
+                    let e = check_tensors(&[t(d, s)], false).unwrap_err();
+                    assert!(
+                        matches!(
+                            &e,
+                            CudaError::Sync(deltacast::Error::UnsupportedConversion { from, to, .. })
+                                if *from == s && *to == d
+                        ),
+                        "a receiver's {s} tensor for a {d} slot: {e:?}"
+                    );
+                }
+            }
+        }
+        // The source's width sets the alignment: 2-aligned is not enough for fp32.
+        let odd = GpuTensor::new("w", DType::BF16, vec![3], 66).with_source(DType::F32);
+        assert!(matches!(
+            check_tensors(&[odd], true),
+            Err(CudaError::InvalidArgument(_))
+        ));
     }
 }

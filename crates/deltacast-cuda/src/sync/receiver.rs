@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use deltacast::codec::{PosCodec, ValCodec};
 use deltacast::wire::{ChunkEntry, FrameHeader, FrameKind};
-use deltacast::{HeldState, Pending, SlotTable};
+use deltacast::{Bf16Rule, HeldState, Pending, SlotTable};
 
 use super::{
     check_tensors, digest_inputs, limits, ms, slot_table, GpuSyncReport, GpuTensor, Growable,
@@ -129,7 +129,8 @@ impl GpuReceiver {
                 comm.nranks()
             )));
         }
-        check_tensors(&tensors)?;
+        // A receiver writes its tensors' bits: they are in the slot's dtype.
+        check_tensors(&tensors, false)?;
         let table = slot_table(&tensors)?;
         Ok(GpuReceiver {
             header: gpu.alloc(HEADER_BYTES)?,
@@ -695,8 +696,11 @@ impl GpuReceiver {
         self.comm.wait(done, self.timeout, "the tensors")?;
         // SAFETY: our tensors (constructor contract).
         let digests = unsafe {
-            self.gpu
-                .digest(&digest_inputs(&self.tensors, slots.clone()))?
+            self.gpu.digest(&digest_inputs(
+                &self.tensors,
+                slots.clone(),
+                Bf16Rule::default(),
+            ))?
         };
         let pending = admitted(&mut got.pending)?;
         for (d, &actual) in stage.digests.iter().zip(&digests) {
@@ -713,7 +717,11 @@ impl GpuReceiver {
     pub fn verify(&mut self) -> Result<()> {
         let all = 0..self.tensors.len();
         // SAFETY: our tensors (constructor contract).
-        let got = unsafe { self.gpu.digest(&digest_inputs(&self.tensors, all))? };
+        // (The rule is not used: no tensor here converts.)
+        let got = unsafe {
+            self.gpu
+                .digest(&digest_inputs(&self.tensors, all, Bf16Rule::default()))?
+        };
         Ok(self.held.verify(&self.table, &got)?)
     }
 }

@@ -2,7 +2,7 @@
 //! against their snapshot, encodes each stage and broadcasts it (see the module above).
 
 use std::ops::Range;
-use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
 use deltacast::plan::plan_stages;
@@ -10,142 +10,21 @@ use deltacast::wire::FrameKind;
 use deltacast::{SlotTable, WeightSender};
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
+use super::diff_worker::{DiffJob, DiffWorker};
 use super::settings::{EntropyMode, GpuSenderConfig, Snapshot, SnapshotPlace};
 use super::WaitStream;
 use super::{
-    check_tensors, digest_inputs, ms, slot_table, u64s, wall_ms, GpuSyncReport, GpuTensor,
-    Growable, Phases, SendTotals,
+    check_tensors, digest_inputs, ms, slot_table, u64s, GpuSyncReport, GpuTensor, Growable, Phases,
+    SendTotals,
 };
 use crate::choice::{CostModel, DeltaCodec, SyncCosts};
 use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{Stage, CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};
 use crate::{
-    CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, DigestInput, Gpu,
-    GpuEvent, GpuStream, DECODE_SLACK,
+    Bf16Rule, CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, DigestInput,
+    Gpu, GpuEvent, GpuStream, DECODE_SLACK,
 };
-
-/// One diff of a stage, with the snapshot where `place` says.
-///
-/// # Safety
-/// As [`Gpu::diff_batch`].
-pub(super) unsafe fn run_diff(
-    gpu: &Gpu,
-    place: SnapshotPlace,
-    inputs: &[DiffInput],
-    out: &DiffOutput,
-) -> Result<DiffResult> {
-    // SAFETY: per this function's contract.
-    unsafe {
-        match place {
-            SnapshotPlace::PinnedHost => gpu.diff_batch_host_snapshot(inputs, out),
-            SnapshotPlace::Device => gpu.diff_batch(inputs, out),
-        }
-    }
-}
-
-/// A diff for the diff thread: its inputs and outputs, and the event (its set's last
-/// broadcasts) its stream waits for first.
-struct DiffJob {
-    inputs: Vec<DiffInput>,
-    out: DiffOutput,
-    place: SnapshotPlace,
-    after: Option<Arc<GpuEvent>>,
-}
-
-/// A diff's result, with its start and end on the wall clock (for the stage trace).
-type DiffDone = (Result<DiffResult>, f64, f64);
-
-/// The sender's diff thread, alive as long as the sender: it runs the diffs it is handed, in
-/// order, on the caller's `Gpu` handle. (A thread started for each sync costs a large share of
-/// a one-stage sync's diff phase: docs/data/gpu-sync/README.md, "Figures behind the code".)
-struct DiffWorker {
-    jobs: Option<mpsc::Sender<DiffJob>>,
-    /// (In a mutex only so that the sender stays `Sync`, as Python objects must be; it is
-    /// reached through `&mut self`, never locked.)
-    done: Mutex<mpsc::Receiver<DiffDone>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    /// Diffs handed over whose results were not taken yet.
-    pending: usize,
-}
-
-impl DiffWorker {
-    fn start(gpu: Arc<Gpu>) -> Result<DiffWorker> {
-        let (jobs, job_rx) = mpsc::channel::<DiffJob>();
-        let (done_tx, done) = mpsc::channel::<DiffDone>();
-        let thread = std::thread::Builder::new()
-            .name("deltacast-diff".into())
-            .spawn(move || {
-                for job in job_rx {
-                    let begun = wall_ms();
-                    let diff = match &job.after {
-                        // SAFETY: a live event of this context.
-                        Some(event) => unsafe { gpu.stream_wait_event(0, event) },
-                        None => Ok(()),
-                    }
-                    .and_then(|()| {
-                        // SAFETY: the sender's tensors and snapshots are valid (its
-                        // constructor's contract); the outputs are a set's, sized for its
-                        // capacity, and nothing else writes them or these tensors' snapshots
-                        // until the sender has taken this result.
-                        unsafe { run_diff(&gpu, job.place, &job.inputs, &job.out) }
-                    });
-                    if done_tx.send((diff, begun, wall_ms())).is_err() {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| CudaError::InvalidArgument(format!("no diff thread: {e}")))?;
-        Ok(DiffWorker {
-            jobs: Some(jobs),
-            done: Mutex::new(done),
-            thread: Some(thread),
-            pending: 0,
-        })
-    }
-
-    fn stopped() -> CudaError {
-        CudaError::Panicked("the diff thread stopped".into())
-    }
-
-    fn submit(&mut self, job: DiffJob) -> Result<()> {
-        let jobs = self.jobs.as_ref().ok_or_else(DiffWorker::stopped)?;
-        jobs.send(job).map_err(|_| DiffWorker::stopped())?;
-        self.pending += 1;
-        Ok(())
-    }
-
-    /// The next result, in the order the diffs were handed over.
-    fn next(&mut self) -> Result<DiffDone> {
-        let done = self
-            .done
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .recv()
-            .map_err(|_| DiffWorker::stopped())?;
-        self.pending -= 1;
-        Ok(done)
-    }
-
-    /// Waits for every diff handed over (their results are dropped).
-    fn drain(&mut self) {
-        while self.pending > 0 {
-            if self.next().is_err() {
-                self.pending = 0;
-            }
-        }
-    }
-}
-
-impl Drop for DiffWorker {
-    fn drop(&mut self) {
-        // Closing the channel ends the thread's loop once its current diff is done.
-        self.jobs = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
 
 /// One set of a sender's delta buffers. A stage uses a set from its diff until its
 /// broadcasts complete; with two sets the next stage's diff writes the other while they run.
@@ -240,6 +119,8 @@ pub struct GpuSender {
     ready: GpuEvent,
     /// Recorded on the NCCL stream after the ack.
     acked: GpuEvent,
+    /// How fp32 sources round into bf16 slots.
+    bf16_rule: Bf16Rule,
     status: DeviceBuffer,
     // Last: fields drop in order, and every buffer, stream and event above is released
     // in this context (the primary context, released with the last `Gpu` of the device).
@@ -256,8 +137,13 @@ impl GpuSender {
     /// (one per tensor, same size); else they are allocated here, where `config.snapshot`
     /// says (lending snapshots with [`SnapshotPlace::PinnedHost`] is an `InvalidArgument`).
     ///
+    /// Tensors may hold fp32 for bf16 slots ([`GpuTensor::source`]): the kernels round them
+    /// by [`GpuSender::bf16_rule`] as they read them, and whole sends of those slots go from
+    /// the snapshot (device memory then: not with [`SnapshotPlace::PinnedHost`]).
+    ///
     /// # Safety
-    /// Every pointer must be device memory of `gpu`'s device valid for its tensor's bytes.
+    /// Every pointer must be device memory of `gpu`'s device valid for its tensor's bytes (in
+    /// its source dtype).
     pub unsafe fn new(
         gpu: Gpu,
         comm: impl Into<Link>,
@@ -274,8 +160,19 @@ impl GpuSender {
                 config.root
             )));
         }
-        check_tensors(&tensors)?;
+        check_tensors(&tensors, true)?;
         let table = slot_table(&tensors)?;
+        if config.snapshot == SnapshotPlace::PinnedHost {
+            // A converted slot's whole sends come from its snapshot, which must be device
+            // memory for the links to read it.
+            if let Some(t) = tensors.iter().find(|t| t.source != t.dtype) {
+                return Err(CudaError::InvalidArgument(format!(
+                    "tensor `{}` is {} for a {} slot: converting sources need the snapshot on \
+                     the device (SnapshotPlace::Device)",
+                    t.name, t.source, t.dtype
+                )));
+            }
+        }
         // The caller's handle runs the diffs; a second one, whose stream has the device's
         // greatest priority, encodes and sends, so that its short kernels run ahead of the
         // next stage's diff instead of queueing behind its blocks.
@@ -331,6 +228,7 @@ impl GpuSender {
             nccl_stream: gpu.new_stream(true)?,
             ready: gpu.new_event()?,
             acked: gpu.new_event()?,
+            bf16_rule: Bf16Rule::default(),
             status: gpu.alloc(8)?,
             digests_dev: gpu.alloc_zeroed(n.max(1) * 8)?,
             digests: vec![0; n],
@@ -354,6 +252,19 @@ impl GpuSender {
     /// The stages a sync is cut into (slot ranges).
     pub fn stages(&self) -> &[Range<usize>] {
         &self.stages
+    }
+
+    /// How fp32 sources round into bf16 slots: [`Bf16Rule::TORCH_CPU`] (NaN → `0xFFFF`, the
+    /// CPU `deltacast::Sender`'s default) unless set.
+    pub fn bf16_rule(&self) -> Bf16Rule {
+        self.bf16_rule
+    }
+
+    /// Sets how fp32 sources round into bf16 slots from the next sync on (as
+    /// `deltacast::Sender::set_bf16_rule`; a NaN already sent under the old rule then shows
+    /// as a change).
+    pub fn set_bf16_rule(&mut self, rule: Bf16Rule) {
+        self.bf16_rule = rule;
     }
 
     /// Device bytes this sender holds besides the tensors: the snapshot when allocated here
@@ -599,6 +510,7 @@ impl GpuSender {
                     width: t.dtype.width(),
                     first_index: 0,
                     digest: Some((self.digests_dev.ptr() + 8 * i as u64, i as u32)),
+                    f32_source: t.f32_source(self.bf16_rule),
                 }
             })
             .collect();
@@ -776,7 +688,7 @@ impl GpuSender {
     /// that differed where the snapshots are device memory (one pass; a pinned snapshot is
     /// copied whole, then digested, and not counted).
     fn refresh(&mut self, slots: Range<usize>) -> Result<(Vec<u64>, Option<u64>)> {
-        let inputs = digest_inputs(&self.tensors, slots.clone());
+        let inputs = digest_inputs(&self.tensors, slots.clone(), self.bf16_rule);
         let pinned = self.snapshots[slots.clone()]
             .iter()
             .any(|s| matches!(s, Snapshot::Pinned(_)));
@@ -801,10 +713,17 @@ impl GpuSender {
         Ok((got, changed))
     }
 
-    /// Copies the tensors of `slots` over their snapshots, then digests them.
+    /// Copies the tensors of `slots` over their snapshots, then digests them (tensors in their
+    /// slot's dtype: the constructor refuses converting sources with pinned snapshots).
     fn copy_and_digest(&mut self, slots: Range<usize>, inputs: &[DigestInput]) -> Result<Vec<u64>> {
         for i in slots.clone() {
             let (t, s) = (&self.tensors[i], &self.snapshots[i]);
+            if t.converts() {
+                return Err(CudaError::InvalidArgument(format!(
+                    "tensor `{}` converts: its snapshot cannot be a plain copy",
+                    t.name
+                )));
+            }
             let len = t.nbytes() as usize;
             // SAFETY: both valid for nbytes (constructor contract); a pinned snapshot is
             // only touched by the host through `&mut self`, and `digest` below synchronises
@@ -879,7 +798,8 @@ impl GpuSender {
     }
 
     /// Seed or dense stage: header, digests, then each entry's section straight from its
-    /// tensor. Returns the bytes broadcast.
+    /// tensor, or from its snapshot where the tensor converts (every caller has brought the
+    /// snapshot up to date first: refreshed or diffed). Returns the bytes broadcast.
     fn send_whole(
         &mut self,
         kind: FrameKind,
@@ -921,8 +841,14 @@ impl GpuSender {
             .entries
             .iter()
             .map(|e| {
-                let t = &self.tensors[e.slot as usize];
-                (t.ptr + e.start * t.dtype.width() as u64, e.val_len)
+                let i = e.slot as usize;
+                let t = &self.tensors[i];
+                let base = if t.converts() {
+                    self.snapshots[i].ptr()
+                } else {
+                    t.ptr
+                };
+                (base + e.start * t.dtype.width() as u64, e.val_len)
             })
             .collect();
         self.broadcast_stage(set, &whole, &payload)?;

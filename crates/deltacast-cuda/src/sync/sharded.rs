@@ -30,7 +30,7 @@ use deltacast::wire::FrameKind;
 use deltacast::{SlotTable, WeightSender};
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
-use super::sender::run_diff;
+use super::diff_worker::run_diff;
 use super::settings::Snapshot;
 use super::sharded_setup::{
     agree_on_heads, agree_on_layout, all_gather_rows, check_shards, Buffers, GpuShard, RowBuffers,
@@ -481,6 +481,8 @@ impl GpuShardedSender {
                     width: sh.dtype.width(),
                     first_index: sh.first_index,
                     digest: Some((self.digests_dev.ptr() + 8 * i as u64, i as u32)),
+                    // (Shards are in their slot's dtype: no conversion on this sender yet.)
+                    f32_source: None,
                 }
             })
             .collect();
@@ -755,6 +757,7 @@ impl GpuShardedSender {
                     width: sh.dtype.width(),
                     first_index: sh.first_index,
                     slot: i as u32,
+                    f32_source: None,
                 }
             })
             .collect();

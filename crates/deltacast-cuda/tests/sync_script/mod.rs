@@ -103,6 +103,7 @@ pub fn as_tensors(bufs: &[DeviceBuffer]) -> Vec<GpuTensor> {
             dtype: *d,
             shape: s.to_vec(),
             ptr: b.ptr(),
+            source: *d,
         })
         .collect()
 }
