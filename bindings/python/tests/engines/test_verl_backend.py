@@ -103,10 +103,17 @@ def all_answer(procs: list[Proc], timeout: float) -> list[dict]:
 
 
 def session(
-    tmp_path: Path, trainers: int, rollouts: int, options: dict, steps: int = STEPS, drop: int = -1
+    tmp_path: Path,
+    trainers: int,
+    rollouts: int,
+    options: dict,
+    steps: int = STEPS,
+    drop: int = -1,
+    late: int = -1,
 ) -> list[dict]:
     """Runs the workers through a seed and ``steps`` deltas, checking every rollout after each;
-    at step ``drop`` the rollouts' consumer applies nothing (the check must catch it)."""
+    at step ``drop`` the rollouts' consumer applies nothing (the check must catch it); at step
+    ``late`` one more rollout worker joins (verl scaling up)."""
     from deltacast.integrations.verl import DeltacastCheckpointEngine
 
     procs = [Proc("trainer", r, trainers, tmp_path, options) for r in range(trainers)]
@@ -115,6 +122,11 @@ def session(
     results = []
     try:
         for step in range(steps + 1):
+            if step == late:
+                newcomer = Proc("rollout", len(rolls), 0, tmp_path, options)
+                procs.append(newcomer)
+                rolls.append(newcomer)
+                rollouts += 1
             for p in procs:
                 p.send(op="prepare")
             meta = [a["metadata"] for a in all_answer(procs, 300)]
@@ -175,3 +187,14 @@ def test_seed_and_ten_deltas_bit_exact_through_verls_consumer(tmp_path: Path, tr
 def test_the_check_sees_a_consumer_that_applied_nothing(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="step 2, rollout0"):
         session(tmp_path, 2, 1, {"timeout_s": 120.0}, steps=2, drop=2)
+
+
+def test_a_rollout_worker_that_joins_late_is_seeded_and_the_others_take_deltas(
+    tmp_path: Path,
+) -> None:
+    results = session(tmp_path, 2, 1, {"timeout_s": 120.0}, steps=4, late=3)
+    kinds = [r["metrics"]["deltacast/seed"] for r in results]
+    assert kinds == [1.0, 0.0, 0.0, 0.0, 0.0], kinds  # the trainer never re-seeds everyone
+    first, newcomer = results[3]["flushes"]
+    assert "indices" in first and set(newcomer) == {"dense"}, results[3]
+    assert all("indices" in f for f in results[4]["flushes"]), results[4]
