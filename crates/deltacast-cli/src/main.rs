@@ -134,8 +134,10 @@ pub struct WireArgs {
     /// Largest flush (frame), in bytes or with a binary suffix: 4096, 64K, 512M, 1G.
     #[arg(long, default_value = "512M", value_parser = ByteSize::parse)]
     bucket_size: ByteSize,
-    /// Codec: `auto` (cheapest per chunk) or POS+VAL, e.g. `abs32+raw`, `gaps+ulp`, `bitmap+raw`;
-    /// integer, bool and 8-byte tensors always get raw values.
+    /// Codec: `auto` (cheapest per chunk), `auto+ctx` (also the context-coded `ctx` codecs, for
+    /// receivers that hold every element of a chunk; no GPU decoder yet) or POS+VAL, e.g.
+    /// `abs32+raw`, `gaps+ulp`, `bitmap+raw`; integer, bool and 8-byte tensors always get raw
+    /// values.
     #[arg(long, default_value = "auto")]
     codec: String,
     /// Elements per chunk (the unit of parallel decoding).
@@ -146,7 +148,7 @@ pub struct WireArgs {
 impl WireArgs {
     pub fn config(&self) -> Result<FlushConfig> {
         let Some(codec) = CodecChoice::parse(&self.codec) else {
-            bail!("unknown codec `{}`: use auto or POS+VAL with POS in all/abs32/gaps/bitmap/holes and VAL in raw/ulp", self.codec);
+            bail!("unknown codec `{}`: use auto, auto+raw, auto+ctx or POS+VAL with POS in all/abs32/gaps/bitmap/holes/ctx and VAL in raw/ulp/ctx", self.codec);
         };
         let bucket_size = usize::try_from(self.bucket_size.bytes())?;
         let config = FlushConfig {

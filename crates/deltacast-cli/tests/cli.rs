@@ -575,11 +575,30 @@ fn stats_reports_every_step_of_the_recorded_trace_against_the_bound() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines[0],
-        "codec auto; bound = Σ n·H(k/n) + k·H(ULP step), as defined in docs/codecs.md"
+        "codec auto; bound = Σ n·H(k/n) + k·H(ULP step) (iid), context = the same given the old exponent class, as defined in docs/codecs.md"
     );
     assert_eq!(lines.len(), 2 + (checkpoints.len() - 1) + 1, "{out}");
     assert!(
         lines[lines.len() - 1].starts_with(&format!("total over {} steps:", checkpoints.len() - 1)),
         "{out}"
     );
+    // Issue 28's acceptance: with the context codecs, whole frames of the trace at most 0.75×
+    // the iid bound and 0.15× int32 positions + raw values, and above the context bound.
+    let json = run_ok(
+        bin()
+            .args(["stats", "--json", "--codec", "auto+ctx", "--trace"])
+            .arg(trace)
+            .arg("--base")
+            .arg(base),
+    );
+    let total: serde_json::Value =
+        serde_json::from_str(json.lines().last().expect("a total line")).unwrap();
+    let ratio = |k: &str| {
+        total[k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k} in {total}"))
+    };
+    assert!(ratio("chosen_over_bound") <= 0.75, "{total}");
+    assert!(ratio("chosen_over_abs32_raw") <= 0.15, "{total}");
+    assert!(ratio("chosen_over_context_bound") >= 1.0, "{total}");
 }

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 
 use crate::codec::{
-    encode_chunk_into, encode_seed_chunk_into, CodecChoice, EncodedChunk, PosCodec, ValCodec,
+    encode_chunk_with_state_into, encode_seed_chunk_into, CodecChoice, EncodedChunk, PosCodec,
+    ValCodec,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -110,6 +111,9 @@ struct PendingChunk<'a> {
     seed: bool,
     old: &'a [u8],
     new: &'a [u8],
+    /// The bits of the chunk's whole range after the sync, where the sender knows them (what
+    /// `ctx` positions are coded against).
+    after: Option<&'a [u8]>,
 }
 
 /// Room for chunk bytes in an empty frame.
@@ -139,7 +143,7 @@ pub fn encode_changes(
     let config = &for_dtype(config, dtype);
     let width = dtype.width();
     encode_changes_in(
-        config, seed, slot, numel, width, positions, old, new, &mut pool, emit,
+        config, seed, slot, numel, width, positions, old, new, None, &mut pool, emit,
     )
 }
 
@@ -172,6 +176,7 @@ fn encode_changes_in(
     positions: &[u64],
     old: &[u8],
     new: &[u8],
+    after: Option<&[u8]>,
     pool: &mut Vec<EncodedChunk>,
     mut emit: impl FnMut(&mut ReadyChunk) -> Result<()>,
 ) -> Result<()> {
@@ -179,6 +184,11 @@ fn encode_changes_in(
         return Err(Error::InvalidArgument(
             "positions and values differ in length".into(),
         ));
+    }
+    if after.is_some_and(|a| a.len() as u64 != numel * width as u64) {
+        return Err(Error::InvalidArgument(format!(
+            "the state after the sync of slot {slot} is not {numel} elements"
+        )));
     }
     if positions.last().is_some_and(|&p| p >= numel) {
         return Err(Error::InvalidArgument(format!(
@@ -208,6 +218,7 @@ fn encode_changes_in(
             seed,
             old: &old[i * width..j * width],
             new: &new[i * width..j * width],
+            after: after.map(|a| &a[start as usize * width..(start + range) as usize * width]),
         });
         if pending.len() == ENCODE_BATCH {
             let batch = std::mem::take(&mut pending);
@@ -257,6 +268,7 @@ fn encode_full_slot_in(
             seed: true,
             old: bytes,
             new: bytes,
+            after: None,
         });
         if pending.len() == ENCODE_BATCH {
             let batch = std::mem::take(&mut pending);
@@ -387,13 +399,30 @@ impl<F: FnMut(Vec<u8>) -> Result<()>> SyncEncoder<F> {
         old: &[u8],
         new: &[u8],
     ) -> Result<()> {
+        self.push_delta_with_state(slot, numel, dtype, positions, old, new, None)
+    }
+
+    /// [`push_delta`](Self::push_delta) from a sender that holds the slot's bits after the
+    /// sync (`after`, the whole slot): with [`CodecChoice::AutoContext`] its chunks may then
+    /// take `ctx` positions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_delta_with_state(
+        &mut self,
+        slot: u32,
+        numel: u64,
+        dtype: DType,
+        positions: &[u64],
+        old: &[u8],
+        new: &[u8],
+        after: Option<&[u8]>,
+    ) -> Result<()> {
         let config = for_dtype(&self.config, dtype);
         let width = dtype.width();
         let seed = self.kind == FrameKind::Seed;
         let mut pool = std::mem::take(&mut self.pool);
         let push = |c: &mut ReadyChunk| self.push_ready(c);
         let done = encode_changes_in(
-            &config, seed, slot, numel, width, positions, old, new, &mut pool, push,
+            &config, seed, slot, numel, width, positions, old, new, after, &mut pool, push,
         );
         self.pool = pool;
         done
@@ -486,13 +515,14 @@ fn encode_pending_into(
     if chunk.seed {
         return encode_seed_chunk_into(&chunk.rel, chunk.range as u32, chunk.new, enc);
     }
-    encode_chunk_into(
+    encode_chunk_with_state_into(
         choice,
         width,
         &chunk.rel,
         chunk.range as u32,
         chunk.old,
         chunk.new,
+        chunk.after,
         enc,
     )
 }
@@ -510,6 +540,7 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
                 seed: chunk.seed,
                 old: &chunk.old[..cut],
                 new: &chunk.new[..cut],
+                after: None,
             },
             PendingChunk {
                 start: chunk.start + at,
@@ -519,10 +550,12 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
                 seed: chunk.seed,
                 old: &chunk.old[cut..],
                 new: &chunk.new[cut..],
+                after: None,
             },
         ];
     }
     let k = chunk.rel.partition_point(|&p| (p as u64) < at);
+    let cut = at as usize * width;
     let mut parts = Vec::with_capacity(2);
     if k > 0 {
         parts.push(PendingChunk {
@@ -533,6 +566,7 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
             seed: chunk.seed,
             old: &chunk.old[..k * width],
             new: &chunk.new[..k * width],
+            after: chunk.after.map(|a| &a[..cut]),
         });
     }
     if k < chunk.rel.len() {
@@ -544,6 +578,7 @@ fn split_chunk<'a>(chunk: &PendingChunk<'a>, at: u64, width: usize) -> Vec<Pendi
             seed: chunk.seed,
             old: &chunk.old[k * width..],
             new: &chunk.new[k * width..],
+            after: chunk.after.map(|a| &a[cut..]),
         });
     }
     parts

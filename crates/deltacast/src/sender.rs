@@ -469,13 +469,15 @@ impl Sender {
                 base,
                 new,
             });
-            enc.push_delta(
+            // The refreshed snapshot is the slot after the sync: what `ctx` positions need.
+            enc.push_delta_with_state(
                 id as u32,
                 slot.numel(),
                 slot.dtype,
                 &changes.positions,
                 &changes.old_values,
                 &changes.new_values,
+                Some(&self.snapshot[id]),
             )?;
         }
         let stats = enc.finish(&records)?;

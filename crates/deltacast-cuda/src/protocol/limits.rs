@@ -76,7 +76,7 @@ pub(crate) fn section_bounds(positions: PosCodec, count: u64, range: u64) -> (u6
             7 * blocks + (count - blocks) * 6,
         ),
         // Not decoded on the GPU: refused before any length is looked at.
-        PosCodec::Holes => (u64::MAX, 0),
+        PosCodec::Holes | PosCodec::Context => (u64::MAX, 0),
     }
 }
 
@@ -89,6 +89,8 @@ pub(crate) fn value_bounds(values: ValCodec, count: u64, width: u64) -> (u64, u6
             4 * blocks + count.div_ceil(8),
             4 * blocks + (count * (16 * width + 1)).div_ceil(8),
         ),
+        // Not decoded on the GPU: refused before any length is looked at.
+        ValCodec::Context => (u64::MAX, 0),
     }
 }
 

@@ -570,6 +570,9 @@ fn check_delta_entries(stage: &Stage, table: &TableLimits) -> Result<()> {
                 c.pos_codec.name()
             )));
         }
+        if c.val_codec == ValCodec::Context {
+            return Err(fail("value codec ctx is not decoded on the GPU"));
+        }
         if c.val_codec == ValCodec::Ulp && c.pos_codec == PosCodec::Bitmap {
             return Err(fail("ulp values need listed positions (abs32 or gaps)"));
         }

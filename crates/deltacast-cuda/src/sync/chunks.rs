@@ -220,7 +220,7 @@ pub(super) unsafe fn write_chunks(
                 values: Some((
                     match c.values {
                         ValCodec::Ulp => CodeValues::Ulp,
-                        ValCodec::Raw => CodeValues::Raw,
+                        ValCodec::Raw | ValCodec::Context => CodeValues::Raw,
                     },
                     vptr + r.val_offset,
                 )),

@@ -509,7 +509,7 @@ impl GpuReceiver {
                 _ => (ApplyPositions::Abs32, wire_pos, c.pos_len),
             };
             let (val_section, val_len) = match c.val_codec {
-                ValCodec::Raw => (wire_val, c.val_len),
+                ValCodec::Raw | ValCodec::Context => (wire_val, c.val_len),
                 ValCodec::Ulp => (sv + vs, c.count * w),
             };
             if c.pos_codec == PosCodec::Gaps || c.val_codec == ValCodec::Ulp {

@@ -17,12 +17,14 @@
 //! `settle` → [`changes`](ChangeReceiver::changes) (written by the owner) → `commit`; or
 //! `abort_sync` at any point (nothing is written before the owner writes the changes).
 
+use crate::codec::PosCodec;
 use crate::digest::{change, element_hash, slot_salt};
 use crate::dtype::load_bits;
+use crate::error::CodecError;
 use crate::error::{Error, Result};
 use crate::held::{HeldState, Pending};
 use crate::slot::SlotTable;
-use crate::wire::{parse_frame, FrameKind, SlotDigest};
+use crate::wire::{parse_frame, ChunkEntry, FrameKind, SlotDigest};
 
 use super::chunks::{chunk_positions, chunk_values};
 use super::{check_table, Staging, SyncOutcome};
@@ -49,6 +51,40 @@ pub trait HeldBits {
         old: &mut Vec<u8>,
         share: &mut Vec<u8>,
     ) -> Result<()>;
+}
+
+/// The owner's bits of every element of chunk `e`'s range, for `ctx` positions (coded against
+/// the old bits of the whole range): an owner that does not hold all of them cannot decode the
+/// chunk (a sender to tensor-parallel shares must not choose `auto+ctx`).
+fn read_whole_chunk<H: HeldBits>(
+    table: &SlotTable,
+    owner: &mut H,
+    e: &ChunkEntry,
+) -> Result<Vec<u8>> {
+    let width = table.get(e.slot)?.dtype.width();
+    // The range lies inside the slot (checked against the table by `parse_frame`).
+    let positions: Vec<u64> = (e.start..e.start + e.range).collect();
+    let (mut old, mut share) = (Vec::new(), Vec::new());
+    owner.read(e.slot, &positions, &mut old, &mut share)?;
+    if old.len() != positions.len() * width || share.len() != positions.len() {
+        return Err(Error::InvalidArgument(format!(
+            "the owner read {} bytes and {} shares for {} elements of {width} bytes",
+            old.len(),
+            share.len(),
+            positions.len()
+        )));
+    }
+    if share.contains(&NOT_HELD) {
+        return Err(Error::Codec {
+            slot: e.slot,
+            start: e.start,
+            source: CodecError::Unsupported {
+                codec: "ctx",
+                what: "positions at a receiver that does not hold the whole chunk",
+            },
+        });
+    }
+    Ok(old)
 }
 
 /// The changes of one chunk at the positions the owner holds.
@@ -252,7 +288,12 @@ impl ChangeReceiver {
         // Positions of every chunk first; then one read per slot of the frame.
         let mut decoded = Vec::with_capacity(frame.entries.len());
         for e in &frame.entries {
-            decoded.push(chunk_positions(&self.table, &frame, e)?);
+            let held = if e.pos_codec == PosCodec::Context {
+                Some(read_whole_chunk(&self.table, owner, e)?)
+            } else {
+                None
+            };
+            decoded.push(chunk_positions(&self.table, &frame, e, held.as_deref())?);
         }
         let mut order: Vec<usize> = (0..frame.entries.len()).collect();
         order.sort_by_key(|&k| frame.entries[k].slot); // stable: chunk order kept per slot

@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 
 use super::SlotStore;
-use crate::codec::{decode_positions, decode_values, PosCodec, ValCodec};
+use crate::codec::{decode_positions_held, decode_values, PosCodec, ValCodec};
 use crate::digest::{chunk_change, chunk_terms};
 use crate::error::{Error, Result};
 use crate::slot::SlotTable;
@@ -37,11 +37,14 @@ pub(super) struct StagedChunk {
 
 /// Decodes the positions of manifest entry `e`, relative to its start (empty when every
 /// element of its range is set: `all`), after checking that its value section can hold its
-/// count. Returns them and whether the chunk is `all`.
+/// count. Returns them and whether the chunk is `all`. `held` is the receiver's bits of the
+/// chunk's whole range, which `ctx` positions are decoded against (a receiver that does not
+/// hold them passes `None` and gets a codec error for such a chunk).
 pub(super) fn chunk_positions(
     table: &SlotTable,
     frame: &Frame<'_>,
     e: &ChunkEntry,
+    held: Option<&[u8]>,
 ) -> Result<(Vec<u32>, bool)> {
     let slot = table.get(e.slot)?;
     let width = slot.dtype.width();
@@ -75,6 +78,14 @@ pub(super) fn chunk_positions(
                 available: e.val_len,
             }));
         }
+        // A range-coded value may take less than a bit, but a stream has at least 4 bytes.
+        // (What it may expand to is bounded by the chunk range the receiver holds.)
+        ValCodec::Context if count > 0 && e.val_len < 4 => {
+            return Err(codec_err(crate::error::CodecError::Truncated {
+                needed: 4,
+                available: e.val_len,
+            }));
+        }
         _ => {}
     }
     let mut rel = Vec::new();
@@ -95,8 +106,16 @@ pub(super) fn chunk_positions(
             }));
         }
     } else {
-        decode_positions(e.pos_codec, frame.positions(e), count, range, &mut rel)
-            .map_err(codec_err)?;
+        decode_positions_held(
+            e.pos_codec,
+            frame.positions(e),
+            count,
+            range,
+            width,
+            held.unwrap_or(&[]),
+            &mut rel,
+        )
+        .map_err(codec_err)?;
     }
     Ok((rel, all))
 }
@@ -141,7 +160,7 @@ pub(super) fn decode_entry(
 ) -> Result<StagedChunk> {
     let width = table.get(e.slot)?.dtype.width();
     let count = e.count as u32;
-    let (rel, all) = chunk_positions(table, frame, e)?;
+    let (rel, all) = chunk_positions(table, frame, e, Some(held))?;
     let positions = (!all).then_some(rel.as_slice());
     // The held bits at the chunk's positions: what ulp steps start from and what a delta's
     // digest change subtracts. One pass over the held state, whose cache lines are the cost.

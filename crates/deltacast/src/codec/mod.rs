@@ -12,6 +12,9 @@
 mod abs32;
 mod bitmap;
 mod bits;
+mod context;
+#[cfg(test)]
+mod context_trace_tests;
 mod gaps;
 mod raw;
 #[cfg(test)]
@@ -35,6 +38,9 @@ pub enum PosCodec {
     /// `gaps` of the elements that did NOT change: for dense chunks, so positions never cost
     /// more than the values they spare.
     Holes = 4,
+    /// The change mask range coded with probabilities conditioned on each element's old bits:
+    /// decoding needs the receiver's bits of the whole chunk range ([`decode_positions_held`]).
+    Context = 5,
 }
 
 /// How the new values of a chunk are coded. The discriminant is the wire code.
@@ -44,15 +50,19 @@ pub enum ValCodec {
     Raw = 0,
     /// Signed distance old → new in the ordered-integer view, entropy coded with an escape.
     Ulp = 1,
+    /// The same distance range coded with probabilities conditioned on the old value's sign
+    /// and exponent.
+    Context = 2,
 }
 
 impl PosCodec {
-    pub const ALL: [PosCodec; 5] = [
+    pub const ALL: [PosCodec; 6] = [
         PosCodec::All,
         PosCodec::Abs32,
         PosCodec::Gaps,
         PosCodec::Bitmap,
         PosCodec::Holes,
+        PosCodec::Context,
     ];
 
     pub fn from_code(code: u8) -> Option<Self> {
@@ -66,12 +76,13 @@ impl PosCodec {
             PosCodec::Gaps => "gaps",
             PosCodec::Bitmap => "bitmap",
             PosCodec::Holes => "holes",
+            PosCodec::Context => "ctx",
         }
     }
 }
 
 impl ValCodec {
-    pub const ALL: [ValCodec; 2] = [ValCodec::Raw, ValCodec::Ulp];
+    pub const ALL: [ValCodec; 3] = [ValCodec::Raw, ValCodec::Ulp, ValCodec::Context];
 
     pub fn from_code(code: u8) -> Option<Self> {
         ValCodec::ALL.into_iter().find(|c| *c as u8 == code)
@@ -81,21 +92,28 @@ impl ValCodec {
         match self {
             ValCodec::Raw => "raw",
             ValCodec::Ulp => "ulp",
+            ValCodec::Context => "ctx",
         }
     }
 }
 
 /// Appends the encoding of `rel` (strictly increasing, each `< range`) to `out`.
-/// `All` requires `rel.len() == range` and writes nothing.
+/// `All` requires `rel.len() == range` and writes nothing. `Context` needs the chunk's bits
+/// ([`encode_context_positions`]): here it writes nothing, and no caller in the crate asks.
 pub fn encode_positions(codec: PosCodec, rel: &[u32], range: u32, out: &mut Vec<u8>) {
     debug_assert!(rel.windows(2).all(|w| w[0] < w[1]));
     debug_assert!(rel.last().is_none_or(|&p| p < range));
+    debug_assert!(
+        codec != PosCodec::Context,
+        "ctx positions need the chunk's bits"
+    );
     match codec {
         PosCodec::All => debug_assert_eq!(rel.len() as u64, range as u64),
         PosCodec::Abs32 => abs32::encode(rel, out),
         PosCodec::Gaps => gaps::encode(rel, range, out),
         PosCodec::Bitmap => bitmap::encode(rel, range, out),
         PosCodec::Holes => gaps::encode(&complement(rel, range), range, out),
+        PosCodec::Context => {}
     }
 }
 
@@ -155,7 +173,53 @@ pub fn decode_positions(
             *out = complement(&holes, range);
             Ok(())
         }
+        PosCodec::Context => Err(CodecError::Unsupported {
+            codec: "ctx",
+            what: "positions without the receiver's bits of the chunk",
+        }),
     }
+}
+
+/// Appends `ctx` positions: `after` holds the bits of the chunk's whole range after the sync,
+/// `old` the old bits at `rel` (so the receiver's bits before the sync are known everywhere).
+/// Elements of 2 or 4 bytes ([`context_supports`]).
+pub fn encode_context_positions(
+    width: usize,
+    rel: &[u32],
+    after: &[u8],
+    old: &[u8],
+    out: &mut Vec<u8>,
+) {
+    context::encode_positions(width, rel, after, old, out)
+}
+
+/// Whether the `ctx` codecs carry elements of `width` bytes.
+pub fn context_supports(width: usize) -> bool {
+    context::supports(width)
+}
+
+/// [`decode_positions`] for a receiver that holds the chunk: `held` is its bits of the whole
+/// range (`range · width` bytes), which `Context` positions are decoded against.
+pub fn decode_positions_held(
+    codec: PosCodec,
+    input: &[u8],
+    count: u32,
+    range: u32,
+    width: usize,
+    held: &[u8],
+    out: &mut Vec<u32>,
+) -> Result<(), CodecError> {
+    if codec != PosCodec::Context {
+        return decode_positions(codec, input, count, range, out);
+    }
+    out.clear();
+    if count as u64 > range as u64 {
+        return Err(CodecError::CountExceedsRange {
+            count: count as u64,
+            range: range as u64,
+        });
+    }
+    context::decode_positions(width, input, count, range, held, out)
 }
 
 /// Appends the encoding of the new values to `out`. `old` and `new` hold the same number of
@@ -164,6 +228,7 @@ pub fn encode_values(codec: ValCodec, width: usize, old: &[u8], new: &[u8], out:
     match codec {
         ValCodec::Raw => raw::encode(new, out),
         ValCodec::Ulp => ulp::encode(width, old, new, out),
+        ValCodec::Context => context::encode_values(width, old, new, out),
     }
 }
 
@@ -180,6 +245,7 @@ pub fn decode_values(
     match codec {
         ValCodec::Raw => raw::decode(width, input, old.len() / width, out),
         ValCodec::Ulp => ulp::decode(width, input, old, out),
+        ValCodec::Context => context::decode_values(width, input, old, out),
     }
 }
 
@@ -192,6 +258,10 @@ pub enum CodecChoice {
     /// Pick the cheapest position codec per chunk; values raw (what `Auto` becomes for a
     /// dtype the `ulp` codec must not carry, see [`CodecChoice::for_dtype`]).
     AutoRaw,
+    /// [`Auto`](CodecChoice::Auto), and the `ctx` codecs where they are smaller (elements of 2
+    /// or 4 bytes). Opt-in: only a receiver that holds every element of a chunk can decode
+    /// `ctx` positions (not a tensor-parallel share of a slot), and no GPU decoder has them yet.
+    AutoContext,
     /// Always use this pair (positions fall back to `All` only for seeds).
     Fixed(PosCodec, ValCodec),
 }
@@ -205,6 +275,9 @@ impl CodecChoice {
         if text == "auto+raw" {
             return Some(CodecChoice::AutoRaw);
         }
+        if text == "auto+ctx" {
+            return Some(CodecChoice::AutoContext);
+        }
         let (p, v) = text.split_once('+')?;
         let pos = PosCodec::ALL.into_iter().find(|c| c.name() == p)?;
         let val = ValCodec::ALL.into_iter().find(|c| c.name() == v)?;
@@ -215,6 +288,7 @@ impl CodecChoice {
         match self {
             CodecChoice::Auto => "auto".into(),
             CodecChoice::AutoRaw => "auto+raw".into(),
+            CodecChoice::AutoContext => "auto+ctx".into(),
             CodecChoice::Fixed(p, v) => format!("{}+{}", p.name(), v.name()),
         }
     }
@@ -227,7 +301,9 @@ impl CodecChoice {
             return self;
         }
         match self {
-            CodecChoice::Auto | CodecChoice::AutoRaw => CodecChoice::AutoRaw,
+            CodecChoice::Auto | CodecChoice::AutoRaw | CodecChoice::AutoContext => {
+                CodecChoice::AutoRaw
+            }
             CodecChoice::Fixed(pos, _) => CodecChoice::Fixed(pos, ValCodec::Raw),
         }
     }
@@ -270,16 +346,43 @@ pub fn encode_chunk_into(
     new: &[u8],
     out: &mut EncodedChunk,
 ) {
+    encode_chunk_with_state_into(choice, width, rel, range, old, new, None, out)
+}
+
+/// [`encode_chunk_into`] for a sender that knows the bits of the chunk's whole range after the
+/// sync (`after`, `range · width` bytes): the only case where `ctx` positions can be written
+/// (with `AutoContext` or a fixed `ctx` choice; without `after` these fall back to `gaps`).
+#[allow(clippy::too_many_arguments)]
+pub fn encode_chunk_with_state_into(
+    choice: CodecChoice,
+    width: usize,
+    rel: &[u32],
+    range: u32,
+    old: &[u8],
+    new: &[u8],
+    after: Option<&[u8]>,
+    out: &mut EncodedChunk,
+) {
     out.positions.clear();
     out.values.clear();
+    let after = after.filter(|a| a.len() as u64 == range as u64 * width as u64);
     match choice {
         CodecChoice::Fixed(pos, val) => {
-            let pos = if pos == PosCodec::All && rel.len() as u64 != range as u64 {
-                PosCodec::Abs32
-            } else {
-                pos
+            let pos = match pos {
+                PosCodec::All if rel.len() as u64 != range as u64 => PosCodec::Abs32,
+                PosCodec::Context if after.is_none() || !context::supports(width) => PosCodec::Gaps,
+                other => other,
             };
-            encode_positions(pos, rel, range, &mut out.positions);
+            let val = match val {
+                ValCodec::Context if !context::supports(width) => ValCodec::Ulp,
+                other => other,
+            };
+            match (pos, after) {
+                (PosCodec::Context, Some(after)) => {
+                    context::encode_positions(width, rel, after, old, &mut out.positions)
+                }
+                _ => encode_positions(pos, rel, range, &mut out.positions),
+            }
             encode_values(val, width, old, new, &mut out.values);
             out.pos_codec = Some(pos);
             out.val_codec = Some(val);
@@ -292,6 +395,29 @@ pub fn encode_chunk_into(
             out.pos_codec = Some(choose_positions(rel, range, &mut out.positions));
             encode_values(ValCodec::Raw, width, old, new, &mut out.values);
             out.val_codec = Some(ValCodec::Raw);
+        }
+        CodecChoice::AutoContext => {
+            let mut pos = choose_positions(rel, range, &mut out.positions);
+            let mut val = choose_values(width, old, new, &mut out.values);
+            if context::supports(width) {
+                // Kept only when strictly smaller (today's codecs win ties).
+                let mut scratch = Vec::new();
+                if let (Some(after), false) = (after, pos == PosCodec::All) {
+                    context::encode_positions(width, rel, after, old, &mut scratch);
+                    if scratch.len() < out.positions.len() {
+                        std::mem::swap(&mut scratch, &mut out.positions);
+                        pos = PosCodec::Context;
+                    }
+                }
+                scratch.clear();
+                context::encode_values(width, old, new, &mut scratch);
+                if scratch.len() < out.values.len() {
+                    std::mem::swap(&mut scratch, &mut out.values);
+                    val = ValCodec::Context;
+                }
+            }
+            out.pos_codec = Some(pos);
+            out.val_codec = Some(val);
         }
     }
 }
