@@ -66,6 +66,21 @@ fn frame_vec(frame: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     Ok(unsafe { view.bytes() }.to_vec())
 }
 
+/// Runs `f` on the open end in `slot` without the GIL; a closed end is a `LinkError` naming
+/// `what`.
+fn with_open<S: Send, T: Send>(
+    py: Python<'_>,
+    slot: &Mutex<Option<S>>,
+    what: &str,
+    f: impl FnOnce(&mut S) -> T + Send,
+) -> PyResult<T> {
+    py.detach(|| {
+        let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_mut().map(f)
+    })
+    .ok_or_else(|| raise("LinkError", format!("the {what} is closed"), &[]))
+}
+
 /// A trainer rank's end of the frame link: binds `address` ("host:port", port 0 picks one),
 /// accepts and authenticates receivers in the background. `secret` (str or bytes, ≥ 16
 /// bytes) or else `DELTACAST_SECRET`; without either only a loopback address may be bound.
@@ -84,11 +99,7 @@ impl FrameServer {
         py: Python<'_>,
         f: impl FnOnce(&mut RsServer) -> T + Send,
     ) -> PyResult<T> {
-        py.detach(|| {
-            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            guard.as_mut().map(f)
-        })
-        .ok_or_else(|| raise("LinkError", "the frame server is closed".into(), &[]))
+        with_open(py, &self.inner, "frame server", f)
     }
 }
 
@@ -248,11 +259,7 @@ impl FrameClient {
         py: Python<'_>,
         f: impl FnOnce(&mut RsClient) -> T + Send,
     ) -> PyResult<T> {
-        py.detach(|| {
-            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            guard.as_mut().map(f)
-        })
-        .ok_or_else(|| raise("LinkError", "the frame client is closed".into(), &[]))
+        with_open(py, &self.inner, "frame client", f)
     }
 }
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import deltacast as dc
-from conftest import deliver, model, perturb, random_array, same_bits
+from conftest import deliver, model, perturb, same_bits
 
 
 def snapshot(arrays):

@@ -4,7 +4,6 @@ without torch."""
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest

@@ -110,10 +110,12 @@ def session(
     steps: int = STEPS,
     drop: int = -1,
     late: int = -1,
+    stranger: int = -1,
 ) -> list[dict]:
     """Runs the workers through a seed and ``steps`` deltas, checking every rollout after each;
     at step ``drop`` the rollouts' consumer applies nothing (the check must catch it); at step
-    ``late`` one more rollout worker joins (verl scaling up)."""
+    ``late`` one more rollout worker joins (verl scaling up); at step ``stranger`` local
+    processes that are not rollout workers knock on every trainer rank's link first."""
     from deltacast.integrations.verl import DeltacastCheckpointEngine
 
     procs = [Proc("trainer", r, trainers, tmp_path, options) for r in range(trainers)]
@@ -130,6 +132,8 @@ def session(
             for p in procs:
                 p.send(op="prepare")
             meta = [a["metadata"] for a in all_answer(procs, 300)]
+            if step == stranger:
+                knock_on_every_trainer_link(meta[:trainers])
             kw_a, kw_r = DeltacastCheckpointEngine.build_topology(trainers, rollouts, meta)
             for i, p in enumerate(actors):
                 p.send(op="init", kwargs={k: v[i] for k, v in kw_a.items()})
@@ -160,6 +164,27 @@ def session(
         for p in procs:
             p.stop()
     return results
+
+
+def knock_on_every_trainer_link(meta: list[dict]) -> None:
+    """What a stranger on the node can do with a trainer rank's address alone: wrong secret and
+    no secret are refused by name; garbage, silence and a huge length claim nothing."""
+    import socket
+    import struct
+
+    import deltacast as dc
+    from deltacast.net import FrameClient
+
+    for m in meta:
+        assert m["token"], "without a configured secret each trainer rank makes a token"
+        with pytest.raises(dc.AuthenticationError, match="frame server 127.0.0.1"):
+            FrameClient(m["address"], secret="not-the-token-0123456789abcdef", timeout_s=5)
+        with pytest.raises(dc.LinkError, match="requires the shared secret"):
+            FrameClient(m["address"], secret=None, timeout_s=5)
+        host, port = m["address"].rsplit(":", 1)
+        for payload in (b"GET / HTTP/1.1\r\n\r\n", b"", struct.pack("<BQ", 1, 1 << 62)):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(payload)
 
 
 @pytest.mark.parametrize("trainers", [2, 4])
@@ -198,3 +223,21 @@ def test_a_rollout_worker_that_joins_late_is_seeded_and_the_others_take_deltas(
     first, newcomer = results[3]["flushes"]
     assert "indices" in first and set(newcomer) == {"dense"}, results[3]
     assert all("indices" in f for f in results[4]["flushes"]), results[4]
+
+
+def test_a_trainer_link_beyond_loopback_needs_a_configured_secret(tmp_path: Path, monkeypatch) -> None:
+    from deltacast.integrations.verl import EngineOptions, _Trainer
+
+    monkeypatch.delenv("DELTACAST_SECRET", raising=False)
+    for host in ("0.0.0.0", "10.1.2.3", "trainer-node"):
+        with pytest.raises(ValueError, match="not loopback; set secret_file"):
+            _Trainer(EngineOptions(host=host), 1 << 20).prepare()
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 40 + "\n")
+    meta = _Trainer(EngineOptions(host="0.0.0.0", secret_file=str(secret)), 1 << 20).prepare()
+    assert meta["token"] is None and meta["address"].startswith("0.0.0.0:"), meta
+
+
+def test_strangers_on_the_trainer_links_are_refused_and_the_sync_goes_on(tmp_path: Path) -> None:
+    results = session(tmp_path, 2, 1, {"timeout_s": 120.0}, steps=2, stranger=1)
+    assert [r["metrics"]["deltacast/seed"] for r in results] == [1.0, 0.0, 0.0], results

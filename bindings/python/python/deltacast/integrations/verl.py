@@ -31,6 +31,7 @@ the first ``init_process_group`` connects.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -143,6 +144,13 @@ def wire_dtype_of(source: str, wire: str) -> str:
     raise ValueError(f"deltacast: a {source} tensor cannot travel as {wire} (fp32 sources convert)")
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name, not an address
+        return host == "localhost"
+
+
 class _Trainer:
     """One trainer rank: its parts, its sender, its link to every rollout worker."""
 
@@ -167,6 +175,11 @@ class _Trainer:
 
             secret = self.opts.secret()
             if secret is None:
+                if not _is_loopback(self.opts.host):
+                    raise ValueError(
+                        f"deltacast: host {self.opts.host} is not loopback; set secret_file or "
+                        "DELTACAST_SECRET (a generated token would travel through Ray)"
+                    )
                 self.token = generate_token()
                 secret = self.token.encode()
             self.server = FrameServer(
