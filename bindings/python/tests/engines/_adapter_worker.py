@@ -93,6 +93,9 @@ class VllmDelivery:
     def layout(self):
         return self.engine.receiver.layout
 
+    def receiver(self):
+        return self.engine.receiver
+
     def restart(self):
         """As a restarted worker: init_transfer_engine again (a fresh receiver, same layout)."""
         self.engine.init_transfer_engine(self.engine.parse_init_info(self.init))
@@ -156,6 +159,9 @@ class SglangDelivery:
 
     def layout(self):
         return self.dsg.receiver_of(self.model).layout
+
+    def receiver(self):
+        return self.dsg.receiver_of(self.model)
 
     def restart(self):
         self.dsg.reset(self.model)
@@ -320,6 +326,34 @@ def main() -> int:
 
         step("diverged-rank-refuses", path, frames, "frames", "refused", ckpt, tamper=tamper)
         step("after-divergence", path, frames, "frames", None, new)
+        ckpt = new
+        # One rank's write fails half way (as a device error would), after the whole group
+        # verified the sync: that rank writes its old bits back, and so does every other rank,
+        # which had written its share; the genuine frames then land.
+        new = mutate(rng, ckpt, 10)
+        path, frames = sync_file(sync_of(new))
+
+        def fail_write():
+            if rank != tp - 1:
+                return None
+            rx = delivery.receiver()
+            real = rx._write
+
+            def half(changes, use_old=False):
+                if use_old:
+                    return real(changes, use_old=True)
+                real(changes[: max(1, len(changes) // 2)])
+                raise RuntimeError("injected: the device failed half way through the write")
+
+            rx._write = half
+
+            def undo():
+                del rx._write
+
+            return undo
+
+        step("one-rank-write-fails", path, frames, "frames", "refused", ckpt, tamper=fail_write)
+        step("after-write-failure", path, frames, "frames", None, new)
         ckpt = new
         # An old sync again: the wrong version.
         step("replayed", replay[0], replay[1], "file", "refused", ckpt)

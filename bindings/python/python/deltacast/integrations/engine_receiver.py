@@ -21,15 +21,15 @@ a completion flag, and when every rank completed the sync its per-slot digest pa
 limbs, so the sum is exact mod 2^64); the sums are settled against the sender's digests on
 every rank, and a second all-reduce of the settle results makes the sync all or nothing across
 the group: if any rank refused (a bad frame, a wrong version, a digest that does not come out),
-every rank drops the sync and nothing is written anywhere. Every rank must be fed the same
-frames in the same calls.
+every rank drops the sync and nothing is written anywhere. The commit is agreed the same way:
+a rank whose write fails (a device error) writes its old bits back, and so does every rank,
+before anyone counts the sync. Every rank must be fed the same frames in the same calls.
 
 Used by ``deltacast.integrations.vllm`` (weight-transfer backend) and
 ``deltacast.integrations.sglang`` (custom weight loader); it imports no engine."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -40,6 +40,10 @@ from .layout import EngineLayout, LayoutError, _bit_view, apply_delta
 
 NOT_HELD, HELD, COUNTED = 0, 1, 2
 _LIMBS = 4  # 16-bit limbs per u64 digest part: exact sums for up to 2^47 ranks
+
+
+class CommitFailedError(DeltacastError):
+    """This rank could not write a verified sync into the engine; the group dropped it."""
 
 
 class GroupRefusedError(DeltacastError):
@@ -314,26 +318,52 @@ class LayoutReceiver:
 
     def commit(self) -> _native.SyncOutcome:
         """Writes the verified sync's changes into the engine's parameters; its
-        ``SyncOutcome``. A write that fails half way is written back from the old bits kept
-        (then the sync is dropped); if even that fails the receiver holds nothing (the next
-        sync must be a seed)."""
+        ``SyncOutcome``. On every rank of the group, like ``receive``: the ranks agree that
+        every one wrote its share before the sync counts. A rank whose write fails writes its
+        old bits back and says so; then every rank writes its old bits back and drops the sync
+        (``CommitFailedError`` on the failing rank, ``GroupRefusedError`` on the others). A
+        rank that cannot even write its old bits back holds nothing (its next sync must be a
+        seed)."""
         import torch
 
         changes = self.receiver.changes()
+        error: Exception | None = None
         try:
             with torch.no_grad():
                 self._write(changes)
+        except Exception as e:  # the group hears of it, then it is raised
+            error = e
         except BaseException:
-            try:
-                with torch.no_grad():
-                    self._write(changes, use_old=True)
-                self.receiver.abort_sync()
-            except BaseException:
-                self.receiver.lose()
+            self._undo(changes)
             raise
+        failed = self._all_reduce(torch.tensor([int(error is not None)], dtype=torch.int64))
+        if int(failed[0]):
+            self._undo(changes)
+            if error is not None:
+                raise CommitFailedError(
+                    f"deltacast: writing the sync into the engine failed ({error}); this "
+                    "rank's weights were written back and the group dropped the sync"
+                ) from error
+            raise GroupRefusedError(
+                f"deltacast: {int(failed[0])} rank(s) of the TP group failed to write the "
+                "sync; every rank wrote its old bits back and dropped it"
+            )
         outcome = self.receiver.commit()
         self.last_changed_slots = sorted({c[0] for c in changes})
         return outcome
+
+    def _undo(self, changes: list) -> None:
+        """Writes the old bits of ``changes`` back and drops the sync; a rank where even that
+        fails holds nothing."""
+        import torch
+
+        try:
+            with torch.no_grad():
+                self._write(changes, use_old=True)
+            self.receiver.abort_sync()
+        except BaseException:
+            self.receiver.lose()
+            raise
 
     def receive_all(self, frames: Iterable[Any]) -> list[_native.SyncOutcome]:
         """Every frame in order; the outcomes of the syncs they completed."""
