@@ -14,11 +14,13 @@ Needs one CUDA GPU and torch, transformers and safetensors. The trace in
 crates/deltacast/tests/data/traces was recorded by `python3 scripts/record_trace.py dense`.
 
 Usage: python3 scripts/record_trace.py dense|moe [...]
-Env:   SEED (default 1234), OUT. Edit the configs below for other shapes or learning rates.
+Env:   SEED (default 1234), LR (default 1e-6), STEPS (default 8), OUT. A trace is named by its
+       model and lr, plus `_seed{SEED}` when SEED is not the default. Edit the configs below for
+       other shapes.
 """
-import json, math, os, sys
+import json, os, sys
 import torch
-from safetensors.torch import save_file, load_file
+from safetensors.torch import save_file
 dev = "cuda"
 OUT = os.environ.get("OUT", ".")
 
@@ -77,7 +79,16 @@ def record(name, model, logits_fn, vocab, steps, lr, with_base, B=8, T=256):
     save_file(steps_only, os.path.join(OUT, f"trace_{name}.safetensors"), metadata=meta)
     return stats
 
-torch.manual_seed(int(os.environ.get("SEED", "1234")))
+SEED = int(os.environ.get("SEED", "1234"))
+LR = float(os.environ.get("LR", "1e-6"))
+STEPS = int(os.environ.get("STEPS", "8"))
+torch.manual_seed(SEED)
+
+
+def trace_name(model):
+    return f"{model}_lr{LR:.0e}" + ("" if SEED == 1234 else f"_seed{SEED}")
+
+
 which = sys.argv[1:]
 summary = {}
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -87,11 +98,11 @@ if "moe" in which:
                          vocab_size=2048, tie_word_embeddings=False, max_position_embeddings=1024)
     m = Qwen3MoeForCausalLM(cfg).to(dev, dtype=torch.float32); m.train()
     fn = lambda ids: m(input_ids=ids).logits
-    summary["moe"] = record("moe_lr1e-06", m, fn, cfg.vocab_size, 8, 1e-6, with_base=True)
+    summary["moe"] = record(trace_name("moe"), m, fn, cfg.vocab_size, STEPS, LR, with_base=True)
 if "dense" in which:
     cfg = Qwen2Config(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=8000, tie_word_embeddings=True, max_position_embeddings=1024)
     m = Qwen2ForCausalLM(cfg).to(dev, dtype=torch.float32); m.train()
     fn = lambda ids: m(input_ids=ids).logits
-    summary["dense"] = record("dense_lr1e-06", m, fn, cfg.vocab_size, 8, 1e-6, with_base=True)
-json.dump(summary, open(os.path.join(OUT, "trace_summary_" + "_".join(which) + ".json"), "w"), indent=1)
+    summary["dense"] = record(trace_name("dense"), m, fn, cfg.vocab_size, STEPS, LR, with_base=True)
+json.dump(summary, open(os.path.join(OUT, "trace_summary_" + "_".join(trace_name(w) for w in which) + ".json"), "w"), indent=1)
