@@ -6,7 +6,10 @@
 //!
 //! `cargo run --release -p deltacast --example codec_ab -- [rounds] [densities] [only]`:
 //! `densities` comma separated (default 0.1,0.5); `only` one of diff, auto, genc, benc, uenc, pdec,
-//! udec (a substring of the measurement) or dir (the chunk's ulp and gaps parameters). `auto`
+//! udec, ctx (a substring of the measurement) or dir (the chunk's ulp and gaps parameters).
+//! `ctx_enc` / `ctx_dec` time the `auto+ctx` choice (every candidate of `auto` plus the context
+//! codecs) and the decode of what it chose, against a held range whose unchanged elements take
+//! exponents from the chunk's own old values. `auto`
 //! encodes into buffers reused from round to round, as the sender does; `auto_fresh` (only when
 //! named) into fresh ones each round, page faults included.
 //!
@@ -16,8 +19,9 @@
 //! different chunks of the range one after the other in each round: new data per chunk at
 //! the sender's chunk size (2^20), as in a sync, without the larger range's cache misses.
 use deltacast::codec::{
-    decode_positions, decode_values, encode_chunk, encode_chunk_into, encode_positions,
-    encode_values, CodecChoice, EncodedChunk, PosCodec, ValCodec,
+    decode_positions, decode_positions_held, decode_values, encode_chunk, encode_chunk_into,
+    encode_chunk_with_state_into, encode_positions, encode_values, CodecChoice, EncodedChunk,
+    PosCodec, ValCodec,
 };
 use deltacast::diff::{best_impl, diff_serial_with, Changes};
 use std::hint::black_box;
@@ -143,6 +147,9 @@ fn main() {
             });
             line += &format!(" auto_fresh={:.0}", rate(t));
         }
+        if want("ctx") {
+            line += &context_rates(&all, rounds);
+        }
         let chosen: Vec<_> = all
             .iter()
             .map(|c| encode_chunk(CodecChoice::Auto, 2, &c.rel, range(), &c.old, &c.new))
@@ -231,6 +238,109 @@ fn main() {
         }
         println!("{line}");
     }
+}
+
+/// The receiver's bits of a chunk's whole range before and after the sync: changed elements
+/// hold their old and new values, the others old values drawn from the chunk (so the exponent
+/// classes the context codecs condition on look like the changed elements' own).
+fn held_range(c: &Chunk) -> (Vec<u8>, Vec<u8>) {
+    let mut s = 11u64;
+    let count = (c.old.len() / 2).max(1);
+    let mut before = vec![0u8; range() as usize * 2];
+    for e in before.chunks_exact_mut(2) {
+        let j = (splitmix(&mut s) % count as u64) as usize;
+        if let Some(v) = c.old.get(2 * j..2 * j + 2) {
+            e.copy_from_slice(v);
+        }
+    }
+    for (j, &p) in c.rel.iter().enumerate() {
+        let p = p as usize;
+        before[2 * p..2 * p + 2].copy_from_slice(&c.old[2 * j..2 * j + 2]);
+    }
+    let mut after = before.clone();
+    for (j, &p) in c.rel.iter().enumerate() {
+        let p = p as usize;
+        after[2 * p..2 * p + 2].copy_from_slice(&c.new[2 * j..2 * j + 2]);
+    }
+    (before, after)
+}
+
+/// ` ctx_enc=… ctx_dec=… ctx_codecs=POS+VAL`: the `auto+ctx` encode of every chunk and the
+/// decode of its choice, in M changes per second.
+fn context_rates(all: &[Chunk], rounds: usize) -> String {
+    let held: Vec<(Vec<u8>, Vec<u8>)> = all.iter().map(held_range).collect();
+    let n: f64 = all.iter().map(|c| c.rel.len() as f64).sum();
+    let mut enc = EncodedChunk::default();
+    let te = best(rounds, || {
+        for (c, (_, after)) in all.iter().zip(&held) {
+            encode_chunk_with_state_into(
+                CodecChoice::AutoContext,
+                2,
+                black_box(&c.rel),
+                range(),
+                &c.old,
+                &c.new,
+                Some(after),
+                &mut enc,
+            );
+            black_box(&enc);
+        }
+    });
+    let chosen: Vec<EncodedChunk> = all
+        .iter()
+        .zip(&held)
+        .map(|(c, (_, after))| {
+            let mut e = EncodedChunk::default();
+            encode_chunk_with_state_into(
+                CodecChoice::AutoContext,
+                2,
+                &c.rel,
+                range(),
+                &c.old,
+                &c.new,
+                Some(after),
+                &mut e,
+            );
+            e
+        })
+        .collect();
+    let (mut pos, mut val) = (Vec::new(), Vec::new());
+    let td = best(rounds, || {
+        for ((c, e), (before, _)) in all.iter().zip(&chosen).zip(&held) {
+            let (Some(pc), Some(vc)) = (e.pos_codec, e.val_codec) else {
+                continue;
+            };
+            decode_positions_held(
+                pc,
+                black_box(&e.positions),
+                c.rel.len() as u32,
+                range(),
+                2,
+                before,
+                &mut pos,
+            )
+            .expect("the chunk's own positions decode");
+            decode_values(vc, 2, &e.values, &c.old, &mut val).expect("the chunk's own values decode");
+        }
+    });
+    // Checked once outside the timing: what was decoded is the chunk.
+    for ((c, e), (before, _)) in all.iter().zip(&chosen).zip(&held) {
+        let (Some(pc), Some(vc)) = (e.pos_codec, e.val_codec) else {
+            continue;
+        };
+        decode_positions_held(pc, &e.positions, c.rel.len() as u32, range(), 2, before, &mut pos)
+            .expect("the chunk's own positions decode");
+        decode_values(vc, 2, &e.values, &c.old, &mut val).expect("the chunk's own values decode");
+        assert!(pos == c.rel && val == c.new, "ctx round trip");
+    }
+    let first = &chosen[0];
+    format!(
+        " ctx_enc={:.0} ctx_dec={:.0} ctx_codecs={}+{}",
+        n / te / 1e6,
+        n / td / 1e6,
+        first.pos_codec.map_or("-", |c| c.name()),
+        first.val_codec.map_or("-", |c| c.name())
+    )
 }
 
 /// How often each block parameter occurs, and how many neighbouring blocks share theirs.

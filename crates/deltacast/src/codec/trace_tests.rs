@@ -104,15 +104,14 @@ fn chooser_picks_the_smallest_at_high_density() {
     }
 }
 
-/// The recorded AdamW trace, committed with the crate (tests/data/traces/README.md).
-const TRACE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/traces/trace_dense_lr1e-06.safetensors"
-);
-const TRACE_BASE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/traces/trace_dense_lr1e-06_base.safetensors"
-);
+/// The recorded AdamW traces, committed with the crate (tests/data/traces/README.md): the
+/// first is the reference trace, the others another seed, a higher lr and a Qwen3-MoE.
+pub(super) const TRACES: [&str; 4] = [
+    "dense_lr1e-06",
+    "dense_lr1e-06_seed99",
+    "dense_lr3e-06",
+    "moe_lr1e-06",
+];
 /// Chunk range used for the trace figures.
 pub(super) const CHUNK: usize = 1 << 20;
 
@@ -124,11 +123,21 @@ fn read_trace_file(path: &str) -> Vec<u8> {
 /// One tensor's changes at one step of the trace: sorted flat positions and new BF16 bits.
 pub(super) type TraceChanges = (String, Vec<u32>, Vec<u8>);
 
-/// The recorded trace, checked as it is read: the base state (BF16 bits per parameter) and,
-/// per step in order, the changes of every parameter that changed.
+/// The reference trace ([`recorded_trace_named`] of the first of [`TRACES`]).
 #[allow(clippy::type_complexity)]
 pub(super) fn recorded_trace() -> (HashMap<String, Vec<u8>>, BTreeMap<u32, Vec<TraceChanges>>) {
-    let (steps_file, base_file) = (read_trace_file(TRACE), read_trace_file(TRACE_BASE));
+    recorded_trace_named(TRACES[0])
+}
+
+/// A recorded trace, checked as it is read: the base state (BF16 bits per parameter) and, per
+/// step in order, the changes of every parameter that changed.
+#[allow(clippy::type_complexity)]
+pub(super) fn recorded_trace_named(
+    name: &str,
+) -> (HashMap<String, Vec<u8>>, BTreeMap<u32, Vec<TraceChanges>>) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces");
+    let steps_file = read_trace_file(&format!("{dir}/trace_{name}.safetensors"));
+    let base_file = read_trace_file(&format!("{dir}/trace_{name}_base.safetensors"));
     let base = safetensors::SafeTensors::deserialize(&base_file).expect("base trace parses");
     let steps = safetensors::SafeTensors::deserialize(&steps_file).expect("step trace parses");
 
