@@ -335,7 +335,7 @@ fn context_rates(all: &[Chunk], rounds: usize) -> String {
     }
     let first = &chosen[0];
     format!(
-        " ctx_enc={:.0} ctx_dec={:.0} ctx_codecs={}+{}",
+        " ctx_enc={:.1} ctx_dec={:.1} ctx_codecs={}+{}",
         n / te / 1e6,
         n / td / 1e6,
         first.pos_codec.map_or("-", |c| c.name()),
