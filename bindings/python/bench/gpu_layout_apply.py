@@ -1,0 +1,199 @@
+"""Commit time of a delta into an engine's own GPU weights, three ways side by side (issue 25's
+GPU benchmark; the layout as data, engine-shaped tensors, no engine on the machine):
+
+- ``commit``: deltacast's apply through the layout (``layout.apply_delta`` per changed HF slot,
+  positions and values on the host as the ``LayoutReceiver`` holds them after ``stage``);
+- ``patch``: the checkpoint-patch way (verl's delta consumers, vLLM's patch API): per touched HF
+  tensor a full-size NaN tensor on the GPU, the changed values written into it, then the
+  engine's loader copying its non-NaN elements into place (a masked copy per engine block);
+- ``reload``: every HF tensor loaded whole (``layout.apply_slot`` of each, from GPU tensors).
+
+The layouts are SGLang's, learned on a CPU by engine_layouts.py (one decoder layer, repeated
+here for every layer). All three end in bit-identical weights, checked after every step against
+each other and against the HF truth. ~1.5 % of every tensor changes per step (uniform random
+positions, finite new values: the patch way cannot carry a NaN).
+
+    python3 bindings/python/bench/gpu_layout_apply.py LAYOUT.json LAYERS [--steps 6]
+        [--frac 0.015] [--out FILE.json] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+# layout.py is plain Python (numpy, torch): loaded by path, no native module needed.
+_spec = importlib.util.spec_from_file_location(
+    "dc_layout", HERE.parent / "python" / "deltacast" / "integrations" / "layout.py"
+)
+L = importlib.util.module_from_spec(_spec)
+sys.modules["dc_layout"] = L  # dataclasses look their module up there
+_spec.loader.exec_module(L)
+
+LAYER0 = "model.layers.0."
+
+
+def repeat_layers(d: dict, layers: int) -> dict:
+    """The layout JSON with layer 0's slots and parameters repeated for layers 0..layers-1."""
+
+    def expand(items: dict, rename) -> dict:
+        out: dict = {}
+        group = {k: v for k, v in items.items() if k.startswith(LAYER0)}
+        for k, v in items.items():
+            if not k.startswith(LAYER0):
+                out[k] = v
+            elif k == next(iter(group)):
+                for i in range(layers):
+                    for gk, gv in group.items():
+                        out[f"model.layers.{i}." + gk[len(LAYER0):]] = rename(gv, i)
+        return out
+
+    def rename_param(p: dict, i: int) -> dict:
+        q = dict(p)
+        q["blocks"] = [
+            {**b, "slot": f"model.layers.{i}." + b["slot"][len(LAYER0):]}
+            if b["slot"].startswith(LAYER0) else b
+            for b in p["blocks"]
+        ]
+        return q
+
+    return {
+        **d,
+        "slots": expand(d["slots"], lambda s, i: s),
+        "params": expand(d["params"], rename_param),
+    }
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(f) -> float:
+    sync()
+    t = time.perf_counter()
+    f()
+    sync()
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("layout")
+    ap.add_argument("layers", type=int)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--frac", type=float, default=0.015)
+    ap.add_argument("--out")
+    ap.add_argument("--device", default="cuda", help="cpu: a check of this script, no figures")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    raw = json.loads(Path(a.layout).read_text())
+    lay = L.EngineLayout.from_json(repeat_layers(raw, a.layers))
+    rng = np.random.default_rng(7)
+    gen = torch.Generator(device=dev).manual_seed(7)
+
+    # The HF truth (bf16 on the GPU) and three engine copies of it.
+    truth = {
+        s: torch.randn(shape, generator=gen, device=dev).to(torch.bfloat16)
+        for s, shape in lay.slots.items()
+    }
+    sets = {
+        k: {n: torch.zeros(p.shape, dtype=torch.bfloat16, device=dev) for n, p in lay.params.items()}
+        for k in ("commit", "patch", "reload")
+    }
+    for params in sets.values():
+        for s, t in truth.items():
+            L.apply_slot(lay, params, s, t)
+    by_slot = lay.by_slot()
+    engine_elems = sum(p.numel for p in lay.params.values())
+    print(
+        f"{Path(a.layout).name} x {a.layers} layers: {len(lay.slots)} HF tensors, "
+        f"{len(lay.params)} engine parameters, {engine_elems / 1e9:.2f} G elements on this rank, "
+        f"{sum(len(b) for b in by_slot.values())} blocks; {name}",
+        flush=True,
+    )
+
+    def patch(changes) -> None:
+        params = sets["patch"]
+        for s, pos, vals in changes:
+            full = torch.full(lay.slots[s], float("nan"), dtype=torch.bfloat16, device=dev)
+            flat = full.view(-1)
+            flat[pos.to(dev, non_blocking=True)] = vals.to(dev, non_blocking=True)
+            for pname, b in by_slot[s]:
+                dst = params[pname].view(-1)
+                size = (b.count, b.length)
+                d = dst.as_strided(size, (b.dst_stride, 1), dst.storage_offset() + b.dst)
+                src = flat.as_strided(size, (b.src_stride, 1), flat.storage_offset() + b.src)
+                d.copy_(torch.where(torch.isnan(src), d, src))
+
+    def commit(changes) -> None:
+        for s, pos, vals in changes:
+            L.apply_delta(lay, sets["commit"], s, pos, vals)
+
+    def reload() -> None:
+        for s, t in truth.items():
+            L.apply_slot(lay, sets["reload"], s, t)
+
+    rows = []
+    for step in range(a.steps + 1):  # step 0 warms up
+        changes, changed = [], 0
+        for s, shape in lay.slots.items():
+            n = math.prod(shape)
+            k = max(1, int(round(n * a.frac)))
+            pos = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+            vals = torch.from_numpy(rng.standard_normal(k).astype(np.float32)).to(torch.bfloat16)
+            changes.append((s, torch.from_numpy(pos), vals))
+            truth[s].view(-1)[torch.from_numpy(pos).to(dev)] = vals.to(dev)
+            changed += k
+        t_commit = timed(lambda: commit(changes))
+        t_patch = timed(lambda: patch(changes))
+        t_reload = timed(reload)
+        ref = sets["reload"]
+        for k in ("commit", "patch"):
+            for n, p in sets[k].items():
+                if not torch.equal(p.view(torch.int16), ref[n].view(torch.int16)):
+                    raise SystemExit(f"step {step}: {k} differs from the reload in {n}")
+        if step:
+            rows.append(
+                {"step": step, "changed": changed, "commit_ms": t_commit * 1e3,
+                 "patch_ms": t_patch * 1e3, "reload_ms": t_reload * 1e3}
+            )
+            r = rows[-1]
+            print(
+                f"step {step}: {changed / 1e6:.2f} M changed: commit {r['commit_ms']:.1f} ms, "
+                f"patch {r['patch_ms']:.1f} ms ({r['patch_ms'] / r['commit_ms']:.1f}x), "
+                f"reload {r['reload_ms']:.1f} ms; all three bit-identical", flush=True
+            )
+    med = {k: statistics.median(r[k] for r in rows) for k in ("commit_ms", "patch_ms", "reload_ms")}
+    changed = statistics.median(r["changed"] for r in rows)
+    summary = {
+        "layout": Path(a.layout).name, "layers": a.layers, "frac": a.frac,
+        "engine_elements": engine_elems, "blocks": sum(len(b) for b in by_slot.values()),
+        "device": name, "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "median": med, "ns_per_changed_commit": med["commit_ms"] * 1e6 / changed, "rows": rows,
+    }
+    print(
+        f"median: commit {med['commit_ms']:.1f} ms ({summary['ns_per_changed_commit']:.1f} ns per "
+        f"changed element), patch {med['patch_ms']:.1f} ms, reload {med['reload_ms']:.1f} ms; "
+        f"patch/commit {med['patch_ms'] / med['commit_ms']:.1f}x",
+        flush=True,
+    )
+    if a.out:
+        Path(a.out).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
