@@ -104,14 +104,24 @@ fn chooser_picks_the_smallest_at_high_density() {
     }
 }
 
-/// The recorded AdamW traces, committed with the crate (tests/data/traces/README.md): the
-/// first is the reference trace, the others another seed, a higher lr and a Qwen3-MoE.
+/// The recorded AdamW traces (tests/data/traces/README.md): the first is committed with the
+/// crate; the others (another seed, a higher lr, a Qwen3-MoE) are too large for the repository
+/// and are read from `$DELTACAST_EXTRA_TRACES` when it names a folder holding them.
 pub(super) const TRACES: [&str; 4] = [
     "dense_lr1e-06",
     "dense_lr1e-06_seed99",
     "dense_lr3e-06",
     "moe_lr1e-06",
 ];
+
+/// The folder of trace `name`: the crate's own for the first of [`TRACES`], else
+/// `$DELTACAST_EXTRA_TRACES` (None when unset).
+pub(super) fn trace_dir(name: &str) -> Option<String> {
+    if name == TRACES[0] {
+        return Some(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces").to_string());
+    }
+    std::env::var("DELTACAST_EXTRA_TRACES").ok()
+}
 /// Chunk range used for the trace figures.
 pub(super) const CHUNK: usize = 1 << 20;
 
@@ -135,7 +145,7 @@ pub(super) fn recorded_trace() -> (HashMap<String, Vec<u8>>, BTreeMap<u32, Vec<T
 pub(super) fn recorded_trace_named(
     name: &str,
 ) -> (HashMap<String, Vec<u8>>, BTreeMap<u32, Vec<TraceChanges>>) {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces");
+    let dir = trace_dir(name).expect("the trace's folder (trace_dir)");
     let steps_file = read_trace_file(&format!("{dir}/trace_{name}.safetensors"));
     let base_file = read_trace_file(&format!("{dir}/trace_{name}_base.safetensors"));
     let base = safetensors::SafeTensors::deserialize(&base_file).expect("base trace parses");
