@@ -434,19 +434,24 @@ def apply_delta(
     ``positions``: flat (row-major) indices into HF slot ``slot``; ``values``: the new values,
     one per position, as a torch tensor (or numpy array) of the parameter's dtype, whose bits are
     copied as they are. Only the positions of this rank's share are written; work is
-    O(len(positions)) per block of the slot. Returns the number of elements written."""
+    O(len(positions)) per block of the slot, on the parameters' device (positions and values on
+    the host are moved there once), with one wait for the device per block. Returns the number of
+    elements written."""
     import torch
 
     blocks = layout.by_slot().get(slot)
     if blocks is None:
         raise LayoutError(f"unknown HF slot {slot!r}")
-    pos = torch.as_tensor(positions, dtype=torch.int64).reshape(-1)
-    vals = torch.as_tensor(values).reshape(-1)
+    dev = params[blocks[0][0]].device if blocks else torch.device("cpu")
+    pos = torch.as_tensor(positions, dtype=torch.int64).reshape(-1).to(dev)
+    vals = torch.as_tensor(values).reshape(-1).to(dev)
     if pos.numel() != vals.numel():
         raise LayoutError(f"{slot}: {pos.numel()} positions but {vals.numel()} values")
     numel = math.prod(layout.slots[slot])
-    if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= numel):
-        raise LayoutError(f"{slot}: a position outside 0..{numel}")
+    if pos.numel():
+        lo, hi = torch.stack([pos.min(), pos.max()]).tolist()  # one wait for both
+        if lo < 0 or hi >= numel:
+            raise LayoutError(f"{slot}: a position outside 0..{numel}")
     written = 0
     for pname, b in blocks:
         flat, ints = _bit_view(params, slot, pname, vals.dtype)
@@ -459,10 +464,11 @@ def apply_delta(
             j = q - i * b.src_stride
             hit = (q >= 0) & (i < b.count) & (j < b.length)
             dst = b.dst + i * b.dst_stride + j
-        if not bool(hit.any()):
+        sel = hit.nonzero().squeeze(1)  # the block's share: its size is the one wait
+        if sel.numel() == 0:
             continue
-        flat[dst[hit]] = vals[hit].view(ints).to(flat.device)
-        written += int(hit.sum())
+        flat[dst[sel].to(flat.device)] = vals[sel].view(ints).to(flat.device)
+        written += sel.numel()
     return written
 
 
