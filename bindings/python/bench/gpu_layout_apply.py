@@ -1,7 +1,7 @@
 """Commit time of a delta into an engine's own GPU weights, three ways side by side (issue 25's
 GPU benchmark; the layout as data, engine-shaped tensors, no engine on the machine):
 
-- ``commit``: deltacast's apply through the layout (``layout.apply_delta`` per changed HF slot,
+- ``commit``: deltacast's apply through the layout (``layout.apply_deltas`` of every changed HF slot,
   positions and values on the host as the ``LayoutReceiver`` holds them after ``stage``);
 - ``commit_dev``: the same with positions and values already on the GPU (as a receiver that
   decodes on the device would hold them);
@@ -97,6 +97,7 @@ def main() -> int:
     ap.add_argument("--frac", type=float, default=0.015)
     ap.add_argument("--out")
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script, no figures")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler table of one commit")
     a = ap.parse_args()
     dev = torch.device(a.device)
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
@@ -131,7 +132,9 @@ def main() -> int:
         for s, pos, vals in changes:
             full = torch.full(lay.slots[s], float("nan"), dtype=torch.bfloat16, device=dev)
             flat = full.view(-1)
-            flat[pos.to(dev, non_blocking=True)] = vals.to(dev, non_blocking=True)
+            # The same indexed write as the commit's (index_copy_), so the two differ in what
+            # they touch, not in the primitive.
+            flat.index_copy_(0, pos.to(dev, non_blocking=True), vals.to(dev, non_blocking=True))
             for pname, b in by_slot[s]:
                 dst = params[pname].view(-1)
                 size = (b.count, b.length)
@@ -140,12 +143,10 @@ def main() -> int:
                 d.copy_(torch.where(torch.isnan(src), d, src))
 
     def commit(changes) -> None:
-        for s, pos, vals in changes:
-            L.apply_delta(lay, sets["commit"], s, pos, vals)
+        L.apply_deltas(lay, sets["commit"], changes)
 
     def commit_dev(changes) -> None:
-        for s, pos, vals in changes:
-            L.apply_delta(lay, sets["commit_dev"], s, pos, vals)
+        L.apply_deltas(lay, sets["commit_dev"], changes)
 
     def reload() -> None:
         for s, t in truth.items():
@@ -187,6 +188,14 @@ def main() -> int:
             )
     keys = ("commit_ms", "commit_dev_ms", "patch_ms", "reload_ms")
     med = {k: statistics.median(r[k] for r in rows) for k in keys}
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            commit_dev(on_dev)
+            sync()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
     changed = statistics.median(r["changed"] for r in rows)
     summary = {
         "layout": Path(a.layout).name, "layers": a.layers, "frac": a.frac,

@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import _native
 from .._errors import DeltacastError
-from .layout import EngineLayout, LayoutError, _bit_view, apply_delta
+from .layout import EngineLayout, LayoutError, _bit_view, apply_deltas
 
 NOT_HELD, HELD, COUNTED = 0, 1, 2
 _LIMBS = 4  # 16-bit limbs per u64 digest part: exact sums for up to 2^47 ranks
@@ -236,17 +236,18 @@ class LayoutReceiver:
     def _write(self, changes: list, use_old: bool = False) -> int:
         import torch
 
-        written = 0
-        for name, pos, values, old in changes:
-            bits = old if use_old else values
-            written += apply_delta(
-                self.layout,
-                self.params,
-                name,
-                torch.from_numpy(pos),
-                torch.from_numpy(bits).view(self._dtypes[name]),
-            )
-        return written
+        return apply_deltas(
+            self.layout,
+            self.params,
+            [
+                (
+                    name,
+                    torch.from_numpy(pos),
+                    torch.from_numpy(old if use_old else values).view(self._dtypes[name]),
+                )
+                for name, pos, values, old in changes
+            ],
+        )
 
     # --- the group ---
 

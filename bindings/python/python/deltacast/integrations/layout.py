@@ -433,43 +433,90 @@ def apply_delta(
 
     ``positions``: flat (row-major) indices into HF slot ``slot``; ``values``: the new values,
     one per position, as a torch tensor (or numpy array) of the parameter's dtype, whose bits are
-    copied as they are. Only the positions of this rank's share are written; work is
-    O(len(positions)) per block of the slot, on the parameters' device (positions and values on
-    the host are moved there once), with one wait for the device per block. Returns the number of
-    elements written."""
+    copied as they are. Only the positions of this rank's share are written. Returns the number
+    of elements written. ``apply_deltas`` does many slots with fewer waits for the device."""
+    return apply_deltas(layout, params, [(slot, positions, values)])
+
+
+def apply_deltas(
+    layout: EngineLayout, params: Mapping[str, Any], changes: Iterable[tuple[str, Any, Any]]
+) -> int:
+    """``apply_delta`` of every ``(slot, positions, values)`` in ``changes``, checked first (a bad
+    slot, count, dtype or position writes nothing), then written on the parameters' device
+    (positions and values on the host are moved there once). O(len(positions)) per block: a
+    block that holds its whole slot is written without a mask; the others pick their share,
+    with one wait for the device each. Returns the number of elements written."""
     import torch
 
-    blocks = layout.by_slot().get(slot)
-    if blocks is None:
-        raise LayoutError(f"unknown HF slot {slot!r}")
-    dev = params[blocks[0][0]].device if blocks else torch.device("cpu")
-    pos = torch.as_tensor(positions, dtype=torch.int64).reshape(-1).to(dev)
-    vals = torch.as_tensor(values).reshape(-1).to(dev)
-    if pos.numel() != vals.numel():
-        raise LayoutError(f"{slot}: {pos.numel()} positions but {vals.numel()} values")
-    numel = math.prod(layout.slots[slot])
-    if pos.numel():
-        lo, hi = torch.stack([pos.min(), pos.max()]).tolist()  # one wait for both
-        if lo < 0 or hi >= numel:
-            raise LayoutError(f"{slot}: a position outside 0..{numel}")
+    todo = []
+    on_device = []  # positions that came on a device: checked together, one wait
+    for slot, positions, values in changes:
+        blocks = layout.by_slot().get(slot)
+        if blocks is None:
+            raise LayoutError(f"unknown HF slot {slot!r}")
+        numel = math.prod(layout.slots[slot])
+        pos = torch.as_tensor(positions, dtype=torch.int64).reshape(-1)
+        vals = torch.as_tensor(values).reshape(-1)
+        if pos.numel() != vals.numel():
+            raise LayoutError(f"{slot}: {pos.numel()} positions but {vals.numel()} values")
+        if pos.numel() and pos.device.type == "cpu":
+            if int(pos.min()) < 0 or int(pos.max()) >= numel:
+                raise LayoutError(f"{slot}: a position outside 0..{numel}")
+        elif pos.numel():
+            on_device.append((slot, pos, numel))
+        dev = params[blocks[0][0]].device if blocks else torch.device("cpu")
+        views = [(b, *_bit_view(params, slot, pname, vals.dtype)) for pname, b in blocks]
+        todo.append((slot, pos.to(dev), vals.to(dev), views))
+    if on_device:
+        _check_on_device(on_device)
     written = 0
-    for pname, b in blocks:
-        flat, ints = _bit_view(params, slot, pname, vals.dtype)
-        q = pos - b.src
-        if b.count == 1:
-            hit = (q >= 0) & (q < b.length)
-            dst = q + b.dst
-        else:
-            i = torch.div(q, b.src_stride, rounding_mode="floor")
-            j = q - i * b.src_stride
-            hit = (q >= 0) & (i < b.count) & (j < b.length)
-            dst = b.dst + i * b.dst_stride + j
-        sel = hit.nonzero().squeeze(1)  # the block's share: its size is the one wait
-        if sel.numel() == 0:
+    for slot, pos, vals, views in todo:
+        if pos.numel() == 0:
             continue
-        flat[dst[sel].to(flat.device)] = vals[sel].view(ints).to(flat.device)
-        written += sel.numel()
+        numel = math.prod(layout.slots[slot])
+        for b, flat, ints in views:
+            bits = vals.view(ints)
+            if b.count == 1 and b.src == 0 and b.length == numel:
+                # index_copy_, not flat[idx] = v: CUDA's index_put_ sorts the indices first.
+                # Few launches per slot: on a GPU the host's launch time is most of the cost.
+                at = pos if b.dst == 0 else pos + b.dst
+                flat.index_copy_(0, at.to(flat.device), bits.to(flat.device))
+                written += pos.numel()
+                continue
+            q = pos - b.src
+            if b.count == 1:
+                hit = (q >= 0) & (q < b.length)
+                dst = q + b.dst
+            else:
+                i = torch.div(q, b.src_stride, rounding_mode="floor")
+                j = q - i * b.src_stride
+                hit = (q >= 0) & (i < b.count) & (j < b.length)
+                dst = b.dst + i * b.dst_stride + j
+            sel = hit.nonzero().squeeze(1)  # the block's share: its size is the one wait
+            if sel.numel() == 0:
+                continue
+            flat.index_copy_(0, dst[sel].to(flat.device), bits[sel].to(flat.device))
+            written += sel.numel()
     return written
+
+
+def _check_on_device(items: list[tuple[str, Any, int]]) -> None:
+    """Every (slot, device positions, slot size): all positions in range, in a few launches and
+    one wait per device; names the first slot with one outside."""
+    import torch
+
+    by_dev: dict[Any, list[tuple[str, Any, int]]] = {}
+    for it in items:
+        by_dev.setdefault(it[1].device, []).append(it)
+    for dev, group in by_dev.items():
+        allpos = torch.cat([p for _, p, _ in group])
+        sizes = torch.tensor([n for _, _, n in group], dtype=torch.int64, device=dev)
+        counts = torch.tensor([p.numel() for _, p, _ in group], dtype=torch.int64, device=dev)
+        limit = torch.repeat_interleave(sizes, counts)
+        if bool(((allpos < 0) | (allpos >= limit)).any()):
+            for slot, p, n in group:
+                if int(p.min()) < 0 or int(p.max()) >= n:
+                    raise LayoutError(f"{slot}: a position outside 0..{n}")
 
 
 def apply_slot(layout: EngineLayout, params: Mapping[str, Any], slot: str, values: Any) -> int:
