@@ -320,7 +320,8 @@ fn context_rates(all: &[Chunk], rounds: usize) -> String {
                 &mut pos,
             )
             .expect("the chunk's own positions decode");
-            decode_values(vc, 2, &e.values, &c.old, &mut val).expect("the chunk's own values decode");
+            decode_values(vc, 2, &e.values, &c.old, &mut val)
+                .expect("the chunk's own values decode");
         }
     });
     // Checked once outside the timing: what was decoded is the chunk.
@@ -328,8 +329,16 @@ fn context_rates(all: &[Chunk], rounds: usize) -> String {
         let (Some(pc), Some(vc)) = (e.pos_codec, e.val_codec) else {
             continue;
         };
-        decode_positions_held(pc, &e.positions, c.rel.len() as u32, range(), 2, before, &mut pos)
-            .expect("the chunk's own positions decode");
+        decode_positions_held(
+            pc,
+            &e.positions,
+            c.rel.len() as u32,
+            range(),
+            2,
+            before,
+            &mut pos,
+        )
+        .expect("the chunk's own positions decode");
         decode_values(vc, 2, &e.values, &c.old, &mut val).expect("the chunk's own values decode");
         assert!(pos == c.rel && val == c.new, "ctx round trip");
     }
