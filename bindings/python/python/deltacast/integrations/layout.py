@@ -443,7 +443,7 @@ def apply_deltas(
 ) -> int:
     """``apply_delta`` of every ``(slot, positions, values)`` in ``changes``, checked first (a bad
     slot, count, dtype or position writes nothing), then written on the parameters' device
-    (positions and values on the host are moved there once). O(len(positions)) per block: a
+    (positions and values on the host are moved there together, through one pinned buffer). O(len(positions)) per block: a
     block that holds its whole slot is written without a mask; the others pick their share,
     with one wait for the device each. Returns the number of elements written."""
     import torch
@@ -466,9 +466,15 @@ def apply_deltas(
             on_device.append((slot, pos, numel))
         dev = params[blocks[0][0]].device if blocks else torch.device("cpu")
         views = [(b, *_bit_view(params, slot, pname, vals.dtype)) for pname, b in blocks]
-        todo.append((slot, pos.to(dev), vals.to(dev), views))
+        todo.append((slot, pos, vals, views, dev))
     if on_device:
         _check_on_device(on_device)
+    moved_pos = _moved([(t[1], t[4]) for t in todo])
+    moved_vals = _moved([(t[2], t[4]) for t in todo])
+    todo = [
+        (slot, p, v, views)
+        for (slot, _, _, views, _), p, v in zip(todo, moved_pos, moved_vals, strict=True)
+    ]
     written = 0
     for slot, pos, vals, views in todo:
         if pos.numel() == 0:
@@ -498,6 +504,29 @@ def apply_deltas(
             flat.index_copy_(0, dst[sel].to(flat.device), bits[sel].to(flat.device))
             written += sel.numel()
     return written
+
+
+def _moved(items: list[tuple[Any, Any]]) -> list[Any]:
+    """Each (tensor, device) on its device. Host tensors bound for one CUDA device travel
+    together: one copy into a pinned buffer (torch's caching host allocator reuses it) and one
+    transfer, instead of a transfer from pageable memory per tensor."""
+    import torch
+
+    out: list[Any] = [None] * len(items)
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for k, (t, dev) in enumerate(items):
+        if t.device.type == "cpu" and dev.type == "cuda" and t.numel():
+            groups.setdefault((dev, t.dtype), []).append(k)
+        else:
+            out[k] = t.to(dev)
+    for (dev, dtype), ks in groups.items():
+        sizes = [items[k][0].numel() for k in ks]
+        buf = torch.empty(sum(sizes), dtype=dtype, pin_memory=True)
+        torch.cat([items[k][0] for k in ks], out=buf)
+        on_dev = buf.to(dev, non_blocking=True)
+        for k, part in zip(ks, torch.split(on_dev, sizes), strict=True):
+            out[k] = part
+    return out
 
 
 def _check_on_device(items: list[tuple[str, Any, int]]) -> None:
