@@ -16,6 +16,10 @@ SHAPES = {
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
                  tie_word_embeddings=True),
+    # Qwen2.5-3B: 3.09B parameters, tied embeddings.
+    "3b": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+               num_key_value_heads=2, intermediate_size=11008, vocab_size=151936,
+               tie_word_embeddings=True),
     # Qwen2.5-7B: 7.6B parameters, untied.
     "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,

@@ -130,6 +130,18 @@ fn complement(sorted: &[u32], range: u32) -> Vec<u32> {
     out
 }
 
+/// A section that codes nothing (no element, or every position implied) must be empty: the
+/// error counts the bytes left over.
+pub(crate) fn no_bytes(input: &[u8], count: u64) -> Result<(), CodecError> {
+    if input.is_empty() {
+        return Ok(());
+    }
+    Err(CodecError::TrailingBytes {
+        count,
+        extra: input.len() as u64,
+    })
+}
+
 /// Decodes exactly `count` positions from all of `input` into `out` (cleared first).
 /// Fails unless they are strictly increasing, below `range`, and use every byte of `input`.
 pub fn decode_positions(
@@ -154,12 +166,7 @@ pub fn decode_positions(
                     reason: format!("count {count} differs from range {range}"),
                 });
             }
-            if !input.is_empty() {
-                return Err(CodecError::TrailingBytes {
-                    count: count as u64,
-                    extra: input.len() as u64,
-                });
-            }
+            no_bytes(input, count as u64)?;
             out.extend(0..range);
             Ok(())
         }

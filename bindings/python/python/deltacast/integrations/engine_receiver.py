@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import _native
 from .._errors import DeltacastError
-from .layout import EngineLayout, LayoutError, _bit_view, apply_deltas
+from .layout import EngineLayout, LayoutError, _bit_view, _block_hits, apply_deltas
 
 NOT_HELD, HELD, COUNTED = 0, 1, 2
 _LIMBS = 4  # 16-bit limbs per u64 digest part: exact sums for up to 2^47 ranks
@@ -379,18 +379,6 @@ class LayoutReceiver:
         """Drops a half-received sync, or one that awaits its commit (nothing of it reached
         the engine). Local: call it on every rank."""
         self.receiver.abort_sync()
-
-
-def _block_hits(b: Any, pos: Any) -> tuple[Any, Any]:
-    """Which HF positions block ``b`` holds, and where they land in its parameter."""
-    import torch
-
-    q = pos - b.src
-    if b.count == 1:
-        return (q >= 0) & (q < b.length), q + b.dst
-    i = torch.div(q, b.src_stride, rounding_mode="floor")
-    j = q - i * b.src_stride
-    return (q >= 0) & (i < b.count) & (j < b.length), b.dst + i * b.dst_stride + j
 
 
 def _frame_arg(frame: Any) -> Any:

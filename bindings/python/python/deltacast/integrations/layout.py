@@ -438,6 +438,18 @@ def apply_delta(
     return apply_deltas(layout, params, [(slot, positions, values)])
 
 
+def _block_hits(b: Any, pos: Any) -> tuple[Any, Any]:
+    """Which HF positions block ``b`` holds, and where they land in its parameter."""
+    import torch
+
+    q = pos - b.src
+    if b.count == 1:
+        return (q >= 0) & (q < b.length), q + b.dst
+    i = torch.div(q, b.src_stride, rounding_mode="floor")
+    j = q - i * b.src_stride
+    return (q >= 0) & (i < b.count) & (j < b.length), b.dst + i * b.dst_stride + j
+
+
 def apply_deltas(
     layout: EngineLayout, params: Mapping[str, Any], changes: Iterable[tuple[str, Any, Any]]
 ) -> int:
@@ -489,15 +501,7 @@ def apply_deltas(
                 flat.index_copy_(0, at.to(flat.device), bits.to(flat.device))
                 written += pos.numel()
                 continue
-            q = pos - b.src
-            if b.count == 1:
-                hit = (q >= 0) & (q < b.length)
-                dst = q + b.dst
-            else:
-                i = torch.div(q, b.src_stride, rounding_mode="floor")
-                j = q - i * b.src_stride
-                hit = (q >= 0) & (i < b.count) & (j < b.length)
-                dst = b.dst + i * b.dst_stride + j
+            hit, dst = _block_hits(b, pos)
             sel = hit.nonzero().squeeze(1)  # the block's share: its size is the one wait
             if sel.numel() == 0:
                 continue

@@ -16,6 +16,7 @@
 
 pub(crate) mod rc;
 
+use crate::codec::no_bytes;
 use crate::dtype::{load_bits, to_ordered};
 use crate::error::CodecError;
 use rc::{Decoder, Encoder, Model};
@@ -106,13 +107,7 @@ pub fn decode_positions(
         });
     }
     if count == 0 {
-        if !input.is_empty() {
-            return Err(CodecError::TrailingBytes {
-                count: 0,
-                extra: input.len() as u64,
-            });
-        }
-        return Ok(());
+        return no_bytes(input, 0);
     }
     // Each change needs at least a coded bit; the range bounds the loop either way.
     out.reserve(count.min(range) as usize);
@@ -233,13 +228,7 @@ pub fn decode_values(
     }
     let n = old.len() / width;
     if n == 0 {
-        if !input.is_empty() {
-            return Err(CodecError::TrailingBytes {
-                count: 0,
-                extra: input.len() as u64,
-            });
-        }
-        return Ok(());
+        return no_bytes(input, 0);
     }
     out.reserve(old.len());
     let mut m = ValModels::new(width);

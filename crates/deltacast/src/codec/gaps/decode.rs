@@ -3,6 +3,7 @@
 
 use super::format::{escape_width, read_entry, BLOCK, DIR_ENTRY, ESC, MAX_K};
 use crate::codec::bits::{check_stream_len, mask, BitReader};
+use crate::codec::no_bytes;
 use crate::error::CodecError;
 
 /// [`decode`]; `DISPATCH`: in the BMI build where the CPU has its features, else portable;
@@ -20,13 +21,7 @@ pub(super) fn decode_impl<const DISPATCH: bool, const PAIRS: bool>(
     out.clear();
     let n = count as usize;
     if n == 0 {
-        if !input.is_empty() {
-            return Err(CodecError::TrailingBytes {
-                count: 0,
-                extra: input.len() as u64,
-            });
-        }
-        return Ok(());
+        return no_bytes(input, 0);
     }
     let blocks = n.div_ceil(BLOCK);
     let dir_len = blocks * DIR_ENTRY;

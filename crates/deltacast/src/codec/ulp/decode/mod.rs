@@ -6,6 +6,7 @@ mod lookup;
 
 use super::format::{le, nbits, read_entry, step_of, to_le, valid_code, BLOCK, DIR_ENTRY};
 use crate::codec::bits::{check_stream_len, mask, prefetch, BitCursor, BitReader};
+use crate::codec::no_bytes;
 use crate::dtype::{from_ordered, to_ordered};
 use crate::error::CodecError;
 use fast::{fast_pair_bmi, fast_pair_outlined, Fast, BMI, K0, VALID};
@@ -33,13 +34,7 @@ pub(super) fn decode_width<const W: usize, const HOW: u8>(
     out.clear();
     let n = old.len() / W;
     if n == 0 {
-        if !input.is_empty() {
-            return Err(CodecError::TrailingBytes {
-                count: 0,
-                extra: input.len() as u64,
-            });
-        }
-        return Ok(());
+        return no_bytes(input, 0);
     }
     let nb = nbits::<W>();
     let blocks = n.div_ceil(BLOCK);
