@@ -120,6 +120,7 @@ test)
             "$ROOT"/bindings/python/tests/engines/test_"${e}"_*.py \
             $([ "$e" = sglang ] && echo "$ROOT"/bindings/python/tests/engines/test_verl_*.py) \
             "$ROOT/bindings/python/tests/engines/test_layout_probe.py" \
+            "$ROOT/bindings/python/tests/engines/test_layout_apply.py" \
             -q -rs -p no:cacheprovider || rc=$?
     done
     exit "$rc"

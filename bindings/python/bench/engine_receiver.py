@@ -11,7 +11,8 @@ import time
 import deltacast
 import numpy as np
 import torch
-from deltacast.integrations.layout import EngineLayout, ParamLayout, Block, apply_slot
+from deltacast.integrations.layout import EngineLayout, ParamLayout, Block
+from deltacast.integrations.layout_apply import apply_slot
 from deltacast.integrations.engine_receiver import LayoutReceiver
 N, S = 2_000_000, 8
 names = [f"w{i}" for i in range(S)]

@@ -3,8 +3,10 @@ GPU benchmark; the layout as data, engine-shaped tensors, no engine on the machi
 
 - ``commit``: deltacast's apply through the layout (``layout.apply_deltas`` of every changed HF slot,
   positions and values on the host as the ``LayoutReceiver`` holds them after ``stage``);
-- ``commit_dev``: the same with positions and values already on the GPU (as a receiver that
-  decodes on the device would hold them);
+- ``commit_dev``: the same with positions and values already joined on the GPU, as a receiver
+  that decodes on the device holds them (``layout_apply.apply_joined``);
+- ``commit_torch``: ``commit_dev`` without the Triton kernels (``DELTACAST_NO_TRITON=1``: one
+  ``index_copy_`` per touched parameter), what runs where Triton is missing;
 - ``patch``: the checkpoint-patch way (verl's delta consumers, vLLM's patch API): per touched HF
   tensor a full-size NaN tensor on the GPU, the changed values written into it, then the
   engine's loader copying its non-NaN elements into place (a masked copy per engine block);
@@ -16,31 +18,33 @@ each other and against the HF truth. ~1.5 % of every tensor changes per step (un
 positions, finite new values: the patch way cannot carry a NaN).
 
     python3 bindings/python/bench/gpu_layout_apply.py LAYOUT.json LAYERS [--steps 6]
-        [--frac 0.015] [--out FILE.json] [--device cpu]
+        [--frac 0.015] [--experts N] [--out FILE.json] [--device cpu]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
-# layout.py is plain Python (numpy, torch): loaded by path, no native module needed.
-_spec = importlib.util.spec_from_file_location(
-    "dc_layout", HERE.parent / "python" / "deltacast" / "integrations" / "layout.py"
-)
-L = importlib.util.module_from_spec(_spec)
-sys.modules["dc_layout"] = L  # dataclasses look their module up there
-_spec.loader.exec_module(L)
+# layout.py and layout_apply.py are plain Python (numpy, torch, Triton): loaded from the source
+# tree as a package of their own, no native module needed.
+_pkg = types.ModuleType("dc_integrations")
+_pkg.__path__ = [str(HERE.parent / "python" / "deltacast" / "integrations")]
+sys.modules["dc_integrations"] = _pkg
+L = importlib.import_module("dc_integrations.layout")
+A = importlib.import_module("dc_integrations.layout_apply")
 
 LAYER0 = "model.layers.0."
 
@@ -76,6 +80,50 @@ def repeat_layers(d: dict, layers: int) -> dict:
     }
 
 
+def expand_experts(d: dict, experts: int) -> dict:
+    """Layer 0 of a learned MoE layout with ``experts`` experts instead of the learned count:
+    expert e's slots land where expert 0's do, shifted by e stacked experts (checked on the
+    learned experts first), and the router grows by rows."""
+    import re
+
+    pat = re.compile(re.escape(LAYER0) + r"mlp\.experts\.(\d+)\.")
+    learned = 1 + max(int(m.group(1)) for s in d["slots"] if (m := pat.match(s)))
+    slots: dict = {}
+    for s, shape in d["slots"].items():
+        m = pat.match(s)
+        if m is None:
+            slots[s] = shape
+        elif m.group(1) == "0":
+            for e in range(experts):
+                slots[pat.sub(f"{LAYER0}mlp.experts.{e}.", s)] = shape
+    params: dict = {}
+    for name, p in d["params"].items():
+        blocks = p["blocks"]
+        if any(pat.match(b["slot"]) for b in blocks):
+            per = math.prod(p["shape"][1:])
+            zero = [b for b in blocks if pat.match(b["slot"]).group(1) == "0"]
+            for b in blocks:
+                e = int(pat.match(b["slot"]).group(1))
+                twin = next(z for z in zero if pat.sub("", z["slot"]) == pat.sub("", b["slot"]))
+                if b["dst"] != twin["dst"] + e * per or b["len"] != twin["len"]:
+                    raise SystemExit(f"{name}: expert {e} does not follow expert 0's layout")
+            blocks = [
+                {**z, "slot": pat.sub(f"{LAYER0}mlp.experts.{e}.", z["slot"]),
+                 "dst": z["dst"] + e * per}
+                for e in range(experts) for z in zero
+            ]
+            params[name] = {**p, "shape": [experts, *p["shape"][1:]], "blocks": blocks}
+        elif name == LAYER0 + "mlp.gate.weight":
+            (b,) = blocks
+            row = p["shape"][1]
+            slots[b["slot"]] = [experts, row]
+            params[name] = {**p, "shape": [experts, row], "blocks": [{**b, "len": experts * row}]}
+        else:
+            params[name] = p
+    print(f"experts: {learned} learned, {experts} laid out", flush=True)
+    return {**d, "slots": slots, "params": params}
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -95,6 +143,7 @@ def main() -> int:
     ap.add_argument("layers", type=int)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--frac", type=float, default=0.015)
+    ap.add_argument("--experts", type=int, help="an MoE layout with this many experts per layer")
     ap.add_argument("--out")
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script, no figures")
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of one commit")
@@ -102,6 +151,8 @@ def main() -> int:
     dev = torch.device(a.device)
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     raw = json.loads(Path(a.layout).read_text())
+    if a.experts:
+        raw = expand_experts(raw, a.experts)
     lay = L.EngineLayout.from_json(repeat_layers(raw, a.layers))
     rng = np.random.default_rng(7)
     gen = torch.Generator(device=dev).manual_seed(7)
@@ -113,11 +164,11 @@ def main() -> int:
     }
     sets = {
         k: {n: torch.zeros(p.shape, dtype=torch.bfloat16, device=dev) for n, p in lay.params.items()}
-        for k in ("commit", "commit_dev", "patch", "reload")
+        for k in ("commit", "commit_dev", "commit_torch", "patch", "reload")
     }
     for params in sets.values():
         for s, t in truth.items():
-            L.apply_slot(lay, params, s, t)
+            A.apply_slot(lay, params, s, t)
     by_slot = lay.by_slot()
     engine_elems = sum(p.numel for p in lay.params.values())
     print(
@@ -143,14 +194,21 @@ def main() -> int:
                 d.copy_(torch.where(torch.isnan(src), d, src))
 
     def commit(changes) -> None:
-        L.apply_deltas(lay, sets["commit"], changes)
+        A.apply_deltas(lay, sets["commit"], changes)
 
-    def commit_dev(changes) -> None:
-        L.apply_deltas(lay, sets["commit_dev"], changes)
+    def commit_dev(joined) -> None:
+        A.apply_joined(lay, sets["commit_dev"], *joined)
+
+    def commit_torch(joined) -> None:
+        os.environ["DELTACAST_NO_TRITON"] = "1"
+        try:
+            A.apply_joined(lay, sets["commit_torch"], *joined)
+        finally:
+            del os.environ["DELTACAST_NO_TRITON"]
 
     def reload() -> None:
         for s, t in truth.items():
-            L.apply_slot(lay, sets["reload"], s, t)
+            A.apply_slot(lay, sets["reload"], s, t)
 
     rows = []
     for step in range(a.steps + 1):  # step 0 warms up
@@ -164,29 +222,36 @@ def main() -> int:
             truth[s].view(-1)[torch.from_numpy(pos).to(dev)] = vals.to(dev)
             changed += k
         t_commit = timed(lambda: commit(changes))
-        on_dev = [(s, p.to(dev), v.to(dev)) for s, p, v in changes]
+        on_dev = (
+            [s for s, _, _ in changes],
+            [p.numel() for _, p, _ in changes],
+            torch.cat([p for _, p, _ in changes]).to(dev),
+            torch.cat([v for _, _, v in changes]).to(dev),
+        )
         t_commit_dev = timed(lambda: commit_dev(on_dev))
+        t_commit_torch = timed(lambda: commit_torch(on_dev))
         t_patch = timed(lambda: patch(changes))
         t_reload = timed(reload)
         ref = sets["reload"]
-        for k in ("commit", "commit_dev", "patch"):
+        for k in ("commit", "commit_dev", "commit_torch", "patch"):
             for n, p in sets[k].items():
                 if not torch.equal(p.view(torch.int16), ref[n].view(torch.int16)):
                     raise SystemExit(f"step {step}: {k} differs from the reload in {n}")
         if step:
             rows.append(
                 {"step": step, "changed": changed, "commit_ms": t_commit * 1e3,
-                 "commit_dev_ms": t_commit_dev * 1e3,
+                 "commit_dev_ms": t_commit_dev * 1e3, "commit_torch_ms": t_commit_torch * 1e3,
                  "patch_ms": t_patch * 1e3, "reload_ms": t_reload * 1e3}
             )
             r = rows[-1]
             print(
                 f"step {step}: {changed / 1e6:.2f} M changed: commit {r['commit_ms']:.1f} ms "
-                f"(from the device {r['commit_dev_ms']:.1f} ms), "
+                f"(from the device {r['commit_dev_ms']:.2f} ms, "
+                f"without Triton {r['commit_torch_ms']:.1f} ms), "
                 f"patch {r['patch_ms']:.1f} ms ({r['patch_ms'] / r['commit_ms']:.1f}x), "
-                f"reload {r['reload_ms']:.1f} ms; all three bit-identical", flush=True
+                f"reload {r['reload_ms']:.1f} ms; all bit-identical", flush=True
             )
-    keys = ("commit_ms", "commit_dev_ms", "patch_ms", "reload_ms")
+    keys = ("commit_ms", "commit_dev_ms", "commit_torch_ms", "patch_ms", "reload_ms")
     med = {k: statistics.median(r[k] for r in rows) for k in keys}
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -198,18 +263,21 @@ def main() -> int:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
     changed = statistics.median(r["changed"] for r in rows)
     summary = {
-        "layout": Path(a.layout).name, "layers": a.layers, "frac": a.frac,
+        "layout": Path(a.layout).name, "layers": a.layers, "experts": a.experts, "frac": a.frac,
         "engine_elements": engine_elems, "blocks": sum(len(b) for b in by_slot.values()),
         "device": name, "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "median": med, "ns_per_changed_commit": med["commit_ms"] * 1e6 / changed,
-        "ns_per_changed_commit_dev": med["commit_dev_ms"] * 1e6 / changed, "rows": rows,
+        "ns_per_changed_commit_dev": med["commit_dev_ms"] * 1e6 / changed,
+        "triton": A._kernels() is not None and dev.type == "cuda", "rows": rows,
     }
     print(
         f"median: commit {med['commit_ms']:.1f} ms ({summary['ns_per_changed_commit']:.1f} ns per "
         f"changed element), from the device {med['commit_dev_ms']:.1f} ms "
-        f"({med['commit_dev_ms'] * 1e6 / changed:.2f} ns per changed element), patch {med['patch_ms']:.1f} ms, reload {med['reload_ms']:.1f} ms; "
-        f"patch/commit {med['patch_ms'] / med['commit_ms']:.1f}x",
+        f"({med['commit_dev_ms'] * 1e6 / changed:.2f} ns per changed element), without Triton "
+        f"{med['commit_torch_ms']:.1f} ms, patch {med['patch_ms']:.1f} ms, reload "
+        f"{med['reload_ms']:.1f} ms; patch/commit {med['patch_ms'] / med['commit_ms']:.1f}x, "
+        f"patch/commit_dev {med['patch_ms'] / med['commit_dev_ms']:.1f}x",
         flush=True,
     )
     if a.out:

@@ -77,6 +77,7 @@ def main() -> int:
     import torch
 
     from deltacast.integrations import layout as L
+    from deltacast.integrations import layout_apply as A
     from deltacast.integrations import tiny
 
     archs = archs.split(",")
@@ -147,7 +148,7 @@ def check_dtype(torch, glue, L, lay, cdir, shapes, dtype, rank) -> dict:
 
     written = 0
     for n, pos, vals in deltas:
-        written += L.apply_delta(
+        written += A.apply_delta(
             lay, params, n, torch.from_numpy(pos), as_tensor(torch, vals, dtype, (-1,))
         )
     applied = {p: t.detach().clone() for p, t in params.items()}

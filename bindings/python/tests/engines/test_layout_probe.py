@@ -16,6 +16,7 @@ require("torch")
 import torch  # noqa: E402
 
 from deltacast.integrations import layout as L  # noqa: E402
+from deltacast.integrations import layout_apply as A  # noqa: E402
 
 H, V, VPAD = 6, 11, 16
 HF = {
@@ -113,7 +114,7 @@ def test_apply_through_the_learned_layout_equals_the_loader(world, dtype, monkey
                 )
                 vals = random_checkpoint(rng, dtype)[n].reshape(-1)[:k]
                 t.view(-1)[pos] = vals
-                L.apply_delta(lay, params, n, pos, vals)
+                A.apply_delta(lay, params, n, pos, vals)
             got = {p: raw(t) for p, t in params.items()}
             oracle = Toy(rank, world, dtype=dtype)
             with torch.no_grad():
@@ -157,11 +158,11 @@ def test_apply_refuses_what_it_cannot_place():
     lay = L.learn_layout(model, HF)
     params = dict(model.named_parameters())
     with pytest.raises(L.LayoutError, match="unknown HF slot"):
-        L.apply_delta(lay, params, "nope", [0], torch.zeros(1))
+        A.apply_delta(lay, params, "nope", [0], torch.zeros(1))
     with pytest.raises(L.LayoutError, match="outside"):
-        L.apply_delta(lay, params, "norm.weight", [H], torch.zeros(1))
+        A.apply_delta(lay, params, "norm.weight", [H], torch.zeros(1))
     with pytest.raises(L.LayoutError, match="values are"):
-        L.apply_delta(lay, params, "norm.weight", [0], torch.zeros(1, dtype=torch.float64))
+        A.apply_delta(lay, params, "norm.weight", [0], torch.zeros(1, dtype=torch.float64))
 
 
 def test_the_cache_returns_what_was_learned(tmp_path):
@@ -210,7 +211,7 @@ def test_apply_slot_equals_the_loader_and_apply_delta(world, dtype):
             m.load_weights(base.items())
         by_slot, by_pos, oracle = (dict(m.named_parameters()) for m in models)
         for n, t in new.items():
-            assert L.apply_slot(lay, by_slot, n, t) == L.apply_delta(
+            assert A.apply_slot(lay, by_slot, n, t) == A.apply_delta(
                 lay, by_pos, n, torch.arange(t.numel()), t.reshape(-1)
             )
         models[2].load_weights(new.items())
@@ -218,7 +219,7 @@ def test_apply_slot_equals_the_loader_and_apply_delta(world, dtype):
             assert torch.equal(raw(by_slot[p]), raw(oracle[p])), (rank, p)
             assert torch.equal(raw(by_pos[p]), raw(oracle[p])), (rank, p)
     with pytest.raises(L.LayoutError, match="values for a slot"):
-        L.apply_slot(lay, by_slot, "norm.weight", torch.zeros(H + 1, dtype=dtype))
+        A.apply_slot(lay, by_slot, "norm.weight", torch.zeros(H + 1, dtype=dtype))
 
 
 def _bits(t):

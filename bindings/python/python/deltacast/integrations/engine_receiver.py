@@ -36,7 +36,8 @@ import numpy as np
 
 from .. import _native
 from .._errors import DeltacastError
-from .layout import EngineLayout, LayoutError, _bit_view, _block_hits, apply_deltas
+from .layout import EngineLayout, LayoutError
+from .layout_apply import plan_for
 
 NOT_HELD, HELD, COUNTED = 0, 1, 2
 _LIMBS = 4  # 16-bit limbs per u64 digest part: exact sums for up to 2^47 ranks
@@ -143,7 +144,6 @@ class LayoutReceiver:
         self.group = group
         self.commit_on_demand = commit_on_demand
         by_slot = layout.by_slot()
-        self._blocks = {}
         self._dtypes = {}
         for s in self.table:
             if s.name not in layout.slots:
@@ -163,7 +163,6 @@ class LayoutReceiver:
                         f"{s.name} is {s.dtype} on the wire but lands in {pname} of {got}: "
                         "send the engine's dtype"
                     )
-            self._blocks[s.name] = by_slot[s.name]
             self._dtypes[s.name] = want
         self.rank, self.world = self._rank_world()
         if self.group is None and layout.world != 1:
@@ -216,38 +215,25 @@ class LayoutReceiver:
         import torch
 
         pos = torch.from_numpy(positions)
-        dt = self._dtypes[slot]
-        width = torch.empty(0, dtype=dt).element_size()
-        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[width]
-        old = torch.zeros(pos.numel(), dtype=ints)
-        share = torch.zeros(pos.numel(), dtype=torch.uint8)
-        for pname, b in self._blocks[slot]:
-            hit, dst = _block_hits(b, pos)
-            if not bool(hit.any()):
-                continue
-            flat, _ = _bit_view(self.params, slot, pname, dt)
-            old[hit] = flat[dst[hit]].cpu()
-            share[hit] = HELD
-        held = share == HELD
-        counted = held & ~_in_runs(pos, self._lower[slot])
-        share[counted] = COUNTED
+        old, held = plan_for(self.layout, self.params).read(
+            self.params, slot, pos, self._dtypes[slot]
+        )
+        share = torch.where(held, HELD, NOT_HELD).to(torch.uint8)
+        share[held & ~_in_runs(pos, self._lower[slot])] = COUNTED
         return old.numpy().view(np.uint8), share.numpy()
 
     def _write(self, changes: list, use_old: bool = False) -> int:
         import torch
 
-        return apply_deltas(
-            self.layout,
-            self.params,
-            [
-                (
-                    name,
-                    torch.from_numpy(pos),
-                    torch.from_numpy(old if use_old else values).view(self._dtypes[name]),
-                )
-                for name, pos, values, old in changes
-            ],
-        )
+        bits = [
+            (
+                name,
+                torch.from_numpy(pos),
+                torch.from_numpy(old if use_old else values).view(self._dtypes[name]),
+            )
+            for name, pos, values, old in changes
+        ]
+        return plan_for(self.layout, self.params).apply(self.params, bits)
 
     # --- the group ---
 

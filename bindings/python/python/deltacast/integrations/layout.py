@@ -7,7 +7,7 @@ asks the engine: it feeds the model's own ``load_weights`` fp32 tensors whose ev
 encodes its own HF slot and position, reads the parameters back and decodes, for each element of
 each engine parameter, which HF element landed there. Runs of consecutive elements are folded
 into strided blocks, so the result is small plain data (``EngineLayout.to_json``) that a
-receiver's ``apply_delta`` consumes: per changed HF element, O(1) work per block of its slot.
+receiver applies through (``layout_apply``): work per changed HF element, not per tensor.
 
 Encoding (exact in fp32, any model size): a slot pass stores ``-(slot index + 1)`` in every
 element of a slot; position passes store one 23-bit digit of the element's flat index, plus 1
@@ -134,6 +134,9 @@ class EngineLayout:
     _by_slot: dict[str, list[tuple[str, Block]]] | None = field(
         default=None, repr=False, compare=False
     )
+    # layout_apply's plans compiled from it, by the parameters they were built on
+    _plans: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    """What ``layout_apply`` compiled from it, kept for the next apply."""
 
     def by_slot(self) -> dict[str, list[tuple[str, Block]]]:
         """Per HF slot, the (engine parameter, block) pairs it lands in on this rank."""
@@ -404,182 +407,6 @@ def _verify(
                     f"{pname}: random bit patterns loaded through the engine do not land as the "
                     f"probe says (block from {b.slot}): the loader changes values"
                 )
-
-
-def _bit_view(params: Mapping[str, Any], slot: str, pname: str, dtype: Any):
-    """Engine parameter `pname` as a flat view of same-width integers (bit copies: NaN payloads
-    stay as they are) and that integer dtype; refuses values of another dtype and a parameter
-    that is not contiguous."""
-    import torch
-
-    target = params[pname]
-    data = target.data if hasattr(target, "data") else target
-    if dtype != data.dtype:
-        raise LayoutError(f"{slot} -> {pname}: values are {dtype}, the parameter {data.dtype}")
-    if not data.is_contiguous():
-        raise LayoutError(f"{pname} is not contiguous")
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[data.element_size()]
-    return data.view(-1).view(ints), ints
-
-
-def apply_delta(
-    layout: EngineLayout,
-    params: Mapping[str, Any],
-    slot: str,
-    positions: Any,
-    values: Any,
-) -> int:
-    """Writes new values of HF elements into this rank's engine parameters, in place.
-
-    ``positions``: flat (row-major) indices into HF slot ``slot``; ``values``: the new values,
-    one per position, as a torch tensor (or numpy array) of the parameter's dtype, whose bits are
-    copied as they are. Only the positions of this rank's share are written. Returns the number
-    of elements written. ``apply_deltas`` does many slots with fewer waits for the device."""
-    return apply_deltas(layout, params, [(slot, positions, values)])
-
-
-def _block_hits(b: Any, pos: Any) -> tuple[Any, Any]:
-    """Which HF positions block ``b`` holds, and where they land in its parameter."""
-    import torch
-
-    q = pos - b.src
-    if b.count == 1:
-        return (q >= 0) & (q < b.length), q + b.dst
-    i = torch.div(q, b.src_stride, rounding_mode="floor")
-    j = q - i * b.src_stride
-    return (q >= 0) & (i < b.count) & (j < b.length), b.dst + i * b.dst_stride + j
-
-
-def apply_deltas(
-    layout: EngineLayout, params: Mapping[str, Any], changes: Iterable[tuple[str, Any, Any]]
-) -> int:
-    """``apply_delta`` of every ``(slot, positions, values)`` in ``changes``, checked first (a bad
-    slot, count, dtype or position writes nothing), then written on the parameters' device
-    (positions and values on the host are moved there together, through one pinned buffer). O(len(positions)) per block: a
-    block that holds its whole slot is written without a mask; the others pick their share,
-    with one wait for the device each. Returns the number of elements written."""
-    import torch
-
-    todo = []
-    on_device = []  # positions that came on a device: checked together, one wait
-    for slot, positions, values in changes:
-        blocks = layout.by_slot().get(slot)
-        if blocks is None:
-            raise LayoutError(f"unknown HF slot {slot!r}")
-        numel = math.prod(layout.slots[slot])
-        pos = torch.as_tensor(positions, dtype=torch.int64).reshape(-1)
-        vals = torch.as_tensor(values).reshape(-1)
-        if pos.numel() != vals.numel():
-            raise LayoutError(f"{slot}: {pos.numel()} positions but {vals.numel()} values")
-        if pos.numel() and pos.device.type == "cpu":
-            if int(pos.min()) < 0 or int(pos.max()) >= numel:
-                raise LayoutError(f"{slot}: a position outside 0..{numel}")
-        elif pos.numel():
-            on_device.append((slot, pos, numel))
-        dev = params[blocks[0][0]].device if blocks else torch.device("cpu")
-        views = [(b, *_bit_view(params, slot, pname, vals.dtype)) for pname, b in blocks]
-        todo.append((slot, pos, vals, views, dev))
-    if on_device:
-        _check_on_device(on_device)
-    moved_pos = _moved([(t[1], t[4]) for t in todo])
-    moved_vals = _moved([(t[2], t[4]) for t in todo])
-    todo = [
-        (slot, p, v, views)
-        for (slot, _, _, views, _), p, v in zip(todo, moved_pos, moved_vals, strict=True)
-    ]
-    written = 0
-    for slot, pos, vals, views in todo:
-        if pos.numel() == 0:
-            continue
-        numel = math.prod(layout.slots[slot])
-        for b, flat, ints in views:
-            bits = vals.view(ints)
-            if b.count == 1 and b.src == 0 and b.length == numel:
-                # index_copy_, not flat[idx] = v: CUDA's index_put_ sorts the indices first.
-                # Few launches per slot: on a GPU the host's launch time is most of the cost.
-                at = pos if b.dst == 0 else pos + b.dst
-                flat.index_copy_(0, at.to(flat.device), bits.to(flat.device))
-                written += pos.numel()
-                continue
-            hit, dst = _block_hits(b, pos)
-            sel = hit.nonzero().squeeze(1)  # the block's share: its size is the one wait
-            if sel.numel() == 0:
-                continue
-            flat.index_copy_(0, dst[sel].to(flat.device), bits[sel].to(flat.device))
-            written += sel.numel()
-    return written
-
-
-def _moved(items: list[tuple[Any, Any]]) -> list[Any]:
-    """Each (tensor, device) on its device. Host tensors bound for one CUDA device travel
-    together: one copy into a pinned buffer (torch's caching host allocator reuses it) and one
-    transfer, instead of a transfer from pageable memory per tensor."""
-    import torch
-
-    out: list[Any] = [None] * len(items)
-    groups: dict[tuple[Any, Any], list[int]] = {}
-    for k, (t, dev) in enumerate(items):
-        if t.device.type == "cpu" and dev.type == "cuda" and t.numel():
-            groups.setdefault((dev, t.dtype), []).append(k)
-        else:
-            out[k] = t.to(dev)
-    for (dev, dtype), ks in groups.items():
-        sizes = [items[k][0].numel() for k in ks]
-        buf = torch.empty(sum(sizes), dtype=dtype, pin_memory=True)
-        torch.cat([items[k][0] for k in ks], out=buf)
-        on_dev = buf.to(dev, non_blocking=True)
-        for k, part in zip(ks, torch.split(on_dev, sizes), strict=True):
-            out[k] = part
-    return out
-
-
-def _check_on_device(items: list[tuple[str, Any, int]]) -> None:
-    """Every (slot, device positions, slot size): all positions in range, in a few launches and
-    one wait per device; names the first slot with one outside."""
-    import torch
-
-    by_dev: dict[Any, list[tuple[str, Any, int]]] = {}
-    for it in items:
-        by_dev.setdefault(it[1].device, []).append(it)
-    for dev, group in by_dev.items():
-        allpos = torch.cat([p for _, p, _ in group])
-        sizes = torch.tensor([n for _, _, n in group], dtype=torch.int64, device=dev)
-        counts = torch.tensor([p.numel() for _, p, _ in group], dtype=torch.int64, device=dev)
-        limit = torch.repeat_interleave(sizes, counts)
-        if bool(((allpos < 0) | (allpos >= limit)).any()):
-            for slot, p, n in group:
-                if int(p.min()) < 0 or int(p.max()) >= n:
-                    raise LayoutError(f"{slot}: a position outside 0..{n}")
-
-
-def apply_slot(layout: EngineLayout, params: Mapping[str, Any], slot: str, values: Any) -> int:
-    """Writes a whole HF slot (``values``: the slot's full tensor, any shape with its number of
-    elements, the parameters' dtype) into this rank's engine parameters, in place, as bit copies.
-
-    The same result as ``apply_delta`` with every position of the slot, without building the
-    positions: each block is one strided copy. Returns the number of elements written."""
-    import torch
-
-    blocks = layout.by_slot().get(slot)
-    if blocks is None:
-        raise LayoutError(f"unknown HF slot {slot!r}")
-    vals = torch.as_tensor(values)
-    numel = math.prod(layout.slots[slot])
-    if vals.numel() != numel:
-        raise LayoutError(f"{slot}: {vals.numel()} values for a slot of {numel} elements")
-    if not vals.is_contiguous():
-        raise LayoutError(f"{slot}: the values are not contiguous")
-    written = 0
-    for pname, b in blocks:
-        dst, ints = _bit_view(params, slot, pname, vals.dtype)
-        src = vals.reshape(-1).view(ints)
-        size = (b.count, b.length)
-        # as_strided takes offsets into the storage, not into the view.
-        d = dst.as_strided(size, (b.dst_stride, 1), dst.storage_offset() + b.dst)
-        s = src.as_strided(size, (b.src_stride, 1), src.storage_offset() + b.src)
-        d.copy_(s.to(d.device))
-        written += b.elements
-    return written
 
 
 def cache_path(key: Mapping[str, Any], cache_dir: str | os.PathLike[str] | None = None) -> Path:
