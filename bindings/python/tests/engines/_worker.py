@@ -77,7 +77,6 @@ def main() -> int:
     import torch
 
     from deltacast.integrations import layout as L
-    from deltacast.integrations import layout_apply as A
     from deltacast.integrations import tiny
 
     archs = archs.split(",")
@@ -122,6 +121,8 @@ def main() -> int:
 
 
 def check_dtype(torch, glue, L, lay, cdir, shapes, dtype, rank) -> dict:
+    from deltacast.integrations import layout_apply as A
+
     # Same seed on every rank: all ranks see the same checkpoints and deltas.
     rng = np.random.default_rng(20261201 + (dtype == "float32"))
     base = {n: random_bits(rng, dtype, math.prod(s)) for n, s in shapes.items()}

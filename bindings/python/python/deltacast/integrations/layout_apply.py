@@ -200,10 +200,7 @@ class ApplyPlan:
         if len(specs) == 1:
             base, limit = specs[0][1].base, specs[0][1].numel
         else:
-            seg = _segments(counts, pos.numel(), pos.device)
-            dev = pos.device
-            base = torch.tensor([s.base for _, s in specs], dtype=torch.int64, device=dev)[seg]
-            limit = torch.tensor([s.numel for _, s in specs], dtype=torch.int64, device=dev)[seg]
+            base, limit = _per_element(specs, counts, pos.numel(), pos.device)
         bad = (pos < 0) | (pos >= limit)
         if bool(bad.any()):  # the one wait before anything is written
             first = int(bad.nonzero()[0, 0])
@@ -306,19 +303,22 @@ def _check_values(slot: str, spec: _Slot, count: int | None, vals: Any) -> None:
         raise LayoutError(f"{slot}: values are {vals.dtype}, its parameters {spec.group[0]}")
 
 
-def _segments(counts: list[int], n: int, device: Any) -> Any:
-    """Per joined element, the index of the slot it belongs to (a mark where each slot's
-    elements begin, summed up: two launches, whatever the number of slots)."""
+def _per_element(specs: list, counts: list[int], n: int, device: Any) -> tuple[Any, Any]:
+    """Per joined element, its slot's base and size: a mark where each slot's elements begin,
+    summed up, picks them (one small transfer and a few launches, whatever the slots)."""
     import torch
 
-    begins = np.cumsum(counts)[:-1]
-    begins = begins[begins < n]  # slots at the end with no elements begin nothing
+    keep = [k for k, c in enumerate(counts) if c]  # a slot with no elements begins nothing
+    begins = np.cumsum([counts[k] for k in keep])[:-1]
+    small = np.concatenate([
+        begins, [specs[k][1].base for k in keep], [specs[k][1].numel for k in keep]
+    ]).astype(np.int64)
+    small = torch.from_numpy(small).to(device)
+    at, bases, numels = torch.split(small, [len(begins), len(keep), len(keep)])
     marks = torch.zeros(n, dtype=torch.int32, device=device)
-    if begins.size:
-        at = torch.from_numpy(begins.astype(np.int64)).to(device)
-        marks.index_put_((at,), torch.ones(at.numel(), dtype=torch.int32, device=device),
-                         accumulate=True)
-    return torch.cumsum(marks, 0, dtype=torch.int32)
+    marks[at] = 1
+    seg = torch.cumsum(marks, 0, dtype=torch.int32)
+    return bases[seg], numels[seg]
 
 
 def _sum(counts: list[Any]) -> int:

@@ -1,0 +1,170 @@
+"""A whole delta sync into an engine's GPU weights, received, checked and committed, against the
+checkpoint-patch way, side by side on the same changes (issue 25's whole-sync figure).
+
+- ``deltacast``: the trainer's ``Sender`` codes the step (host); the engine rank's
+  ``LayoutReceiver`` (``commit_on_demand``) stages the frames — decodes them on the host, reads
+  the old bits of the changed positions from the GPU weights through the layout, checks the
+  digests — while generation could go on, then ``commit()`` writes them (the only pause).
+- ``patch``: what verl's delta consumers and vLLM's patch API do with the same changes: per
+  touched HF tensor the int32 positions and the values cross to the GPU, a full-size NaN tensor
+  gets them, and the engine's loader copies the non-NaN elements (a masked copy per block). All
+  of it is a pause.
+
+Both start from bytes on the engine's host (the link is the same for both and left out). After
+every step both sets of weights must equal the HF truth loaded whole.
+
+    PYTHONPATH=SITE python3 bindings/python/bench/gpu_engine_sync.py LAYOUT.json LAYERS
+        [--experts N] [--steps 4] [--frac 0.015] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_layout_apply as G  # noqa: E402  (its layout JSON helpers)
+
+
+def main() -> int:
+    import deltacast
+    from deltacast.integrations import layout as L, layout_apply as A
+    from deltacast.integrations.engine_receiver import LayoutReceiver
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("layout")
+    ap.add_argument("layers", type=int)
+    ap.add_argument("--experts", type=int)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--frac", type=float, default=0.015)
+    ap.add_argument("--out")
+    ap.add_argument("--device", default="cuda", help="cpu: a check of this script, no figures")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    raw = json.loads(Path(a.layout).read_text())
+    if a.experts:
+        raw = G.expand_experts(raw, a.experts)
+    lay = L.EngineLayout.from_json(G.repeat_layers(raw, a.layers))
+    rng = np.random.default_rng(3)
+    gen = torch.Generator().manual_seed(3)
+    truth = {
+        s: torch.randn(shape, generator=gen).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        for s, shape in lay.slots.items()
+    }
+    table = deltacast.SlotTable([(s, "bf16", list(shape)) for s, shape in lay.slots.items()])
+    sets = {
+        k: {n: torch.zeros(p.shape, dtype=torch.bfloat16, device=dev) for n, p in lay.params.items()}
+        for k in ("deltacast", "patch")
+    }
+    for s, t in truth.items():
+        A.apply_slot(lay, sets["patch"], s, torch.from_numpy(t.view(np.int16)).view(torch.bfloat16))
+    sender = deltacast.Sender(table)
+    rx = LayoutReceiver(table, lay, sets["deltacast"], commit_on_demand=True)
+    t = time.perf_counter()
+    rx.receive_all(sender.sync(truth).frames)  # the seed
+    rx.commit()
+    sync()
+    seed_s = time.perf_counter() - t
+    by_slot = lay.by_slot()
+    print(
+        f"{Path(a.layout).name} x {a.layers} layers: {len(lay.slots)} HF tensors, "
+        f"{sum(p.numel for p in lay.params.values()) / 1e9:.2f} G elements; seed {seed_s:.1f} s; "
+        f"{name}",
+        flush=True,
+    )
+
+    def patch(changes) -> None:
+        params = sets["patch"]
+        for s, pos, vals in changes:
+            full = torch.full(lay.slots[s], float("nan"), dtype=torch.bfloat16, device=dev)
+            flat = full.view(-1)
+            flat.index_copy_(0, pos.to(dev).long(), vals.to(dev))
+            for pname, b in by_slot[s]:
+                dst = params[pname].view(-1)
+                size = (b.count, b.length)
+                d = dst.as_strided(size, (b.dst_stride, 1), dst.storage_offset() + b.dst)
+                src = flat.as_strided(size, (b.src_stride, 1), flat.storage_offset() + b.src)
+                d.copy_(torch.where(torch.isnan(src), d, src))
+
+    rows = []
+    for step in range(a.steps + 1):  # step 0 warms up
+        changes, changed = [], 0
+        for s, shape in lay.slots.items():
+            n = math.prod(shape)
+            k = max(1, int(round(n * a.frac)))
+            pos = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int32)
+            vals = torch.from_numpy(rng.standard_normal(k).astype(np.float32)).to(torch.bfloat16)
+            truth[s].reshape(-1)[pos] = vals.view(torch.int16).numpy().view(np.uint16)
+            changes.append((s, torch.from_numpy(pos), vals))
+            changed += k
+        t0 = time.perf_counter()
+        frames = sender.sync(truth).frames
+        t1 = time.perf_counter()
+        rx.receive_all(frames)
+        sync()
+        t2 = time.perf_counter()
+        rx.commit()
+        sync()
+        t3 = time.perf_counter()
+        patch(changes)
+        sync()
+        t4 = time.perf_counter()
+        for n, p in sets["deltacast"].items():
+            if not torch.equal(p.view(torch.int16), sets["patch"][n].view(torch.int16)):
+                raise SystemExit(f"step {step}: deltacast and patch differ in {n}")
+        if step:
+            r = {
+                "step": step, "changed": changed, "encode_ms": (t1 - t0) * 1e3,
+                "stage_ms": (t2 - t1) * 1e3, "commit_ms": (t3 - t2) * 1e3,
+                "patch_ms": (t4 - t3) * 1e3,
+                "frame_bytes": sum(len(f) for f in frames), "patch_bytes": changed * 6,
+            }
+            rows.append(r)
+            print(
+                f"step {step}: {changed / 1e6:.2f} M changed: deltacast stage {r['stage_ms']:.0f} ms "
+                f"+ commit {r['commit_ms']:.1f} ms ({r['frame_bytes'] / 1e6:.1f} MB; trainer's "
+                f"encode {r['encode_ms']:.0f} ms), patch {r['patch_ms']:.0f} ms "
+                f"({r['patch_bytes'] / 1e6:.1f} MB); equal",
+                flush=True,
+            )
+    reload = {n: torch.zeros(p.shape, dtype=torch.bfloat16, device=dev) for n, p in lay.params.items()}
+    for s, t in truth.items():
+        A.apply_slot(lay, reload, s, torch.from_numpy(t.view(np.int16)).view(torch.bfloat16))
+    for n, p in reload.items():
+        if not torch.equal(p.view(torch.int16), sets["deltacast"][n].view(torch.int16)):
+            raise SystemExit(f"deltacast differs from the HF truth in {n}")
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "step"}
+    whole = med["stage_ms"] + med["commit_ms"]
+    print(
+        f"median: deltacast stage {med['stage_ms']:.0f} + commit {med['commit_ms']:.1f} ms = "
+        f"{whole:.0f} ms, patch {med['patch_ms']:.0f} ms: whole sync {med['patch_ms'] / whole:.1f}x, "
+        f"pause {med['patch_ms'] / med['commit_ms']:.1f}x shorter; bytes {med['patch_bytes'] / med['frame_bytes']:.1f}x "
+        "fewer; equal to the HF truth",
+        flush=True,
+    )
+    if a.out:
+        Path(a.out).write_text(json.dumps({
+            "layout": Path(a.layout).name, "layers": a.layers, "experts": a.experts,
+            "frac": a.frac, "device": name, "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed_s": seed_s,
+            "median": med, "rows": rows,
+        }, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
