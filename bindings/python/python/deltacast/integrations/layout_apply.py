@@ -5,11 +5,11 @@ a block per (slot, parameter) is a mask, a compaction and a copy per block: on a
 kernel launches per commit, and the launches, not the copies, are the time. ``ApplyPlan``
 compiles the layout against one set of parameters once: every slot's elements get one global
 index (slot base + flat position), the blocks become a sorted device table per parameter dtype,
-and a commit maps every changed element of every slot at once (a binary search per element and
-a few element-wise ops over all of them), then scatters them into the parameters in one kernel
-per dtype (Triton, where the parameters live on a CUDA device and Triton is there; otherwise one
-``index_copy_`` per touched parameter). The number of launches no longer grows with the number
-of tensors.
+and a commit handles every changed element of every slot at once: a binary search per element
+finds its block, then one kernel per block level computes where it lands and writes it (Triton,
+where the parameters live on a CUDA device and Triton is there; otherwise the same arithmetic as
+torch ops and one ``index_copy_`` per touched parameter). The number of launches no longer grows
+with the number of tensors.
 
 Blocks of one slot may overlap in HF coordinates (a tied embedding lands in two parameters; a
 rank holding two column ranges of a row has two interleaved strided blocks): the blocks are split
