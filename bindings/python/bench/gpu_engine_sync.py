@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_layout_apply as G  # noqa: E402  (its layout JSON helpers)
+import gpu_layout_apply as G  # noqa: E402  (its layout JSON helpers and the patch way)
 
 
 def main() -> int:
@@ -88,17 +88,7 @@ def main() -> int:
     )
 
     def patch(changes) -> None:
-        params = sets["patch"]
-        for s, pos, vals in changes:
-            full = torch.full(lay.slots[s], float("nan"), dtype=torch.bfloat16, device=dev)
-            flat = full.view(-1)
-            flat.index_copy_(0, pos.to(dev).long(), vals.to(dev))
-            for pname, b in by_slot[s]:
-                dst = params[pname].view(-1)
-                size = (b.count, b.length)
-                d = dst.as_strided(size, (b.dst_stride, 1), dst.storage_offset() + b.dst)
-                src = flat.as_strided(size, (b.src_stride, 1), flat.storage_offset() + b.src)
-                d.copy_(torch.where(torch.isnan(src), d, src))
+        G.patch_way(lay, by_slot, sets["patch"], changes, dev)
 
     rows = []
     for step in range(a.steps + 1):  # step 0 warms up

@@ -124,6 +124,25 @@ def expand_experts(d: dict, experts: int) -> dict:
     return {**d, "slots": slots, "params": params}
 
 
+def patch_way(lay, by_slot: dict, params: dict, changes, dev) -> None:
+    """The checkpoint-patch way: per touched HF tensor a full-size NaN tensor on the GPU gets the
+    changed values, then the engine's loader copies its non-NaN elements (a masked copy per
+    block). The same indexed write as the commit's (index_copy_), so the two differ in what they
+    touch, not in the primitive."""
+    for s, pos, vals in changes:
+        full = torch.full(lay.slots[s], float("nan"), dtype=torch.bfloat16, device=dev)
+        flat = full.view(-1)
+        flat.index_copy_(
+            0, pos.to(dev, non_blocking=True).long(), vals.to(dev, non_blocking=True)
+        )
+        for pname, b in by_slot[s]:
+            dst = params[pname].view(-1)
+            size = (b.count, b.length)
+            d = dst.as_strided(size, (b.dst_stride, 1), dst.storage_offset() + b.dst)
+            src = flat.as_strided(size, (b.src_stride, 1), flat.storage_offset() + b.src)
+            d.copy_(torch.where(torch.isnan(src), d, src))
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -179,19 +198,7 @@ def main() -> int:
     )
 
     def patch(changes) -> None:
-        params = sets["patch"]
-        for s, pos, vals in changes:
-            full = torch.full(lay.slots[s], float("nan"), dtype=torch.bfloat16, device=dev)
-            flat = full.view(-1)
-            # The same indexed write as the commit's (index_copy_), so the two differ in what
-            # they touch, not in the primitive.
-            flat.index_copy_(0, pos.to(dev, non_blocking=True), vals.to(dev, non_blocking=True))
-            for pname, b in by_slot[s]:
-                dst = params[pname].view(-1)
-                size = (b.count, b.length)
-                d = dst.as_strided(size, (b.dst_stride, 1), dst.storage_offset() + b.dst)
-                src = flat.as_strided(size, (b.src_stride, 1), flat.storage_offset() + b.src)
-                d.copy_(torch.where(torch.isnan(src), d, src))
+        patch_way(lay, by_slot, sets["patch"], changes, dev)
 
     def commit(changes) -> None:
         A.apply_deltas(lay, sets["commit"], changes)

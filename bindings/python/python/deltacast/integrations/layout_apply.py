@@ -34,7 +34,7 @@ def _ints(dtype: Any) -> Any:
     """The same-width integer dtype: values travel and land as bit copies (NaN payloads kept)."""
     import torch
 
-    return getattr(torch, _INTS[torch.empty(0, dtype=dtype).element_size()])
+    return getattr(torch, _INTS[dtype.itemsize])
 
 
 def _flat(target: Any) -> Any:
