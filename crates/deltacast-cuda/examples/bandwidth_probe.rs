@@ -186,6 +186,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     new_values: newv.ptr(),
                     old_values: old_bits.then(|| oldv.ptr()),
                     capacity: cap,
+                    expected: None,
                 };
                 // SAFETY: inputs and outputs are ours and sized.
                 let r = unsafe { gpu.diff_batch(&inputs, &o)? };

@@ -199,7 +199,7 @@ fn pinned_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
 
     let mut rows = Vec::new();
     let mut host_cur = vec![0u8; bytes];
-    for density in [0.001f64, 0.01, 0.015, 0.02, 0.1, 0.25, 0.5] {
+    for density in [0.001f64, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5] {
         fill_changed(&mut host_cur, &old, density);
         // SAFETY: `cur_d` is `bytes` long.
         unsafe { gpu.copy_to_device(cur_d.ptr(), &host_cur)? };
@@ -227,6 +227,7 @@ fn pinned_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                     new_values: new_d.ptr(),
                     old_values: None,
                     capacity: cap as u64,
+                    expected: None,
                 };
                 // SAFETY: all inside the buffers above (the pinned one through its mapping).
                 Ok(unsafe {
@@ -353,7 +354,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut rows = Vec::new();
     let mut host_cur = vec![0u8; bytes];
-    for density in [0.001f64, 0.01, 0.015, 0.02, 0.1, 0.25, 0.5] {
+    for density in [0.001f64, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5] {
         fill_changed(&mut host_cur, &old, density);
         // SAFETY: `cur_d` is `bytes` long.
         unsafe { gpu.copy_to_device(cur_d.ptr(), &host_cur)? };
@@ -403,6 +404,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     new_values: new_d.ptr(),
                     old_values: with_old.then_some(oldv_d.ptr()),
                     capacity: cap as u64,
+                    expected: None,
                 };
                 // SAFETY: all inside the buffers above.
                 Ok(unsafe { g.diff_batch(&inputs, &out)? })

@@ -52,6 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         new_values: values.ptr(),
         old_values: None,
         capacity,
+        expected: None,
     };
     type Op<'a> = (
         &'static str,

@@ -27,9 +27,10 @@
 // prefix, in one status word; a tile adds up the counts behind it until it meets a prefix),
 // and writes its changes straight there, digest included: no slot, no second read of them, no
 // place pass. The look-back relies on blocks starting in index order, as CUB's scans do.
-// An opt-in (DiffTuning::direct): it is slower at the sync's densities (blocks hold their
+// The host runs it when the caller expects more than ONE_PASS_ABOVE of the elements changed
+// (or DiffTuning::direct forces it): it is slower at sparse densities (blocks hold their
 // registers while they wait on the tiles before them) and faster where tiles overflow their
-// slots (docs/data/gpu-diff/README.md, "Figures behind the code").
+// slots (docs/data/gpu-diff/one-pass-choice/).
 //
 // Output layout: change g (global, in order) has its position (slot index = first_index +
 // element) at pos_out[g] and its bits at new_out + g * width (old_out likewise, when given).

@@ -135,9 +135,10 @@ pub struct DiffTuning {
     /// which raises the diff's share of a device copy (docs/data/gpu-diff/README.md, "Figures
     /// behind the code").
     pub stash: bool,
-    /// One pass instead of three: each tile finds its place in the output by a decoupled
-    /// look-back over the tiles before it and writes its changes (and digest change) there,
-    /// instead of to a scratch slot that a second kernel copies out.
+    /// Always one pass instead of three: each tile finds its place in the output by a
+    /// decoupled look-back over the tiles before it and writes its changes (and digest change)
+    /// there, instead of to a scratch slot that a second kernel copies out. Without it, one
+    /// pass runs only when the caller expects a density above [`ONE_PASS_ABOVE`].
     pub direct: bool,
 }
 
@@ -263,6 +264,12 @@ pub struct DiffInput {
     pub f32_source: Option<Bf16Rule>,
 }
 
+/// Share of a diff's elements expected to change above which the diff runs in one pass
+/// ([`DiffOutput::expected`]): a tile's scratch slot holds about 4 % of its elements (an eighth
+/// of its bytes, u16 position + new + old bits per change), and a tile with more is read twice.
+/// The crossover measured: docs/benchmarks.md, "GPU diff kernel".
+pub const ONE_PASS_ABOVE: f64 = 0.04;
+
 /// Where a batched diff writes its changes. Change `g` (in order: tensor after tensor, element
 /// order within each) has its position at `positions[g]` (u64) and its bits at byte
 /// `g * width` of `new_values` (and `old_values`), `width` being its tensor's.
@@ -276,6 +283,10 @@ pub struct DiffOutput {
     pub old_values: Option<DevicePtr>,
     /// Changes the buffers hold.
     pub capacity: u64,
+    /// Changes the caller expects (e.g. the last diff's count for the same tensors), or `None`.
+    /// Above [`ONE_PASS_ABOVE`] of the elements the diff runs in one pass: most tiles would
+    /// overflow their scratch slot and be diffed twice.
+    pub expected: Option<u64>,
 }
 
 /// What the diff found in one tensor.

@@ -73,7 +73,7 @@ struct DiffCase {
 /// Places every case at its own offset in one snapshot and one current buffer, runs one batched
 /// diff, and compares each tensor with `deltacast::diff::diff_and_refresh`.
 fn run_diff_batch(gpu: &Gpu, rng: &mut Rng, cases: &[DiffCase], capacity_frac: f64) {
-    run_diff_batch_at(gpu, rng, cases, capacity_frac, false);
+    run_diff_batch_at(gpu, rng, cases, capacity_frac, false, None);
 }
 
 /// Where a test's snapshot lives.
@@ -111,13 +111,15 @@ impl Snap {
     }
 }
 
-/// [`run_diff_batch`] with the snapshot in device memory or (`pinned`) in pinned host memory.
+/// [`run_diff_batch`] with the snapshot in device memory or (`pinned`) in pinned host memory,
+/// telling the diff to expect `expect_share` of the elements changed (`DiffOutput::expected`).
 fn run_diff_batch_at(
     gpu: &Gpu,
     rng: &mut Rng,
     cases: &[DiffCase],
     capacity_frac: f64,
     pinned: bool,
+    expect_share: Option<f64>,
 ) {
     let mut olds = Vec::new();
     let mut news = Vec::new();
@@ -184,6 +186,8 @@ fn run_diff_batch_at(
         new_values: newv.ptr(),
         old_values: Some(oldv.ptr()),
         capacity: capacity as u64,
+        expected: expect_share
+            .map(|share| (share * inputs.iter().map(|i| i.numel).sum::<u64>() as f64) as u64),
     };
     // SAFETY: every pointer is inside the buffers above.
     let res = if pinned {
@@ -419,6 +423,50 @@ fn diff_matches_cpu_at_other_tunings() {
 
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
+fn diff_expecting_a_dense_step_runs_in_one_pass() {
+    // `DiffOutput::expected` above ONE_PASS_ABOVE picks the one-pass form on the default
+    // tuning (it allocates no scratch slots); the outputs, digests and snapshots are the CPU's
+    // bit for bit, at densities where the three passes' slots would overflow, and when the
+    // output is too small. Expecting a sparse step keeps the three passes (slots allocated).
+    let plain = gpu();
+    let dense = Gpu::with_tuning(plain.ordinal(), DiffTuning::default()).unwrap();
+    assert!(!dense.tuning().direct);
+    let mut rng = Rng(97);
+    let mut cases = edge_cases(&mut rng, 2, 3);
+    for (i, density) in [0.05, 0.1, 0.25, 0.5, 0.9].into_iter().enumerate() {
+        cases.push(DiffCase {
+            numel: (1 << 20) + 7 * i,
+            width: [2, 4, 1, 2, 2][i],
+            density,
+            misalign: i == 3,
+            first_index: 1000 * i as u64,
+            slot: i as u32,
+        });
+    }
+    run_diff_batch_at(&dense, &mut rng, &cases, 1.0, false, Some(0.5));
+    run_diff_batch_at(
+        &dense,
+        &mut rng,
+        &small_output_cases(Some(1)),
+        0.4,
+        false,
+        Some(0.3),
+    );
+    assert_eq!(
+        dense.large_scratch_bytes(),
+        0,
+        "the one-pass form uses no slots"
+    );
+    let sparse = Gpu::with_tuning(plain.ordinal(), DiffTuning::default()).unwrap();
+    run_diff_batch_at(&sparse, &mut rng, &cases, 1.0, false, Some(0.01));
+    assert!(
+        sparse.large_scratch_bytes() > 0,
+        "a sparse step runs the three passes"
+    );
+}
+
+#[test]
+#[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
 fn pinned_buffer_round_trips() {
     let gpu = gpu();
     let empty = gpu.alloc_pinned(0).unwrap();
@@ -477,12 +525,12 @@ fn diff_with_pinned_snapshot_matches_cpu() {
             first_index: 0,
             slot: 2,
         });
-        run_diff_batch_at(gpu, &mut rng, &cases, 1.0, true);
+        run_diff_batch_at(gpu, &mut rng, &cases, 1.0, true, None);
         let many = many_cases(&mut rng, 1500, 5000, 13);
-        run_diff_batch_at(gpu, &mut rng, &many, 1.0, true);
+        run_diff_batch_at(gpu, &mut rng, &many, 1.0, true, None);
         // Output too small (and tiles past their slots): a prefix written.
         let small = small_output_cases(Some(3));
-        run_diff_batch_at(gpu, &mut rng, &small, 0.4, true);
+        run_diff_batch_at(gpu, &mut rng, &small, 0.4, true, None);
     }
 }
 

@@ -151,6 +151,7 @@ fn every_f32_pattern_rounds_as_the_core_in_the_diff_and_the_refresh() {
             new_values: newv.ptr(),
             old_values: Some(oldv.ptr()),
             capacity: BATCH,
+            expected: None,
         };
         // SAFETY: the buffers above, sized for the batch.
         let res = unsafe { gpu.diff_batch(&[input], &out) }.expect("diff");
@@ -340,6 +341,7 @@ fn run_mixed_diff(gpu: &Gpu, rng: &mut Rng, cases: &[Case], rule: Bf16Rule, plac
         new_values: newv.ptr(),
         old_values: Some(oldv.ptr()),
         capacity: capacity as u64,
+        expected: None,
     };
     // SAFETY: every pointer lies inside the buffers above.
     let res = unsafe {

@@ -12,7 +12,9 @@ use super::context::Gpu;
 use super::context::{Args, MAX_GRID, THREADS};
 use super::driver::{drv, guarded};
 use crate::error::{CudaError, Result};
-use crate::{convert_word, DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult};
+use crate::{
+    convert_word, DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult, ONE_PASS_ABOVE,
+};
 
 const DIFF_THREADS: u32 = 256;
 
@@ -80,7 +82,7 @@ impl Gpu {
     }
 
     /// The batched diff's kernels: passes 1-3 (kernels/diff.cu), or the one-pass form when the
-    /// tuning asks for it; `host_snapshot` picks the pass 1 that keeps vectors in registers.
+    /// tuning asks for it or the caller expects a density above [`ONE_PASS_ABOVE`]; `host_snapshot` picks the pass 1 that keeps vectors in registers.
     unsafe fn diff_batch_with(
         &self,
         host_snapshot: bool,
@@ -93,7 +95,11 @@ impl Gpu {
             if n == 0 {
                 return Ok(DiffResult::default());
             }
-            let direct = self.tuning.direct;
+            let numel: u64 = inputs.iter().map(|i| i.numel).sum();
+            let direct = self.tuning.direct
+                || out
+                    .expected
+                    .is_some_and(|n| n as f64 > ONE_PASS_ABOVE * numel as f64);
             let tile_bytes = self.tuning.tile_bytes();
             let (order, table, tiles) = diff_table(inputs, tile_bytes)?;
             let groups = tiles.div_ceil(DIFF_GROUP);

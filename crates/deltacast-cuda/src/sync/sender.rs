@@ -524,6 +524,7 @@ impl GpuSender {
                 .filter(|_| use_entropy)
                 .map(|b| b.ptr()),
             capacity: self.capacity,
+            expected: self.last_changed[s],
         };
         (inputs, out)
     }

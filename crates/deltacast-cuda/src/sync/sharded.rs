@@ -108,6 +108,8 @@ pub struct GpuShardedSender {
     needs_seed: bool,
     capacity: u64,
     stages: Vec<Range<usize>>,
+    /// Per stage, the changes its last diff found (the diff's guess of its density).
+    last_found: Vec<Option<u64>>,
     positions: DeviceBuffer,
     values: DeviceBuffer,
     old_values: Option<DeviceBuffer>,
@@ -204,6 +206,7 @@ impl GpuShardedSender {
             status: buffers.status,
             digests_dev: buffers.digests_dev,
             capacity: buffers.capacity,
+            last_found: vec![None; buffers.stages.len()],
             stages: buffers.stages,
             packed: Growable::new(),
             packed_values: Growable::new(),
@@ -289,6 +292,7 @@ impl GpuShardedSender {
     unsafe fn seed_settled(&mut self, wait_stream: u64) -> Result<GpuSyncReport> {
         let started = Instant::now();
         self.needs_seed = true;
+        self.last_found.iter_mut().for_each(|f| *f = None);
         let outcome = (|| {
             // SAFETY: per this function's contract.
             unsafe { self.gpu.wait_for_stream(wait_stream)? };
@@ -496,9 +500,11 @@ impl GpuShardedSender {
             new_values: self.values.ptr(),
             old_values,
             capacity: self.capacity,
+            expected: self.last_found[s],
         };
         // SAFETY: the shards (constructor contract) and our snapshots and buffers.
         let diff = unsafe { run_diff(&self.gpu, self.config.snapshot, &inputs, &out)? };
+        self.last_found[s] = Some(diff.found);
         run.totals.diff_ms += diff.kernel_ms as f64;
         run.phases.lap("diff", &mut run.mark);
         let changes = StageChanges {
