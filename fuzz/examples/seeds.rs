@@ -5,8 +5,11 @@
 
 use std::path::Path;
 
+use deltacast::codec::CodecChoice;
+use deltacast::dtype::{from_ordered, load_bits, store_bits, to_ordered};
 use deltacast::wire::{parse_frame, split_frames};
-use deltacast::{PosCodec, ValCodec};
+use deltacast::{FlushConfig, PosCodec, Sender, ValCodec};
+use deltacast_fuzz::mixed;
 
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -62,7 +65,11 @@ fn main() {
     }
     // Sections of each codec the goldens may lack, from the library's encoders.
     let rel: Vec<u32> = (0..3000).filter(|i| i % 3 != 1).collect();
-    for codec in PosCodec::ALL {
+    // (`ctx` positions need the chunk's bits: codec_context seeds itself.)
+    for codec in PosCodec::ALL
+        .into_iter()
+        .filter(|&c| c != PosCodec::Context)
+    {
         let rel: Vec<u32> = if codec == PosCodec::All {
             (0..3000).collect()
         } else {
@@ -87,7 +94,10 @@ fn main() {
                 *b = b.wrapping_add((i % 3) as u8);
             }
         }
-        for codec in ValCodec::ALL {
+        for codec in ValCodec::ALL
+            .into_iter()
+            .filter(|&c| c != ValCodec::Context || deltacast::codec::context_supports(width))
+        {
             let mut section = Vec::new();
             deltacast::codec::encode_values(codec, width, &old, &new, &mut section);
             let mut val = vec![codec as u8 | (wi as u8) << 1];
@@ -101,4 +111,58 @@ fn main() {
             );
         }
     }
+    // `frame` and `manifest`: a delta sync coded with `auto+ctx`, which the goldens lack: the
+    // `mixed` scenario's slots holding values of a few exponents (where `ctx` is the smaller
+    // code), 1 in 8 elements stepped by one or two ULPs, small chunks and frames.
+    let mut scenario = mixed();
+    for (slot, bytes) in scenario.store.iter_mut().enumerate() {
+        let w = scenario.table.slots()[slot].dtype.width();
+        let base: u32 = match w {
+            4 => 0x3f80_0000,
+            2 => 0x3c00,
+            _ => 0x38,
+        };
+        for i in 0..bytes.len() / w {
+            store_bits(bytes, w, i, base + (i as u32 * 37) % 61);
+        }
+    }
+    let config = FlushConfig {
+        bucket_size: 2048,
+        chunk_elems: 256,
+        codec: CodecChoice::AutoContext,
+    };
+    let version = scenario.version.unwrap_or(0);
+    let mut sender = Sender::with_base(
+        scenario.table.clone(),
+        config,
+        scenario.store.clone(),
+        version,
+    )
+    .unwrap();
+    let mut next = scenario.store.clone();
+    for (slot, bytes) in next.iter_mut().enumerate() {
+        let w = scenario.table.slots()[slot].dtype.width();
+        for i in (0..bytes.len() / w).filter(|i| (i * 7 + slot) % 8 == 0) {
+            let step = 1 + (i % 2) as u32;
+            let bits = from_ordered(to_ordered(load_bits(bytes, w, i), w).wrapping_add(step), w);
+            store_bits(bytes, w, i, bits);
+        }
+    }
+    let slices: Vec<&[u8]> = next.iter().map(Vec::as_slice).collect();
+    let mut stream = Vec::new();
+    sender
+        .delta(&slices, |frame| {
+            stream.extend_from_slice(&frame);
+            Ok(())
+        })
+        .unwrap();
+    let ctx_chunks = split_frames(&stream)
+        .unwrap()
+        .into_iter()
+        .flat_map(|f| parse_frame(f).unwrap().entries)
+        .filter(|e| e.pos_codec == PosCodec::Context || e.val_codec == ValCodec::Context)
+        .count();
+    assert!(ctx_chunks > 0, "the auto+ctx seed has no ctx chunk");
+    write("frame", "ctx_delta.dcast".into(), &stream);
+    write("manifest", "ctx_delta.dcast".into(), &stream);
 }

@@ -14,7 +14,9 @@
 use std::collections::HashSet;
 
 use arbitrary::{Arbitrary, Unstructured};
-use deltacast::codec::{encode_positions, encode_values, PosCodec, ValCodec};
+use deltacast::codec::{
+    context_supports, encode_context_positions, encode_positions, encode_values, PosCodec, ValCodec,
+};
 use deltacast::digest::digest_slot;
 use deltacast::dtype::{from_ordered, load_bits, store_bits, to_ordered};
 use deltacast::wire::{FrameWriter, SlotDigest};
@@ -394,17 +396,44 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
                     .with_flush_count(nframes as u32)
                     .split_sections(4, [1, 2, 4][plan.frames as usize % 3]);
             }
-            for c in chunks.iter().filter(|c| c.frame == i) {
+            for (k, c) in chunks.iter().enumerate().filter(|(_, c)| c.frame == i) {
                 let (mut pos, mut val) = (Vec::new(), Vec::new());
-                encode_positions(c.pos, &c.rel, c.range as u32, &mut pos);
-                let old = if c.val == ValCodec::Ulp {
-                    &c.old
-                } else {
-                    &c.new
+                let w_slot = width(c.slot);
+                // `ctx` needs 2- or 4-byte elements and, as a real sender's chunks, a range no
+                // other chunk of the sync changes (it is coded against the receiver's bits).
+                let ctx_ok = context_supports(w_slot) && !changed_by_others(&chunks, k);
+                let pos_codec = match c.pos {
+                    PosCodec::Context if !ctx_ok => PosCodec::Gaps,
+                    p => p,
                 };
-                encode_values(c.val, width(c.slot), old, &c.new, &mut val);
+                let val_codec = match c.val {
+                    ValCodec::Context if !ctx_ok => ValCodec::Ulp,
+                    v => v,
+                };
+                if pos_codec == PosCodec::Context {
+                    // The range's bits after the sync: the held ones, this chunk's written in.
+                    let (a, b) = (
+                        c.start as usize * w_slot,
+                        (c.start + c.range) as usize * w_slot,
+                    );
+                    let mut after = held[c.slot as usize][a..b].to_vec();
+                    for (j, &p) in c.rel.iter().enumerate() {
+                        store_bits(&mut after, w_slot, p as usize, load_bits(&c.new, w_slot, j));
+                    }
+                    encode_context_positions(w_slot, &c.rel, &after, &c.old, &mut pos);
+                } else {
+                    encode_positions(pos_codec, &c.rel, c.range as u32, &mut pos);
+                }
+                let old = if val_codec == ValCodec::Raw {
+                    &c.new
+                } else {
+                    &c.old
+                };
+                encode_values(val_codec, w_slot, old, &c.new, &mut val);
                 let count = c.rel.len() as u64;
-                w.push_chunk(c.slot, c.pos, c.val, c.start, c.range, count, &pos, &val);
+                w.push_chunk(
+                    c.slot, pos_codec, val_codec, c.start, c.range, count, &pos, &val,
+                );
             }
             // A dense slot's record travels in its frame, every other one in the digest frame.
             let here = |rec: &&SlotDigest| match dense_in[rec.slot as usize] {
@@ -482,7 +511,8 @@ fn delta_chunk(
     }
     let start = c.start as u64 % numel;
     let range = 1 + c.range as u64 % (numel - start);
-    let pos = PosCodec::ALL[c.pos as usize % 5];
+    // Every position codec, `ctx` included (the frame writer falls back where it cannot go).
+    let pos = PosCodec::ALL[c.pos as usize % 6];
     let mut rng = Rng(c.seed as u64);
     let mut rel: Vec<u32> = (0..range as u32)
         .filter(|_| pos == PosCodec::All || rng.next() % 256 <= c.density as u32)
@@ -519,7 +549,7 @@ fn delta_chunk(
         frame,
         slot,
         pos,
-        val: ValCodec::ALL[c.val as usize % 2],
+        val: ValCodec::ALL[c.val as usize % 3],
         start,
         range,
         rel,
@@ -527,4 +557,17 @@ fn delta_chunk(
         new,
     };
     Some((chunk, fresh))
+}
+
+/// Whether a chunk other than `k` changes an element of chunk `k`'s range.
+fn changed_by_others(chunks: &[Chunk], k: usize) -> bool {
+    let c = &chunks[k];
+    chunks.iter().enumerate().any(|(j, o)| {
+        j != k
+            && o.slot == c.slot
+            && o.rel.iter().any(|&p| {
+                let at = o.start + p as u64;
+                (c.start..c.start + c.range).contains(&at)
+            })
+    })
 }

@@ -25,8 +25,15 @@ fuzz_target!(|data: &[u8]| {
         })
         .collect();
     let mut out = vec![7];
-    let decoded =
-        decode_positions_held(PosCodec::Context, section, count, range, width, &held, &mut out);
+    let decoded = decode_positions_held(
+        PosCodec::Context,
+        section,
+        count,
+        range,
+        width,
+        &held,
+        &mut out,
+    );
     if decoded.is_err() {
         return;
     }
@@ -39,7 +46,15 @@ fuzz_target!(|data: &[u8]| {
     let mut again = Vec::new();
     encode_context_positions(width, &out, &held, &old, &mut again);
     let mut back = Vec::new();
-    decode_positions_held(PosCodec::Context, &again, count, range, width, &held, &mut back)
-        .unwrap();
+    decode_positions_held(
+        PosCodec::Context,
+        &again,
+        count,
+        range,
+        width,
+        &held,
+        &mut back,
+    )
+    .unwrap();
     assert_eq!(back, out);
 });

@@ -4,7 +4,9 @@
 #![no_main]
 
 use deltacast::wire::HEADER_LEN;
-use deltacast_cuda::protocol::{decode_header, decode_stage, device_parts, FrameAssembler, TableLimits};
+use deltacast_cuda::protocol::{
+    decode_header, decode_stage, device_parts, FrameAssembler, TableLimits,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
