@@ -107,7 +107,7 @@ def gpu_density():
     bytes as a share of the same step's full copy."""
     groups, time, wire = [], [], []
     for lr in ("", "_lr1e-05", "_lr6e-05"):
-        run = json.load((DATA / f"gpu-sync/cost-model/gpu_sync_0.5b_ipc{lr}_onegpu.json").open())
+        run = json.load((DATA / f"gpu-sync/one-pass-diff/gpu_sync_0.5b_ipc{lr}_onegpu.json").open())
         full = {r["step"]: r for r in run["rows"] if r["method"] == "full" and r["step"] > 0}
         for r in run["rows"]:
             if r["method"] == "deltacast" and r["step"] in full:
