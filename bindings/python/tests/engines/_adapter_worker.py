@@ -13,7 +13,7 @@ it to its engine (the same frames, as vLLM and SGLang hand every worker the same
 every step each rank compares all its parameters, bit for bit, with a reference model that
 loaded the expected full checkpoint with the engine's own ``load_weights``. Steps: a seed,
 deltas (edge bit patterns), refusals (a corrupted frame, a frame corrupted on one rank only, one
-rank's weights diverged, an old sync replayed, a delta to a restarted receiver, for vLLM a
+rank's weights diverged, one rank's copy of a replicated slot diverged, an old sync replayed, a delta to a restarted receiver, for vLLM a
 session that ends mid-sync) that must leave the weights of every rank as they were, and the
 syncs after them; then a second engine B on the same sender that joins late, restarts and is
 re-seeded (``resend_seed``) while the first takes every delta. Writes
@@ -305,27 +305,43 @@ def main() -> int:
         step("one-rank-refuses", path, mine, "frames", "refused", ckpt)
         step("after-group-refusal", path, frames, "frames", None, new)
         ckpt = new
+        def diverge(slot):
+            """A tamper: the last rank's copy of `slot`'s first element changed behind the
+            receiver's back (undone after the step)."""
+
+            def tamper():
+                if rank != tp - 1:
+                    return None
+                pname, block = delivery.layout().by_slot()[slot][0]
+                flat = raw(params[pname])
+                flat[block.dst] ^= 1  # a view: this writes into the parameter
+
+                def undo():
+                    flat[block.dst] ^= 1
+
+                return undo
+
+            return tamper
+
         # One rank's weights diverged (an element of q_proj, held by that rank alone, changed
         # behind the receiver's back) where the next delta changes them: that rank's part of
         # the digest change is wrong, so the group's sum is, and every rank refuses at settle.
         slot = "model.layers.0.self_attn.q_proj.weight"
         new = mutate(rng, ckpt, (3 - names.index(slot)) % 4)  # the whole slot changes
         path, frames = sync_file(sync_of(new))
-
-        def tamper():
-            if rank != tp - 1:
-                return None
-            pname, block = delivery.layout().by_slot()[slot][0]
-            flat = raw(params[pname])
-            flat[block.dst] ^= 1  # a view: this writes into the parameter
-
-            def undo():
-                flat[block.dst] ^= 1
-
-            return undo
-
-        step("diverged-rank-refuses", path, frames, "frames", "refused", ckpt, tamper=tamper)
+        step("diverged-rank-refuses", path, frames, "frames", "refused", ckpt,
+             tamper=diverge(slot))
         step("after-divergence", path, frames, "frames", None, new)
+        ckpt = new
+        # A replicated copy diverged: the final norm is held whole by every rank and counted by
+        # rank 0 alone, so the digest never sees the last rank's copy; the replicas'
+        # cross-check does, and every rank refuses (at TP 1 the one copy is counted: the digest).
+        slot = "model.norm.weight"
+        new = mutate(rng, ckpt, (3 - names.index(slot)) % 4)
+        path, frames = sync_file(sync_of(new))
+        step("replica-diverged-refuses", path, frames, "frames", "refused", ckpt,
+             tamper=diverge(slot))
+        step("after-replica-divergence", path, frames, "frames", None, new)
         ckpt = new
         # One rank's write fails half way (as a device error would), after the whole group
         # verified the sync: that rank writes its old bits back, and so does every other rank,

@@ -41,6 +41,7 @@ def test_syncs_through_the_lifecycle_equal_load_weights(reports):
     assert [s["step"] for s in reps[0]["steps"]] == [
         "seed", "delta1", "delta2", "delta3", "corrupted", "incomplete", "after-refusal",
         "one-rank-refuses", "after-group-refusal", "diverged-rank-refuses", "after-divergence",
+        "replica-diverged-refuses", "after-replica-divergence",
         "one-rank-write-fails", "after-write-failure", "replayed", "delta-to-restarted", "reseed", "B-joins", "A-delta0", "B-delta0", "A-delta1",
         "B-delta-restarted", "B-reseed", "A-after", "B-after",
     ]

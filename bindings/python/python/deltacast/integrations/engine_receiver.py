@@ -20,7 +20,11 @@ construction, to know which). Per frame the ranks all-reduce a small vector (a r
 a completion flag, and when every rank completed the sync its per-slot digest parts as 16-bit
 limbs, so the sum is exact mod 2^64); the sums are settled against the sender's digests on
 every rank, and a second all-reduce of the settle results makes the sync all or nothing across
-the group: if any rank refused (a bad frame, a wrong version, a digest that does not come out),
+the group. That second all-reduce also cross-checks the copies the digest does not count: each
+rank hashes (slot, position, old bits) of every change it holds, and of every change it counts
+times the number of ranks holding it; the two sums differ over the group when a replica's old
+bits are not the counting rank's (``ReplicaMismatchError`` on every rank). So if any rank
+refused (a bad frame, a wrong version, a digest that does not come out, a diverged replica),
 every rank drops the sync and nothing is written anywhere. The commit is agreed the same way:
 a rank whose write fails (a device error) writes its old bits back, and so does every rank,
 before anyone counts the sync. Every rank must be fed the same frames in the same calls.
@@ -45,6 +49,11 @@ _LIMBS = 4  # 16-bit limbs per u64 digest part: exact sums for up to 2^47 ranks
 
 class CommitFailedError(DeltacastError):
     """This rank could not write a verified sync into the engine; the group dropped it."""
+
+
+class ReplicaMismatchError(DeltacastError):
+    """The TP group's copies of replicated elements disagree where the sync changes them (a
+    rank's weights changed behind the receiver): every rank dropped the sync; reseed."""
 
 
 class GroupRefusedError(DeltacastError):
@@ -96,6 +105,39 @@ def _merge(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append([s, e])
     return [(s, e) for s, e in merged]
+
+
+def _as_runs(runs: list[tuple[int, int]]) -> tuple[Any, Any]:
+    """Sorted disjoint runs as (starts, ends) int64 tensors, for ``_in_runs``."""
+    import torch
+
+    return (
+        torch.tensor([a for a, _ in runs], dtype=torch.int64),
+        torch.tensor([b for _, b in runs], dtype=torch.int64),
+    )
+
+
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def _replica_hash(slot: int, pos: np.ndarray, old: np.ndarray, width: int) -> np.ndarray:
+    """A 64-bit hash per change of (slot, position, old bits), wrapping uint64 arithmetic:
+    the replicas' cross-check (``LayoutReceiver._replica_sums``)."""
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+    x = old.view(kind).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    x ^= pos.astype(np.uint64) + (np.uint64(slot + 1) << np.uint64(40))
+    for m in _MIX:  # the splitmix64 finalizer
+        x ^= x >> np.uint64(30)
+        x *= m
+    return x ^ (x >> np.uint64(31))
+
+
+def _limbs(value: int) -> list[int]:
+    return [(value >> (16 * k)) & 0xFFFF for k in range(_LIMBS)]
+
+
+def _unlimb(raw: list[int]) -> int:
+    return sum(raw[k] << (16 * k) for k in range(_LIMBS)) % (1 << 64)
 
 
 def _in_runs(pos: Any, runs: tuple[Any, Any]) -> Any:
@@ -177,13 +219,15 @@ class LayoutReceiver:
 
             everyone = [None] * self.world
             dist.all_gather_object(everyone, mine, group=self.group)
-        self._lower = {}
-        for s in self.table:
-            runs = _merge([r for q in everyone[: self.rank] for r in q.get(s.name, [])])
-            self._lower[s.name] = (
-                torch.tensor([a for a, _ in runs], dtype=torch.int64),
-                torch.tensor([b for _, b in runs], dtype=torch.int64),
-            )
+        self._lower = {
+            s.name: _as_runs(_merge([r for q in everyone[: self.rank] for r in q.get(s.name, [])]))
+            for s in self.table
+        }
+        # Per slot, what each higher rank holds: how many copies the elements counted here have.
+        self._higher = {
+            s.name: [_as_runs(q.get(s.name, [])) for q in everyone[self.rank + 1 :]]
+            for s in self.table
+        }
         self._fresh_receiver()
 
     def _rank_world(self) -> tuple[int, int]:
@@ -221,6 +265,28 @@ class LayoutReceiver:
         share = torch.where(held, HELD, NOT_HELD).to(torch.uint8)
         share[held & ~_in_runs(pos, self._lower[slot])] = COUNTED
         return old.numpy().view(np.uint8), share.numpy()
+
+    def _replica_sums(self) -> tuple[int, int]:
+        """This rank's terms of the replicas' cross-check over the settled sync's changes:
+        Σ h(slot, position, old bits) over every change it holds, and the same over the changes
+        it counts, each times the number of ranks holding it. Summed over the group the two
+        agree when every copy of every changed element held the counting rank's old bits; the
+        digest itself sees only the counted copy."""
+        import torch
+
+        held_sum = counted_sum = 0
+        index = {s.name: i for i, s in enumerate(self.table)}
+        for name, pos, _values, old in self.receiver.changes():
+            h = _replica_hash(index[name], pos, old, self._dtypes[name].itemsize)
+            held_sum += int(h.sum(dtype=np.uint64))
+            p = torch.from_numpy(pos)
+            mine = (~_in_runs(p, self._lower[name])).numpy()
+            copies = torch.ones(p.shape, dtype=torch.int64)
+            for runs in self._higher[name]:
+                copies += _in_runs(p, runs).to(torch.int64)
+            weighted = h[mine] * copies.numpy()[mine].astype(np.uint64)
+            counted_sum += int(weighted.sum(dtype=np.uint64))
+        return held_sum % (1 << 64), counted_sum % (1 << 64)
 
     def _write(self, changes: list, use_old: bool = False) -> int:
         import torch
@@ -261,7 +327,7 @@ class LayoutReceiver:
         vec[1] = int(complete)
         if complete:
             part = self.receiver.part
-            limbs = [(p >> (16 * k)) & 0xFFFF for p in part for k in range(_LIMBS)]
+            limbs = [limb for p in part for limb in _limbs(p)]
             vec[2:] = torch.tensor(limbs, dtype=torch.int64)
         vec = self._all_reduce(vec)
         refused, completed = int(vec[0]), int(vec[1])
@@ -277,20 +343,33 @@ class LayoutReceiver:
         if not completed:
             return None
         raw = vec[2:].tolist()
-        sums = [
-            sum(raw[i * _LIMBS + k] << (16 * k) for k in range(_LIMBS)) % (1 << 64)
-            for i in range(n)
-        ]
+        sums = [_unlimb(raw[i * _LIMBS : (i + 1) * _LIMBS]) for i in range(n)]
+        replicas = (0, 0)
         try:
             self.receiver.settle(sums)
+            if self.world > 1:
+                replicas = self._replica_sums()
         except Exception as e:
             error = e
-        ok = self._all_reduce(torch.tensor([int(error is not None)], dtype=torch.int64))
+        ok = self._all_reduce(
+            torch.tensor(
+                [int(error is not None)] + _limbs(replicas[0]) + _limbs(replicas[1]),
+                dtype=torch.int64,
+            )
+        )
         if int(ok[0]):
             self.receiver.abort_sync()
             if error is not None:
                 raise error
             raise GroupRefusedError("deltacast: another rank of the TP group refused the sync")
+        raw = ok[1:].tolist()
+        if _unlimb(raw[:_LIMBS]) != _unlimb(raw[_LIMBS:]):
+            self.receiver.abort_sync()
+            raise ReplicaMismatchError(
+                "deltacast: the TP group's copies of replicated elements disagree where this "
+                "sync changes them (a rank's weights changed behind the receiver): the group "
+                "dropped the sync; reseed"
+            )
         if self.commit_on_demand:
             return None
         return self.commit()
