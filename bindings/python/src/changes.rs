@@ -11,9 +11,9 @@ use crate::receiver::SyncOutcome;
 use crate::table::{table_arg, SlotTable};
 use crate::values::digests_dict;
 
-/// The core's owner: `read(slot_name, positions)` → `(old, share)`, uint8 arrays (or bytes)
-/// of `len(positions) * width` and `len(positions)` bytes. A Python error is kept to be
-/// raised as it is.
+/// The core's owner: `read(requests)`, a list of `(slot_name, positions)`, → `(old, share)`,
+/// uint8 arrays (or bytes) of every request in order: `Σ len(positions) * width` and
+/// `Σ len(positions)` bytes. A Python error is kept to be raised as it is.
 struct PyOwner<'py> {
     py: Python<'py>,
     read: &'py Bound<'py, PyAny>,
@@ -29,11 +29,24 @@ impl deltacast::HeldBits for PyOwner<'_> {
         old: &mut Vec<u8>,
         share: &mut Vec<u8>,
     ) -> deltacast::Result<()> {
-        // Slot positions fit i64: a slot's elements are bounded by its bytes in memory.
-        let positions: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
-        let name = self.names.get(slot as usize).cloned().unwrap_or_default();
+        self.read_many(&[(slot, positions)], old, share)
+    }
+
+    fn read_many(
+        &mut self,
+        requests: &[(u32, &[u64])],
+        old: &mut Vec<u8>,
+        share: &mut Vec<u8>,
+    ) -> deltacast::Result<()> {
         let result = (|| -> PyResult<()> {
-            let out = self.read.call1((name, positions.into_pyarray(self.py)))?;
+            let list = PyList::empty(self.py);
+            for &(slot, positions) in requests {
+                // Slot positions fit i64: a slot's elements are bounded by its bytes in memory.
+                let positions: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
+                let name = self.names.get(slot as usize).cloned().unwrap_or_default();
+                list.append((name, positions.into_pyarray(self.py)))?;
+            }
+            let out = self.read.call1((list,))?;
             let (a, b): (Bound<'_, PyAny>, Bound<'_, PyAny>) = out.extract()?;
             let (_ka, va) = frame_bytes(&a)?;
             let (_kb, vb) = frame_bytes(&b)?;
@@ -57,9 +70,10 @@ impl deltacast::HeldBits for PyOwner<'_> {
 /// the last), `part` summed over the group, `settle(sums)`, write `changes()`, `commit()`;
 /// `abort_sync()` at any point. The first sync must be a seed.
 ///
-/// `read(slot_name, positions)` (int64 HF flat positions) returns `(old, share)`: the bits
-/// held there as uint8 (zeros where none is held) and per position 0 (not held), 1 (held,
-/// counted by another member) or 2 (held and counted here).
+/// `read(requests)`: a list of `(slot_name, positions)` (int64 HF flat positions; every slot
+/// of a frame in one call) → `(old, share)` over the requests in order: the bits held there as
+/// uint8 (zeros where none is held) and per position 0 (not held), 1 (held, counted by another
+/// member) or 2 (held and counted here).
 #[pyclass(module = "deltacast._native", unsendable)]
 pub struct ChangeReceiver {
     inner: deltacast::ChangeReceiver,

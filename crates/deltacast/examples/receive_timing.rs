@@ -6,11 +6,39 @@
 //! Each repetition applies the same frames to a fresh receiver holding the base state (built
 //! outside the timed region); the figure is `Receiver::receive` over all frames of the sync
 //! (verify, decode, digest check, apply). Median of `DELTACAST_REPS` (default 5).
+//!
+//! Then a `ChangeReceiver` (what an engine rank runs) with an owner that holds and counts
+//! every element (TP 1) over the `auto` delta: `receive` of every frame (reading the old bits
+//! from the owner), `settle`, `changes`; its time per change beside the full receiver's.
 
 use std::time::Instant;
 
+use deltacast::apply::changes::COUNTED;
 use deltacast::flush::FlushConfig;
-use deltacast::{CodecChoice, DType, Receiver, Sender, SlotInfo, SlotTable};
+use deltacast::{
+    ChangeReceiver, CodecChoice, DType, HeldBits, Receiver, Sender, SlotInfo, SlotTable,
+};
+
+/// An engine of one rank: holds every element, counts it.
+struct Owner<'a>(&'a [Vec<u8>]);
+
+impl HeldBits for Owner<'_> {
+    fn read(
+        &mut self,
+        slot: u32,
+        positions: &[u64],
+        old: &mut Vec<u8>,
+        share: &mut Vec<u8>,
+    ) -> deltacast::Result<()> {
+        let bits = &self.0[slot as usize];
+        for &p in positions {
+            let at = p as usize * 2;
+            old.extend_from_slice(&bits[at..at + 2]);
+        }
+        share.resize(share.len() + positions.len(), COUNTED);
+        Ok(())
+    }
+}
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -129,7 +157,8 @@ fn main() {
         drop(sender);
         let wire: usize = frames.iter().map(Vec::len).sum();
         let mut times = Vec::new();
-        for _ in 0..reps {
+        // DELTACAST_FULL_REPS=0: only the change receiver (e.g. under a profiler).
+        for _ in 0..env("DELTACAST_FULL_REPS", reps).max(1) {
             let mut receiver = Receiver::with_state(table.clone(), base.clone(), Some(1)).unwrap();
             let t = Instant::now();
             for f in &frames {
@@ -140,6 +169,9 @@ fn main() {
         }
         let best = times.iter().copied().fold(f64::INFINITY, f64::min);
         let ms = median(times);
+        if codec == "auto" {
+            change_receiver(&table, &base, &next, ms, reps);
+        }
         println!(
             "{codec}: {} flush(es), {:.2} MB; sender {send_ms:.1} ms; receiver {ms:.1} ms \
              (median of {reps}, best {best:.1}; {:.2}x the memcpy)",
@@ -148,4 +180,63 @@ fn main() {
             ms / copy_ms
         );
     }
+}
+
+/// The `auto` delta through a `ChangeReceiver` seeded with `base`; prints its time per change
+/// beside the full receiver's `full_ms`.
+fn change_receiver(
+    table: &SlotTable,
+    base: &[Vec<u8>],
+    next: &[Vec<u8>],
+    full_ms: f64,
+    reps: usize,
+) {
+    let mut sender = Sender::new(table.clone(), FlushConfig::default()).unwrap();
+    let mut frames = Vec::new();
+    let base_slices: Vec<&[u8]> = base.iter().map(Vec::as_slice).collect();
+    sender
+        .sync(&base_slices, |f| {
+            frames.push(f);
+            Ok(())
+        })
+        .unwrap();
+    let mut seeded = ChangeReceiver::new(table.clone());
+    for f in &frames {
+        seeded.receive(f, &mut Owner(base)).unwrap();
+    }
+    let part = seeded.part().unwrap().to_vec();
+    seeded.settle(&part).unwrap();
+    seeded.commit().unwrap();
+    let next_slices: Vec<&[u8]> = next.iter().map(Vec::as_slice).collect();
+    let mut frames = Vec::new();
+    sender
+        .sync(&next_slices, |f| {
+            frames.push(f);
+            Ok(())
+        })
+        .unwrap();
+    let (mut times, mut changed) = (Vec::new(), 0);
+    for _ in 0..reps {
+        // An aborted sync leaves the version held: the same delta again.
+        let t = Instant::now();
+        for f in &frames {
+            seeded.receive(f, &mut Owner(base)).unwrap();
+        }
+        let part = seeded.part().unwrap().to_vec();
+        seeded.settle(&part).unwrap();
+        changed = seeded
+            .changes()
+            .iter()
+            .map(|c| c.values.len() / 2)
+            .sum::<usize>();
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        seeded.abort_sync();
+    }
+    let ms = median(times);
+    println!(
+        "change receiver (TP 1 owner): {ms:.1} ms for {changed} changes ({:.1} ns/change; \
+         the full receiver {:.1} ns/change)",
+        ms * 1e6 / changed as f64,
+        full_ms * 1e6 / changed as f64
+    );
 }

@@ -33,6 +33,8 @@ struct Member {
     bufs: Vec<Vec<u8>>,
     widths: Vec<usize>,
     reads: usize,
+    /// `read_many` calls: one per frame.
+    calls: usize,
 }
 
 impl HeldBits for Member {
@@ -55,6 +57,19 @@ impl HeldBits for Member {
                 old.extend(std::iter::repeat_n(0u8, w));
                 share.push(NOT_HELD);
             }
+        }
+        Ok(())
+    }
+
+    fn read_many(
+        &mut self,
+        requests: &[(u32, &[u64])],
+        old: &mut Vec<u8>,
+        share: &mut Vec<u8>,
+    ) -> deltacast::Result<()> {
+        self.calls += 1;
+        for &(slot, positions) in requests {
+            self.read(slot, positions, old, share)?;
         }
         Ok(())
     }
@@ -84,6 +99,7 @@ impl Group {
                         .collect(),
                     widths: widths.clone(),
                     reads: 0,
+                    calls: 0,
                 })
                 .collect(),
         }
@@ -214,6 +230,7 @@ fn a_group_of_part_holders_tracks_a_full_receiver_bit_for_bit() {
                 oracle.receive(x).expect("oracle");
             }
             let reads_before: usize = group.members.iter().map(|m| m.reads).sum();
+            let calls_before: Vec<usize> = group.members.iter().map(|m| m.calls).collect();
             group.sync(&f, None).expect("group sync");
             let what = format!("seed {seed} step {step}");
             assert_eq!(oracle.store(), &current, "{what}");
@@ -221,6 +238,15 @@ fn a_group_of_part_holders_tracks_a_full_receiver_bit_for_bit() {
             for r in &group.rx {
                 assert_eq!(r.version(), oracle.version(), "{what}");
                 assert_eq!(r.digests(), oracle.digests(), "{what}");
+            }
+            for (m, before) in group.members.iter().zip(calls_before) {
+                // One read per frame, whatever its slots (ctx chunks read on their own).
+                assert!(
+                    m.calls - before <= f.len(),
+                    "{what}: {} reads",
+                    m.calls - before
+                );
+                assert!(m.calls > before, "{what}: no read");
             }
             if step > 0 {
                 // O(changed): each member reads the sync's changed elements, not the slots.
@@ -346,4 +372,106 @@ fn one_member_that_refuses_makes_the_group_write_nothing() {
     group.check(&current, "after the next delta");
     let err = group.sync(&f, None).expect_err("replay");
     assert!(matches!(err, Error::VersionMismatch { .. }), "{err:?}");
+}
+
+/// An owner that holds and counts every element (a TP-1 engine): the receiver's fast path.
+struct Whole {
+    bufs: Vec<Vec<u8>>,
+    widths: Vec<usize>,
+}
+
+impl HeldBits for Whole {
+    fn read(
+        &mut self,
+        slot: u32,
+        positions: &[u64],
+        old: &mut Vec<u8>,
+        share: &mut Vec<u8>,
+    ) -> deltacast::Result<()> {
+        let w = self.widths[slot as usize];
+        for &i in positions {
+            let at = i as usize * w;
+            old.extend_from_slice(&self.bufs[slot as usize][at..at + w]);
+            share.push(COUNTED);
+        }
+        Ok(())
+    }
+}
+
+/// A delta element whose new bits the owner already holds (its bits changed behind the
+/// receiver's back to exactly the new value) is refused by name, whether every element of the
+/// chunk is counted here (the vectorized sums) or the shares are mixed (a group member).
+#[test]
+fn a_delta_to_bits_already_held_is_refused_on_both_paths() {
+    let mut rng = Rng(77);
+    let table = random_table(&mut rng, 6, 3000);
+    let config = FlushConfig {
+        bucket_size: 1200,
+        chunk_elems: 200,
+        ..FlushConfig::default()
+    };
+    let mut sender = Sender::new(table.clone(), config).expect("sender");
+    let widths: Vec<usize> = table.slots().iter().map(|s| s.dtype.width()).collect();
+    let mut whole = Whole {
+        bufs: table
+            .slots()
+            .iter()
+            .map(|s| vec![0; s.nbytes() as usize])
+            .collect(),
+        widths: widths.clone(),
+    };
+    let mut rx = ChangeReceiver::new(table.clone());
+    let mut group = Group::new(&table);
+    let mut current = random_buffers(&mut rng, &table);
+    let seed = frames(&mut sender, &current);
+    group.sync(&seed, None).expect("group seed");
+    for f in &seed {
+        rx.receive(f, &mut whole).expect("seed");
+    }
+    let part: Vec<u64> = rx.part().expect("part").into();
+    rx.settle(&part).expect("settle");
+    whole.bufs = current.clone();
+    rx.commit().expect("commit");
+    assert_eq!(rx.digests(), group.rx[0].digests());
+
+    let prev = current.clone();
+    for (slot, buf) in table.slots().iter().zip(current.iter_mut()) {
+        mutate(&mut rng, buf, slot.dtype.width(), 0.3);
+    }
+    let (s, i) = (0..table.len())
+        .find_map(|s| {
+            let w = widths[s];
+            (0..table.slots()[s].numel())
+                .find(|&i| {
+                    let at = i as usize * w;
+                    prev[s][at..at + w] != current[s][at..at + w]
+                })
+                .map(|i| (s, i))
+        })
+        .expect("a changed element");
+    let (w, at) = (widths[s], i as usize * widths[s]);
+    let f = frames(&mut sender, &current);
+
+    whole.bufs[s][at..at + w].copy_from_slice(&current[s][at..at + w]);
+    let err = f
+        .iter()
+        .find_map(|x| rx.receive(x, &mut whole).err())
+        .expect("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("already holds") && text.contains(&format!("element {i}")),
+        "{text}"
+    );
+
+    for m in &mut group.members {
+        if holders(s as u32, i).contains(&m.id) {
+            m.bufs[s][at..at + w].copy_from_slice(&current[s][at..at + w]);
+        }
+    }
+    let err = group.sync(&f, None).expect_err("group refuses");
+    let text = err.to_string();
+    assert!(
+        text.contains("already holds") && text.contains(&format!("element {i}")),
+        "{text}"
+    );
 }

@@ -194,7 +194,7 @@ class ChangeReceiver:
     def receive(
         self,
         frame: _Frame,
-        read: Callable[[str, npt.NDArray[np.int64]], tuple[Any, Any]],
+        read: Callable[[list[tuple[str, npt.NDArray[np.int64]]]], tuple[Any, Any]],
     ) -> bool: ...
     def settle(self, sums: Sequence[int]) -> None: ...
     def changes(

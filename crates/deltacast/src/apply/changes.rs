@@ -4,7 +4,7 @@
 //!
 //! It runs the same checks as [`Receiver`](super::Receiver) (the one [`HeldState`] for
 //! versions and digests, the same frame admission and chunk decoder), but reads the old bits
-//! it needs from a [`HeldBits`] owner, one chunk's positions at a time, and keeps only the
+//! it needs from a [`HeldBits`] owner, every slot of a frame in one call, and keeps only the
 //! decoded changes of the positions the owner holds: memory O(changes), never a copy of a
 //! slot. Several such receivers may share one state (the ranks of a tensor-parallel group,
 //! each holding part of every slot): each counts in its **part** of each slot's digest only
@@ -18,13 +18,15 @@
 //! `abort_sync` at any point (nothing is written before the owner writes the changes).
 
 use crate::codec::PosCodec;
-use crate::digest::{change, element_hash, slot_salt};
+use crate::digest::{change, chunk_change, chunk_terms, element_hash, slot_salt};
 use crate::dtype::load_bits;
 use crate::error::CodecError;
 use crate::error::{Error, Result};
 use crate::held::{HeldState, Pending};
 use crate::slot::SlotTable;
 use crate::wire::{parse_frame, ChunkEntry, FrameKind, SlotDigest};
+
+use rayon::prelude::*;
 
 use super::chunks::{chunk_positions, chunk_values};
 use super::{check_table, Staging, SyncOutcome};
@@ -39,8 +41,7 @@ pub const COUNTED: u8 = 2;
 
 /// Whoever holds the bits a [`ChangeReceiver`] checks syncs against.
 pub trait HeldBits {
-    /// The bits held at elements `positions` of `slot` (flat, row-major; every chunk of the
-    /// slot in a frame at once, so an owner that pays per call pays per slot and frame): one
+    /// The bits held at elements `positions` of `slot` (flat, row-major): one
     /// element of the slot's width per position into `old` (anything, e.g. zero, where none
     /// is held), and per position [`NOT_HELD`], [`HELD`] or [`COUNTED`] into `share`. Both
     /// are cleared first by the caller.
@@ -51,6 +52,21 @@ pub trait HeldBits {
         old: &mut Vec<u8>,
         share: &mut Vec<u8>,
     ) -> Result<()>;
+
+    /// [`read`](HeldBits::read) of several `(slot, positions)` requests, appended to `old` and
+    /// `share` in request order: every slot of a frame in one call, so an owner that pays per
+    /// call (a device round trip) pays once per frame. By default one `read` per request.
+    fn read_many(
+        &mut self,
+        requests: &[(u32, &[u64])],
+        old: &mut Vec<u8>,
+        share: &mut Vec<u8>,
+    ) -> Result<()> {
+        for &(slot, positions) in requests {
+            self.read(slot, positions, old, share)?;
+        }
+        Ok(())
+    }
 }
 
 /// The owner's bits of every element of chunk `e`'s range, for `ctx` positions (coded against
@@ -285,19 +301,29 @@ impl ChangeReceiver {
             });
         };
         r.staging.admit(&self.table, &frame, bytes.len())?;
-        // Positions of every chunk first; then one read per slot of the frame.
-        let mut decoded = Vec::with_capacity(frame.entries.len());
+        // The `ctx` chunks' whole ranges first (their positions are coded against them), then
+        // every chunk's positions, in parallel.
+        let mut held: Vec<Option<Vec<u8>>> = Vec::with_capacity(frame.entries.len());
         for e in &frame.entries {
-            let held = if e.pos_codec == PosCodec::Context {
+            held.push(if e.pos_codec == PosCodec::Context {
                 Some(read_whole_chunk(&self.table, owner, e)?)
             } else {
                 None
-            };
-            decoded.push(chunk_positions(&self.table, &frame, e, held.as_deref())?);
+            });
         }
+        let table = &self.table;
+        let mut decoded = frame
+            .entries
+            .par_iter()
+            .zip(&held)
+            .map(|(e, held)| chunk_positions(table, &frame, e, held.as_deref()))
+            .collect::<Result<Vec<_>>>()?;
+        drop(held);
+        // Per slot of the frame, its chunks (in order) and their positions; then one read of
+        // every slot's positions from the owner.
         let mut order: Vec<usize> = (0..frame.entries.len()).collect();
         order.sort_by_key(|&k| frame.entries[k].slot); // stable: chunk order kept per slot
-        let (mut old, mut share, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+        let mut groups: Vec<(u32, std::ops::Range<usize>, Vec<u64>)> = Vec::new();
         let mut at = 0;
         while at < order.len() {
             let slot = frame.entries[order[at]].slot;
@@ -306,8 +332,7 @@ impl ChangeReceiver {
                     .iter()
                     .take_while(|&&k| frame.entries[k].slot == slot)
                     .count();
-            let width = self.table.get(slot)?.dtype.width();
-            positions.clear();
+            let mut positions = Vec::new();
             for &k in &order[at..end] {
                 let (e, (rel, all)) = (&frame.entries[k], &decoded[k]);
                 if *all {
@@ -316,54 +341,72 @@ impl ChangeReceiver {
                     positions.extend(rel.iter().map(|&p| e.start + p as u64));
                 }
             }
-            old.clear();
-            share.clear();
-            owner.read(slot, &positions, &mut old, &mut share)?;
-            if old.len() != positions.len() * width || share.len() != positions.len() {
-                return Err(Error::InvalidArgument(format!(
-                    "the owner read {} bytes and {} shares for {} elements of {width} bytes",
-                    old.len(),
-                    share.len(),
-                    positions.len()
-                )));
-            }
-            let mut first = 0; // of this chunk in `positions`
-            for &k in &order[at..end] {
-                let e = &frame.entries[k];
-                let (rel, all) = std::mem::take(&mut decoded[k]);
-                let count = e.count as usize;
-                let (old, share) = (
-                    &old[first * width..(first + count) * width],
-                    &share[first..first + count],
-                );
-                let idx = &positions[first..first + count];
-                first += count;
-                let values = chunk_values(&frame, e, width, old)?;
-                let salt = slot_salt(slot);
-                let mut part = 0u64;
-                let delta = h.kind == FrameKind::Delta;
-                for (k, &s) in share.iter().enumerate() {
-                    if s == NOT_HELD {
-                        continue;
-                    }
-                    let (o, n) = (load_bits(old, width, k), load_bits(&values, width, k));
-                    if delta && o == n && r.noop.is_none() {
-                        r.noop = Some((slot, idx[k]));
-                    }
-                    if s == COUNTED {
-                        part = part.wrapping_add(if delta {
-                            change(salt, idx[k], o, n)
-                        } else {
-                            element_hash(salt, idx[k], n)
-                        });
-                    }
-                }
-                r.part[slot as usize] = r.part[slot as usize].wrapping_add(part);
-                r.chunks.push(keep_held(
-                    slot, e.start, all, rel, values, old, share, width,
-                ));
-            }
+            groups.push((slot, at..end, positions));
             at = end;
+        }
+        let requests: Vec<(u32, &[u64])> = groups
+            .iter()
+            .map(|(slot, _, positions)| (*slot, positions.as_slice()))
+            .collect();
+        let (mut old_all, mut share_all) = (Vec::new(), Vec::new());
+        owner.read_many(&requests, &mut old_all, &mut share_all)?;
+        let mut want = (0usize, 0usize);
+        for (slot, _, positions) in &groups {
+            want.0 += positions.len() * self.table.get(*slot)?.dtype.width();
+            want.1 += positions.len();
+        }
+        if (old_all.len(), share_all.len()) != want {
+            return Err(Error::InvalidArgument(format!(
+                "the owner read {} bytes and {} shares for {} elements of {} bytes",
+                old_all.len(),
+                share_all.len(),
+                want.1,
+                want.0
+            )));
+        }
+        // Each chunk's share of what was read, then the chunks decoded in parallel and kept in
+        // order.
+        let mut jobs = Vec::with_capacity(frame.entries.len());
+        let (mut old_at, mut share_at) = (0usize, 0usize);
+        for (slot, chunks, positions) in &groups {
+            let width = self.table.get(*slot)?.dtype.width();
+            let mut first = 0; // of this chunk in `positions`
+            for &k in &order[chunks.clone()] {
+                let count = frame.entries[k].count as usize;
+                let (rel, all) = std::mem::take(&mut decoded[k]);
+                jobs.push(ChunkJob {
+                    entry: k,
+                    width,
+                    rel,
+                    all,
+                    old: old_at..old_at + count * width,
+                    share: share_at..share_at + count,
+                    idx: &positions[first..first + count],
+                });
+                first += count;
+                (old_at, share_at) = (old_at + count * width, share_at + count);
+            }
+        }
+        let delta = h.kind == FrameKind::Delta;
+        let done = jobs
+            .into_par_iter()
+            .map(|j| {
+                let e = &frame.entries[j.entry];
+                let (old, share) = (&old_all[j.old], &share_all[j.share]);
+                let values = chunk_values(&frame, e, j.width, old)?;
+                let (part, noop) =
+                    chunk_part(e, j.width, j.all, &j.rel, j.idx, old, &values, share, delta);
+                let chunk = keep_held(e.slot, e.start, j.all, j.rel, values, old, share, j.width);
+                Ok((part, noop, chunk))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (part, noop, chunk) in done {
+            let slot = chunk.slot as usize;
+            r.part[slot] = r.part[slot].wrapping_add(part);
+            if r.noop.is_none() {
+                r.noop = noop;
+            }
+            r.chunks.push(chunk);
         }
         r.staging.record_digests(&self.table, &frame)?;
         if !h.is_final {
@@ -559,6 +602,64 @@ impl ChangeReceiver {
             state_digest: self.state_digest(),
         })
     }
+}
+
+/// One chunk of a frame to decode: its entry, its positions and its part of the owner's read.
+struct ChunkJob<'a> {
+    entry: usize,
+    width: usize,
+    rel: Vec<u32>,
+    all: bool,
+    old: std::ops::Range<usize>,
+    share: std::ops::Range<usize>,
+    /// Its slot positions.
+    idx: &'a [u64],
+}
+
+/// A chunk's term of this member's digest part (the elements it counts), and its first
+/// element whose new bits equal the held ones, if a delta has one (slot, index).
+#[allow(clippy::too_many_arguments)]
+fn chunk_part(
+    e: &ChunkEntry,
+    width: usize,
+    all: bool,
+    rel: &[u32],
+    idx: &[u64],
+    old: &[u8],
+    values: &[u8],
+    share: &[u8],
+    delta: bool,
+) -> (u64, Option<(u32, u64)>) {
+    let slot = e.slot;
+    if share.iter().all(|&s| s == COUNTED) {
+        // Every element counted here (TP 1, or a rank's own shard): the vectorized sums.
+        let rel_of = (!all).then_some(rel);
+        return if delta {
+            let (sum, same) = chunk_change(slot, width, e.start, rel_of, old, values);
+            (sum, same.map(|k| (slot, idx[k])))
+        } else {
+            (chunk_terms(slot, width, e.start, rel_of, values), None)
+        };
+    }
+    let salt = slot_salt(slot);
+    let (mut part, mut noop) = (0u64, None);
+    for (k, &s) in share.iter().enumerate() {
+        if s == NOT_HELD {
+            continue;
+        }
+        let (o, n) = (load_bits(old, width, k), load_bits(values, width, k));
+        if delta && o == n && noop.is_none() {
+            noop = Some((slot, idx[k]));
+        }
+        if s == COUNTED {
+            part = part.wrapping_add(if delta {
+                change(salt, idx[k], o, n)
+            } else {
+                element_hash(salt, idx[k], n)
+            });
+        }
+    }
+    (part, noop)
 }
 
 /// A decoded chunk cut down to the positions the owner holds.

@@ -4,11 +4,12 @@ parameters, through the ``EngineLayout`` learned from the engine's ``load_weight
 The sender speaks HF checkpoint slots; an engine rank holds fused, sliced, padded parameters.
 ``LayoutReceiver`` runs the native ``ChangeReceiver`` (the core's frame checks, decoder and
 receiver state machine: version gate, base digests, digests settled against the sender's) with
-the engine's parameters as the bits it checks against: for each chunk of a frame it reads the
-old bits of the chunk's positions from the parameters through the layout (zeros and "not held"
-where this rank holds none), the core decodes the new values and keeps only the changes of the
-positions this rank holds, and once the whole group agreed they are written into the
-parameters through the layout. No host copy of the checkpoint, no full-size temporary, no
+the engine's parameters as the bits it checks against: for each frame it reads the old bits of
+every position the frame changes from the parameters through the layout, in one read (zeros and
+"not held" where this rank holds none), the core decodes the new values and keeps only the
+changes of the positions this rank holds, and once the whole group agreed they go to the
+parameters' device, ready to be written through the layout (the commit: the only part that
+needs the engine paused). No host copy of the checkpoint, no full-size temporary, no
 ``load_weights`` per sync: memory and work O(changed elements) per sync (a seed: O(this rank's
 share)).
 
@@ -239,6 +240,9 @@ class LayoutReceiver:
 
     def _fresh_receiver(self) -> None:
         self.receiver = _native.ChangeReceiver(self.table)
+        # The verified sync's changes and their prepared writes (``_prepare``), until its
+        # commit or abort.
+        self._ready: tuple[list, list] | None = None
 
     @property
     def awaits_commit(self) -> bool:
@@ -254,17 +258,22 @@ class LayoutReceiver:
 
     # --- the bits the core checks against: the engine's parameters, through the layout ---
 
-    def _read(self, slot: str, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Old bits and shares (see ``ChangeReceiver``) at HF flat ``positions`` of ``slot``."""
+    def _read(self, requests: list) -> tuple[np.ndarray, np.ndarray]:
+        """Old bits and shares (see ``ChangeReceiver``) at the HF flat positions of every
+        ``(slot, positions)`` request, joined in order: one read of the parameters per frame."""
         import torch
 
-        pos = torch.from_numpy(positions)
-        old, held = plan_for(self.layout, self.params).read(
-            self.params, slot, pos, self._dtypes[slot]
+        got = plan_for(self.layout, self.params).read_many(
+            self.params,
+            [(slot, torch.from_numpy(pos), self._dtypes[slot]) for slot, pos in requests],
         )
-        share = torch.where(held, HELD, NOT_HELD).to(torch.uint8)
-        share[held & ~_in_runs(pos, self._lower[slot])] = COUNTED
-        return old.numpy().view(np.uint8), share.numpy()
+        olds, shares = [np.zeros(0, dtype=np.uint8)], [np.zeros(0, dtype=np.uint8)]
+        for (slot, pos), (old, held) in zip(requests, got):
+            share = torch.where(held, HELD, NOT_HELD).to(torch.uint8)
+            share[held & ~_in_runs(torch.from_numpy(pos), self._lower[slot])] = COUNTED
+            olds.append(old.numpy().view(np.uint8))
+            shares.append(share.numpy())
+        return np.concatenate(olds), np.concatenate(shares)
 
     def _replica_sums(self) -> tuple[int, int]:
         """This rank's terms of the replicas' cross-check over the settled sync's changes:
@@ -288,7 +297,9 @@ class LayoutReceiver:
             counted_sum += int(weighted.sum(dtype=np.uint64))
         return held_sum % (1 << 64), counted_sum % (1 << 64)
 
-    def _write(self, changes: list, use_old: bool = False) -> int:
+    def _prepare(self, changes: list, use_old: bool = False) -> list:
+        """The plan's jobs for ``changes`` (their new bits, or the old ones to undo): checked
+        and on the parameters' device, ready to write."""
         import torch
 
         bits = [
@@ -299,7 +310,18 @@ class LayoutReceiver:
             )
             for name, pos, values, old in changes
         ]
-        return plan_for(self.layout, self.params).apply(self.params, bits)
+        return plan_for(self.layout, self.params).prepare(bits)
+
+    def _write(self, changes: list, use_old: bool = False) -> int:
+        """Writes ``changes`` (or their old bits) into the parameters; the new bits of the
+        verified sync's own changes were prepared when it was verified (``_ready``), so the
+        commit is the write alone."""
+        ready = self._ready
+        if not use_old and ready is not None and ready[0] is changes:
+            jobs = ready[1]
+        else:
+            jobs = self._prepare(changes, use_old)
+        return plan_for(self.layout, self.params).write(self.params, jobs)
 
     # --- the group ---
 
@@ -370,6 +392,15 @@ class LayoutReceiver:
                 "sync changes them (a rank's weights changed behind the receiver): the group "
                 "dropped the sync; reseed"
             )
+        # Verified by the whole group: the changes go to the device now, while the engine still
+        # serves the version it holds, so that the commit (the pause) is the write alone. A rank
+        # that cannot prepare fails its commit, which the group agrees on there.
+        self._ready = None
+        try:
+            changes = self.receiver.changes()
+            self._ready = (changes, self._prepare(changes))
+        except Exception:
+            pass
         if self.commit_on_demand:
             return None
         return self.commit()
@@ -390,9 +421,15 @@ class LayoutReceiver:
         (``CommitFailedError`` on the failing rank, ``GroupRefusedError`` on the others). A
         rank that cannot even write its old bits back holds nothing (its next sync must be a
         seed)."""
+        try:
+            return self._commit()
+        finally:
+            self._ready = None  # its device memory goes with it
+
+    def _commit(self) -> _native.SyncOutcome:
         import torch
 
-        changes = self.receiver.changes()
+        changes = self._ready[0] if self._ready is not None else self.receiver.changes()
         error: Exception | None = None
         try:
             with torch.no_grad():
@@ -443,6 +480,7 @@ class LayoutReceiver:
     def abort_sync(self) -> None:
         """Drops a half-received sync, or one that awaits its commit (nothing of it reached
         the engine). Local: call it on every rank."""
+        self._ready = None
         self.receiver.abort_sync()
 
 

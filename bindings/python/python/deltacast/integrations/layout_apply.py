@@ -130,8 +130,19 @@ class ApplyPlan:
         """Writes every ``(slot, positions, values)``: checked first (a bad slot, count, dtype
         or position writes nothing), then written. Positions are flat HF indices, unique per
         slot; values the parameters' dtype, bits copied as they are. Returns the number of
-        parameter elements written. The slots' positions and values are joined (host ones
-        through one pinned buffer) and go on as ``apply_joined``'s."""
+        parameter elements written. ``prepare`` then ``write``."""
+        return self.write(params, self.prepare(changes))
+
+    def write(self, params: Mapping[str, Any], jobs: list[tuple]) -> int:
+        """Writes what ``prepare`` made ready: a few launches per dtype, no host work."""
+        return _sum([self._write(params, *job) for job in jobs])
+
+    def prepare(self, changes: Iterable[tuple[str, Any, Any]]) -> list[tuple]:
+        """``apply``'s checks and transfers without the write: the jobs ``write`` takes (per
+        dtype, the changes' global indices and bits joined on the parameters' device; host
+        ones through one pinned buffer, as ``apply_joined`` takes them). A receiver prepares
+        while the engine still serves the version it holds, so that its commit is the write
+        alone. The jobs hold device memory of ~10 bytes per change until dropped."""
         import torch
 
         todo: dict[tuple[Any, Any], tuple[list[_Slot], list[Any], list[Any]]] = {}
@@ -150,12 +161,11 @@ class ApplyPlan:
             specs.append((slot, spec))
             ps.append(pos)
             vs.append(vals.view(_ints(vals.dtype)))
-        jobs = [
+        return [
             self._checked(self.groups[key], specs, [p.numel() for p in ps], _joined(ps, key[1]),
                           _joined(vs, key[1]))
             for key, (specs, ps, vs) in todo.items()
         ]
-        return _sum([self._write(params, *job) for job in jobs])
 
     def apply_joined(
         self, params: Mapping[str, Any], slots: Sequence[str], counts: Sequence[int],
@@ -217,24 +227,42 @@ class ApplyPlan:
     ) -> tuple[Any, Any]:
         """The bits this rank holds at HF flat ``positions`` of ``slot`` (host int64, in range)
         as a host tensor of ``dtype``'s width (zeros where it holds none), and which it holds."""
+        return self.read_many(params, [(slot, positions, dtype)])[0]
+
+    def read_many(
+        self, params: Mapping[str, Any], requests: Sequence[tuple[str, Any, Any]]
+    ) -> list[tuple[Any, Any]]:
+        """``read`` of every ``(slot, positions, dtype)`` request: per dtype and device one
+        transfer each way and one gather per block level, whatever the number of slots (a
+        receiver reads every slot of a frame at once). Per request, ``(old, held)``."""
         import torch
 
-        spec = self.slots[slot]
-        pos = torch.as_tensor(positions, dtype=torch.int64).reshape(-1)
-        if spec.refusal is not None:
-            raise LayoutError(spec.refusal)
-        old = torch.zeros(pos.numel(), dtype=_ints(dtype))
-        held = torch.zeros(pos.numel(), dtype=torch.uint8)
-        if spec.group is None or pos.numel() == 0:
-            return old, held.bool()
-        g = self.groups[spec.group]
-        if dtype != g.dtype:
-            raise LayoutError(f"{slot}: read as {dtype}, its parameters are {g.dtype}")
-        gpos = pos.to(g.device) + spec.base
-        old, held = old.to(g.device), held.to(g.device)
-        for starts, fields in g.levels:
-            _gather(g, params, starts, fields, gpos, old, held)
-        return old.cpu(), held.cpu().bool()
+        out: list[Any] = [None] * len(requests)
+        todo: dict[tuple[Any, Any], tuple[list[int], list[Any]]] = {}
+        for k, (slot, positions, dtype) in enumerate(requests):
+            spec = self._spec(slot)
+            pos = torch.as_tensor(positions, dtype=torch.int64).reshape(-1)
+            if spec.group is None or pos.numel() == 0:
+                n = pos.numel()
+                out[k] = (torch.zeros(n, dtype=_ints(dtype)), torch.zeros(n, dtype=torch.bool))
+                continue
+            if dtype != spec.group[0]:
+                raise LayoutError(f"{slot}: read as {dtype}, its parameters are {spec.group[0]}")
+            ks, ps = todo.setdefault(spec.group, ([], []))
+            ks.append(k)
+            ps.append(pos + spec.base)
+        for key, (ks, ps) in todo.items():
+            g = self.groups[key]
+            gpos = _joined(ps, key[1])
+            old = torch.zeros(gpos.numel(), dtype=_ints(g.dtype), device=key[1])
+            held = torch.zeros(gpos.numel(), dtype=torch.uint8, device=key[1])
+            for starts, fields in g.levels:
+                _gather(g, params, starts, fields, gpos, old, held)
+            sizes = [p.numel() for p in ps]
+            old, held = old.cpu(), held.cpu().bool()
+            for k, o, h in zip(ks, old.split(sizes), held.split(sizes)):
+                out[k] = (o, h)
+        return out
 
 
 def _params_key(layout: EngineLayout, params: Mapping[str, Any]) -> tuple:
