@@ -41,9 +41,13 @@ class _Link:
     receiver: Any = None
     views: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def read(self, slot: str, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        old = self.views[slot][positions]
-        return old.view(np.uint8), np.full(len(positions), _COUNTED, dtype=np.uint8)
+    def read(self, requests: list[tuple[str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """The ``ChangeReceiver``'s owner read: the mirror's bits at every ``(slot, positions)``
+        request, joined in order, each counted here (this worker holds whole slots)."""
+        olds = [self.views[slot][positions].view(np.uint8) for slot, positions in requests]
+        n = sum(len(positions) for _, positions in requests)
+        old = np.concatenate(olds) if olds else np.zeros(0, dtype=np.uint8)
+        return old, np.full(n, _COUNTED, dtype=np.uint8)
 
 
 @dataclass
