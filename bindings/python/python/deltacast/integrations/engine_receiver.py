@@ -263,17 +263,20 @@ class LayoutReceiver:
         ``(slot, positions)`` request, joined in order: one read of the parameters per frame."""
         import torch
 
-        got = plan_for(self.layout, self.params).read_many(
+        old, held = plan_for(self.layout, self.params).read_many(
             self.params,
             [(slot, torch.from_numpy(pos), self._dtypes[slot]) for slot, pos in requests],
         )
-        olds, shares = [np.zeros(0, dtype=np.uint8)], [np.zeros(0, dtype=np.uint8)]
-        for (slot, pos), (old, held) in zip(requests, got):
-            share = torch.where(held, HELD, NOT_HELD).to(torch.uint8)
-            share[held & ~_in_runs(torch.from_numpy(pos), self._lower[slot])] = COUNTED
-            olds.append(old.numpy().view(np.uint8))
-            shares.append(share.numpy())
-        return np.concatenate(olds), np.concatenate(shares)
+        share = torch.where(held, COUNTED, NOT_HELD).to(torch.uint8)
+        at = 0
+        for slot, pos in requests:
+            n = len(pos)
+            if self._lower[slot][0].numel():  # a lower rank counts what it also holds here
+                h = held[at : at + n]
+                lower = h & _in_runs(torch.from_numpy(pos), self._lower[slot])
+                share[at : at + n][lower] = HELD
+            at += n
+        return old.numpy(), share.numpy()
 
     def _replica_sums(self) -> tuple[int, int]:
         """This rank's terms of the replicas' cross-check over the settled sync's changes:

@@ -227,24 +227,30 @@ class ApplyPlan:
     ) -> tuple[Any, Any]:
         """The bits this rank holds at HF flat ``positions`` of ``slot`` (host int64, in range)
         as a host tensor of ``dtype``'s width (zeros where it holds none), and which it holds."""
-        return self.read_many(params, [(slot, positions, dtype)])[0]
+        old, held = self.read_many(params, [(slot, positions, dtype)])
+        return old.view(_ints(dtype)), held
 
     def read_many(
         self, params: Mapping[str, Any], requests: Sequence[tuple[str, Any, Any]]
-    ) -> list[tuple[Any, Any]]:
-        """``read`` of every ``(slot, positions, dtype)`` request: per dtype and device one
-        transfer each way and one gather per block level, whatever the number of slots (a
-        receiver reads every slot of a frame at once). Per request, ``(old, held)``."""
+    ) -> tuple[Any, Any]:
+        """``read`` of every ``(slot, positions, dtype)`` request, joined in request order: the
+        old bits as one host uint8 tensor (each request's elements at its dtype's width) and
+        one host bool tensor of which are held. Per dtype and device one transfer each way and
+        one gather per block level, whatever the number of slots (a receiver reads every slot
+        of a frame at once)."""
         import torch
 
-        out: list[Any] = [None] * len(requests)
+        parts: list[Any] = [None] * len(requests)  # per request: (old bytes, held)
         todo: dict[tuple[Any, Any], tuple[list[int], list[Any]]] = {}
         for k, (slot, positions, dtype) in enumerate(requests):
             spec = self._spec(slot)
             pos = torch.as_tensor(positions, dtype=torch.int64).reshape(-1)
             if spec.group is None or pos.numel() == 0:
                 n = pos.numel()
-                out[k] = (torch.zeros(n, dtype=_ints(dtype)), torch.zeros(n, dtype=torch.bool))
+                parts[k] = (
+                    torch.zeros(n * dtype.itemsize, dtype=torch.uint8),
+                    torch.zeros(n, dtype=torch.bool),
+                )
                 continue
             if dtype != spec.group[0]:
                 raise LayoutError(f"{slot}: read as {dtype}, its parameters are {spec.group[0]}")
@@ -258,11 +264,16 @@ class ApplyPlan:
             held = torch.zeros(gpos.numel(), dtype=torch.uint8, device=key[1])
             for starts, fields in g.levels:
                 _gather(g, params, starts, fields, gpos, old, held)
+            old, held = old.cpu().view(torch.uint8), held.cpu().bool()
+            if len(ks) == len(requests):  # one dtype, every slot held here: already joined
+                return old, held
             sizes = [p.numel() for p in ps]
-            old, held = old.cpu(), held.cpu().bool()
-            for k, o, h in zip(ks, old.split(sizes), held.split(sizes)):
-                out[k] = (o, h)
-        return out
+            width = g.dtype.itemsize
+            for k, o, h in zip(ks, old.split([n * width for n in sizes]), held.split(sizes)):
+                parts[k] = (o, h)
+        if not parts:
+            return torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.bool)
+        return torch.cat([o for o, _ in parts]), torch.cat([h for _, h in parts])
 
 
 def _params_key(layout: EngineLayout, params: Mapping[str, Any]) -> tuple:
