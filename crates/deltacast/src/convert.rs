@@ -14,6 +14,8 @@
 //! `0x7FC0`. Every non-NaN pattern agrees between the two. The NaN result is therefore an
 //! explicit choice ([`Bf16Rule`]), never a guess.
 
+pub mod fp8;
+
 /// How fp32 bits round to bf16; only the bits NaN becomes vary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bf16Rule {

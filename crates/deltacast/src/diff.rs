@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 
 use rayon::prelude::*;
 
-pub use convert::{diff_f32_as_bf16, diff_f32_as_bf16_with};
+pub use convert::{diff_f32_as_bf16, diff_f32_as_bf16_with, diff_f32_as_fp8};
 
 mod convert;
 #[cfg(test)]

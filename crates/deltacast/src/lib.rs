@@ -15,8 +15,10 @@
 //! [`Source`]s, and an fp32 source for a bf16 slot is rounded on the fly during the diff
 //! ([`convert`]: bit-identical to torch's CPU `.to(torch.bfloat16)`, NaN result chosen by
 //! [`Bf16Rule`]), so fp32 master weights sync as the bf16 an engine holds with no converted
-//! copy. Other pairs are refused with [`Error::UnsupportedConversion`]. Only the single-process
-//! host [`Sender`] does this so far.
+//! copy; an fp32 source for an `F8_E4M3` slot is quantized to block FP8 with its scales in a
+//! slot of their own ([`convert::fp8`], vLLM's block quantization). Other pairs are refused
+//! with [`Error::UnsupportedConversion`]. Of the host senders, only the single-process
+//! [`Sender`] converts so far.
 
 pub mod codec;
 pub mod convert;
@@ -50,5 +52,5 @@ pub use codec::{CodecChoice, PosCodec, ValCodec};
 pub use convert::Bf16Rule;
 pub use flush::{FlushConfig, SyncStats};
 pub use held::{HeldState, Pending};
-pub use sender::{SendReport, Sender, Source, WeightSender};
+pub use sender::{fp8_scale_slot, SendReport, Sender, Source, WeightSender};
 pub use wire::FrameKind;

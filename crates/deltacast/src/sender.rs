@@ -4,8 +4,9 @@
 
 use rayon::prelude::*;
 
+use crate::convert::fp8::{self, BlockGrid};
 use crate::convert::Bf16Rule;
-use crate::diff::{diff_and_refresh, diff_f32_as_bf16, Changes};
+use crate::diff::{diff_and_refresh, diff_f32_as_bf16, diff_f32_as_fp8, Changes};
 use crate::digest::{changes_at, digest_slot};
 use crate::error::{Error, Result};
 use crate::flush::{FlushConfig, SyncEncoder, SyncStats};
@@ -61,8 +62,13 @@ pub struct HostSync<'a> {
 
 /// One slot's source bits for [`Sender::sync_from`] and its kin: little-endian elements of
 /// `dtype`, which is either the slot's own dtype (synced as is) or a dtype the sender converts
-/// from on the fly. Only fp32 → bf16 converts so far (rounded by the sender's [`Bf16Rule`]);
-/// any other pair is [`Error::UnsupportedConversion`].
+/// from on the fly. Two conversions exist; any other pair is [`Error::UnsupportedConversion`]:
+///
+/// - fp32 → bf16, rounded by the sender's [`Bf16Rule`];
+/// - fp32 → block FP8 ([`crate::convert::fp8`]): an `F8_E4M3` slot `X` of two or more
+///   dimensions whose table also holds the fp32 slot `X_scale_inv` of the scale shape (the
+///   last two dimensions divided by 128, rounded up), the layout vLLM and SGLang load. The
+///   scale slot's bits are computed from `X`'s source: give it [`Source::derived`].
 #[derive(Debug, Clone, Copy)]
 pub struct Source<'a> {
     pub dtype: DType,
@@ -73,6 +79,20 @@ impl<'a> Source<'a> {
     pub fn new(dtype: DType, bytes: &'a [u8]) -> Self {
         Source { dtype, bytes }
     }
+
+    /// The source of a slot whose bits the sender derives from another slot's source (the
+    /// scales of a block-FP8 slot): no bytes of its own.
+    pub fn derived() -> Self {
+        Source {
+            dtype: DType::F32,
+            bytes: &[],
+        }
+    }
+}
+
+/// The name of the scale slot of block-FP8 slot `name`.
+pub fn fp8_scale_slot(name: &str) -> String {
+    format!("{name}_scale_inv")
 }
 
 /// How one slot's source becomes its bits, once checked against the table.
@@ -82,6 +102,58 @@ enum Feed {
     Same,
     /// fp32 source, bf16 slot.
     F32ToBf16,
+    /// fp32 source, block-FP8 slot; its scales go to slot `scales`.
+    F32ToFp8 { grid: BlockGrid, scales: usize },
+    /// The scales of block-FP8 slot `of`, from that slot's source.
+    Fp8Scales { of: usize },
+}
+
+/// The new scales of every block-FP8 slot of a sync (as fp32 bits), by scale slot, and the
+/// factors that quantize with them, by FP8 slot.
+struct Fp8Scales {
+    scales: Vec<Option<Vec<u32>>>,
+    inv: Vec<Option<Vec<f32>>>,
+}
+
+impl Fp8Scales {
+    fn of(sources: &[Source<'_>], feeds: &[Feed]) -> Fp8Scales {
+        let mut scales: Vec<Option<Vec<u32>>> = vec![None; feeds.len()];
+        let mut inv: Vec<Option<Vec<f32>>> = vec![None; feeds.len()];
+        let work: Vec<(usize, usize, BlockGrid)> = feeds
+            .iter()
+            .enumerate()
+            .filter_map(|(id, f)| match *f {
+                Feed::F32ToFp8 { grid, scales } => Some((id, scales, grid)),
+                _ => None,
+            })
+            .collect();
+        let done: Vec<(usize, usize, Vec<u32>, Vec<f32>)> = work
+            .into_par_iter()
+            .map(|(id, sid, grid)| {
+                let (mut s, mut f) = (vec![], vec![]);
+                fp8::block_scales(&grid, sources[id].bytes, &mut s);
+                fp8::inverses(&s, &mut f);
+                (id, sid, s, f)
+            })
+            .collect();
+        for (id, sid, s, f) in done {
+            scales[sid] = Some(s);
+            inv[id] = Some(f);
+        }
+        Fp8Scales { scales, inv }
+    }
+
+    fn scale_bytes(&self, sid: usize) -> Vec<u8> {
+        self.scales[sid]
+            .iter()
+            .flatten()
+            .flat_map(|s| s.to_le_bytes())
+            .collect()
+    }
+
+    fn inv(&self, id: usize) -> &[f32] {
+        self.inv[id].as_deref().unwrap_or_default()
+    }
 }
 
 impl WeightSender for Sender {
@@ -231,7 +303,7 @@ impl Sender {
     }
 
     /// Checks one source per slot, in table order: its dtype converts to the slot's, and it
-    /// holds exactly the slot's elements.
+    /// holds exactly the slot's elements (a derived slot: none).
     fn check_sources(&self, sources: &[Source<'_>]) -> Result<Vec<Feed>> {
         if sources.len() != self.table.len() {
             return Err(Error::InvalidArgument(format!(
@@ -242,9 +314,10 @@ impl Sender {
         }
         let mut feeds = Vec::with_capacity(sources.len());
         for (slot, src) in self.table.slots().iter().zip(sources) {
-            let feed = match (src.dtype, slot.dtype) {
+            feeds.push(match (src.dtype, slot.dtype) {
                 (from, to) if from == to => Feed::Same,
                 (DType::F32, DType::BF16) => Feed::F32ToBf16,
+                (DType::F32, DType::F8E4M3) => self.fp8_feed(&slot.name, &slot.shape)?,
                 (from, to) => {
                     return Err(Error::UnsupportedConversion {
                         slot: slot.name.clone(),
@@ -252,7 +325,28 @@ impl Sender {
                         to,
                     })
                 }
-            };
+            });
+        }
+        for id in 0..feeds.len() {
+            if let Feed::F32ToFp8 { scales, .. } = feeds[id] {
+                let name = &self.table.slots()[scales].name;
+                if feeds[scales] != Feed::Same || !sources[scales].bytes.is_empty() {
+                    return Err(Error::SlotMismatch {
+                        slot: name.clone(),
+                        reason: format!(
+                            "holds the block scales of `{}`, quantized from its fp32 source: \
+                             it takes no source of its own",
+                            self.table.slots()[id].name
+                        ),
+                    });
+                }
+                feeds[scales] = Feed::Fp8Scales { of: id };
+            }
+        }
+        for ((slot, src), feed) in self.table.slots().iter().zip(sources).zip(&feeds) {
+            if matches!(feed, Feed::Fp8Scales { .. }) {
+                continue;
+            }
             // (`numel` counts sync words: two per 8-byte element; a source is whole elements.)
             let need = slot.elements() * src.dtype.element_size() as u64;
             if src.bytes.len() as u64 != need {
@@ -266,9 +360,38 @@ impl Sender {
                     ),
                 });
             }
-            feeds.push(feed);
         }
         Ok(feeds)
+    }
+
+    /// The feed of FP8 slot `name` of `shape` from an fp32 source: its block grid and its
+    /// scale slot, both checked against the table.
+    fn fp8_feed(&self, name: &str, shape: &[u64]) -> Result<Feed> {
+        let mismatch = |reason: String| Error::SlotMismatch {
+            slot: name.to_string(),
+            reason,
+        };
+        let grid = BlockGrid::of(shape).ok_or_else(|| {
+            mismatch(format!(
+                "block FP8 quantizes tensors of two or more dimensions, not {shape:?}"
+            ))
+        })?;
+        let scale_name = fp8_scale_slot(name);
+        let scales = self.table.id_of(&scale_name).map_err(|_| {
+            mismatch(format!(
+                "an fp32 source quantizes to block FP8 with its scales in slot `{scale_name}`, \
+                 which the table lacks"
+            ))
+        })? as usize;
+        let info = &self.table.slots()[scales];
+        let want = BlockGrid::scale_shape(shape);
+        if info.dtype != DType::F32 || info.shape != want {
+            return Err(mismatch(format!(
+                "its scale slot `{scale_name}` is {:?} {:?}, block FP8 needs F32 {want:?}",
+                info.dtype, info.shape
+            )));
+        }
+        Ok(Feed::F32ToFp8 { grid, scales })
     }
 
     /// Sources in each slot's own dtype, after the plain length check.
@@ -330,12 +453,18 @@ impl Sender {
         self.needs_seed = true;
         let version = self.version + 1;
         let rule = self.bf16_rule;
+        let fp8 = Fp8Scales::of(sources, &feeds);
         self.snapshot
             .par_iter_mut()
+            .enumerate()
             .zip(sources.par_iter().zip(&feeds))
-            .for_each(|(snap, (src, feed))| match feed {
+            .for_each(|((id, snap), (src, feed))| match *feed {
                 Feed::Same => snap.copy_from_slice(src.bytes),
                 Feed::F32ToBf16 => rule.convert_slice(src.bytes, snap),
+                Feed::F32ToFp8 { grid, .. } => {
+                    fp8::quantize_range(&grid, fp8.inv(id), src.bytes, 0, snap)
+                }
+                Feed::Fp8Scales { .. } => snap.copy_from_slice(&fp8.scale_bytes(id)),
             });
         let digests = self.compute_digests(&self.snapshot);
         // The snapshot now holds exactly the bits this seed carries.
@@ -433,6 +562,7 @@ impl Sender {
         self.needs_seed = true;
         let version = self.version + 1;
         let base_digest = self.state_digest();
+        let fp8 = Fp8Scales::of(sources, &feeds);
         let mut enc = SyncEncoder::new(
             FrameKind::Delta,
             version,
@@ -450,6 +580,12 @@ impl Sender {
                 Feed::Same => diff_and_refresh(snap, sources[id].bytes, width, 0, changes),
                 Feed::F32ToBf16 => {
                     diff_f32_as_bf16(snap, sources[id].bytes, self.bf16_rule, 0, changes)
+                }
+                Feed::F32ToFp8 { grid, .. } => {
+                    diff_f32_as_fp8(snap, sources[id].bytes, &grid, fp8.inv(id), 0, changes)
+                }
+                Feed::Fp8Scales { .. } => {
+                    diff_and_refresh(snap, &fp8.scale_bytes(id), width, 0, changes)
                 }
             }
             // In pieces of 2^16 changes (the hash loop is vectorized per piece).

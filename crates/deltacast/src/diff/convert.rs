@@ -1,7 +1,8 @@
-//! The diff of an fp32 source against a bf16 snapshot: each source element is rounded to bf16
-//! ([`Bf16Rule`]) and its bits compared with the snapshot's, so the changes and the refreshed
-//! snapshot are exactly those of [`diff_and_refresh`] on the converted tensor, and everything
-//! downstream (codecs, frames, digests) is unchanged.
+//! The diff of an fp32 source against a bf16 snapshot (each source element rounded to bf16 by
+//! a [`Bf16Rule`]) or an FP8 one (each element quantized with its block's scale, see
+//! [`crate::convert::fp8`]): the converted bits are compared with the snapshot's, so the
+//! changes and the refreshed snapshot are exactly those of [`diff_and_refresh`] on the
+//! converted tensor, and everything downstream (codecs, frames, digests) is unchanged.
 //!
 //! No converted copy of the tensor is made: the source is converted in windows of
 //! [`STAGE_ELEMS`] elements into a buffer on the stack (it stays in L1), and each window is
@@ -10,6 +11,7 @@
 //! split across the rayon pool by the same in-order driver as the plain diff.
 
 use super::{best_impl, chunked, run_kernel, Changes, DiffImpl, PAR_CHUNK_ELEMS};
+use crate::convert::fp8::{quantize_range, BlockGrid};
 use crate::convert::Bf16Rule;
 
 /// bf16 elements converted per staging window: 8 KiB of output, 16 KiB of source.
@@ -108,6 +110,98 @@ fn convert_piece(
         let first = first_index + (w * STAGE_ELEMS) as u64;
         run_kernel(kind, snap, staged, 2, first, out);
     }
+}
+
+/// Diffs fp32 `source` (the whole tensor of `grid`, little-endian) quantized to block FP8 with
+/// the per-block factors `inv` ([`crate::convert::fp8::inverses`] of the new scales) against
+/// the FP8 `snapshot`: appends every element whose FP8 bits changed to `out` (positions offset
+/// by `first_index`) and refreshes those elements of `snapshot`.
+///
+/// # Panics
+/// If `snapshot` is not `grid.elements()` bytes, `source` not four times that, or `inv` not one
+/// factor per block (a caller bug: the sender checks lengths against the slot table first).
+pub fn diff_f32_as_fp8(
+    snapshot: &mut [u8],
+    source: &[u8],
+    grid: &BlockGrid,
+    inv: &[f32],
+    first_index: u64,
+    out: &mut Changes,
+) {
+    diff_f32_as_fp8_with(best_impl(), snapshot, source, grid, inv, first_index, out);
+}
+
+/// [`diff_f32_as_fp8`] with a forced compare kernel and chunk size, for tests.
+fn diff_f32_as_fp8_with(
+    kind: DiffImpl,
+    snapshot: &mut [u8],
+    source: &[u8],
+    grid: &BlockGrid,
+    inv: &[f32],
+    first_index: u64,
+    out: &mut Changes,
+) {
+    chunked_fp8(
+        kind,
+        snapshot,
+        source,
+        grid,
+        inv,
+        first_index,
+        out,
+        PAR_CHUNK_ELEMS,
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn chunked_fp8(
+    kind: DiffImpl,
+    snapshot: &mut [u8],
+    source: &[u8],
+    grid: &BlockGrid,
+    inv: &[f32],
+    first_index: u64,
+    out: &mut Changes,
+    chunk_elems: usize,
+) {
+    assert_eq!(
+        snapshot.len(),
+        grid.elements(),
+        "FP8 snapshot does not match its grid"
+    );
+    assert_eq!(
+        source.len(),
+        4 * snapshot.len(),
+        "fp32 source is not four times the FP8 snapshot's size"
+    );
+    assert_eq!(inv.len(), grid.scales(), "one factor per block");
+    assert!(
+        kind.is_available(),
+        "diff kernel {kind} is not available on this CPU"
+    );
+    chunked(
+        snapshot,
+        1,
+        first_index,
+        out,
+        chunk_elems,
+        |snap, first_elem, first, part| {
+            let mut stage = [0u8; STAGE_ELEMS];
+            for (w, window) in snap.chunks_mut(STAGE_ELEMS).enumerate() {
+                let at = first_elem + w * STAGE_ELEMS;
+                let staged = &mut stage[..window.len()];
+                quantize_range(grid, inv, source, at, staged);
+                run_kernel(
+                    kind,
+                    window,
+                    staged,
+                    1,
+                    first + (w * STAGE_ELEMS) as u64,
+                    part,
+                );
+            }
+        },
+    );
 }
 
 #[cfg(test)]
@@ -229,6 +323,80 @@ mod tests {
         diff_f32_as_bf16(&mut snap, &source, Bf16Rule::TORCH_CPU, 0, &mut out);
         assert_eq!(out, want);
         assert!(snap == want_snap);
+    }
+
+    /// FP8: quantize the whole tensor, then the plain 1-byte diff, against the windowed and
+    /// chunked diff, across chunk and window boundaries and block edges.
+    #[test]
+    fn fp8_matches_quantize_then_diff() {
+        use crate::convert::fp8::{block_scales, inverses};
+        let mut rng = Rng(88);
+        for shape in [
+            vec![0u64, 5],
+            vec![1, 1],
+            vec![3, 200],
+            vec![130, 129],
+            vec![2, 70, 300],
+        ] {
+            let grid = BlockGrid::of(&shape).unwrap();
+            let n = grid.elements();
+            // Mostly ordinary weights (random bit patterns would put a NaN in every block),
+            // a few edges.
+            let old: Vec<u32> = (0..n)
+                .map(|_| match rng.below(3000) {
+                    0 => EDGES[rng.below(EDGES.len() as u64) as usize],
+                    _ => ((rng.unit() as f32 - 0.5) * 0.02).to_bits(),
+                })
+                .collect();
+            let mut scales = vec![];
+            let mut inv = vec![];
+            block_scales(&grid, &le(&old), &mut scales);
+            inverses(&scales, &mut inv);
+            let mut snapshot = vec![0u8; n];
+            quantize_range(&grid, &inv, &le(&old), 0, &mut snapshot);
+            let new: Vec<u32> = old
+                .iter()
+                .map(|&b| match rng.below(5000) {
+                    0 => EDGES[rng.below(EDGES.len() as u64) as usize],
+                    1..=2000 => b ^ (1 << rng.below(23)),
+                    _ => b,
+                })
+                .collect();
+            let source = le(&new);
+            block_scales(&grid, &source, &mut scales);
+            inverses(&scales, &mut inv);
+            let mut converted = vec![0u8; n];
+            quantize_range(&grid, &inv, &source, 0, &mut converted);
+            let mut want_snap = snapshot.clone();
+            let mut want = Changes::default();
+            diff_serial_with(
+                DiffImpl::Scalar,
+                &mut want_snap,
+                &converted,
+                1,
+                9,
+                &mut want,
+            );
+            for kind in available_impls() {
+                for chunk in [1usize, 13, 4096, 5000, PAR_CHUNK_ELEMS] {
+                    let mut snap = snapshot.clone();
+                    let mut out = Changes::default();
+                    chunked_fp8(kind, &mut snap, &source, &grid, &inv, 9, &mut out, chunk);
+                    assert_eq!(out, want, "{kind} {shape:?} chunk {chunk}");
+                    assert!(
+                        snap == converted,
+                        "{kind} {shape:?} chunk {chunk}: snapshot"
+                    );
+                }
+            }
+            if n > 1000 {
+                assert!(
+                    !want.is_empty() && want.len() < n,
+                    "{shape:?}: {}",
+                    want.len()
+                );
+            }
+        }
     }
 
     #[test]
