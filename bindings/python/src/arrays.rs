@@ -246,10 +246,11 @@ pub struct Want<'a> {
 }
 
 /// The dtype a sender reads from `arr` for a slot of `slot`: the slot's own, except a
-/// float32 array for a bf16 slot, which is an fp32 source the sender rounds on the fly.
+/// float32 array for a bf16 or FP8 (E4M3) slot, which is an fp32 source the sender rounds or
+/// quantizes on the fly.
 pub fn source_dtype(arr: &Bound<'_, PyUntypedArray>, slot: DType) -> DType {
     let d = arr.dtype();
-    if slot == DType::BF16 && d.kind() == b'f' && d.itemsize() == 4 {
+    if matches!(slot, DType::BF16 | DType::F8E4M3) && d.kind() == b'f' && d.itemsize() == 4 {
         DType::F32
     } else {
         slot
@@ -275,25 +276,38 @@ pub fn resolve_as<'py>(
     writable: bool,
     sources: bool,
 ) -> PyResult<(Vec<Bound<'py, PyUntypedArray>>, Vec<RawView>, Vec<DType>)> {
+    let py = arrays.py();
     let mut objects = Vec::with_capacity(wants.len());
+    // A sender's mapping may leave out a block-FP8 scale slot: the sender derives its bits.
+    let derivable =
+        |w: &Want<'_>| sources && w.dtype == DType::F32 && w.name.ends_with("_scale_inv");
+    let mut left_out = 0;
     if let Ok(dict) = arrays.cast::<PyDict>() {
         for w in wants {
             match dict.get_item(w.name)? {
                 Some(obj) => objects.push(obj),
+                None if derivable(w) => {
+                    objects.push(py.None().into_bound(py));
+                    left_out += 1;
+                }
                 None => return Err(missing(w.name)),
             }
         }
-        if dict.len() != wants.len() {
+        if dict.len() + left_out != wants.len() {
             return Err(extra(arrays, wants));
         }
     } else if let Ok(map) = arrays.cast::<PyMapping>() {
         for w in wants {
             match map.get_item(w.name) {
                 Ok(obj) => objects.push(obj),
+                Err(_) if derivable(w) => {
+                    objects.push(py.None().into_bound(py));
+                    left_out += 1;
+                }
                 Err(_) => return Err(missing(w.name)),
             }
         }
-        if map.len()? != wants.len() {
+        if map.len()? + left_out != wants.len() {
             return Err(extra(arrays, wants));
         }
     } else {
@@ -312,6 +326,15 @@ pub fn resolve_as<'py>(
     let mut views = Vec::with_capacity(wants.len());
     let mut dtypes = Vec::with_capacity(wants.len());
     for (obj, w) in objects.iter().zip(wants) {
+        if sources && obj.is_none() {
+            // No bits of its own (the scales of a block-FP8 slot): the core checks that the
+            // slot is one whose bits it derives.
+            let empty = numpy::PyArray1::<f32>::zeros(py, 0, false);
+            arrs.push(empty.into_any().cast_into::<PyUntypedArray>()?);
+            views.push(RawView::of_bytes(&[]));
+            dtypes.push(DType::F32);
+            continue;
+        }
         let arr = as_ndarray(obj).map_err(|e| {
             let py = obj.py();
             let err = invalid(format!("`{}`: {e}", w.name));

@@ -125,7 +125,10 @@ class SyncOutcome:
 
 @final
 class Sender:
-    """Trainer side for one process that holds whole slots."""
+    """Trainer side for one process that holds whole slots. ``sync``/``seed`` take one array
+    per slot in its own dtype, or float32 for a ``bf16`` slot (rounded on the fly) or an
+    ``f8_e4m3`` slot ``X`` (block-quantized on the fly; its ``X_scale_inv`` slot takes
+    ``None`` or is left out of the mapping)."""
 
     def __new__(
         cls,
