@@ -79,7 +79,7 @@ pub fn cuda_to_py(err: CudaError) -> PyErr {
     })
 }
 
-trait CudaResult<T> {
+pub(crate) trait CudaResult<T> {
     fn py(self) -> PyResult<T>;
 }
 

@@ -12,6 +12,7 @@ mod changes;
 mod cuda;
 mod errors;
 mod files;
+mod fp8;
 mod net;
 mod params;
 mod receiver;
@@ -49,6 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cuda::NativeGpuSender>()?;
     m.add_class::<cuda::NativeGpuShardedSender>()?;
     m.add_class::<cuda::NativeGpuReceiver>()?;
+    m.add_class::<fp8::Fp8Quantizer>()?;
     m.add_function(wrap_pyfunction!(cuda::cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::nccl_unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::decline_sharded, m)?)?;

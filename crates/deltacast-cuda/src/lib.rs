@@ -62,16 +62,16 @@ pub mod sync;
 mod wait;
 #[cfg(feature = "cuda")]
 pub use gpu::{
-    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu, GpuEvent,
-    GpuStream, HostBuffer, DECODE_SLACK,
+    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Fp8Plan, Gpu,
+    GpuEvent, GpuStream, HostBuffer, DECODE_SLACK,
 };
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{
-    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Gpu, GpuEvent,
-    GpuStream, HostBuffer, DECODE_SLACK,
+    compile_kernel, compile_kernel_tuned, nvrtc_present, CodeScratch, DeviceBuffer, Fp8Plan, Gpu,
+    GpuEvent, GpuStream, HostBuffer, DECODE_SLACK,
 };
 
 /// A device address (`CUdeviceptr`).
@@ -101,6 +101,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("apply", include_str!("../kernels/apply.cu")),
     ("digest", include_str!("../kernels/digest.cu")),
     ("entropy", include_str!("../kernels/entropy.cu")),
+    ("quant", include_str!("../kernels/quant.cu")),
 ];
 
 /// The full program NVRTC compiles for kernel file `name` (prelude + source).
@@ -241,6 +242,17 @@ impl DiffTuning {
         tuning.validate().map_err(|_| bad())?;
         Ok(tuning)
     }
+}
+
+/// One tensor to quantize to block FP8 ([`Gpu::fp8_quantize`]): fp32 elements of `shape` (two
+/// or more dimensions) at `src`, into as many E4M3FN bytes at `dst` and one fp32 scale per
+/// 128×128 block at `scales` (`deltacast::convert::fp8::BlockGrid::scale_shape`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fp8Job {
+    pub src: DevicePtr,
+    pub dst: DevicePtr,
+    pub scales: DevicePtr,
+    pub shape: Vec<u64>,
 }
 
 /// One tensor of a batched diff ([`Gpu::diff_batch`]).
@@ -630,6 +642,7 @@ mod tests {
             "struct PlaceCell",
             "struct CodeChunk",
             "struct DecodeChunk",
+            "struct Fp8Job",
         ] {
             assert!(src.contains(name), "{name}");
         }

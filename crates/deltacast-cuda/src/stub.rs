@@ -124,6 +124,17 @@ impl HostBuffer {
     }
 }
 
+/// Never constructed without the `cuda` feature.
+pub struct Fp8Plan {
+    never: Infallible,
+}
+
+impl Fp8Plan {
+    pub fn blocks(&self) -> u64 {
+        match self.never {}
+    }
+}
+
 /// Never constructed without the `cuda` feature: [`Gpu::new`] returns
 /// [`CudaError::NotBuilt`].
 pub struct Gpu {
@@ -177,6 +188,14 @@ impl Gpu {
     }
 
     pub fn stream_handle(&self) -> u64 {
+        match self.never {}
+    }
+
+    pub fn fp8_plan(&self, jobs: &[crate::Fp8Job]) -> Result<Fp8Plan> {
+        match self.never {}
+    }
+
+    pub unsafe fn fp8_quantize(&self, plan: &Fp8Plan) -> Result<()> {
         match self.never {}
     }
 

@@ -204,6 +204,14 @@ class GpuSender(_Sender):
     bfloat16 to ±Inf); every NaN becomes ``bf16_nan`` (default ``0xFFFF``, what torch's
     contiguous CPU ``.to(torch.bfloat16)`` gives, as the CPU ``Sender``; torch's scalar path
     gives ``0x7FC0``). Lent ``snapshots`` are then bfloat16; not with ``snapshot="pinned"``.
+    A float32 tensor ``X`` of two or more dimensions may also go as block FP8
+    (``torch.float8_e4m3fn`` or ``"F8_E4M3"`` in the dict): each sync first quantizes it on
+    the GPU, in 128x128 blocks of its last two dimensions, into an FP8 buffer and a float32
+    scale buffer held here (a quarter and 1/16384 of the tensor's bytes), exactly as the CPU
+    ``Sender`` and vLLM's ``per_block_cast_to_fp8`` do (docs/python.md), and syncs them as
+    the slots ``X`` (FP8) and ``X_scale_inv`` (float32, right after it): the receivers hold
+    an FP8 weight and its ``weight_scale_inv``, as vLLM and SGLang load them. Not with lent
+    ``snapshots``.
     Any other pair of dtypes raises ``UnsupportedDTypeError`` (its ``slot`` names the tensor).
 
     After every ``seed()`` / ``sync()``, refused ones included, the snapshot holds exactly the
@@ -239,6 +247,11 @@ class GpuSender(_Sender):
             )
         self.device = comm.device if device is None else int(device)
         named = [(n, getattr(t, "data", t)) for n, t in named_tensors]
+        named, self._fp8 = _fp8_exports(named, wire_dtypes, self.device)
+        if self._fp8 is not None and snapshots is not None:
+            raise _errors().InvalidArgumentError(
+                "FP8 wire dtypes quantize into buffers held here: lend no snapshots"
+            )
         specs, self._tensors = _specs(named, self.device)
         # Each slot's dtype on the wire; the specs keep the tensors' own as their sources.
         sources = [d for _, _, d, _ in specs]
@@ -265,11 +278,26 @@ class GpuSender(_Sender):
             entropy, int(stage_bytes), sources, bf16_nan,
         )
 
+    def seed(self) -> dict:
+        self._quantize()
+        return super().seed()
+
+    def sync(self) -> dict:
+        self._quantize()
+        return super().sync()
+
+    def _quantize(self) -> None:
+        """The FP8 tensors' new bits and scales, on torch's current stream before the sync."""
+        if self._fp8 is not None:
+            self._fp8[0].run(_stream(self.device))
+
     @property
     def staging_bytes(self) -> int:
         """Device bytes held besides the tensors: the snapshot when allocated here on the
-        device, the delta buffers (``capacity``), the bitmap scratch, the packed positions."""
-        return self._native.staging_bytes
+        device, the delta buffers (``capacity``), the bitmap scratch, the packed positions
+        (and the buffers of FP8 wire dtypes)."""
+        held = [] if self._fp8 is None else self._fp8[1][1::3] + self._fp8[1][2::3]
+        return self._native.staging_bytes + sum(t.numel() * t.element_size() for t in held)
 
     @property
     def host_bytes(self) -> int:
@@ -280,6 +308,43 @@ class GpuSender(_Sender):
     def bf16_nan(self) -> int:
         """The bf16 bits every NaN of a float32 tensor synced as bfloat16 becomes."""
         return self._native.bf16_nan
+
+
+def _fp8_exports(named: list, wire_dtypes: Any, device: int) -> Tuple[list, Optional[tuple]]:
+    """``named`` with each float32 tensor whose wire dtype is F8_E4M3 replaced by an FP8 buffer
+    and its scale buffer (``X``, ``X_scale_inv``), and (the quantizer that fills them, the
+    tensors it reads and writes: source, FP8, scales per tensor), or None when there is none."""
+    import torch
+
+    if wire_dtypes is not None and not isinstance(wire_dtypes, Mapping):
+        if _dtype_name(wire_dtypes) == "F8_E4M3":
+            raise _errors().InvalidArgumentError(
+                "block FP8 is chosen per tensor (its projections, not its norms): pass "
+                "wire_dtypes as a dict of tensor name to dtype"
+            )
+    out, jobs, held = [], [], []
+    for name, t in named:
+        own = _DTYPES.get(str(t.dtype))
+        if own != "F32" or _wire_dtype(wire_dtypes, name, own) != "F8_E4M3":
+            out.append((name, t))
+            continue
+        if t.dim() < 2:
+            raise _errors().UnsupportedDTypeError(
+                f"tensor {name!r}: block FP8 quantizes tensors of two or more dimensions"
+            )
+        if not t.is_contiguous() or t.device.type != "cuda" or (t.device.index or 0) != device:
+            raise _errors().InvalidArgumentError(
+                f"tensor {name!r}: contiguous and on cuda:{device}, to quantize it to FP8"
+            )
+        *lead, rows, cols = t.shape
+        q = torch.empty(t.shape, dtype=torch.float8_e4m3fn, device=t.device)
+        s = torch.empty((*lead, -(-rows // 128), -(-cols // 128)), dtype=torch.float32, device=t.device)
+        out += [(name, q), (name + "_scale_inv", s)]
+        jobs.append((int(t.data_ptr()), int(q.data_ptr()), int(s.data_ptr()), [int(d) for d in t.shape]))
+        held += [t, q, s]
+    if not jobs:
+        return out, None
+    return out, (_native.Fp8Quantizer(device, jobs), held)
 
 
 def _dtype_name(dtype: Any) -> str:

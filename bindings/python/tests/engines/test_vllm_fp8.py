@@ -2,9 +2,10 @@
 ``f8_e4m3`` slots during the diff and derives their ``_scale_inv`` slots. Two oracles, both
 independent of deltacast's code:
 
-- a quantizer written here in plain torch from the rule (per 128x128 block: amax at least 1e-4,
-  scale = amax / 448, ``x * (1 / scale)`` clamped to ±448, torch's ``.to(float8_e4m3fn)``; a
-  block with a NaN pinned to scale 0x7FC00000 and elements 0x7F), on every kind of block;
+- a quantizer written in plain torch from the rule (tests/fp8_reference.py: per 128x128
+  block, amax at least 1e-4, scale = amax / 448, ``x * (1 / scale)`` clamped to ±448, torch's
+  ``.to(float8_e4m3fn)``; a block with a NaN pinned to scale 0x7FC00000 and elements 0x7F),
+  on every kind of block;
 - vLLM's own ``per_block_cast_to_fp8(x, [128, 128], use_ue8m0=False)`` on blocks without NaN
   or Inf (where torch's own result is defined the same on every platform).
 
@@ -13,6 +14,8 @@ Runs in the vLLM venv (torch and vLLM from PyPI), on the CPU."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,50 +25,14 @@ torch = pytest.importorskip("torch")
 
 import deltacast as dc  # noqa: E402
 
-BLOCK = 128
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fp8_reference import BLOCK, masters  # noqa: E402
+from fp8_reference import reference as torch_reference  # noqa: E402
 
 
 def reference(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """(FP8 bits as uint8, scales as float32) of fp32 ``x`` (at least 2-D) by the rule, in
-    plain torch."""
-    *lead, m, n = x.shape
-    rb, cb = -(-m // BLOCK), -(-n // BLOCK)
-    pad = torch.zeros((*lead, rb * BLOCK, cb * BLOCK), dtype=torch.float32)
-    pad[..., :m, :n] = x
-    blocks = pad.reshape(*lead, rb, BLOCK, cb, BLOCK)
-    nan = torch.isnan(blocks).any(dim=-1).any(dim=-2)
-    # amax with NaN ignored (the NaN blocks are pinned below); padding zeros never raise it.
-    amax = torch.where(torch.isnan(blocks), 0.0, blocks).abs().amax(dim=(-1, -3)).clamp(min=1e-4)
-    scale = amax / 448.0
-    inv = 1.0 / scale
-    scaled = (blocks * inv[..., :, None, :, None]).clamp(-448.0, 448.0)
-    q = scaled.to(torch.float8_e4m3fn).view(torch.uint8)
-    # Every NaN is 0x7F (torch keeps the NaN's sign, which ∞ · 0 leaves to the platform).
-    q[torch.isnan(scaled)] = 0x7F
-    q[nan[..., :, None, :, None].expand_as(q)] = 0x7F
-    q = q.reshape(pad.shape)[..., :m, :n].contiguous()
-    scale = torch.where(nan, torch.full_like(scale, float("nan")), scale)
-    s = scale.numpy().view(np.uint32).copy()
-    s[nan.numpy()] = 0x7FC00000
-    return q.numpy(), s.view(np.float32)
-
-
-def masters(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Weights of many magnitudes, with adversarial blocks: all zero, tiny (amax under the
-    floor), fp32 subnormals, amax a power of two times 448, values that scale onto E4M3FN ties."""
-    x = (rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 3, shape)).astype(np.float32)
-    flat = x.reshape(-1, *shape[-2:])
-    m, n = shape[-2:]
-    if m >= BLOCK and n >= 2:
-        flat[0, :BLOCK, : min(n, BLOCK)] = 0.0
-    if m > BLOCK and n > BLOCK:
-        flat[0, BLOCK:, BLOCK:] *= 1e-7
-    flat[-1, -1, :] = np.float32(1e-42) * rng.integers(-5, 5, n).astype(np.float32)
-    # amax 448 · 2^-3: the scale is exact, so x · inv lands on ties of the E4M3FN grid.
-    flat[-1, 0, 0] = 56.0
-    ties = np.array([0.5 + 1 / 32, 17.0, 208.0, 2.0**-10 * 3, -(2.0**-8) * 1.5], dtype=np.float32)
-    flat[-1, 0, 1 : 1 + len(ties)] = ties[: n - 1] / 8
-    return x
+    q, s = torch_reference(x)
+    return q.numpy(), s.numpy()
 
 
 def sync_and_check(sender, rx, arrays, names, want):

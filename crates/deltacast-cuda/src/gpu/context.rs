@@ -112,6 +112,7 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dc_ulp_decode",
         ],
     ),
+    ("quant", &["dc_fp8_quantize"]),
 ];
 
 impl Gpu {

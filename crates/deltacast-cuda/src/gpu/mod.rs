@@ -7,7 +7,7 @@
 //! context, loaded kernels, launches), `memory.rs` (its allocations and copies), `stream.rs`
 //! ([`GpuStream`], [`GpuEvent`], ordering and timing). Above them the kernel launchers, one
 //! per kernel file, each owning its inputs' host twins and tables: `diff.rs`, `encode.rs`,
-//! `apply.rs`, `digest.rs`, `entropy.rs`.
+//! `apply.rs`, `digest.rs`, `entropy.rs`, `quant.rs`.
 
 mod apply;
 mod buffer;
@@ -18,6 +18,7 @@ mod driver;
 mod encode;
 mod entropy;
 mod memory;
+mod quant;
 mod stream;
 
 pub use buffer::{DeviceBuffer, HostBuffer};
@@ -25,4 +26,5 @@ pub use context::Gpu;
 pub use driver::{compile_kernel, compile_kernel_tuned, nvrtc_present};
 pub(crate) use driver::{drv, guarded, release_in};
 pub use entropy::{CodeScratch, DECODE_SLACK};
+pub use quant::Fp8Plan;
 pub use stream::{GpuEvent, GpuStream};
