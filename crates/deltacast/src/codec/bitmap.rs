@@ -26,6 +26,15 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
         unsafe { out.set_len(start + len) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if (rel.len() as u64) * DENSE_BELOW >= range as u64 && super::bits::x86_wide() {
+        out.reserve(len);
+        // SAFETY: as above, for the AVX2 build (`x86_wide` checked its features).
+        unsafe { encode_dense_avx2(rel, &mut out.spare_capacity_mut()[..len]) };
+        // SAFETY: `encode_dense_avx2` wrote all `len` bytes.
+        unsafe { out.set_len(start + len) };
+        return;
+    }
     out.resize(start + len, 0);
     let map = &mut out[start..];
     if (rel.len() as u64) * DENSE_BELOW < range as u64 {
@@ -67,6 +76,52 @@ fn encode_dense_avx512(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
                 let v = _mm512_loadu_si512(sixty_four.as_ptr() as *const _);
                 _mm512_storeu_si512(sixty_four.as_mut_ptr() as *mut _, _mm512_setzero_si512());
                 _mm512_movepi8_mask(v)
+            };
+            *word = m.to_le_bytes().map(MaybeUninit::new);
+        }
+        if !tail.is_empty() {
+            let at = words.len() * 64;
+            let last = &mut flags[at..at + 64];
+            let mut m = 0u64;
+            for (bit, flag) in last.iter_mut().enumerate() {
+                m |= ((*flag >> 7) as u64) << bit;
+                *flag = 0;
+            }
+            for (b, x) in tail.iter_mut().zip(m.to_le_bytes()) {
+                *b = MaybeUninit::new(x);
+            }
+        }
+    }
+}
+
+/// [`encode_dense_avx512`] for AVX2: the same windows and flag runs, each 64 flags packed by
+/// two byte masks of 32. Same bytes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn encode_dense_avx2(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
+    use std::arch::x86_64::{
+        __m256i, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_setzero_si256,
+        _mm256_storeu_si256,
+    };
+    use std::mem::MaybeUninit;
+    let mut flags = [0u8; WINDOW];
+    let mut i = 0;
+    for (window, bytes) in map.chunks_mut(WINDOW / 8).enumerate() {
+        let end = (window * WINDOW + bytes.len() * 8).min(u32::MAX as usize) as u32;
+        flag_runs::<16>(rel, &mut i, end, &mut flags);
+        flag_runs::<4>(rel, &mut i, end, &mut flags);
+        flag_runs::<1>(rel, &mut i, end, &mut flags);
+        let (words, tail) = bytes.as_chunks_mut::<8>();
+        let (sixty_fours, _) = flags.as_chunks_mut::<64>();
+        for (word, sixty_four) in words.iter_mut().zip(sixty_fours.iter_mut()) {
+            let p = sixty_four.as_mut_ptr() as *mut __m256i;
+            // SAFETY: two 32-byte unaligned loads and stores inside a 64-byte array.
+            let m = unsafe {
+                let (lo, hi) = (_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1)));
+                _mm256_storeu_si256(p, _mm256_setzero_si256());
+                _mm256_storeu_si256(p.add(1), _mm256_setzero_si256());
+                (_mm256_movemask_epi8(lo) as u32 as u64)
+                    | (_mm256_movemask_epi8(hi) as u32 as u64) << 32
             };
             *word = m.to_le_bytes().map(MaybeUninit::new);
         }
@@ -436,15 +491,27 @@ mod tests {
                 assert_eq!(sparse, expected, "range {range} density {density}");
                 assert_eq!(dense, expected, "range {range} density {density}");
                 #[cfg(target_arch = "x86_64")]
-                if crate::codec::bits::x86_avx512() {
-                    // It writes every byte, whatever the memory held.
-                    let mut wide =
-                        vec![std::mem::MaybeUninit::new(0x5a); range.div_ceil(8) as usize];
-                    // SAFETY: the features were detected just above.
-                    unsafe { encode_dense_avx512(&rel, &mut wide) };
-                    // SAFETY: every byte was initialized (by the vector, then the encoder).
-                    let wide: Vec<u8> = wide.iter().map(|b| unsafe { b.assume_init() }).collect();
-                    assert_eq!(wide, expected, "range {range} density {density}");
+                {
+                    type Wide = fn(&[u32], &mut [std::mem::MaybeUninit<u8>]);
+                    let mut wide_ones: Vec<(&str, Wide)> = vec![];
+                    if crate::codec::bits::x86_avx512() {
+                        // SAFETY: the features were detected just above.
+                        wide_ones.push(("avx512", |r, m| unsafe { encode_dense_avx512(r, m) }));
+                    }
+                    if crate::codec::bits::x86_wide() {
+                        // SAFETY: as above.
+                        wide_ones.push(("avx2", |r, m| unsafe { encode_dense_avx2(r, m) }));
+                    }
+                    for (name, f) in wide_ones {
+                        // It writes every byte, whatever the memory held.
+                        let mut wide =
+                            vec![std::mem::MaybeUninit::new(0x5a); range.div_ceil(8) as usize];
+                        f(&rel, &mut wide);
+                        // SAFETY: every byte was initialized (by the vector, then the encoder).
+                        let wide: Vec<u8> =
+                            wide.iter().map(|b| unsafe { b.assume_init() }).collect();
+                        assert_eq!(wide, expected, "{name} range {range} density {density}");
+                    }
                 }
                 // After bytes already in the output.
                 let mut out = vec![0xa5];
