@@ -498,6 +498,16 @@ class NativeGpuShardedSender:
     @property
     def digests(self) -> dict[str, int]: ...
 
+class Fp8Quantizer:
+    """fp32 CUDA tensors quantized to block FP8 by deltacast's kernel: each job
+    ``(src, dst, scales, shape)`` by device pointer (fp32 in, E4M3FN bytes and one fp32 scale
+    per 128x128 block out)."""
+
+    def __new__(cls, device: int, jobs: Sequence[tuple[int, int, int, Sequence[int]]]) -> Fp8Quantizer: ...
+    def run(self, stream: int) -> None: ...
+    @property
+    def blocks(self) -> int: ...
+
 class NativeGpuReceiver:
     def __new__(
         cls,
