@@ -44,17 +44,18 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     }
 }
 
-/// [`encode_dense`] compiled for AVX-512BW: each window's end found as its flags are stored
+/// [`encode_dense`] with vector packing: each window's end found as its flags are stored
 /// (positions sixteen at a time while the last is still in the window: no search over
-/// positions the stores have not read yet), and its flags packed 64 to a bitmap word by one
-/// byte mask of a register. Writes every byte of `map` (so it may be spare capacity). Same
-/// bytes.
+/// positions the stores have not read yet), and its flags packed 64 to a bitmap word by
+/// `pack` (the flags' high bits, which it also clears). Writes every byte of `map` (so it may
+/// be spare capacity). Same bytes. Inlined into each target-feature build below.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512bw")]
-fn encode_dense_avx512(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
-    use std::arch::x86_64::{
-        _mm512_loadu_si512, _mm512_movepi8_mask, _mm512_setzero_si512, _mm512_storeu_si512,
-    };
+#[inline(always)]
+fn encode_dense_packed(
+    rel: &[u32],
+    map: &mut [std::mem::MaybeUninit<u8>],
+    pack: impl Fn(&mut [u8; 64]) -> u64,
+) {
     use std::mem::MaybeUninit;
     let mut flags = [0u8; WINDOW];
     let mut i = 0;
@@ -71,13 +72,7 @@ fn encode_dense_avx512(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
         let (words, tail) = bytes.as_chunks_mut::<8>();
         let (sixty_fours, _) = flags.as_chunks_mut::<64>();
         for (word, sixty_four) in words.iter_mut().zip(sixty_fours.iter_mut()) {
-            // SAFETY: 64-byte unaligned load and store of a 64-byte array.
-            let m = unsafe {
-                let v = _mm512_loadu_si512(sixty_four.as_ptr() as *const _);
-                _mm512_storeu_si512(sixty_four.as_mut_ptr() as *mut _, _mm512_setzero_si512());
-                _mm512_movepi8_mask(v)
-            };
-            *word = m.to_le_bytes().map(MaybeUninit::new);
+            *word = pack(sixty_four).to_le_bytes().map(MaybeUninit::new);
         }
         if !tail.is_empty() {
             let at = words.len() * 64;
@@ -94,8 +89,25 @@ fn encode_dense_avx512(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
     }
 }
 
-/// [`encode_dense_avx512`] for AVX2: the same windows and flag runs, each 64 flags packed by
-/// two byte masks of 32. Same bytes.
+/// [`encode_dense_packed`] for AVX-512BW: 64 flags packed by one byte mask of a register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512bw")]
+fn encode_dense_avx512(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
+    use std::arch::x86_64::{
+        _mm512_loadu_si512, _mm512_movepi8_mask, _mm512_setzero_si512, _mm512_storeu_si512,
+    };
+    encode_dense_packed(rel, map, |sixty_four| {
+        // SAFETY: 64-byte unaligned load and store of a 64-byte array; this function's
+        // target features.
+        unsafe {
+            let v = _mm512_loadu_si512(sixty_four.as_ptr() as *const _);
+            _mm512_storeu_si512(sixty_four.as_mut_ptr() as *mut _, _mm512_setzero_si512());
+            _mm512_movepi8_mask(v)
+        }
+    })
+}
+
+/// [`encode_dense_packed`] for AVX2: 64 flags packed by two byte masks of 32.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn encode_dense_avx2(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
@@ -103,41 +115,18 @@ fn encode_dense_avx2(rel: &[u32], map: &mut [std::mem::MaybeUninit<u8>]) {
         __m256i, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_setzero_si256,
         _mm256_storeu_si256,
     };
-    use std::mem::MaybeUninit;
-    let mut flags = [0u8; WINDOW];
-    let mut i = 0;
-    for (window, bytes) in map.chunks_mut(WINDOW / 8).enumerate() {
-        let end = (window * WINDOW + bytes.len() * 8).min(u32::MAX as usize) as u32;
-        flag_runs::<16>(rel, &mut i, end, &mut flags);
-        flag_runs::<4>(rel, &mut i, end, &mut flags);
-        flag_runs::<1>(rel, &mut i, end, &mut flags);
-        let (words, tail) = bytes.as_chunks_mut::<8>();
-        let (sixty_fours, _) = flags.as_chunks_mut::<64>();
-        for (word, sixty_four) in words.iter_mut().zip(sixty_fours.iter_mut()) {
-            let p = sixty_four.as_mut_ptr() as *mut __m256i;
-            // SAFETY: two 32-byte unaligned loads and stores inside a 64-byte array.
-            let m = unsafe {
-                let (lo, hi) = (_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1)));
-                _mm256_storeu_si256(p, _mm256_setzero_si256());
-                _mm256_storeu_si256(p.add(1), _mm256_setzero_si256());
-                (_mm256_movemask_epi8(lo) as u32 as u64)
-                    | (_mm256_movemask_epi8(hi) as u32 as u64) << 32
-            };
-            *word = m.to_le_bytes().map(MaybeUninit::new);
+    encode_dense_packed(rel, map, |sixty_four| {
+        let p = sixty_four.as_mut_ptr() as *mut __m256i;
+        // SAFETY: two 32-byte unaligned loads and stores inside a 64-byte array; this
+        // function's target features.
+        unsafe {
+            let (lo, hi) = (_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1)));
+            _mm256_storeu_si256(p, _mm256_setzero_si256());
+            _mm256_storeu_si256(p.add(1), _mm256_setzero_si256());
+            (_mm256_movemask_epi8(lo) as u32 as u64)
+                | (_mm256_movemask_epi8(hi) as u32 as u64) << 32
         }
-        if !tail.is_empty() {
-            let at = words.len() * 64;
-            let last = &mut flags[at..at + 64];
-            let mut m = 0u64;
-            for (bit, flag) in last.iter_mut().enumerate() {
-                m |= ((*flag >> 7) as u64) << bit;
-                *flag = 0;
-            }
-            for (b, x) in tail.iter_mut().zip(m.to_le_bytes()) {
-                *b = MaybeUninit::new(x);
-            }
-        }
-    }
+    })
 }
 
 /// Flags `rel[*i..]` in `flags`, `N` positions at a time while the `N`th is below `end`.

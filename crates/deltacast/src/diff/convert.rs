@@ -14,7 +14,7 @@ use super::{best_impl, chunked, run_kernel, Changes, DiffImpl, PAR_CHUNK_ELEMS};
 use crate::convert::fp8::{quantize_range, BlockGrid};
 use crate::convert::Bf16Rule;
 
-/// bf16 elements converted per staging window: 8 KiB of output, 16 KiB of source.
+/// Elements converted per staging window: at most 8 KiB of output, 16 KiB of source.
 const STAGE_ELEMS: usize = 4096;
 
 /// Diffs fp32 `source` (little-endian, twice the bytes of `snapshot`) rounded to bf16 by
@@ -74,42 +74,50 @@ fn chunked_convert(
         2 * snapshot.len(),
         "fp32 source is not twice the bf16 snapshot's size"
     );
+    let convert = |at: usize, staged: &mut [u8]| {
+        rule.convert_slice(&source[4 * at..4 * at + 2 * staged.len()], staged)
+    };
+    chunked_windows(kind, snapshot, 2, first_index, out, chunk_elems, convert);
+}
+
+/// The driver of every converting diff: the snapshot's chunks across the rayon pool (as the
+/// plain diff), each converted window by window into a buffer on the stack by
+/// `convert(first element, window)` and diffed by the kernel `kind` at `width`.
+fn chunked_windows<C>(
+    kind: DiffImpl,
+    snapshot: &mut [u8],
+    width: usize,
+    first_index: u64,
+    out: &mut Changes,
+    chunk_elems: usize,
+    convert: C,
+) where
+    C: Fn(usize, &mut [u8]) + Sync,
+{
+    debug_assert!(
+        width <= 2,
+        "the stage holds windows of 1- and 2-byte elements"
+    );
     assert!(
         kind.is_available(),
         "diff kernel {kind} is not available on this CPU"
     );
     chunked(
         snapshot,
-        2,
+        width,
         first_index,
         out,
         chunk_elems,
         |snap, first_elem, first, part| {
-            let src = &source[4 * first_elem..4 * first_elem + 2 * snap.len()];
-            convert_piece(kind, snap, src, rule, first, part);
+            let mut stage = [0u8; 2 * STAGE_ELEMS];
+            for (w, window) in snap.chunks_mut(width * STAGE_ELEMS).enumerate() {
+                let staged = &mut stage[..window.len()];
+                convert(first_elem + w * STAGE_ELEMS, staged);
+                let at = first + (w * STAGE_ELEMS) as u64;
+                run_kernel(kind, window, staged, width, at, part);
+            }
         },
     );
-}
-
-/// One serial piece: convert a window, diff it, next window.
-fn convert_piece(
-    kind: DiffImpl,
-    snapshot: &mut [u8],
-    source: &[u8],
-    rule: Bf16Rule,
-    first_index: u64,
-    out: &mut Changes,
-) {
-    let mut stage = [0u8; 2 * STAGE_ELEMS];
-    let windows = snapshot
-        .chunks_mut(2 * STAGE_ELEMS)
-        .zip(source.chunks(4 * STAGE_ELEMS));
-    for (w, (snap, src)) in windows.enumerate() {
-        let staged = &mut stage[..snap.len()];
-        rule.convert_slice(src, staged);
-        let first = first_index + (w * STAGE_ELEMS) as u64;
-        run_kernel(kind, snap, staged, 2, first, out);
-    }
 }
 
 /// Diffs fp32 `source` (the whole tensor of `grid`, little-endian) quantized to block FP8 with
@@ -175,33 +183,8 @@ fn chunked_fp8(
         "fp32 source is not four times the FP8 snapshot's size"
     );
     assert_eq!(inv.len(), grid.scales(), "one factor per block");
-    assert!(
-        kind.is_available(),
-        "diff kernel {kind} is not available on this CPU"
-    );
-    chunked(
-        snapshot,
-        1,
-        first_index,
-        out,
-        chunk_elems,
-        |snap, first_elem, first, part| {
-            let mut stage = [0u8; STAGE_ELEMS];
-            for (w, window) in snap.chunks_mut(STAGE_ELEMS).enumerate() {
-                let at = first_elem + w * STAGE_ELEMS;
-                let staged = &mut stage[..window.len()];
-                quantize_range(grid, inv, source, at, staged);
-                run_kernel(
-                    kind,
-                    window,
-                    staged,
-                    1,
-                    first + (w * STAGE_ELEMS) as u64,
-                    part,
-                );
-            }
-        },
-    );
+    let convert = |at: usize, staged: &mut [u8]| quantize_range(grid, inv, source, at, staged);
+    chunked_windows(kind, snapshot, 1, first_index, out, chunk_elems, convert);
 }
 
 #[cfg(test)]
