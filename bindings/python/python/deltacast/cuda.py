@@ -211,7 +211,7 @@ class GpuSender(_Sender):
     ``Sender`` and vLLM's ``per_block_cast_to_fp8`` do (docs/python.md), and syncs them as
     the slots ``X`` (FP8) and ``X_scale_inv`` (float32, right after it): the receivers hold
     an FP8 weight and its ``weight_scale_inv``, as vLLM and SGLang load them. Not with lent
-    ``snapshots``.
+    ``snapshots``. (Not yet run on a GPU: tests/test_cuda_fp8.py is its check.)
     Any other pair of dtypes raises ``UnsupportedDTypeError`` (its ``slot`` names the tensor).
 
     After every ``seed()`` / ``sync()``, refused ones included, the snapshot holds exactly the
