@@ -344,7 +344,9 @@ def _fp8_exports(named: list, wire_dtypes: Any, device: int) -> Tuple[list, Opti
         held += [t, q, s]
     if not jobs:
         return out, None
-    return out, (_native.Fp8Quantizer(device, jobs), held)
+    quantizer = _native.Fp8Quantizer(device, jobs)
+    quantizer.run(_stream(device))  # the buffers hold real bits from the start
+    return out, (quantizer, held)
 
 
 def _dtype_name(dtype: Any) -> str:
