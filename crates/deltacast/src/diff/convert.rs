@@ -136,31 +136,11 @@ pub fn diff_f32_as_fp8(
     first_index: u64,
     out: &mut Changes,
 ) {
-    diff_f32_as_fp8_with(best_impl(), snapshot, source, grid, inv, first_index, out);
+    let (kind, chunk) = (best_impl(), PAR_CHUNK_ELEMS);
+    chunked_fp8(kind, snapshot, source, grid, inv, first_index, out, chunk);
 }
 
-/// [`diff_f32_as_fp8`] with a forced compare kernel and chunk size, for tests.
-fn diff_f32_as_fp8_with(
-    kind: DiffImpl,
-    snapshot: &mut [u8],
-    source: &[u8],
-    grid: &BlockGrid,
-    inv: &[f32],
-    first_index: u64,
-    out: &mut Changes,
-) {
-    chunked_fp8(
-        kind,
-        snapshot,
-        source,
-        grid,
-        inv,
-        first_index,
-        out,
-        PAR_CHUNK_ELEMS,
-    );
-}
-
+/// [`diff_f32_as_fp8`] with the kernel and chunk size as parameters, for tests.
 #[allow(clippy::too_many_arguments)]
 fn chunked_fp8(
     kind: DiffImpl,
