@@ -14,26 +14,27 @@ pub fn encode(rel: &[u32], range: u32, out: &mut Vec<u8>) {
     let start = out.len();
     let len = range.div_ceil(8) as usize;
     #[cfg(target_arch = "x86_64")]
-    if (rel.len() as u64) * DENSE_BELOW >= range as u64 && super::bits::x86_avx512() {
-        // It writes every byte of the section: none is zeroed first (a memset of the whole
-        // section was a measurable share of this encoder: docs/data/codecs/README.md,
-        // "Figures behind the code").
-        out.reserve(len);
-        // SAFETY: the function's only requirement is its target features, detected just
-        // above on this CPU; the `len` bytes past `start` are spare capacity (reserved).
-        unsafe { encode_dense_avx512(rel, &mut out.spare_capacity_mut()[..len]) };
-        // SAFETY: `encode_dense_avx512` wrote all `len` bytes.
-        unsafe { out.set_len(start + len) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if (rel.len() as u64) * DENSE_BELOW >= range as u64 && super::bits::x86_wide() {
-        out.reserve(len);
-        // SAFETY: as above, for the AVX2 build (`x86_wide` checked its features).
-        unsafe { encode_dense_avx2(rel, &mut out.spare_capacity_mut()[..len]) };
-        // SAFETY: `encode_dense_avx2` wrote all `len` bytes.
-        unsafe { out.set_len(start + len) };
-        return;
+    if (rel.len() as u64) * DENSE_BELOW >= range as u64 {
+        type Wide = unsafe fn(&[u32], &mut [std::mem::MaybeUninit<u8>]);
+        let wide: Option<Wide> = if super::bits::x86_avx512() {
+            Some(encode_dense_avx512)
+        } else if super::bits::x86_wide() {
+            Some(encode_dense_avx2)
+        } else {
+            None
+        };
+        if let Some(wide) = wide {
+            // It writes every byte of the section: none is zeroed first (a memset of the
+            // whole section was a measurable share of this encoder: docs/data/codecs/
+            // README.md, "Figures behind the code").
+            out.reserve(len);
+            // SAFETY: the function's only requirement is its target features, detected just
+            // above on this CPU; the `len` bytes past `start` are spare capacity (reserved).
+            unsafe { wide(rel, &mut out.spare_capacity_mut()[..len]) };
+            // SAFETY: the wide encoders write all `len` bytes.
+            unsafe { out.set_len(start + len) };
+            return;
+        }
     }
     out.resize(start + len, 0);
     let map = &mut out[start..];
