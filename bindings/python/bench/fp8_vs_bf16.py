@@ -12,8 +12,8 @@ Senders sync the same fp32 parameters, each to its own Receiver:
 
 Per step and format: the changed fraction of the elements, the wire bytes (frames, headers and
 digests included) and the bytes of a full copy of that format. Every sync is checked: each
-receiver's state digest equals its sender's, and the receivers' bits equal a quantization of
-the masters written here in torch.
+receiver's state digest equals its sender's, and the fp8
+receiver's bits equal the plain-torch quantization of the masters (tests/fp8_reference.py).
 
     python bindings/python/bench/fp8_vs_bf16.py --steps 8 --lr 1e-6 1e-5 --out DIR
 
@@ -27,25 +27,17 @@ import json
 import time
 from pathlib import Path
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import deltacast as dc
 
-BLOCK = 128
-
-
-def quantize(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Block FP8 of a finite fp32 matrix, the rule of deltacast.convert::fp8 in torch."""
-    m, n = x.shape
-    rb, cb = -(-m // BLOCK), -(-n // BLOCK)
-    pad = torch.zeros(rb * BLOCK, cb * BLOCK)
-    pad[:m, :n] = x
-    blocks = pad.view(rb, BLOCK, cb, BLOCK)
-    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-4) / 448.0
-    q = (blocks * (1.0 / scale)[:, None, :, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return q.view(torch.uint8).reshape(pad.shape)[:m, :n].contiguous().numpy(), scale.numpy()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from fp8_reference import BLOCK, reference  # noqa: E402
 
 
 def tables(params: dict[str, torch.Tensor]) -> tuple[dc.SlotTable, dc.SlotTable, set[str]]:
@@ -103,9 +95,9 @@ def run(lr: float, steps: int, seed: int) -> list[dict]:
             }
         # The fp8 receiver holds exactly the quantization of the masters.
         for n in fp8_names:
-            q, s = quantize(params[n].detach())
-            assert receivers["fp8"].arrays[n].tobytes() == q.tobytes(), (step, n)
-            assert receivers["fp8"].arrays[n + "_scale_inv"].tobytes() == s.tobytes(), (step, n)
+            q, s = reference(params[n].detach())
+            assert receivers["fp8"].arrays[n].tobytes() == q.numpy().tobytes(), (step, n)
+            assert receivers["fp8"].arrays[n + "_scale_inv"].tobytes() == s.numpy().tobytes(), (step, n)
         rows.append(row)
         b, f = row["bf16"], row["fp8"]
         print(f"lr {lr:g} step {step}: bf16 {b['changed'] / b['elements']:.2%} changed, "

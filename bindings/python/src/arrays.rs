@@ -279,8 +279,9 @@ pub fn resolve_as<'py>(
     let py = arrays.py();
     let mut objects = Vec::with_capacity(wants.len());
     // A sender's mapping may leave out a block-FP8 scale slot: the sender derives its bits.
-    let derivable =
-        |w: &Want<'_>| sources && w.dtype == DType::F32 && w.name.ends_with("_scale_inv");
+    let derivable = |w: &Want<'_>| {
+        sources && w.dtype == DType::F32 && w.name.ends_with(deltacast::FP8_SCALE_SUFFIX)
+    };
     let mut left_out = 0;
     if let Ok(dict) = arrays.cast::<PyDict>() {
         for w in wants {

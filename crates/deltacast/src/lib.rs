@@ -52,5 +52,5 @@ pub use codec::{CodecChoice, PosCodec, ValCodec};
 pub use convert::Bf16Rule;
 pub use flush::{FlushConfig, SyncStats};
 pub use held::{HeldState, Pending};
-pub use sender::{fp8_scale_slot, SendReport, Sender, Source, WeightSender};
+pub use sender::{fp8_scale_slot, SendReport, Sender, Source, WeightSender, FP8_SCALE_SUFFIX};
 pub use wire::FrameKind;

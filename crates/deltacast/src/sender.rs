@@ -90,9 +90,13 @@ impl<'a> Source<'a> {
     }
 }
 
+/// What a block-FP8 slot's name takes to name its scale slot (vLLM's and SGLang's
+/// `weight_scale_inv`).
+pub const FP8_SCALE_SUFFIX: &str = "_scale_inv";
+
 /// The name of the scale slot of block-FP8 slot `name`.
 pub fn fp8_scale_slot(name: &str) -> String {
-    format!("{name}_scale_inv")
+    format!("{name}{FP8_SCALE_SUFFIX}")
 }
 
 /// How one slot's source becomes its bits, once checked against the table.
