@@ -10,6 +10,10 @@
 //                     that differed from it: what a stage sent whole without a diff needs (its
 //                     digests, its snapshot refreshed, and its density for the next sync's
 //                     choice), in one pass instead of a copy and a digest.
+//   dc_count_sampled  counts the elements that differ from the snapshot in every `every`-th
+//                     block only, writing nothing: a sender's estimate of a stage's density
+//                     when it has no count yet (the first delta after a seed), for the price of
+//                     reading a fraction of the bytes.
 
 #define DIGEST_THREADS 256
 #define DIGEST_PER_THREAD 32
@@ -147,6 +151,43 @@ dc_digest_refresh(const RefreshTensor* __restrict__ tensors, u32 num_tensors, u6
         const u64 count = dc_block_sum(changed, s_sum);
         if (threadIdx.x == 0) {
             atomicAdd((u64*)t.out, total);
+            if (count) atomicAdd((u64*)r.changed_out, count);
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DIGEST_THREADS)
+dc_count_sampled(const RefreshTensor* __restrict__ tensors, u32 num_tensors, u64 num_blocks,
+                 u64 every) {
+    // Per tensor: t.out receives the elements sampled, changed_out those that differ.
+    __shared__ u64 s_sum[32];
+    __shared__ u32 s_j;
+    const u64 sampled_blocks = (num_blocks + every - 1) / every;
+    for (u64 sb = blockIdx.x; sb < sampled_blocks; sb += gridDim.x) {
+        const u64 b = sb * every;
+        if (threadIdx.x == 0) {
+            u32 j;
+            DC_FIND(tensors, t.block_begin, num_tensors, b, j);
+            s_j = j;
+        }
+        __syncthreads();
+        const RefreshTensor r = tensors[s_j];
+        const DigestTensor t = r.t;
+        const u64 e0 = (b - t.block_begin) * DIGEST_BLOCK_ELEMS;
+        const u8* p = (const u8*)t.ptr;
+        const u8* snap = (const u8*)r.snap;
+        u64 changed = 0;
+#pragma unroll 8
+        for (u32 i = 0; i < DIGEST_PER_THREAD; ++i) {
+            const u64 e = e0 + (u64)i * DIGEST_THREADS + threadIdx.x;
+            if (e < t.numel && dc_load_bits(snap, e, t.width) != dc_load_source(p, e, t.width, t.convert))
+                ++changed;
+        }
+        const u64 count = dc_block_sum(changed, s_sum);
+        if (threadIdx.x == 0) {
+            const u64 left = t.numel - e0;
+            atomicAdd((u64*)t.out, left < DIGEST_BLOCK_ELEMS ? left : (u64)DIGEST_BLOCK_ELEMS);
             if (count) atomicAdd((u64*)r.changed_out, count);
         }
         __syncthreads();

@@ -387,6 +387,15 @@ impl Gpu {
         match self.never {}
     }
 
+    pub unsafe fn count_changed_sampled(
+        &self,
+        inputs: &[DigestInput],
+        snapshots: &[DevicePtr],
+        every: u64,
+    ) -> Result<Vec<Option<u64>>> {
+        match self.never {}
+    }
+
     pub unsafe fn digest_update(
         &self,
         positions: DevicePtr,

@@ -720,3 +720,60 @@ fn digest_refresh_digests_counts_and_refreshes() {
     // SAFETY: nothing is launched for a refused call.
     assert!(unsafe { gpu.digest_refresh(&inputs, &snaps[1..]) }.is_err());
 }
+
+#[test]
+#[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
+fn count_changed_sampled_is_exact_in_full_and_close_when_sampled() {
+    // The first delta's density estimate: sampling every block it is the exact count of
+    // differing bit patterns (NaN payloads, ±0 compared as bits), against the host's count;
+    // sampling one block in 16 of a large tensor it lands near the truth; nothing is written.
+    let gpu = gpu();
+    let mut rng = Rng(23);
+    let (mut inputs, mut snaps, mut keep, mut expect) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for t in 0..16usize {
+        let numel = [0usize, 1, 8191, 8193, 100_003, 1 << 22][t % 6];
+        let width = [1usize, 2, 4][t % 3];
+        let density = [0.0, 0.02, 0.3, 0.7][t % 4];
+        let old = fill_old(&mut rng, numel, width);
+        let new = mutate(&mut rng, &old, width, density);
+        let changed = (0..numel)
+            .filter(|&i| load_bits(&old, width, i) != load_bits(&new, width, i))
+            .count() as u64;
+        let cur = gpu.upload(&new).unwrap();
+        let snap = gpu.upload(&old).unwrap();
+        inputs.push(DigestInput {
+            ptr: cur.ptr(),
+            numel: numel as u64,
+            width,
+            first_index: 0,
+            slot: t as u32,
+            f32_source: None,
+        });
+        snaps.push(snap.ptr());
+        expect.push((changed, old));
+        keep.push((cur, snap));
+    }
+    // SAFETY: the uploads above, distinct buffers of the inputs' sizes.
+    let exact = unsafe { gpu.count_changed_sampled(&inputs, &snaps, 1) }.unwrap();
+    // SAFETY: as above.
+    let sampled = unsafe { gpu.count_changed_sampled(&inputs, &snaps, 16) }.unwrap();
+    for (i, (changed, old)) in expect.iter().enumerate() {
+        let numel = inputs[i].numel;
+        assert_eq!(exact[i], (numel > 0).then_some(*changed), "exact count {i}");
+        if numel >= 1 << 22 {
+            let got = sampled[i].expect("a large tensor is sampled") as f64;
+            let truth = *changed as f64;
+            assert!(
+                (got - truth).abs() <= 0.02 * numel as f64,
+                "estimate {i}: {got} against {truth} of {numel}"
+            );
+        }
+        // SAFETY: the snapshot buffer, of that size.
+        let snap = unsafe { gpu.download(snaps[i], old.len()) }.unwrap();
+        assert_eq!(&snap, old, "snapshot {i} untouched");
+    }
+    // SAFETY: nothing is launched for a refused call.
+    assert!(unsafe { gpu.count_changed_sampled(&inputs, &snaps, 0) }.is_err());
+    assert!(unsafe { gpu.count_changed_sampled(&inputs, &snaps[1..], 16) }.is_err());
+}

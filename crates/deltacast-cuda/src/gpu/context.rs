@@ -98,7 +98,12 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
     ("apply", &["dc_apply_check", "dc_apply_scatter"]),
     (
         "digest",
-        &["dc_digest", "dc_digest_update", "dc_digest_refresh"],
+        &[
+            "dc_digest",
+            "dc_digest_update",
+            "dc_digest_refresh",
+            "dc_count_sampled",
+        ],
     ),
     (
         "entropy",

@@ -178,6 +178,71 @@ impl Gpu {
         })
     }
 
+    /// An estimate of how many elements of each input differ from `snapshots[i]`, from every
+    /// `every`-th block of [`DIGEST_BLOCK_ELEMS`] elements (`every` 1: the exact count); writes
+    /// nothing. `None` for an input none of whose blocks was sampled.
+    ///
+    /// # Safety
+    /// As [`Gpu::digest_refresh`], except that the snapshots are only read.
+    pub unsafe fn count_changed_sampled(
+        &self,
+        inputs: &[DigestInput],
+        snapshots: &[DevicePtr],
+        every: u64,
+    ) -> Result<Vec<Option<u64>>> {
+        guarded(|| {
+            self.bind()?;
+            let n = inputs.len();
+            if snapshots.len() != n || every == 0 {
+                return Err(CudaError::InvalidArgument(format!(
+                    "{n} inputs, {} snapshots, sampling every {every}",
+                    snapshots.len()
+                )));
+            }
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let t_len = (n * std::mem::size_of::<KRefreshTensor>()) as u64;
+            let (_guard, base) = self.scratch((t_len + n as u64 * 16) as usize)?;
+            let sampled = base + t_len;
+            let counts = sampled + n as u64 * 8;
+            let (digests, blocks) = digest_table(inputs, sampled)?;
+            let table: Vec<KRefreshTensor> = digests
+                .into_iter()
+                .zip(snapshots)
+                .enumerate()
+                .map(|(i, (t, &snap))| KRefreshTensor {
+                    t,
+                    snap,
+                    changed_out: counts + i as u64 * 8,
+                })
+                .collect();
+            self.upload_typed(base, &table)?;
+            // SAFETY: inside the scratch region (sampled elements and counts).
+            unsafe { cu::memset_d8_async(sampled, 0, n * 16, self.stream) }
+                .map_err(drv("cuMemsetD8"))?;
+            self.launch(
+                "dc_count_sampled",
+                blocks.div_ceil(every).clamp(1, MAX_GRID * 4),
+                THREADS,
+                Args::new()
+                    .push(base)
+                    .push(n as u64)
+                    .push(blocks)
+                    .push(every),
+            )?;
+            let words: Vec<u64> = self.download_typed(sampled, 2 * n)?;
+            Ok(inputs
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let (seen, changed) = (words[i], words[n + i]);
+                    (seen > 0).then(|| (changed as u128 * t.numel as u128 / seen as u128) as u64)
+                })
+                .collect())
+        })
+    }
+
     /// The O(changed) digest update of each run of changes laid out as [`Gpu::diff_batch`]
     /// writes them: `Σ h(new) − h(old)` (wrapping).
     ///

@@ -26,6 +26,10 @@ use crate::{
     Gpu, GpuEvent, GpuStream, DECODE_SLACK,
 };
 
+/// The first delta after a seed samples one block in this many to estimate each stage's
+/// density (1/16 of the bytes read: ~0.03 ms for the 0.5B model on an H200).
+const DENSITY_SAMPLE_EVERY: u64 = 16;
+
 /// One set of a sender's delta buffers. A stage uses a set from its diff until its
 /// broadcasts complete; with two sets the next stage's diff writes the other while they run.
 struct StageSet {
@@ -346,6 +350,7 @@ impl GpuSender {
             EntropyMode::On => &[DeltaCodec::Entropy],
             EntropyMode::Auto => &[DeltaCodec::Plain, DeltaCodec::Entropy],
         };
+        self.estimate_unknown_densities()?;
         let expected = self.last_changed.iter().flatten().sum::<u64>();
         let codec = self.costs.codec(allowed, expected);
         let use_entropy = codec.entropy();
@@ -456,6 +461,49 @@ impl GpuSender {
             && self
                 .costs
                 .dense_before_diff(bytes, self.stages.len(), expected, codec)
+    }
+
+    /// Stages with no count yet (the first delta after a seed) get an estimate from a sample
+    /// of their blocks, so that the choice between whole and delta, and the diff's form, go
+    /// by the density they have rather than a guess: a dense first delta would otherwise be
+    /// diffed for nothing (its output overflows and it goes whole after all). Stages with a
+    /// snapshot in host memory are left alone (sampling them would read across PCIe).
+    fn estimate_unknown_densities(&mut self) -> Result<()> {
+        let unknown: Vec<usize> = (0..self.stages.len())
+            .filter(|&s| {
+                self.last_changed[s].is_none()
+                    && self.snapshots[self.stages[s].clone()]
+                        .iter()
+                        .all(|snap| !matches!(snap, Snapshot::Pinned(_)))
+            })
+            .collect();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let slots: Vec<usize> = unknown
+            .iter()
+            .flat_map(|&s| self.stages[s].clone())
+            .collect();
+        let inputs: Vec<DigestInput> = slots
+            .iter()
+            .flat_map(|&i| digest_inputs(&self.tensors, i..i + 1, self.bf16_rule))
+            .collect();
+        let snaps: Vec<DevicePtr> = slots.iter().map(|&i| self.snapshots[i].ptr()).collect();
+        // SAFETY: tensors and snapshots valid for their bytes (constructor contract); the
+        // call only reads them, on the stream that waited for the trainer's.
+        let counts = unsafe {
+            self.gpu
+                .count_changed_sampled(&inputs, &snaps, DENSITY_SAMPLE_EVERY)?
+        };
+        let mut next = counts.into_iter();
+        for s in unknown {
+            let per_slot: Vec<Option<u64>> = next.by_ref().take(self.stages[s].len()).collect();
+            // A stage whose tensors were all too small to be sampled keeps no estimate.
+            if per_slot.iter().any(Option::is_some) {
+                self.last_changed[s] = Some(per_slot.into_iter().flatten().sum());
+            }
+        }
+        Ok(())
     }
 
     /// Stage `s` whole without a diff: refresh, count, send.
