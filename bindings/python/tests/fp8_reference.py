@@ -24,7 +24,9 @@ def reference(x):
     nan = torch.isnan(blocks).any(dim=-1).any(dim=-2)
     # amax with NaN left out (NaN blocks are pinned below); padding zeros never raise it.
     amax = torch.where(torch.isnan(blocks), 0.0, blocks).abs().amax(dim=(-1, -3)).clamp(min=1e-4)
-    scale = amax / 448.0
+    # A tensor divisor, not a Python number: CUDA torch computes ``t / 448.0`` as
+    # ``t * fp32(1/448)``, which differs from the division in the last bit for some amax.
+    scale = amax / torch.tensor(448.0, dtype=torch.float32, device=x.device)
     inv = 1.0 / scale
     scaled = (blocks * inv[..., :, None, :, None]).clamp(-448.0, 448.0)
     q = scaled.to(torch.float8_e4m3fn).view(torch.uint8)

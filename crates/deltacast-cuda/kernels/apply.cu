@@ -61,14 +61,6 @@ __device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scrat
             f(k, (u64)r);
         }
     } else {
-        // Bitmap: a round reads one word (32 elements) per thread and scans their counts
-        // across the block; then the block walks the round's elements in order, thread t
-        // taking element r * blockDim + t, so that a warp's loads and stores of the slot's
-        // bits (and of the values, k ascending with the element) fall side by side. Walking
-        // each thread's own word instead put a warp's accesses 32 elements apart: one memory
-        // sector per lane, the apply's whole cost at 10-50 % density.
-        __shared__ u32 s_word[APPLY_THREADS];
-        __shared__ u32 s_before[APPLY_THREADS];
         const u8* b = (const u8*)c.pos;
         const u64 nbytes = (c.range + 7) >> 3;
         const u64 nwords = (nbytes + 3) >> 2;
@@ -90,20 +82,13 @@ __device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scrat
                 }
             }
             u32 total;
-            // The scan starts with a barrier: every thread is done reading the last round's
-            // words before they are overwritten below.
             const u32 ex = dc_block_exclusive_scan((u32)__popc(word), scan_scratch, &total);
-            s_word[threadIdx.x] = word;
-            s_before[threadIdx.x] = ex;
-            __syncthreads();
-            for (u32 r = 0; r < 32; ++r) {
-                const u32 e = r * blockDim.x + threadIdx.x;  // element of the round
-                const u32 w = e >> 5, bit = e & 31;
-                const u32 mw = s_word[w];
-                if ((mw >> bit) & 1u) {
-                    const u64 k = base + s_before[w] + __popc(mw & ((1u << bit) - 1u));
-                    if (k < c.count) f(k, (w0 + w) * 32 + bit);
-                }
+            u64 k = base + ex;
+            while (word) {
+                const u32 bit = __ffs(word) - 1;
+                word &= word - 1;
+                if (k < c.count) f(k, wi * 32 + bit);
+                ++k;
             }
             base += total;
         }
