@@ -119,6 +119,7 @@ test)
         DELTACAST_ENGINES_REQUIRED=1 PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest \
             "$ROOT"/bindings/python/tests/engines/test_"${e}"_*.py \
             $([ "$e" = sglang ] && echo "$ROOT"/bindings/python/tests/engines/test_verl_*.py) \
+            $([ "$e" = vllm ] && echo "$ROOT"/bindings/python/tests/engines/test_dtensor_shards.py) \
             "$ROOT/bindings/python/tests/engines/test_layout_probe.py" \
             "$ROOT/bindings/python/tests/engines/test_layout_apply.py" \
             -q -rs -p no:cacheprovider || rc=$?

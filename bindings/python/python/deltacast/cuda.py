@@ -382,54 +382,67 @@ def dim0_shard(rows: int, rank: int, world: int) -> Tuple[int, int]:
 
 def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]], rank: Optional[int] = None) -> list:
     """``(name, local_tensor, full_shape, first_index)`` for ``GpuShardedSender`` from a
-    model's ``named_parameters()`` under FSDP2 (``fully_shard``): DTensors on a 1-D mesh,
-    ``Shard(0)`` (each rank holds a run of rows) or ``Replicate()`` (rank 0's copy is sent).
-    Plain tensors count as replicated: the trainer rank ``rank`` (pass the trainers'
-    ``NcclComm.rank``; default: the torch.distributed rank) sends them when it is 0. Call it
-    while FSDP2 holds its parameters sharded (not inside an unsharded forward)."""
+    model's ``named_parameters()`` under FSDP2 (``fully_shard``), HSDP or other DTensor
+    meshes: each rank's block comes from the core's placement engine (torch's own chunking
+    rule, every mesh dimension). A block must be one contiguous run of the flattened tensor —
+    ``Shard(0)`` on any number of mesh dimensions, with ``Replicate()`` dimensions (HSDP) whose
+    replicas send nothing; a block that is several runs (a ``Shard(1)`` of a matrix, a TP
+    slice under FSDP) is refused with its name, as the GPU sharded sender takes one run per rank
+    and tensor, and the ranks' runs of a tensor must follow each other in the trainers'
+    rank order (the sender checks that on every rank alike). Plain tensors count as
+    replicated: the trainer rank ``rank`` (pass the trainers' ``NcclComm.rank``; default: the
+    torch.distributed rank) sends them when it is 0. Call it while FSDP2 holds its parameters
+    sharded (not inside an unsharded forward)."""
+    from .torch import layout_of
+
     out = []
     for name, t in named_tensors:
         t = getattr(t, "data", t)
         full = [int(d) for d in t.shape]
-        row = 1
-        for d in full[1:]:
-            row *= d
-        placements = getattr(t, "placements", None)
-        if placements is None:
-            me, world, placement = (_default_rank() if rank is None else rank), 1, None
+        layout = layout_of(t)
+        if layout is None:
             local = t
+            me = _default_rank() if rank is None else rank
+            replica = me != 0
+            offset, shape = [0] * len(full), full
         else:
-            mesh = t.device_mesh
-            if mesh.ndim != 1 or len(placements) != 1:
-                raise _errors().InvalidArgumentError(
-                    f"{name!r}: a DTensor on a {mesh.ndim}-D mesh; 1-D meshes only"
-                )
-            me, world, placement = mesh.get_local_rank(), mesh.size(), placements[0]
             local = t.to_local()
-            if not (placement.is_shard() or placement.is_replicate()):
-                raise _errors().InvalidArgumentError(
-                    f"{name!r} has placement {placement}; Shard(0) or Replicate() only"
-                )
-        if placement is not None and placement.is_shard():
-            if placement.dim != 0:
-                raise _errors().InvalidArgumentError(
-                    f"{name!r} is sharded on dim {placement.dim}; dim 0 only"
-                )
-            first_row, rows = dim0_shard(full[0], me, world)
-            if local.numel() != rows * row:
-                raise _errors().InvalidArgumentError(
-                    f"{name!r}: a local shard of {local.numel()} elements, "
-                    f"{rows} rows of {row} expected"
-                )
-            out.append((name, local, full, first_row * row))
-        else:
-            # Replicated: one copy is enough, rank 0's. (A view, never a copy: the sender
-            # must read the tensor the optimizer updates.)
-            if not local.is_contiguous():
-                raise _errors().InvalidArgumentError(f"tensor {name!r} is not contiguous")
-            whole = local.view(-1)
-            out.append((name, whole if me == 0 else whole[:0], full, 0))
+            replica = layout.is_replica
+            offset, shape = layout.offset, layout.local_shape
+        first = _block_run(name, full, offset, shape)
+        if [int(d) for d in local.shape] != list(shape):
+            raise _errors().InvalidArgumentError(
+                f"{name!r}: a local tensor of shape {list(local.shape)}, "
+                f"{list(shape)} expected from its placements"
+            )
+        # A view, never a copy: the sender must read the tensor the optimizer updates.
+        if not local.is_contiguous():
+            raise _errors().InvalidArgumentError(f"tensor {name!r} is not contiguous")
+        flat = local.reshape(-1)
+        out.append((name, flat[:0] if replica else flat, full, 0 if replica else first))
     return out
+
+
+def _block_run(name: str, full: list, offset: list, shape: list) -> int:
+    """The flat index where the block ``offset`` + ``shape`` of a ``full``-shaped tensor starts,
+    when the block is one contiguous run of the flattened tensor (past its first partial
+    dimension every dimension whole, before it every extent 1); refused otherwise."""
+    partial = [d for d in range(len(full)) if shape[d] != full[d]]
+    if partial and shape and 0 not in shape:
+        k = partial[0]
+        if any(shape[d] != full[d] for d in range(k + 1, len(full))) or any(
+            shape[d] != 1 for d in range(k)
+        ):
+            raise _errors().InvalidArgumentError(
+                f"{name!r}: its block (offset {list(offset)}, shape {list(shape)}) of "
+                f"{list(full)} is not one run of the flattened tensor; the GPU sharded sender "
+                "takes one run per rank (Shard(0) and Replicate() meshes)"
+            )
+    first, stride = 0, 1
+    for d in reversed(range(len(full))):
+        first += int(offset[d]) * stride
+        stride *= full[d]
+    return first
 
 
 def _default_rank() -> int:
