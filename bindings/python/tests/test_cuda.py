@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 import pytest
 
 import deltacast as dc
@@ -428,6 +430,26 @@ def test_dim0_shard_cuts_rows_as_torch_chunk():
     for bad in [(5, 2, 2), (5, -1, 2), (5, 0, 0), (-1, 0, 1)]:
         with pytest.raises(dc.InvalidArgumentError):
             dcc.dim0_shard(*bad)
+
+
+def test_a_block_is_taken_only_when_it_is_one_run():
+    """``dtensor_shards``' run test against listing the block's flat indices with numpy: a
+    block is taken exactly when those indices are consecutive, and then from the first."""
+    rng = np.random.default_rng(26)
+    for _ in range(400):
+        full = [int(d) for d in rng.integers(1, 5, rng.integers(0, 4))]
+        offset = [int(rng.integers(0, d + 1)) for d in full]
+        shape = [int(rng.integers(0, d - o + 1)) for d, o in zip(full, offset)]
+        index = np.arange(int(np.prod(full))).reshape(full)
+        flat = index[tuple(slice(o, o + n) for o, n in zip(offset, shape))].ravel()
+        one_run = flat.size == 0 or np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size))
+        if one_run:
+            first = dcc._block_run("t", full, offset, shape)
+            if flat.size:
+                assert first == flat[0], (full, offset, shape)
+        else:
+            with pytest.raises(dc.InvalidArgumentError, match="not one run"):
+                dcc._block_run("t", full, offset, shape)
 
 
 def test_sharded_sender_options_are_checked_before_anything_runs():

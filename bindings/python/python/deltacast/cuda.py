@@ -425,14 +425,11 @@ def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]], rank: Optional[int]
 
 def _block_run(name: str, full: list, offset: list, shape: list) -> int:
     """The flat index where the block ``offset`` + ``shape`` of a ``full``-shaped tensor starts,
-    when the block is one contiguous run of the flattened tensor (past its first partial
-    dimension every dimension whole, before it every extent 1); refused otherwise."""
+    when the block is one contiguous run of the flattened tensor (every dimension before its
+    last partial one of extent 1); refused otherwise."""
     partial = [d for d in range(len(full)) if shape[d] != full[d]]
-    if partial and shape and 0 not in shape:
-        k = partial[0]
-        if any(shape[d] != full[d] for d in range(k + 1, len(full))) or any(
-            shape[d] != 1 for d in range(k)
-        ):
+    if partial and 0 not in shape:
+        if any(shape[d] != 1 for d in range(partial[-1])):
             raise _errors().InvalidArgumentError(
                 f"{name!r}: its block (offset {list(offset)}, shape {list(shape)}) of "
                 f"{list(full)} is not one run of the flattened tensor; the GPU sharded sender "
