@@ -170,6 +170,17 @@ impl Layout {
         Ok(local_block(&self.inner).py()?.block().offset().to_vec())
     }
 
+    /// The local block's contiguous runs in the flattened full tensor, `(start, len)` in
+    /// order (the k-th run holds local elements `k·len ..`); empty for an empty block.
+    #[getter]
+    fn global_ranges(&self) -> PyResult<Vec<(u64, u64)>> {
+        Ok(local_block(&self.inner)
+            .py()?
+            .block()
+            .global_ranges()
+            .collect())
+    }
+
     /// Whether this rank holds a replica that does not contribute.
     #[getter]
     fn is_replica(&self) -> PyResult<bool> {

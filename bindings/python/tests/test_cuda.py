@@ -432,24 +432,29 @@ def test_dim0_shard_cuts_rows_as_torch_chunk():
             dcc.dim0_shard(*bad)
 
 
-def test_a_block_is_taken_only_when_it_is_one_run():
-    """``dtensor_shards``' run test against listing the block's flat indices with numpy: a
-    block is taken exactly when those indices are consecutive, and then from the first."""
+def test_a_layouts_runs_are_the_blocks_flat_indices():
+    """The runs ``dtensor_shards`` goes by (``Layout.global_ranges``, the core's) against
+    listing each rank's block's flat indices with numpy, on random meshes of ``Shard`` and
+    ``Replicate`` placements: the runs are the maximal stretches of consecutive indices
+    (so a block is taken exactly when there is one, from its first index)."""
     rng = np.random.default_rng(26)
-    for _ in range(400):
-        full = [int(d) for d in rng.integers(1, 5, rng.integers(0, 4))]
-        offset = [int(rng.integers(0, d + 1)) for d in full]
-        shape = [int(rng.integers(0, d - o + 1)) for d, o in zip(full, offset)]
+    for _ in range(300):
+        full = [int(d) for d in rng.integers(1, 6, rng.integers(1, 4))]
+        mesh = [int(m) for m in rng.integers(1, 4, rng.integers(1, 3))]
+        placements = [f"S({int(rng.integers(0, len(full)))})" if rng.random() < 0.7 else "R" for _ in mesh]
+        coords = [int(rng.integers(0, m)) for m in mesh]
+        layout = dc.Layout(mesh, coords, placements, full)
         index = np.arange(int(np.prod(full))).reshape(full)
-        flat = index[tuple(slice(o, o + n) for o, n in zip(offset, shape))].ravel()
-        one_run = flat.size == 0 or np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size))
-        if one_run:
-            first = dcc._block_run("t", full, offset, shape)
-            if flat.size:
-                assert first == flat[0], (full, offset, shape)
-        else:
-            with pytest.raises(dc.InvalidArgumentError, match="not one run"):
-                dcc._block_run("t", full, offset, shape)
+        block = index[tuple(slice(o, o + n) for o, n in zip(layout.offset, layout.local_shape))].ravel()
+        want = []
+        for i in block.tolist():
+            if want and want[-1][0] + want[-1][1] == i:
+                want[-1][1] += 1
+            else:
+                want.append([i, 1])
+        got = [list(r) for r in layout.global_ranges]
+        assert got == want, (full, mesh, placements, coords)
+        assert sum(n for _, n in got) == block.size
 
 
 def test_sharded_sender_options_are_checked_before_anything_runs():

@@ -760,9 +760,11 @@ fn count_changed_sampled_is_exact_in_full_and_close_when_sampled() {
     let sampled = unsafe { gpu.count_changed_sampled(&inputs, &snaps, 16) }.unwrap();
     for (i, (changed, old)) in expect.iter().enumerate() {
         let numel = inputs[i].numel;
-        assert_eq!(exact[i], (numel > 0).then_some(*changed), "exact count {i}");
+        assert_eq!(exact[i], (numel, *changed), "exact count {i}");
         if numel >= 1 << 22 {
-            let got = sampled[i].expect("a large tensor is sampled") as f64;
+            let (seen, found) = sampled[i];
+            assert!(seen > 0, "a large tensor is sampled");
+            let got = found as f64 * numel as f64 / seen as f64;
             let truth = *changed as f64;
             assert!(
                 (got - truth).abs() <= 0.02 * numel as f64,

@@ -403,13 +403,18 @@ def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]], rank: Optional[int]
         if layout is None:
             local = t
             me = _default_rank() if rank is None else rank
-            replica = me != 0
-            offset, shape = [0] * len(full), full
+            replica, shape, first = me != 0, full, 0
         else:
             local = t.to_local()
-            replica = layout.is_replica
-            offset, shape = layout.offset, layout.local_shape
-        first = _block_run(name, full, offset, shape)
+            replica, shape = layout.is_replica, layout.local_shape
+            runs = layout.global_ranges
+            if len(runs) > 1:
+                raise _errors().InvalidArgumentError(
+                    f"{name!r}: its block (offset {layout.offset}, shape {shape}) of {full} is "
+                    f"not one run of the flattened tensor but {len(runs)}; the GPU sharded "
+                    "sender takes one run per rank (Shard(0) and Replicate() meshes)"
+                )
+            first = runs[0][0] if runs else 0
         if [int(d) for d in local.shape] != list(shape):
             raise _errors().InvalidArgumentError(
                 f"{name!r}: a local tensor of shape {list(local.shape)}, "
@@ -421,25 +426,6 @@ def dtensor_shards(named_tensors: Iterable[Tuple[str, Any]], rank: Optional[int]
         flat = local.reshape(-1)
         out.append((name, flat[:0] if replica else flat, full, 0 if replica else first))
     return out
-
-
-def _block_run(name: str, full: list, offset: list, shape: list) -> int:
-    """The flat index where the block ``offset`` + ``shape`` of a ``full``-shaped tensor starts,
-    when the block is one contiguous run of the flattened tensor (every dimension before its
-    last partial one of extent 1); refused otherwise."""
-    partial = [d for d in range(len(full)) if shape[d] != full[d]]
-    if partial and 0 not in shape:
-        if any(shape[d] != 1 for d in range(partial[-1])):
-            raise _errors().InvalidArgumentError(
-                f"{name!r}: its block (offset {list(offset)}, shape {list(shape)}) of "
-                f"{list(full)} is not one run of the flattened tensor; the GPU sharded sender "
-                "takes one run per rank (Shard(0) and Replicate() meshes)"
-            )
-    first, stride = 0, 1
-    for d in reversed(range(len(full))):
-        first += int(offset[d]) * stride
-        stride *= full[d]
-    return first
 
 
 def _default_rank() -> int:

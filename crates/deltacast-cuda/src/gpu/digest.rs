@@ -178,9 +178,9 @@ impl Gpu {
         })
     }
 
-    /// An estimate of how many elements of each input differ from `snapshots[i]`, from every
-    /// `every`-th block of [`DIGEST_BLOCK_ELEMS`] elements (`every` 1: the exact count); writes
-    /// nothing. `None` for an input none of whose blocks was sampled.
+    /// Per input, `(elements sampled, of them differing from snapshots[i])` over every
+    /// `every`-th block of [`DIGEST_BLOCK_ELEMS`] elements of all the inputs (`every` 1:
+    /// every element, the exact count); writes nothing.
     ///
     /// # Safety
     /// As [`Gpu::digest_refresh`], except that the snapshots are only read.
@@ -189,7 +189,7 @@ impl Gpu {
         inputs: &[DigestInput],
         snapshots: &[DevicePtr],
         every: u64,
-    ) -> Result<Vec<Option<u64>>> {
+    ) -> Result<Vec<(u64, u64)>> {
         guarded(|| {
             self.bind()?;
             let n = inputs.len();
@@ -232,13 +232,10 @@ impl Gpu {
                     .push(every),
             )?;
             let words: Vec<u64> = self.download_typed(sampled, 2 * n)?;
-            Ok(inputs
+            Ok(words[..n]
                 .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let (seen, changed) = (words[i], words[n + i]);
-                    (seen > 0).then(|| (changed as u128 * t.numel as u128 / seen as u128) as u64)
-                })
+                .copied()
+                .zip(words[n..].iter().copied())
                 .collect())
         })
     }

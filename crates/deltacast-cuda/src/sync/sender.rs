@@ -450,14 +450,11 @@ impl GpuSender {
     /// writes element by element, which PCIe does not do well).
     fn whole_before_diff(&self, s: usize, codec: DeltaCodec) -> bool {
         let range = self.stages[s].clone();
-        let pinned = self.snapshots[range.clone()]
-            .iter()
-            .any(|snap| matches!(snap, Snapshot::Pinned(_)));
         let Some(expected) = self.last_changed[s] else {
             return false;
         };
-        let bytes: u64 = self.tensors[range].iter().map(|t| t.nbytes()).sum();
-        !pinned
+        let bytes: u64 = self.tensors[range.clone()].iter().map(|t| t.nbytes()).sum();
+        !self.any_pinned(range)
             && self
                 .costs
                 .dense_before_diff(bytes, self.stages.len(), expected, codec)
@@ -470,25 +467,18 @@ impl GpuSender {
     /// snapshot in host memory are left alone (sampling them would read across PCIe).
     fn estimate_unknown_densities(&mut self) -> Result<()> {
         let unknown: Vec<usize> = (0..self.stages.len())
-            .filter(|&s| {
-                self.last_changed[s].is_none()
-                    && self.snapshots[self.stages[s].clone()]
-                        .iter()
-                        .all(|snap| !matches!(snap, Snapshot::Pinned(_)))
-            })
+            .filter(|&s| self.last_changed[s].is_none() && !self.any_pinned(self.stages[s].clone()))
             .collect();
         if unknown.is_empty() {
             return Ok(());
         }
-        let slots: Vec<usize> = unknown
-            .iter()
-            .flat_map(|&s| self.stages[s].clone())
-            .collect();
-        let inputs: Vec<DigestInput> = slots
-            .iter()
-            .flat_map(|&i| digest_inputs(&self.tensors, i..i + 1, self.bf16_rule))
-            .collect();
-        let snaps: Vec<DevicePtr> = slots.iter().map(|&i| self.snapshots[i].ptr()).collect();
+        let mut inputs = Vec::new();
+        let mut snaps = Vec::new();
+        for &s in &unknown {
+            let range = self.stages[s].clone();
+            inputs.extend(digest_inputs(&self.tensors, range.clone(), self.bf16_rule));
+            snaps.extend(self.snapshots[range].iter().map(|snap| snap.ptr()));
+        }
         // SAFETY: tensors and snapshots valid for their bytes (constructor contract); the
         // call only reads them, on the stream that waited for the trainer's.
         let counts = unsafe {
@@ -497,13 +487,27 @@ impl GpuSender {
         };
         let mut next = counts.into_iter();
         for s in unknown {
-            let per_slot: Vec<Option<u64>> = next.by_ref().take(self.stages[s].len()).collect();
-            // A stage whose tensors were all too small to be sampled keeps no estimate.
-            if per_slot.iter().any(Option::is_some) {
-                self.last_changed[s] = Some(per_slot.into_iter().flatten().sum());
+            // The stage's sampled share scaled to all its elements (a stage too small to
+            // have a block sampled keeps no estimate).
+            let range = self.stages[s].clone();
+            let (seen, changed) = next
+                .by_ref()
+                .take(range.len())
+                .fold((0u64, 0u64), |(a, b), (x, y)| (a + x, b + y));
+            let numel: u64 = self.tensors[range].iter().map(|t| t.numel()).sum();
+            if seen > 0 {
+                self.last_changed[s] =
+                    Some((changed as u128 * numel as u128 / seen as u128) as u64);
             }
         }
         Ok(())
+    }
+
+    /// Whether any of `slots` keeps its snapshot in host memory.
+    fn any_pinned(&self, slots: Range<usize>) -> bool {
+        self.snapshots[slots]
+            .iter()
+            .any(|snap| matches!(snap, Snapshot::Pinned(_)))
     }
 
     /// Stage `s` whole without a diff: refresh, count, send.
@@ -738,10 +742,7 @@ impl GpuSender {
     /// copied whole, then digested, and not counted).
     fn refresh(&mut self, slots: Range<usize>) -> Result<(Vec<u64>, Option<u64>)> {
         let inputs = digest_inputs(&self.tensors, slots.clone(), self.bf16_rule);
-        let pinned = self.snapshots[slots.clone()]
-            .iter()
-            .any(|s| matches!(s, Snapshot::Pinned(_)));
-        let (got, changed) = if pinned {
+        let (got, changed) = if self.any_pinned(slots.clone()) {
             (self.copy_and_digest(slots.clone(), &inputs)?, None)
         } else {
             let snaps: Vec<DevicePtr> = self.snapshots[slots.clone()]
