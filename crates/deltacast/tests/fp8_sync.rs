@@ -126,7 +126,7 @@ fn f32_sources_reach_receivers_as_block_fp8() {
         .collect();
     let mut norm: Vec<f32> = (0..300).map(|_| unit(&mut rng)).collect();
     let mut sender = Sender::new(table.clone(), FlushConfig::default()).unwrap();
-    let mut receivers = vec![Receiver::new(table.clone()), Receiver::new(table.clone())];
+    let mut receivers = [Receiver::new(table.clone()), Receiver::new(table.clone())];
     let mut changed_some = false;
     for s in 0..6 {
         if s > 0 {
@@ -137,8 +137,8 @@ fn f32_sources_reach_receivers_as_block_fp8() {
             step(&mut rng, &mut norm, 1e-3);
         }
         // Expert 0's first block stays tiny (its amax under the floor) and has a zero.
-        for e in 0..BLOCK * 64 {
-            masters[1][e] = (unit(&mut rng) - 0.5) * 1e-5;
+        for m in masters[1].iter_mut().take(BLOCK * 64) {
+            *m = (unit(&mut rng) - 0.5) * 1e-5;
         }
         masters[1][77] = 0.0;
         if s == 4 {
