@@ -51,10 +51,10 @@ fn main() {
                 pos.extend_from_slice(&(entry.count as u32).to_le_bytes());
                 pos.extend_from_slice(frame.positions(entry));
                 write("codec_positions", name.clone(), &pos);
-                // codec_values: codec | width index << 1, count u16, old-bits seed, section.
+                // codec_values: codec | width index << 2, count u16, old-bits seed, section.
                 let width = widths[entry.slot as usize];
                 let sel = entry.val_codec as u8
-                    | ([1, 2, 4].iter().position(|&w| w == width).unwrap() as u8) << 1;
+                    | ([1, 2, 4].iter().position(|&w| w == width).unwrap() as u8) << 2;
                 let mut val = vec![sel];
                 val.extend_from_slice(&(entry.count as u16).to_le_bytes());
                 val.push(0);
@@ -65,10 +65,11 @@ fn main() {
     }
     // Sections of each codec the goldens may lack, from the library's encoders.
     let rel: Vec<u32> = (0..3000).filter(|i| i % 3 != 1).collect();
-    // (`ctx` positions need the chunk's bits: codec_context seeds itself.)
+    // (`ctx` positions need the chunk's bits: codec_context seeds itself; `steps` positions
+    // need their values: below.)
     for codec in PosCodec::ALL
         .into_iter()
-        .filter(|&c| c != PosCodec::Context)
+        .filter(|&c| c != PosCodec::Context && c != PosCodec::Steps)
     {
         let rel: Vec<u32> = if codec == PosCodec::All {
             (0..3000).collect()
@@ -94,13 +95,13 @@ fn main() {
                 *b = b.wrapping_add((i % 3) as u8);
             }
         }
-        for codec in ValCodec::ALL
-            .into_iter()
-            .filter(|&c| c != ValCodec::Context || deltacast::codec::context_supports(width))
-        {
+        for codec in ValCodec::ALL.into_iter().filter(|&c| {
+            c != ValCodec::Escaped
+                && (c != ValCodec::Context || deltacast::codec::context_supports(width))
+        }) {
             let mut section = Vec::new();
             deltacast::codec::encode_values(codec, width, &old, &new, &mut section);
-            let mut val = vec![codec as u8 | (wi as u8) << 1];
+            let mut val = vec![codec as u8 | (wi as u8) << 2];
             val.extend_from_slice(&(n as u16).to_le_bytes());
             val.push(0);
             val.extend_from_slice(&section);
@@ -110,6 +111,39 @@ fn main() {
                 &val,
             );
         }
+        // codec_positions, `steps`: codec + 7 · width index, range, count, the map then the
+        // escapes, of the positions above (steps of +1, −1 and +2 ULPs: every code) and the
+        // target's own old bits (keyed by the count's second byte).
+        let rel: Vec<u32> = (0..3000).filter(|i| i % 3 != 1).collect();
+        let key = (rel.len() as u32).to_le_bytes()[1];
+        let old: Vec<u8> = (0..rel.len() * width)
+            .map(|i| (i as u8).wrapping_mul(0x9d).wrapping_add(key) ^ (i >> 8) as u8)
+            .collect();
+        let mut new = old.clone();
+        for k in 0..rel.len() {
+            let a = load_bits(&old, width, k);
+            let step = [1u32, u32::MAX, 2][k % 3];
+            let mask = if width == 4 {
+                u32::MAX
+            } else {
+                (1 << (8 * width)) - 1
+            };
+            store_bits(
+                &mut new,
+                width,
+                k,
+                from_ordered(to_ordered(a, width).wrapping_add(step) & mask, width),
+            );
+        }
+        let (mut map, mut esc) = (Vec::new(), Vec::new());
+        deltacast::codec::encode_steps(width, &rel, 3000, &old, &new, &mut map, &mut esc);
+        let sel = PosCodec::Steps as u8 + PosCodec::ALL.len() as u8 * wi as u8;
+        let mut pos = vec![sel];
+        pos.extend_from_slice(&3000u32.to_le_bytes());
+        pos.extend_from_slice(&(rel.len() as u32).to_le_bytes());
+        pos.extend_from_slice(&map);
+        pos.extend_from_slice(&esc);
+        write("codec_positions", format!("encoded.steps.w{width}"), &pos);
     }
     // `frame` and `manifest`: a delta sync coded with `auto+ctx`, which the goldens lack: the
     // `mixed` scenario's slots holding values of a few exponents (where `ctx` is the smaller

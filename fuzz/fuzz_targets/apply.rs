@@ -15,7 +15,8 @@ use std::collections::HashSet;
 
 use arbitrary::{Arbitrary, Unstructured};
 use deltacast::codec::{
-    context_supports, encode_context_positions, encode_positions, encode_values, PosCodec, ValCodec,
+    context_supports, encode_context_positions, encode_positions, encode_steps, encode_values,
+    PosCodec, ValCodec,
 };
 use deltacast::digest::digest_slot;
 use deltacast::dtype::{from_ordered, load_bits, store_bits, to_ordered};
@@ -410,7 +411,30 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
                     ValCodec::Context if !ctx_ok => ValCodec::Ulp,
                     v => v,
                 };
-                if pos_codec == PosCodec::Context {
+                // `steps` and `esc` go together, on a dtype `ulp` carries; else `steps` becomes
+                // `bitmap` and `esc` `ulp` (as the encoder's fixed fallbacks).
+                let steps_ok = table.slots()[c.slot as usize].dtype.ulp_codable();
+                let (pos_codec, val_codec) = match (pos_codec, val_codec) {
+                    (PosCodec::Steps, _) | (_, ValCodec::Escaped) if steps_ok => {
+                        (PosCodec::Steps, ValCodec::Escaped)
+                    }
+                    (p, v) => (
+                        if p == PosCodec::Steps {
+                            PosCodec::Bitmap
+                        } else {
+                            p
+                        },
+                        if v == ValCodec::Escaped {
+                            ValCodec::Ulp
+                        } else {
+                            v
+                        },
+                    ),
+                };
+                if pos_codec == PosCodec::Steps {
+                    let range = c.range as u32;
+                    encode_steps(w_slot, &c.rel, range, &c.old, &c.new, &mut pos, &mut val);
+                } else if pos_codec == PosCodec::Context {
                     // The range's bits after the sync: the held ones, this chunk's written in.
                     let (a, b) = (
                         c.start as usize * w_slot,
@@ -429,7 +453,9 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
                 } else {
                     &c.old
                 };
-                encode_values(val_codec, w_slot, old, &c.new, &mut val);
+                if val_codec != ValCodec::Escaped {
+                    encode_values(val_codec, w_slot, old, &c.new, &mut val);
+                }
                 let count = c.rel.len() as u64;
                 w.push_chunk(
                     c.slot, pos_codec, val_codec, c.start, c.range, count, &pos, &val,
@@ -511,8 +537,9 @@ fn delta_chunk(
     }
     let start = c.start as u64 % numel;
     let range = 1 + c.range as u64 % (numel - start);
-    // Every position codec, `ctx` included (the frame writer falls back where it cannot go).
-    let pos = PosCodec::ALL[c.pos as usize % 6];
+    // Every position codec, `ctx` and `steps` included (the frame writer falls back where it
+    // cannot go).
+    let pos = PosCodec::ALL[c.pos as usize % PosCodec::ALL.len()];
     let mut rng = Rng(c.seed as u64);
     let mut rel: Vec<u32> = (0..range as u32)
         .filter(|_| pos == PosCodec::All || rng.next() % 256 <= c.density as u32)
@@ -549,7 +576,7 @@ fn delta_chunk(
         frame,
         slot,
         pos,
-        val: ValCodec::ALL[c.val as usize % 3],
+        val: ValCodec::ALL[c.val as usize % ValCodec::ALL.len()],
         start,
         range,
         rel,

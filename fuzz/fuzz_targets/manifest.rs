@@ -1,6 +1,7 @@
 //! Arbitrary header fields, manifest, digest table and sections behind a right magic, length
 //! and checksum: what `parse_frame` accepts obeys every rule of docs/wire-format.md (v2:
-//! flush_count, values_start, dense and close frames) and re-encodes to its own bytes.
+//! flush_count, values_start, dense and close frames, `steps` only with `esc`) and re-encodes
+//! to its own bytes.
 #![no_main]
 
 use deltacast::wire::{parse_frame, FrameKind, CHECKSUM_LEN, DIGEST_LEN, ENTRY_LEN, HEADER_LEN};
@@ -44,6 +45,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(1 <= e.count && e.count <= e.range && e.range <= u32::MAX as u64);
         assert!(e.start.checked_add(e.range).is_some());
         assert!(h.kind != FrameKind::Seed || e.val_codec == ValCodec::Raw);
+        // `steps` positions and `esc` values only together.
+        assert_eq!(
+            e.pos_codec == PosCodec::Steps,
+            e.val_codec == ValCodec::Escaped
+        );
         if h.kind == FrameKind::Dense {
             assert!(e.pos_codec == PosCodec::All && e.val_codec == ValCodec::Raw);
             assert!(

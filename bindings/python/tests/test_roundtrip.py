@@ -13,7 +13,7 @@ import deltacast as dc
 from conftest import deliver, model, perturb, random_array, same_bits
 
 
-@pytest.mark.parametrize("codec", ["auto", "abs32+raw", "gaps+ulp", "bitmap+raw"])
+@pytest.mark.parametrize("codec", ["auto", "abs32+raw", "gaps+ulp", "bitmap+raw", "steps+esc"])
 def test_every_dtype_round_trips(rng, codec):
     table, src = model(rng)
     sender = dc.Sender(table, bucket_size=4096, chunk_elems=256, codec=codec)

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 use deltacast::flush::{FlushConfig, DEFAULT_BUCKET_SIZE, DEFAULT_CHUNK_ELEMS};
-use deltacast::CodecChoice;
+use deltacast::{CodecChoice, PosCodec, ValCodec};
 
 use output::ByteSize;
 
@@ -136,8 +136,8 @@ pub struct WireArgs {
     bucket_size: ByteSize,
     /// Codec: `auto` (cheapest per chunk), `auto+ctx` (also the context-coded `ctx` codecs, for
     /// receivers that hold every element of a chunk; no GPU decoder yet) or POS+VAL, e.g.
-    /// `abs32+raw`, `gaps+ulp`, `bitmap+raw`; integer, bool and 8-byte tensors always get raw
-    /// values.
+    /// `abs32+raw`, `gaps+ulp`, `bitmap+raw`, `steps+esc` (a pair: fixed-width codes for GPU
+    /// kernels); integer, bool and 8-byte tensors always get raw values.
     #[arg(long, default_value = "auto")]
     codec: String,
     /// Elements per chunk (the unit of parallel decoding).
@@ -148,7 +148,13 @@ pub struct WireArgs {
 impl WireArgs {
     pub fn config(&self) -> Result<FlushConfig> {
         let Some(codec) = CodecChoice::parse(&self.codec) else {
-            bail!("unknown codec `{}`: use auto, auto+raw, auto+ctx or POS+VAL with POS in all/abs32/gaps/bitmap/holes/ctx and VAL in raw/ulp/ctx", self.codec);
+            let names = |n: &mut dyn Iterator<Item = &str>| n.collect::<Vec<_>>().join("/");
+            bail!(
+                "unknown codec `{}`: use auto, auto+raw, auto+ctx or POS+VAL with POS in {} and VAL in {} (`steps` goes only with `esc`)",
+                self.codec,
+                names(&mut PosCodec::ALL.iter().map(|c| c.name())),
+                names(&mut ValCodec::ALL.iter().map(|c| c.name())),
+            );
         };
         let bucket_size = usize::try_from(self.bucket_size.bytes())?;
         let config = FlushConfig {

@@ -465,6 +465,7 @@ fn integer_and_bool_tensors_round_trip_bit_exact_with_raw_values() {
         (4, 0.0, "auto"),
         (5, 0.5, "gaps+ulp"),
         (6, 0.1, "bitmap+ulp"),
+        (7, 0.5, "steps+esc"),
     ] {
         let mut rng = Rng(seed);
         let table = write_tensors(&p("old.safetensors"), INT_TENSORS, None, &mut rng);

@@ -6,10 +6,11 @@
 //!
 //! `cargo run --release -p deltacast --example codec_ab -- [rounds] [densities] [only]`:
 //! `densities` comma separated (default 0.1,0.5); `only` one of diff, auto, genc, benc, uenc, pdec,
-//! udec, ctx (a substring of the measurement) or dir (the chunk's ulp and gaps parameters).
+//! udec, ctx, steps (a substring of the measurement) or dir (the chunk's ulp and gaps parameters).
 //! `ctx_enc` / `ctx_dec` time the `auto+ctx` choice (every candidate of `auto` plus the context
 //! codecs) and the decode of what it chose, against a held range whose unchanged elements take
-//! exponents from the chunk's own old values. `auto`
+//! exponents from the chunk's own old values. `steps_enc` / `steps_dec` time the `steps+esc`
+//! pair (fixed) and `steps_size` prints its bytes over those of `auto`'s choice. `auto`
 //! encodes into buffers reused from round to round, as the sender does; `auto_fresh` (only when
 //! named) into fresh ones each round, page faults included.
 //!
@@ -19,9 +20,9 @@
 //! different chunks of the range one after the other in each round: new data per chunk at
 //! the sender's chunk size (2^20), as in a sync, without the larger range's cache misses.
 use deltacast::codec::{
-    decode_positions, decode_positions_held, decode_values, encode_chunk, encode_chunk_into,
-    encode_chunk_with_state_into, encode_positions, encode_values, CodecChoice, EncodedChunk,
-    PosCodec, ValCodec,
+    decode_positions, decode_positions_held, decode_steps_values, decode_values, encode_chunk,
+    encode_chunk_into, encode_chunk_with_state_into, encode_positions, encode_values, CodecChoice,
+    EncodedChunk, PosCodec, ValCodec,
 };
 use deltacast::diff::{best_impl, diff_serial_with, Changes};
 use std::hint::black_box;
@@ -150,6 +151,9 @@ fn main() {
         if want("ctx") {
             line += &context_rates(&all, rounds);
         }
+        if want("steps") {
+            line += &steps_rates(&all, rounds);
+        }
         let chosen: Vec<_> = all
             .iter()
             .map(|c| encode_chunk(CodecChoice::Auto, 2, &c.rel, range(), &c.old, &c.new))
@@ -227,8 +231,13 @@ fn main() {
             let mut out = Vec::new();
             let tv = best(rounds, || {
                 for (c, e) in all.iter().zip(&chosen) {
-                    decode_values(val, 2, black_box(&e.values), &c.old, &mut out)
-                        .expect("the chunk's own values decode")
+                    if val == ValCodec::Escaped {
+                        let map = &e.positions;
+                        decode_steps_values(2, map, range(), black_box(&e.values), &c.old, &mut out)
+                    } else {
+                        decode_values(val, 2, black_box(&e.values), &c.old, &mut out)
+                    }
+                    .expect("the chunk's own values decode")
                 }
             });
             line += &format!(" {}_dec={:.0}", val.name(), rate(tv));
@@ -349,6 +358,67 @@ fn context_rates(all: &[Chunk], rounds: usize) -> String {
         n / td / 1e6,
         first.pos_codec.map_or("-", |c| c.name()),
         first.val_codec.map_or("-", |c| c.name())
+    )
+}
+
+/// ` steps_enc=… steps_dec=… steps_size=…`: the `steps+esc` encode of every chunk and the
+/// decode of its positions and values, in M changes per second, and its bytes over `auto`'s.
+fn steps_rates(all: &[Chunk], rounds: usize) -> String {
+    let n: f64 = all.iter().map(|c| c.rel.len() as f64).sum();
+    let pair = CodecChoice::Fixed(PosCodec::Steps, ValCodec::Escaped);
+    let mut enc = EncodedChunk::default();
+    let te = best(rounds, || {
+        for c in all {
+            encode_chunk_into(
+                pair,
+                2,
+                black_box(&c.rel),
+                range(),
+                &c.old,
+                &c.new,
+                &mut enc,
+            );
+            black_box(&enc);
+        }
+    });
+    let coded: Vec<EncodedChunk> = all
+        .iter()
+        .map(|c| encode_chunk(pair, 2, &c.rel, range(), &c.old, &c.new))
+        .collect();
+    let (mut pos, mut val) = (Vec::new(), Vec::new());
+    let td = best(rounds, || {
+        for (c, e) in all.iter().zip(&coded) {
+            let count = c.rel.len() as u32;
+            decode_positions(
+                PosCodec::Steps,
+                black_box(&e.positions),
+                count,
+                range(),
+                &mut pos,
+            )
+            .expect("the chunk's own positions decode");
+            decode_steps_values(2, &e.positions, range(), &e.values, &c.old, &mut val)
+                .expect("the chunk's own values decode");
+        }
+    });
+    // Checked once outside the timing: what was decoded is the chunk.
+    let (mut steps_bytes, mut auto_bytes) = (0, 0);
+    for (c, e) in all.iter().zip(&coded) {
+        let count = c.rel.len() as u32;
+        decode_positions(PosCodec::Steps, &e.positions, count, range(), &mut pos)
+            .expect("the chunk's own positions decode");
+        decode_steps_values(2, &e.positions, range(), &e.values, &c.old, &mut val)
+            .expect("the chunk's own values decode");
+        assert!(pos == c.rel && val == c.new, "steps round trip");
+        let auto = encode_chunk(CodecChoice::Auto, 2, &c.rel, range(), &c.old, &c.new);
+        steps_bytes += e.positions.len() + e.values.len();
+        auto_bytes += auto.positions.len() + auto.values.len();
+    }
+    format!(
+        " steps_enc={:.0} steps_dec={:.0} steps_size={:.2}",
+        n / te / 1e6,
+        n / td / 1e6,
+        steps_bytes as f64 / auto_bytes.max(1) as f64
     )
 }
 

@@ -10,7 +10,7 @@
 //! Parsing checks the checksum before anything else it trusts and every offset and length
 //! against the frame before use.
 
-use crate::codec::{PosCodec, ValCodec};
+use crate::codec::{check_pair, PosCodec, ValCodec};
 use crate::error::{Error, Result};
 use crate::slot::SlotTable;
 
@@ -341,9 +341,9 @@ impl ChunkEntry {
     }
 
     /// Decodes the first 64 bytes of `raw` and checks what an entry alone can be checked for:
-    /// known codecs, reserved bytes zero, `1 ≤ count ≤ range ≤ 2^32 − 1`, no overflow of the
-    /// chunk's end or of either section's end. Where the sections lie is checked against a
-    /// frame by [`parse_manifest`].
+    /// known codecs that go together ([`check_pair`]: `steps` only with `esc`), reserved bytes
+    /// zero, `1 ≤ count ≤ range ≤ 2^32 − 1`, no overflow of the chunk's end or of either
+    /// section's end. Where the sections lie is checked against a frame by [`parse_manifest`].
     pub fn decode(raw: &[u8]) -> Result<ChunkEntry> {
         if raw.len() < ENTRY_LEN {
             return Err(truncated("chunk entry", ENTRY_LEN, raw.len()));
@@ -373,6 +373,8 @@ fn decode_entry(raw: &[u8]) -> std::result::Result<ChunkEntry, String> {
     if u16_at(raw, 6) != 0 {
         return Err("reserved bytes are not zero".into());
     }
+    // Which codecs go together (the slot's dtype is checked where the table is known).
+    check_pair(pos_codec, val_codec, None).map_err(|e| e.to_string())?;
     let entry = ChunkEntry {
         slot: u32_at(raw, 0),
         pos_codec,

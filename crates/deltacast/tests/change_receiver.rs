@@ -207,6 +207,7 @@ fn a_group_of_part_holders_tracks_a_full_receiver_bit_for_bit() {
         (11u64, 1 << 22, "auto"),
         (12, 3000, "auto"),
         (13, 5000, "abs32+raw"),
+        (14, 4000, "steps+esc"),
     ] {
         let mut rng = Rng(seed);
         let table = random_table(&mut rng, 8, 4000);

@@ -700,3 +700,186 @@ fn flush_count_and_values_start_are_checked() {
     }
     assert!(feed(&mut r, &cpu_frames).is_empty());
 }
+
+/// Every slot's bits.
+type Buffers = Vec<Vec<u8>>;
+
+/// A receiver at version 1 and the single frame of version 2 coded `steps+esc`: a BF16 slot of
+/// about 100 elements (its map's last byte part used), a U16 slot of the same size (raw values
+/// whatever the choice), an F32 and an F8_E5M2 slot, and an unchanged U16 slot; about half of
+/// every other slot changed, most by ±1 in the ordered view. Returns the table, the bits at
+/// versions 1 and 2, and the frame.
+fn steps_setup() -> (SlotTable, Buffers, Buffers, Vec<u8>) {
+    use deltacast::dtype::{from_ordered, load_bits, store_bits, to_ordered};
+    let table = SlotTable::new(vec![
+        SlotInfo::new("w", DType::BF16, vec![101]),
+        SlotInfo::new("u", DType::U16, vec![101]),
+        SlotInfo::new("f", DType::F32, vec![37]),
+        SlotInfo::new("e", DType::F8E5M2, vec![50]),
+        SlotInfo::new("v", DType::U16, vec![101]),
+    ])
+    .unwrap();
+    let mut rng = Rng(66);
+    let base = random_buffers(&mut rng, &table);
+    let mut next = base.clone();
+    for (slot, buf) in table.slots().iter().zip(next.iter_mut()).take(4) {
+        let w = slot.dtype.width();
+        let mask = if w == 4 { u32::MAX } else { (1 << (8 * w)) - 1 };
+        for i in 0..buf.len() / w {
+            if !rng.chance(0.5) {
+                continue;
+            }
+            let a = load_bits(buf, w, i);
+            let b = match rng.below(8) {
+                0..=2 => from_ordered(to_ordered(a, w).wrapping_add(1) & mask, w),
+                3..=5 => from_ordered(to_ordered(a, w).wrapping_sub(1) & mask, w),
+                _ => a ^ (1 + rng.below(mask as u64) as u32),
+            };
+            store_bits(buf, w, i, b);
+        }
+    }
+    let cfg = FlushConfig {
+        bucket_size: 1 << 20,
+        chunk_elems: 1 << 20,
+        codec: CodecChoice::Fixed(PosCodec::Steps, ValCodec::Escaped),
+    };
+    let mut sender = Sender::with_base(table.clone(), cfg, base.clone(), 1).unwrap();
+    let mut frames = Vec::new();
+    sender
+        .delta(&slices(&next), |f| {
+            frames.push(f);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(frames.len(), 1);
+    let frame = frames.pop().unwrap();
+    (table, base, next, frame)
+}
+
+#[test]
+fn steps_chunks_that_lie_are_refused_and_nothing_is_written() {
+    let (table, base, next, frame) = steps_setup();
+    let parsed = deltacast::wire::parse_frame(&frame).unwrap();
+    let codecs: Vec<_> = parsed
+        .entries
+        .iter()
+        .map(|e| (e.slot, e.pos_codec, e.val_codec))
+        .collect();
+    assert!(codecs.contains(&(0, PosCodec::Steps, ValCodec::Escaped)));
+    assert!(codecs.contains(&(1, PosCodec::Bitmap, ValCodec::Raw)));
+    let k = parsed.entries.iter().position(|e| e.slot == 0).unwrap();
+    let e = parsed.entries[k];
+    // The chunk spans its first to its last change; its map's last byte is part used.
+    let (range, map_len) = (e.range as usize, e.range.div_ceil(4));
+    assert_eq!(e.pos_len, map_len);
+    assert!(
+        range % 4 != 0 && e.val_len >= 2,
+        "want a part byte and an escape"
+    );
+    let entry = HEADER_LEN + 64 * k;
+    let (map_at, val_at) = (e.pos_offset as usize, e.val_offset as usize);
+    // The first escape's element, read from the map as the docs lay it out.
+    let first_escape = (0..range)
+        .find(|&i| (frame[map_at + i / 4] >> (2 * (i % 4))) & 3 == 3)
+        .unwrap();
+    let held_at = (e.start as usize + first_escape) * 2;
+    let u64b = |v: u64| v.to_le_bytes().to_vec();
+    let last = map_at + range / 4;
+    let past = frame[last] | 1 << (2 * (range % 4));
+    let past_range = format!("position {range} is out of the chunk range");
+    let short = format!("needed {map_len} bytes");
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "a map one byte short",
+            patch(&frame, entry + 40, &u64b(map_len - 1)),
+            &short,
+        ),
+        (
+            "a map one byte long",
+            patch(&frame, entry + 40, &u64b(map_len + 1)),
+            "trailing",
+        ),
+        (
+            "a code past the range",
+            patch(&frame, last, &[past]),
+            &past_range,
+        ),
+        (
+            "a count one above the map's",
+            patch(&frame, entry + 24, &u64b(e.count + 1)),
+            "changes, expected",
+        ),
+        (
+            "a count one below the map's",
+            patch(&frame, entry + 24, &u64b(e.count - 1)),
+            "changes, expected",
+        ),
+        (
+            "a value section one escape short",
+            patch(&frame, entry + 56, &u64b(e.val_len - 2)),
+            "escapes need",
+        ),
+        (
+            "an escape to the bits held",
+            patch(&frame, val_at, &base[0][held_at..held_at + 2]),
+            "already holds",
+        ),
+        (
+            "steps positions with raw values",
+            patch(&frame, entry + 5, &[ValCodec::Raw as u8]),
+            "go together",
+        ),
+        (
+            "esc values with bitmap positions",
+            patch(&frame, entry + 4, &[PosCodec::Bitmap as u8]),
+            "go together",
+        ),
+        (
+            "steps in a seed frame",
+            patch(&frame, 6, &[0]),
+            "a seed chunk carries raw values",
+        ),
+        (
+            "steps on an integer slot",
+            patch(&frame, entry, &4u32.to_le_bytes()),
+            "a dtype without a float order",
+        ),
+    ];
+    for in_place in [false, true] {
+        let mut r = Receiver::with_state(table.clone(), base.clone(), Some(1)).unwrap();
+        r.set_apply_as_received(in_place);
+        let digest = r.state_digest();
+        for (what, bad, needle) in &cases {
+            let err = r.receive(bad).unwrap_err();
+            assert!(
+                matches!(err, Error::Codec { .. } | Error::Malformed(_)),
+                "{what}: {err}"
+            );
+            assert!(err.to_string().contains(needle), "{what}: {err}");
+            assert_untouched(&base, digest, &r);
+        }
+        // The frame as sent: applied.
+        let outcome = r.receive(&frame).unwrap().expect("a complete sync");
+        assert_eq!(outcome.version, 2);
+        assert_eq!(r.store(), &next);
+        assert!(r.recompute_digests().is_empty());
+    }
+    // The same step as the GPU lays it out (stages, sections split at values_start): staged.
+    let frames = staged::staged_sync(
+        &table,
+        2,
+        &base,
+        &next,
+        &[
+            (0..2, staged::Stage::Delta),
+            (2..3, staged::Stage::Dense),
+            (3..5, staged::Stage::Delta),
+        ],
+        40,
+        CodecChoice::Fixed(PosCodec::Steps, ValCodec::Escaped),
+    );
+    let mut r = Receiver::with_state(table.clone(), base.clone(), Some(1)).unwrap();
+    let errors = feed(&mut r, &frames);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(r.store(), &next);
+}

@@ -50,11 +50,12 @@ fn config(bucket: usize, chunk: u64, codec: CodecChoice) -> FlushConfig {
     }
 }
 
-const CODECS: [CodecChoice; 4] = [
+const CODECS: [CodecChoice; 5] = [
     CodecChoice::Auto,
     CodecChoice::AutoContext,
     CodecChoice::Fixed(PosCodec::Abs32, ValCodec::Raw),
     CodecChoice::Fixed(PosCodec::Bitmap, ValCodec::Raw),
+    CodecChoice::Fixed(PosCodec::Steps, ValCodec::Escaped),
 ];
 
 proptest! {
@@ -63,7 +64,7 @@ proptest! {
     #[test]
     fn apply_of_diff_reproduces_new(seed in any::<u64>(), slots in 0usize..6, density in prop::sample::select(vec![0.0, 0.001, 0.02, 0.3, 1.0]),
                                     bucket in prop::sample::select(vec![1024usize, 1500, 4096, 1 << 20]), chunk in prop::sample::select(vec![1u64, 7, 64, 1000, 1 << 20]),
-                                    codec in 0usize..3) {
+                                    codec in 0usize..CODECS.len()) {
         let mut rng = Rng(seed);
         let table = random_table(&mut rng, slots, 3000);
         let mut current = random_buffers(&mut rng, &table);

@@ -5,7 +5,10 @@
 use rayon::prelude::*;
 
 use super::SlotStore;
-use crate::codec::{decode_positions_held, decode_values, PosCodec, ValCodec};
+use crate::codec::{
+    check_pair, decode_positions_held, decode_steps_values, decode_values, steps_counts, PosCodec,
+    ValCodec,
+};
 use crate::digest::{chunk_change, chunk_terms};
 use crate::error::{Error, Result};
 use crate::slot::SlotTable;
@@ -57,10 +60,13 @@ pub(super) fn chunk_positions(
     let range = e.range as u32;
     let count = e.count as u32;
     let all = e.pos_codec == PosCodec::All;
+    // The pair against the slot's dtype (the frame's parse checked the pair alone).
+    check_pair(e.pos_codec, e.val_codec, Some(slot.dtype)).map_err(codec_err)?;
     // Refuse a count the value section cannot hold before decoding positions: `all` and
     // `holes` positions take no bytes per position, so a tiny frame could otherwise make the
     // receiver allocate 4 bytes per element of the range. Raw values are exactly `width` bytes
-    // each; an ulp code word is at least one bit.
+    // each; an ulp code word is at least one bit; `esc` values are exactly the escapes the
+    // `steps` map marks, `width` bytes each (the map's length checked before it is counted).
     match e.val_codec {
         ValCodec::Raw if e.val_len != count as u64 * width as u64 => {
             return Err(codec_err(crate::error::CodecError::Malformed {
@@ -85,6 +91,19 @@ pub(super) fn chunk_positions(
                 needed: 4,
                 available: e.val_len,
             }));
+        }
+        ValCodec::Escaped => {
+            let (_, escapes) = steps_counts(frame.positions(e), range).map_err(codec_err)?;
+            let needed = escapes * width as u64;
+            if e.val_len != needed {
+                return Err(codec_err(crate::error::CodecError::Malformed {
+                    codec: "esc",
+                    reason: format!(
+                        "section has {} bytes, the map's {escapes} escapes need {needed}",
+                        e.val_len
+                    ),
+                }));
+            }
         }
         _ => {}
     }
@@ -121,9 +140,9 @@ pub(super) fn chunk_positions(
 }
 
 /// Decodes the new values of entry `e` (`width`-byte elements): raw ones as they are, ulp
-/// steps applied to `old`, the bits held at the chunk's positions (the step decoding itself
-/// does not depend on them, so a receiver that holds only some positions may pass anything
-/// at the others and ignore what they decode to).
+/// steps (and `steps` map codes) applied to `old`, the bits held at the chunk's positions
+/// (the step decoding itself does not depend on them, so a receiver that holds only some
+/// positions may pass anything at the others and ignore what they decode to).
 pub(super) fn chunk_values(
     frame: &Frame<'_>,
     e: &ChunkEntry,
@@ -133,6 +152,24 @@ pub(super) fn chunk_values(
     match e.val_codec {
         // Length checked by `chunk_positions`.
         ValCodec::Raw => Ok(frame.values(e).to_vec()),
+        // The escapes and the map's steps (`check_pair`: the positions are a `steps` map).
+        ValCodec::Escaped => {
+            let mut values = Vec::new();
+            decode_steps_values(
+                width,
+                frame.positions(e),
+                e.range as u32,
+                frame.values(e),
+                old,
+                &mut values,
+            )
+            .map_err(|source| Error::Codec {
+                slot: e.slot,
+                start: e.start,
+                source,
+            })?;
+            Ok(values)
+        }
         codec => {
             let mut values = Vec::new();
             decode_values(codec, width, frame.values(e), old, &mut values).map_err(|source| {

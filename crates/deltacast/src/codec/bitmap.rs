@@ -277,7 +277,7 @@ pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Resul
 
 /// Lists the positions of the set bits of `map`, of which there are `count`, in order into
 /// `out` (empty).
-fn list(map: &[u8], count: usize, out: &mut Vec<u32>) {
+pub(super) fn list(map: &[u8], count: usize, out: &mut Vec<u32>) {
     // The vector listing costs the same per 16 bits whatever the count: not for bitmaps
     // with under one set bit per 64 (never chosen by the encoder), where the portable one
     // skips empty words.

@@ -17,6 +17,7 @@ mod context;
 mod context_trace_tests;
 mod gaps;
 mod raw;
+mod steps;
 #[cfg(test)]
 mod trace_tests;
 mod ulp;
@@ -41,6 +42,9 @@ pub enum PosCodec {
     /// The change mask range coded with probabilities conditioned on each element's old bits:
     /// decoding needs the receiver's bits of the whole chunk range ([`decode_positions_held`]).
     Context = 5,
+    /// A 2-bit code per element of the range (unchanged, step +1, step −1, escaped): fixed
+    /// width, so GPU kernels stream it. Only with [`ValCodec::Escaped`] values ([`check_pair`]).
+    Steps = 6,
 }
 
 /// How the new values of a chunk are coded. The discriminant is the wire code.
@@ -53,16 +57,20 @@ pub enum ValCodec {
     /// The same distance range coded with probabilities conditioned on the old value's sign
     /// and exponent.
     Context = 2,
+    /// The new bits of the changes that `steps` positions mark escaped, raw; the other
+    /// changes are ±1 steps the map itself carries. Only with [`PosCodec::Steps`].
+    Escaped = 3,
 }
 
 impl PosCodec {
-    pub const ALL: [PosCodec; 6] = [
+    pub const ALL: [PosCodec; 7] = [
         PosCodec::All,
         PosCodec::Abs32,
         PosCodec::Gaps,
         PosCodec::Bitmap,
         PosCodec::Holes,
         PosCodec::Context,
+        PosCodec::Steps,
     ];
 
     pub fn from_code(code: u8) -> Option<Self> {
@@ -77,12 +85,18 @@ impl PosCodec {
             PosCodec::Bitmap => "bitmap",
             PosCodec::Holes => "holes",
             PosCodec::Context => "ctx",
+            PosCodec::Steps => "steps",
         }
     }
 }
 
 impl ValCodec {
-    pub const ALL: [ValCodec; 3] = [ValCodec::Raw, ValCodec::Ulp, ValCodec::Context];
+    pub const ALL: [ValCodec; 4] = [
+        ValCodec::Raw,
+        ValCodec::Ulp,
+        ValCodec::Context,
+        ValCodec::Escaped,
+    ];
 
     pub fn from_code(code: u8) -> Option<Self> {
         ValCodec::ALL.into_iter().find(|c| *c as u8 == code)
@@ -93,19 +107,45 @@ impl ValCodec {
             ValCodec::Raw => "raw",
             ValCodec::Ulp => "ulp",
             ValCodec::Context => "ctx",
+            ValCodec::Escaped => "esc",
         }
+    }
+}
+
+/// The one rule on which codecs may code a chunk together, for both receivers and the
+/// sharded sender's leader: `steps` positions and `esc` values go only with each other (an
+/// escape is found by its code in the map), and, where the slot's `dtype` is known, only on a
+/// dtype `ulp` carries (integer, bool and 8-byte words have no float order to step along).
+/// Which codecs a frame kind allows (seed: raw values; dense: `all` + `raw`) is the wire's.
+pub fn check_pair(pos: PosCodec, val: ValCodec, dtype: Option<DType>) -> Result<(), CodecError> {
+    match (pos == PosCodec::Steps, val == ValCodec::Escaped) {
+        (true, false) => Err(CodecError::Unsupported {
+            codec: "steps",
+            what: "values other than `esc` (the two go together)",
+        }),
+        (false, true) => Err(CodecError::Unsupported {
+            codec: "esc",
+            what: "positions other than `steps` (the two go together)",
+        }),
+        (true, true) if dtype.is_some_and(|d| !d.ulp_codable()) => Err(CodecError::Unsupported {
+            codec: "steps",
+            what: "a dtype without a float order (integer, bool or 8-byte elements)",
+        }),
+        _ => Ok(()),
     }
 }
 
 /// Appends the encoding of `rel` (strictly increasing, each `< range`) to `out`.
 /// `All` requires `rel.len() == range` and writes nothing. `Context` needs the chunk's bits
-/// ([`encode_context_positions`]): here it writes nothing, and no caller in the crate asks.
+/// ([`encode_context_positions`]) and `Steps` the values ([`encode_steps`]): here they write
+/// nothing, and no caller in the crate asks.
 pub fn encode_positions(codec: PosCodec, rel: &[u32], range: u32, out: &mut Vec<u8>) {
     debug_assert!(rel.windows(2).all(|w| w[0] < w[1]));
     debug_assert!(rel.last().is_none_or(|&p| p < range));
     debug_assert!(
-        codec != PosCodec::Context,
-        "ctx positions need the chunk's bits"
+        !matches!(codec, PosCodec::Context | PosCodec::Steps),
+        "{} positions need the chunk's bits",
+        codec.name()
     );
     match codec {
         PosCodec::All => debug_assert_eq!(rel.len() as u64, range as u64),
@@ -113,7 +153,7 @@ pub fn encode_positions(codec: PosCodec, rel: &[u32], range: u32, out: &mut Vec<
         PosCodec::Gaps => gaps::encode(rel, range, out),
         PosCodec::Bitmap => bitmap::encode(rel, range, out),
         PosCodec::Holes => gaps::encode(&complement(rel, range), range, out),
-        PosCodec::Context => {}
+        PosCodec::Context | PosCodec::Steps => {}
     }
 }
 
@@ -184,7 +224,50 @@ pub fn decode_positions(
             codec: "ctx",
             what: "positions without the receiver's bits of the chunk",
         }),
+        // The nonzero codes of the map: the values are not needed.
+        PosCodec::Steps => steps::decode_positions(input, count, range, out),
     }
+}
+
+/// Writes a `steps` map of the changes at `rel` (strictly increasing, each `< range`) into
+/// `map` and their `esc` values into `esc` (both cleared first): one pass over the changes,
+/// `old` and `new` their bits, `width` bytes each (1, 2 or 4). Canonical: a change whose
+/// ordered step is +1 is code 1, −1 code 2, anything else escaped (code 3).
+pub fn encode_steps(
+    width: usize,
+    rel: &[u32],
+    range: u32,
+    old: &[u8],
+    new: &[u8],
+    map: &mut Vec<u8>,
+    esc: &mut Vec<u8>,
+) {
+    steps::encode(width, rel, range, old, new, map, esc)
+}
+
+/// Checks a `steps` map of a chunk of `range` elements (exactly `ceil(range / 4)` bytes, no
+/// code past the range) and returns its changes and escapes, without allocating: a receiver
+/// checks the manifest's count and the `esc` section's length (`escapes · width`) with them
+/// before it decodes anything.
+pub fn steps_counts(map: &[u8], range: u32) -> Result<(u64, u64), CodecError> {
+    steps::counts(map, range)
+}
+
+/// Decodes `esc` values into `out` (cleared first): `map` is the chunk's `steps` positions
+/// section over `range` elements, `escaped` its value section, `old` the receiver's bits at
+/// the changes' positions (`width` bytes each, one per nonzero code). Fails unless the map is
+/// well formed and holds `old.len() / width` changes and `escaped` exactly its escapes. An
+/// escape equal to the old bits is not refused here: that is the receiver's no-op rule, which
+/// knows which of `old` are really held.
+pub fn decode_steps_values(
+    width: usize,
+    map: &[u8],
+    range: u32,
+    escaped: &[u8],
+    old: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
+    steps::decode_values(width, map, range, escaped, old, out)
 }
 
 /// Appends `ctx` positions: `after` holds the bits of the chunk's whole range after the sync,
@@ -231,16 +314,19 @@ pub fn decode_positions_held(
 
 /// Appends the encoding of the new values to `out`. `old` and `new` hold the same number of
 /// `width`-byte elements; `old` is what the receiver holds before the sync (ignored by `Raw`).
+/// `Escaped` writes the section [`encode_steps`] writes (the escapes alone).
 pub fn encode_values(codec: ValCodec, width: usize, old: &[u8], new: &[u8], out: &mut Vec<u8>) {
     match codec {
         ValCodec::Raw => raw::encode(new, out),
         ValCodec::Ulp => ulp::encode(width, old, new, out),
         ValCodec::Context => context::encode_values(width, old, new, out),
+        ValCodec::Escaped => steps::encode_escapes(width, old, new, out),
     }
 }
 
 /// Decodes the new values of `old.len() / width` elements from all of `input` into `out`
 /// (cleared first). `old` holds the receiver's current bits at the chunk's positions.
+/// `Escaped` values need their map: [`decode_steps_values`].
 pub fn decode_values(
     codec: ValCodec,
     width: usize,
@@ -253,6 +339,10 @@ pub fn decode_values(
         ValCodec::Raw => raw::decode(width, input, old.len() / width, out),
         ValCodec::Ulp => ulp::decode(width, input, old, out),
         ValCodec::Context => context::decode_values(width, input, old, out),
+        ValCodec::Escaped => Err(CodecError::Unsupported {
+            codec: "esc",
+            what: "values without their `steps` positions",
+        }),
     }
 }
 
@@ -269,12 +359,15 @@ pub enum CodecChoice {
     /// or 4 bytes). Opt-in: only a receiver that holds every element of a chunk can decode
     /// `ctx` positions (not a tensor-parallel share of a slot), and no GPU decoder has them yet.
     AutoContext,
-    /// Always use this pair (positions fall back to `All` only for seeds).
+    /// Always use this pair (positions fall back to `All` only for seeds). `steps+esc` is a
+    /// pair; `steps` with other values falls back to `bitmap` positions (the other map of the
+    /// range), `esc` with other positions to `ulp` values (the same steps, entropy coded).
     Fixed(PosCodec, ValCodec),
 }
 
 impl CodecChoice {
-    /// Parses `auto`, `auto+raw` or `POS+VAL`, e.g. `abs32+raw`, `gaps+ulp`.
+    /// Parses `auto`, `auto+raw`, `auto+ctx` or `POS+VAL`, e.g. `abs32+raw`, `gaps+ulp`,
+    /// `steps+esc`.
     pub fn parse(text: &str) -> Option<Self> {
         if text == "auto" {
             return Some(CodecChoice::Auto);
@@ -302,7 +395,8 @@ impl CodecChoice {
 
     /// The choice for the values of `dtype`: unchanged for the floats `ulp` can step along,
     /// else the same positions with raw values (integer and bool bits have no float order,
-    /// and an 8-byte element's words are not floats).
+    /// and an 8-byte element's words are not floats); `steps`, which codes steps, becomes
+    /// `bitmap`.
     pub fn for_dtype(self, dtype: DType) -> CodecChoice {
         if dtype.ulp_codable() {
             return self;
@@ -310,6 +404,9 @@ impl CodecChoice {
         match self {
             CodecChoice::Auto | CodecChoice::AutoRaw | CodecChoice::AutoContext => {
                 CodecChoice::AutoRaw
+            }
+            CodecChoice::Fixed(PosCodec::Steps, _) => {
+                CodecChoice::Fixed(PosCodec::Bitmap, ValCodec::Raw)
             }
             CodecChoice::Fixed(pos, _) => CodecChoice::Fixed(pos, ValCodec::Raw),
         }
@@ -326,7 +423,8 @@ pub struct EncodedChunk {
 }
 
 /// Encodes one delta chunk with `choice`. With `Auto`, every position codec that can carry the
-/// chunk and every value codec are sized exactly and the smallest of each is kept.
+/// chunk and every value codec are sized exactly and the smallest of each is kept; then the
+/// `steps+esc` pair replaces them where it is strictly smaller.
 pub fn encode_chunk(
     choice: CodecChoice,
     width: usize,
@@ -374,14 +472,31 @@ pub fn encode_chunk_with_state_into(
     out.values.clear();
     let after = after.filter(|a| a.len() as u64 == range as u64 * width as u64);
     match choice {
+        CodecChoice::Fixed(PosCodec::Steps, ValCodec::Escaped) if steps::supports(width) => {
+            steps::encode(
+                width,
+                rel,
+                range,
+                old,
+                new,
+                &mut out.positions,
+                &mut out.values,
+            );
+            out.pos_codec = Some(PosCodec::Steps);
+            out.val_codec = Some(ValCodec::Escaped);
+        }
         CodecChoice::Fixed(pos, val) => {
             let pos = match pos {
                 PosCodec::All if rel.len() as u64 != range as u64 => PosCodec::Abs32,
                 PosCodec::Context if after.is_none() || !context::supports(width) => PosCodec::Gaps,
+                // Without `esc` values (or elements it codes): the other map of the range.
+                PosCodec::Steps => PosCodec::Bitmap,
                 other => other,
             };
             let val = match val {
                 ValCodec::Context if !context::supports(width) => ValCodec::Ulp,
+                // Without `steps` positions: the same steps, entropy coded.
+                ValCodec::Escaped => ValCodec::Ulp,
                 other => other,
             };
             match (pos, after) {
@@ -397,6 +512,7 @@ pub fn encode_chunk_with_state_into(
         CodecChoice::Auto => {
             out.pos_codec = Some(choose_positions(rel, range, &mut out.positions));
             out.val_codec = Some(choose_values(width, old, new, &mut out.values));
+            prefer_steps(width, rel, range, old, new, out);
         }
         CodecChoice::AutoRaw => {
             out.pos_codec = Some(choose_positions(rel, range, &mut out.positions));
@@ -425,8 +541,45 @@ pub fn encode_chunk_with_state_into(
             }
             out.pos_codec = Some(pos);
             out.val_codec = Some(val);
+            prefer_steps(width, rel, range, old, new, out);
         }
     }
+}
+
+/// Replaces the pair chosen in `out` by `steps+esc` when that is strictly smaller. Its size is
+/// exact, `ceil(range / 4) + escapes · width`; the escapes are counted only when the map alone
+/// is smaller than the chosen total (sparse chunks pay nothing), and the count stops as soon
+/// as it shows the pair cannot win.
+fn prefer_steps(
+    width: usize,
+    rel: &[u32],
+    range: u32,
+    old: &[u8],
+    new: &[u8],
+    out: &mut EncodedChunk,
+) {
+    let total = out.positions.len() + out.values.len();
+    let map = steps::map_len(range);
+    if map >= total || !steps::supports(width) {
+        return;
+    }
+    // The most escapes that keep `map + escapes · width < total`.
+    let limit = (total - map - 1) / width;
+    if steps::count_escapes(width, old, new, limit).is_none() {
+        return;
+    }
+    steps::encode(
+        width,
+        rel,
+        range,
+        old,
+        new,
+        &mut out.positions,
+        &mut out.values,
+    );
+    debug_assert!(out.positions.len() + out.values.len() < total);
+    out.pos_codec = Some(PosCodec::Steps);
+    out.val_codec = Some(ValCodec::Escaped);
 }
 
 /// Encodes one seed chunk: the cheapest positions (or none when every element of the range is

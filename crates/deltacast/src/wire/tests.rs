@@ -581,6 +581,72 @@ fn dense_frames_are_all_raw_with_their_digests_and_no_digest_twice() {
 }
 
 #[test]
+fn steps_positions_and_esc_values_only_go_together() {
+    // A BF16 chunk of 10 elements: the 3-byte map, two escapes (docs/codecs.md's golden one).
+    let e = ChunkEntry {
+        slot: 0,
+        pos_codec: PosCodec::Steps,
+        val_codec: ValCodec::Escaped,
+        start: 0,
+        range: 10,
+        count: 7,
+        pos_offset: 152,
+        pos_len: 3,
+        val_offset: 156,
+        val_len: 4,
+    };
+    let d = SlotDigest {
+        slot: 0,
+        base: 1,
+        new: 2,
+    };
+    let delta = manifest_header(FrameKind::Delta, 1, 1, 8);
+    parse_manifest(&delta, &manifest(&[e], &[d])).unwrap();
+    let mut raw = [0u8; ENTRY_LEN];
+    e.encode_into(&mut raw);
+    assert_eq!(&raw[4..6], &[6, 3]);
+    assert_eq!(ChunkEntry::decode(&raw).unwrap(), e);
+    // Either one with anything else, in an entry alone or in a frame of any kind.
+    let mut bad = Vec::new();
+    for val in [ValCodec::Raw, ValCodec::Ulp, ValCodec::Context] {
+        bad.push(ChunkEntry {
+            val_codec: val,
+            ..e
+        });
+    }
+    for pos in [
+        PosCodec::All,
+        PosCodec::Abs32,
+        PosCodec::Bitmap,
+        PosCodec::Context,
+    ] {
+        bad.push(ChunkEntry {
+            pos_codec: pos,
+            ..e
+        });
+    }
+    for b in bad {
+        b.encode_into(&mut raw);
+        let err = ChunkEntry::decode(&raw).unwrap_err();
+        assert!(err.to_string().contains("go together"), "{err}");
+        for kind in [FrameKind::Delta, FrameKind::Seed, FrameKind::Dense] {
+            let h = manifest_header(kind, 1, 1, 8);
+            let err = parse_manifest(&h, &manifest(&[b], &[d])).unwrap_err();
+            assert!(matches!(err, Error::Malformed(_)), "{err}");
+        }
+    }
+    // The pair itself in a seed or a dense frame: refused by what those kinds carry.
+    for (kind, needle) in [
+        (FrameKind::Seed, "seed chunk"),
+        (FrameKind::Dense, "dense chunk"),
+    ] {
+        let h = manifest_header(kind, 1, 1, 8);
+        let err = parse_manifest(&h, &manifest(&[e], &[d])).unwrap_err();
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+}
+
+#[test]
 fn dense_cover_is_exact() {
     let table = SlotTable::new(vec![
         SlotInfo::new("a", DType::BF16, vec![10]),
