@@ -3,7 +3,7 @@
 # machine (no Rust there), carrying the built folder.
 #
 #   scripts/gpu-tests.sh build [DIR]   # default DIR .devbin: the test binaries of
-#                                      # crates/deltacast-cuda (tests/gpu.rs, gpu_apply.rs, gpu_entropy.rs, gpu_convert.rs, gpu_sync.rs,
+#                                      # crates/deltacast-cuda (tests/gpu.rs, gpu_apply.rs, gpu_entropy.rs, gpu_convert.rs, gpu_steps.rs, gpu_sync.rs,
 #                                      # tests/gpu_sharded.rs, tests/gpu_frames.rs, tests/ipc_auth.rs)
 #                                      # and its gpu_bench example (scripts/gpu-profile.sh),
 #                                      # built with --features cuda, and the Python wheel in .whl/
@@ -34,7 +34,7 @@ build)
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu", "gpu_apply", "gpu_entropy", "gpu_convert", "gpu_sync", "gpu_sharded", "gpu_frames", "ipc_auth", "gpu_bench"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu", "gpu_apply", "gpu_entropy", "gpu_convert", "gpu_steps", "gpu_sync", "gpu_sharded", "gpu_frames", "ipc_auth", "gpu_bench"):
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do
         cp "$exe" "$dir/$name"
@@ -57,7 +57,7 @@ run)
     # gpu_frames writes the captured GPU sync there: the golden files CI applies without a GPU
     # (crates/deltacast-cli/tests/data/gpu-sync/).
     export DELTACAST_GOLDEN_OUT=${DELTACAST_GOLDEN_OUT:-$out/golden}
-    for name in gpu gpu_apply gpu_entropy gpu_convert gpu_frames ipc_auth gpu_sync gpu_sharded; do
+    for name in gpu gpu_apply gpu_entropy gpu_convert gpu_steps gpu_frames ipc_auth gpu_sync gpu_sharded; do
         if [ ! -x "$dir/$name" ]; then
             echo "gpu-tests: $dir/$name missing (run 'scripts/gpu-tests.sh build' first)"
             status=1

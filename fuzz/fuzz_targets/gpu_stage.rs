@@ -16,6 +16,8 @@ fuzz_target!(|data: &[u8]| {
         total_elements: 10_000 + 77 + 5,
         total_bytes: 20_000 + 308 + 5,
         slots: vec![(10_000, 2), (77, 4), (5, 1)],
+        // The byte slot as an integer one: steps chunks there are refused.
+        steppable: vec![true, true, false],
     };
     if data.len() >= HEADER_LEN {
         let (head, manifest) = data.split_at(HEADER_LEN);

@@ -685,6 +685,7 @@ def run_rank(rank: int, args, port: int):
                         "chunks": info.get("chunks"), "diff_ms": info.get("diff_ms"),
                         "deltacast_time_ms": info.get("time_ms"),
                         "entropy": info.get("entropy"),
+                        "steps": info.get("steps"),
                         "stages": info.get("stages"),
                         "dense_stages": info.get("dense_stages"),
                         "phases_ms": info.get("phases_ms"),

@@ -75,6 +75,7 @@ def report(args, rows, recv, totals, gen, use_dc, why, numel, nbytes, ntensors, 
     dc_rows = [r for r in timed if r["method"] == "deltacast" and r.get("kind")]
     summary["deltacast"]["kinds"] = sorted({r["kind"] for r in dc_rows})
     summary["deltacast"]["entropy_steps"] = sum(1 for r in dc_rows if r.get("entropy"))
+    summary["deltacast"]["steps_code_steps"] = sum(1 for r in dc_rows if r.get("steps"))
     summary["deltacast"]["median_diff_ms"] = median([r.get("diff_ms") for r in dc_rows])
     f, p, d = (summary[m]["median_ms"] for m in METHODS)
     summary["full_over_deltacast"] = f / d if f and d else None

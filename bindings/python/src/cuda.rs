@@ -392,6 +392,7 @@ fn report_dict<'py>(py: Python<'py>, r: &GpuSyncReport) -> PyResult<Bound<'py, P
     d.set_item("time_ms", r.time_ms)?;
     d.set_item("diff_ms", r.diff_ms)?;
     d.set_item("entropy", r.entropy)?;
+    d.set_item("steps", r.steps)?;
     d.set_item("stages", r.stages)?;
     d.set_item("dense_stages", r.dense_stages)?;
     let phases = PyDict::new(py);
@@ -413,6 +414,10 @@ fn report_dict<'py>(py: Python<'py>, r: &GpuSyncReport) -> PyResult<Bound<'py, P
         m.set_item("entropy_syncs_measured", c.measured[1])?;
         m.set_item("plain_dense_above", c.dense_above[0])?;
         m.set_item("entropy_dense_above", c.dense_above[1])?;
+        m.set_item("steps_ms_per_mchange", c.delta_ms_per_mchange[2])?;
+        m.set_item("steps_fixed_ms", c.delta_fixed_ms[2])?;
+        m.set_item("steps_syncs_measured", c.measured[2])?;
+        m.set_item("steps_dense_above", c.dense_above[2])?;
         d.set_item("choice", m)?;
     }
     Ok(d)

@@ -1,6 +1,6 @@
 // Receiver side: decode + verify, then scatter, of chunks whose sections sit in device memory
 // (a received frame copied to the GPU, or sections assembled there). Position codecs: all,
-// abs32, bitmap; values: raw. Two launches, as deltacast::Receiver does it on the CPU:
+// abs32, bitmap with raw values; steps with its escapes (or raw values: an undo). Two launches, as deltacast::Receiver does it on the CPU:
 //
 //   dc_apply_check    decodes every chunk, checks what the CPU decoders check on the section's
 //                     contents (abs32: each position < range and strictly increasing; bitmap: no
@@ -24,6 +24,7 @@
 #define ERR_NOT_SORTED 2u
 #define ERR_BITMAP_COUNT 3u
 #define ERR_UNCHANGED 4u
+#define ERR_ESCAPES 6u
 
 struct ApplyChunk {
     u64 dst;        // device pointer to the slot's bytes
@@ -34,13 +35,16 @@ struct ApplyChunk {
     u64 count;      // changes in the chunk
     u64 salt;       // digest salt of the slot
     u32 width;      // 1, 2 or 4
-    u32 pos_codec;  // 0 all, 1 abs32, 3 bitmap
+    u32 pos_codec;  // 0 all, 1 abs32, 3 bitmap, 6 steps
     u32 slot;       // index into digest_delta
     u32 seed;       // 1: seed chunk (digest Σ h(new)); 0: delta chunk
     u64 k_begin;    // the changes this entry covers: [k_begin, k_end) of the chunk's; the host
     u64 k_end;      // splits all/abs32 chunks into several entries (bitmap: always whole)
     u64 journal;    // scatter: 0, or where the k-th change's old bits are saved (raw layout),
                     // so that a staged sync can undo an applied stage
+    u64 escapes;    // steps: the escaped values in `val` (its length / width)
+    u32 val_raw;    // steps: `val` holds every change's new bits raw (an undo), not escapes
+    u32 pad;
 };
 
 __device__ __forceinline__ void dc_flag(u32* err, u32 code) { atomicCAS(err, 0u, code); }
@@ -96,6 +100,146 @@ __device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scrat
     }
 }
 
+// Elements [index0, index0 + n) of `p` (n <= 16) into v: with `vec` (n = 16, the bytes 16-byte
+// aligned) by whole 16-byte vectors, else one by one.
+__device__ __forceinline__ void dc_load16_elems(const u8* p, u64 index0, u32 w, bool vec, u32 n,
+                                                u32* v) {
+    if (vec) {
+        const uint4* q = (const uint4*)(p + index0 * w);
+        if (w == 2) {
+#pragma unroll
+            for (u32 h = 0; h < 2; ++h) {
+                const uint4 x = q[h];
+#pragma unroll
+                for (u32 k = 0; k < 4; ++k) {
+                    const u32 word = dc_word(x, k);
+                    v[8 * h + 2 * k] = word & 0xffffu;
+                    v[8 * h + 2 * k + 1] = word >> 16;
+                }
+            }
+        } else if (w == 4) {
+#pragma unroll
+            for (u32 h = 0; h < 4; ++h) {
+                const uint4 x = q[h];
+#pragma unroll
+                for (u32 k = 0; k < 4; ++k) v[4 * h + k] = dc_word(x, k);
+            }
+        } else {
+            const uint4 x = q[0];
+#pragma unroll
+            for (u32 k = 0; k < 16; ++k) v[k] = (dc_word(x, k >> 2) >> (8 * (k & 3))) & 0xffu;
+        }
+        return;
+    }
+#pragma unroll
+    for (u32 j = 0; j < 16; ++j) v[j] = j < n ? dc_load_bits(p, index0 + j, w) : 0u;
+}
+
+// The 16 elements of v back to `p` at index0, as whole 16-byte vectors (aligned).
+__device__ __forceinline__ void dc_store16_elems(u8* p, u64 index0, u32 w, const u32* v) {
+    uint4* q = (uint4*)(p + index0 * w);
+    if (w == 2) {
+#pragma unroll
+        for (u32 h = 0; h < 2; ++h)
+            q[h] = make_uint4(v[8 * h] | v[8 * h + 1] << 16, v[8 * h + 2] | v[8 * h + 3] << 16,
+                              v[8 * h + 4] | v[8 * h + 5] << 16, v[8 * h + 6] | v[8 * h + 7] << 16);
+    } else if (w == 4) {
+#pragma unroll
+        for (u32 h = 0; h < 4; ++h)
+            q[h] = make_uint4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]);
+    } else {
+        u32 x[4];
+#pragma unroll
+        for (u32 k = 0; k < 4; ++k)
+            x[k] = v[4 * k] | v[4 * k + 1] << 8 | v[4 * k + 2] << 16 | v[4 * k + 3] << 24;
+        q[0] = make_uint4(x[0], x[1], x[2], x[3]);
+    }
+}
+
+// A steps chunk (docs/codecs.md, "steps + esc"), by one block: a round reads one u32 of the
+// map (16 elements) per thread, scans the counts of changes and escapes across the block (two
+// 16-bit fields: at most 16 each per thread), and each thread takes its word's changes in
+// order: change k of the chunk, escape e of the value section. CHECK adds the digest change
+// and flags errors; otherwise the new bits are written (journaled first when asked).
+template <bool CHECK>
+__device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u32* scan_scratch, u32* err,
+                                              u64* sum) {
+    const u8* map = (const u8*)c.pos;
+    const u8* val = (const u8*)c.val;
+    u8* dst = (u8*)c.dst;
+    const u32 w = c.width;
+    const u64 nbytes = (c.range + 3) >> 2;
+    const u64 nwords = (nbytes + 3) >> 2;
+    u64 base_k = 0, base_e = 0;
+    for (u64 w0 = 0; w0 < nwords; w0 += blockDim.x) {
+        const u64 wi = w0 + threadIdx.x;
+        u32 word = 0;
+        if (wi < nwords) {
+            if (wi * 4 + 4 <= nbytes) {
+                word = *(const u32*)(map + wi * 4);
+            } else {
+                for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)map[q] << (8 * (q - wi * 4));
+            }
+            const u64 elem0 = wi * 16;
+            if (elem0 + 16 > c.range) {
+                const u32 valid = (u32)(c.range - elem0);  // 1..15 here
+                const u32 keep = (1u << (2 * valid)) - 1u;
+                if (word & ~keep) { dc_flag(err, ERR_OUT_OF_RANGE); word &= keep; }
+            }
+        }
+        const u32 nz = (word | (word >> 1)) & 0x55555555u;
+        const u32 es = word & (word >> 1) & 0x55555555u;
+        u32 total;
+        const u32 ex = dc_block_exclusive_scan((u32)__popc(nz) | (u32)__popc(es) << 16,
+                                               scan_scratch, &total);
+        u64 k = base_k + (ex & 0xffffu), e = base_e + (ex >> 16);
+        if (nz) {
+            // The word's 16 elements in registers: whole 16-byte vectors where they lie inside
+            // the chunk and aligned, else element by element (never past the range).
+            const u64 elem0 = wi * 16;
+            const u64 index0 = c.start + elem0;
+            const u32 n = c.range - elem0 < 16 ? (u32)(c.range - elem0) : 16u;
+            const bool vec = n == 16 && ((c.dst + index0 * w) & 15) == 0;
+            u32 v[16];
+            dc_load16_elems(dst, index0, w, vec, n, v);
+#pragma unroll
+            for (u32 j = 0; j < 16; ++j) {
+                const u32 code = (word >> (2 * j)) & 3u;
+                if (code == 0) continue;
+                const u64 index = index0 + j;
+                const u32 ob = v[j];
+                u32 nb;
+                bool ok = k < c.count;
+                if (c.val_raw) {
+                    nb = ok ? dc_load_bits(val, k, w) : ob;
+                } else if (code == 3u) {
+                    ok = ok && e < c.escapes;
+                    nb = e < c.escapes ? dc_load_bits(val, e, w) : ob;
+                    ++e;
+                } else {
+                    nb = dc_step_apply(ob, code, w);
+                }
+                if (CHECK) {
+                    if (ok && nb == ob) dc_flag(err, ERR_UNCHANGED);
+                    if (ok) *sum += dc_element_hash(c.salt, index, nb) - dc_element_hash(c.salt, index, ob);
+                } else if (ok) {
+                    if (c.journal) dc_store_bits((u8*)c.journal, k, w, ob);
+                    v[j] = nb;
+                    if (!vec) dc_store_bits(dst, index, w, nb);
+                }
+                ++k;
+            }
+            if (!CHECK && vec) dc_store16_elems(dst, index0, w, v);
+        }
+        base_k += total & 0xffffu;
+        base_e += total >> 16;
+    }
+    if (CHECK && threadIdx.x == 0) {
+        if (base_k != c.count) dc_flag(err, ERR_BITMAP_COUNT);
+        if (!c.val_raw && base_e != c.escapes) dc_flag(err, ERR_ESCAPES);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(APPLY_THREADS)
 dc_apply_check(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __restrict__ errors,
                u64* __restrict__ digest_delta) {
@@ -107,7 +251,9 @@ dc_apply_check(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __res
         const u8* dst = (const u8*)c.dst;
         const u8* val = (const u8*)c.val;
         u64 sum = 0;
-        if (c.pos_codec == 1) {
+        if (c.pos_codec == 6) {
+            dc_steps_walk<true>(c, s_scan, err, &sum);
+        } else if (c.pos_codec == 1) {
             // abs32, batched: every load of APPLY_BATCH changes is issued before any is used
             // (the old bits are scattered reads; one at a time would leave the bus idle).
             const u32* p = (const u32*)c.pos;
@@ -167,7 +313,9 @@ dc_apply_scatter(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __r
         const ApplyChunk c = chunks[ci];
         u8* dst = (u8*)c.dst;
         const u8* val = (const u8*)c.val;
-        if (c.pos_codec == 1) {
+        if (c.pos_codec == 6) {
+            dc_steps_walk<false>(c, s_scan, &errors[ci], nullptr);
+        } else if (c.pos_codec == 1) {
             // abs32, batched as in the check (which has already validated every position).
             const u32* p = (const u32*)c.pos;
             const u64 stride = blockDim.x;

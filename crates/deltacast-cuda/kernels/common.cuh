@@ -147,3 +147,55 @@ __device__ __forceinline__ u32 dc_extract(uint4 v, u32 e, u32 w) {
     const u32 sh = 8 * (byte & 3);
     return w == 2 ? (word >> sh) & 0xffffu : (word >> sh) & 0xffu;
 }
+
+// The steps code (docs/codecs.md, "steps + esc"): the ordered-integer view of nb-bit patterns
+// (deltacast::dtype::to_ordered: sign bit 0 sets it, sign bit 1 inverts every bit), so that one
+// step up or down is +1 or −1 there, modulo 2^nb.
+__device__ __forceinline__ u32 dc_ordered(u32 x, u32 w) {
+    const u32 all = w == 4 ? 0xffffffffu : (1u << (8 * w)) - 1u;
+    const u32 sign = 1u << (8 * w - 1);
+    return (x & sign) ? (~x & all) : (x | sign);
+}
+
+__device__ __forceinline__ u32 dc_unordered(u32 o, u32 w) {
+    const u32 all = w == 4 ? 0xffffffffu : (1u << (8 * w)) - 1u;
+    const u32 sign = 1u << (8 * w - 1);
+    return (o & sign) ? (o ^ sign) : (~o & all);
+}
+
+// The 2-bit code of old bits a → new bits b: 0 unchanged, 1 one step up, 2 one step down,
+// 3 any other change (its new bits travel raw, as an escape).
+__device__ __forceinline__ u32 dc_step_code(u32 a, u32 b, u32 w) {
+    if (a == b) return 0;
+    const u32 all = w == 4 ? 0xffffffffu : (1u << (8 * w)) - 1u;
+    const u32 d = (dc_ordered(b, w) - dc_ordered(a, w)) & all;
+    return d == 1u ? 1u : d == all ? 2u : 3u;
+}
+
+// The new bits of a code-1 or code-2 change from old bits a.
+__device__ __forceinline__ u32 dc_step_apply(u32 a, u32 code, u32 w) {
+    const u32 all = w == 4 ? 0xffffffffu : (1u << (8 * w)) - 1u;
+    const u32 o = (dc_ordered(a, w) + (code == 1u ? 1u : all)) & all;
+    return dc_unordered(o, w);
+}
+
+// dc_block_exclusive_scan of a u64. `scratch` holds 32 u64.
+__device__ __forceinline__ u64 dc_block_exclusive_scan64(u64 v, u64* scratch, u64* total) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    u64 incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 n = __shfl_up_sync(DC_FULL_MASK, incl, o);
+        if (lane >= (u32)o) incl += n;
+    }
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    u64 before = 0, all = 0;
+    for (u32 w = 0; w < warps; ++w) {
+        const u64 t = scratch[w];
+        if (w < warp) before += t;
+        all += t;
+    }
+    *total = all;
+    return before + incl - v;
+}

@@ -735,3 +735,164 @@ dc_diff_place(const DiffTensor* __restrict__ tensors, const u32* __restrict__ ti
         }
     }
 }
+
+// The steps diff (dc_diff_steps): a dense stage written straight in the steps + esc code
+// (docs/codecs.md) in one pass. Each tensor's 2-bit codes go to a map of fixed place (element
+// e at byte e / 4 of the tensor's map), so a tile writes its codes without knowing what the
+// tiles before it found; only the escapes (changes other than one step) are compacted, in
+// element order, at the place a decoupled look-back over the tiles' escape counts gives. The
+// snapshot is refreshed, the digest change added and each grid cell's changes and escapes
+// counted (a tile lies inside one cell: cells are whole tiles). Escapes past `capacity`:
+// nothing of the tile's escapes or digest is written (the host sends the stage whole; the
+// snapshot is current all the same).
+struct StepsTensor {
+    u64 map;    // element e's code at byte e / 4 (4-aligned, room for every vector's codes)
+    u64 cell0;  // index of the tensor's first cell in `cells`
+};
+
+// The codes of one 16-byte vector's elements (old s, new c), 2 bits each in element order:
+// two or four elements at a time in a word (SIMD-in-a-word compares and subtracts), the
+// ordered view taken by flipping every bit of a negative element and the sign of a positive
+// one. Bit 0 of a code is "changed and not one step down", bit 1 "changed and not one up".
+template <u32 W>
+__device__ __forceinline__ u32 dc_step_codes(uint4 s, uint4 c) {
+    u32 out = 0;
+#pragma unroll
+    for (u32 k = 0; k < 4; ++k) {
+        const u32 a = dc_word(s, k), b = dc_word(c, k);
+        if (W == 4) {
+            out |= dc_step_code(a, b, 4) << (2 * k);
+        } else if (W == 2) {
+            const u32 changed = __vcmpne2(a, b);
+            const u32 oa = a ^ (0x80008000u | (__vcmpgeu2(a, 0x80008000u) & 0x7fff7fffu));
+            const u32 ob = b ^ (0x80008000u | (__vcmpgeu2(b, 0x80008000u) & 0x7fff7fffu));
+            const u32 d = __vsub2(ob, oa);
+            const u32 b0 = changed & ~__vcmpeq2(d, 0xffffffffu);
+            const u32 b1 = changed & ~__vcmpeq2(d, 0x00010001u);
+            const u32 q = (b0 & 1u) | (b1 & 1u) << 1 | (b0 >> 16 & 1u) << 2 | (b1 >> 16 & 1u) << 3;
+            out |= q << (4 * k);
+        } else {
+            const u32 changed = __vcmpne4(a, b);
+            const u32 oa = a ^ (0x80808080u | (__vcmpgeu4(a, 0x80808080u) & 0x7f7f7f7fu));
+            const u32 ob = b ^ (0x80808080u | (__vcmpgeu4(b, 0x80808080u) & 0x7f7f7f7fu));
+            const u32 d = __vsub4(ob, oa);
+            const u32 b0 = changed & ~__vcmpeq4(d, 0xffffffffu);
+            const u32 b1 = changed & ~__vcmpeq4(d, 0x01010101u);
+            u32 q = 0;
+#pragma unroll
+            for (u32 j = 0; j < 4; ++j) q |= (b0 >> (8 * j) & 1u) << (2 * j) | (b1 >> (8 * j) & 1u) << (2 * j + 1);
+            out |= q << (8 * k);
+        }
+    }
+    return out;
+}
+
+template <u32 W>
+__device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ tensors,
+                                              const StepsTensor* __restrict__ steps,
+                                              const u32* __restrict__ tile_tensor,
+                                              u64* __restrict__ status, u64 capacity,
+                                              u8* __restrict__ esc_out, u32* __restrict__ cells,
+                                              u64 cell_elems) {
+    __shared__ u64 s_scan[32];
+    __shared__ u64 s_sum[32];
+    const u64 tile = blockIdx.x;
+    const u32 tt = tile_tensor[tile];
+    const DiffTensor T = tensors[tt];
+    const StepsTensor S = steps[tt];
+    const bool vec = T.aligned16 != 0;
+    const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
+    uint4 cv[DIFF_ITEMS], sv[DIFF_ITEMS];
+#pragma unroll
+    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+        cv[i] = dc_load_cur16<false>(T, off, vec);
+        sv[i] = dc_load16<false>((const u8*)T.snap, off, T.nbytes, vec);
+    }
+    if (DIFF_PREFETCH > 0) dc_diff_prefetch(tensors, tile_tensor, tile + DIFF_PREFETCH);
+    // Codes, 2 bits an element; escape counts per item, 16 bits each (at most 16 a vector,
+    // 4096 a row of the tile), four items to a word.
+    u32 codes[DIFF_ITEMS];
+    u64 packed[DIFF_PACKS];
+    u32 changed = 0;
+#pragma unroll
+    for (u32 p = 0; p < DIFF_PACKS; ++p) packed[p] = 0;
+#pragma unroll
+    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+        const u32 c = dc_step_codes<W>(sv[i], cv[i]);
+        codes[i] = c;
+        const u32 nz = (c | (c >> 1)) & 0x55555555u;
+        const u32 es = c & (c >> 1) & 0x55555555u;
+        changed += __popc(nz);
+        packed[i / 4] |= (u64)__popc(es) << (16 * (i % 4));
+        // The codes of the vector, at its place in the map (none past the tensor's end).
+        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+        if (off < T.nbytes) {
+            u8* at = (u8*)S.map + off / W / 4;
+            if (W == 1) *(u32*)at = c;
+            else if (W == 2) *(u16*)at = (u16)c;
+            else *at = (u8)c;
+        }
+    }
+    u64 excl[DIFF_PACKS], rows[DIFF_PACKS];
+    u32 tile_escapes = 0;
+#pragma unroll
+    for (u32 p = 0; p < DIFF_PACKS; ++p) {
+        excl[p] = dc_block_exclusive_scan64(packed[p], s_scan, &rows[p]);
+#pragma unroll
+        for (u32 f = 0; f < 4; ++f) tile_escapes += (u32)(rows[p] >> (16 * f)) & 0xffffu;
+    }
+    const u64 before = dc_diff_lookback(status, tile, tile_escapes);
+    const bool fits = before + tile_escapes <= capacity;  // uniform
+    u8* snap_w = (u8*)T.snap;
+    u64 dsum = 0;
+    u32 row_base = 0;
+#pragma unroll
+    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+        const u32 p = i / 4, f = 16 * (i % 4);
+        u64 g = before + row_base + ((excl[p] >> f) & 0xffffu);
+        row_base += (u32)(rows[p] >> f) & 0xffffu;
+        u32 c = codes[i];
+        if (c == 0) continue;
+        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+        const bool whole = vec && off + 16 <= T.nbytes;
+        if (whole) *(uint4*)(snap_w + off) = cv[i];
+        const u64 elem0 = off / W;
+        u32 nz = (c | (c >> 1)) & 0x55555555u;
+        while (nz) {
+            const u32 bit = __ffs(nz) - 1;
+            nz &= nz - 1;
+            const u32 e = bit >> 1;
+            const u32 nb = dc_extract(cv[i], e, W);
+            const u32 ob = dc_extract(sv[i], e, W);
+            if (!whole) dc_store_bits(snap_w, elem0 + e, W, nb);
+            if (!fits) continue;
+            if (((c >> bit) & 3u) == 3u) dc_store_bits(esc_out, g++, W, nb);
+            if (T.digest_out) {
+                const u64 index = T.first_index + elem0 + e;
+                dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
+            }
+        }
+    }
+    const u64 sum = dc_block_sum(dsum, s_sum);
+    const u64 tile_changed = dc_block_sum(changed, s_sum);
+    if (threadIdx.x == 0) {
+        if (fits && T.digest_out && sum != 0) atomicAdd((u64*)T.digest_out, sum);
+        const u64 cell = S.cell0 + byte0 / W / cell_elems;
+        if (tile_changed) atomicAdd(&cells[2 * cell], (u32)tile_changed);
+        if (tile_escapes) atomicAdd(&cells[2 * cell + 1], tile_escapes);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS)
+dc_diff_steps(const DiffTensor* __restrict__ tensors, const StepsTensor* __restrict__ steps,
+              const u32* __restrict__ tile_tensor, u64* __restrict__ status, u64 capacity,
+              u8* __restrict__ esc_out, u32* __restrict__ cells, u64 cell_elems) {
+    const u32 w = tensors[tile_tensor[blockIdx.x]].width;
+    if (w == 2)
+        dc_steps_tile<2>(tensors, steps, tile_tensor, status, capacity, esc_out, cells, cell_elems);
+    else if (w == 4)
+        dc_steps_tile<4>(tensors, steps, tile_tensor, status, capacity, esc_out, cells, cell_elems);
+    else
+        dc_steps_tile<1>(tensors, steps, tile_tensor, status, capacity, esc_out, cells, cell_elems);
+}

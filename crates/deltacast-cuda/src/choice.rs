@@ -1,6 +1,7 @@
 //! How a GPU sender's stages go — whole (dense), as a plain delta (abs32 / bitmap
-//! positions, raw values) or entropy-coded (gaps, ulp steps) — chosen per stage by the time each
-//! is predicted to take on this link, from costs the sender measures as it runs.
+//! positions, raw values), entropy-coded (gaps, ulp steps) or in the steps code (2 bits an
+//! element, escapes raw) — chosen per stage by the time each is predicted to take on this link,
+//! from costs the sender measures as it runs.
 //!
 //! The model measures the link's time per byte of a stage sent whole (seeds and dense syncs,
 //! the digest and snapshot refresh included), the diff's time per byte of tensor, and per delta
@@ -8,7 +9,8 @@
 //! changes: a fixed part (launches, the ack) and the work per change (encode, decode, apply,
 //! the receivers' digest), fitted by least squares over the last few syncs and anchored by
 //! priors. A delta of `n` changes over `B` bytes of tensor is predicted to take
-//! `diff·B + fixed + (link·wire + work)·n`, the same stage whole `link·B`. Before a stage's diff the sender predicts `n` from the stage's density at the
+//! `diff·B + fixed + link·map + (link·wire + work)·n`, the same stage whole `link·B`, where
+//! `map` is the steps code's quarter byte per element (0 for the other codecs). Before a stage's diff the sender predicts `n` from the stage's density at the
 //! last sync and sends the stage whole without diffing it when that is cheaper; after the diff
 //! it knows `n` and the exact wire bytes, and sends whole if that is cheaper still. A codec
 //! not yet measured is predicted from priors (below) and tried only when the prediction says
@@ -23,20 +25,26 @@ pub const AUTO_PROBE_EVERY: u64 = 16;
 /// times the faster one's time.
 pub const PROBE_WITHIN: f64 = 1.25;
 
-/// Prior work per change beyond the diff and the link, in ms (plain, entropy): an H200 over
-/// CUDA IPC at 12–25 % changed spent ~45 ps per change on plain deltas (encode, apply, digest
-/// update) and ~120 ps with the entropy codecs (docs/data/gpu-sync/capacity-lr1e-5/). Only a
-/// starting point, which the measured syncs soon outweigh.
-const PRIOR_WORK_MS: [f64; 2] = [45e-9, 120e-9];
+/// Prior work per change beyond the diff and the link, in ms (plain, entropy, steps): an H200
+/// over CUDA IPC at 12–25 % changed spent ~45 ps per change on plain deltas (encode, apply,
+/// digest update) and ~120 ps with the entropy codecs (docs/data/gpu-sync/capacity-lr1e-5/).
+/// The steps code has no encode pass and its apply streams the map: a guess of a third of
+/// the plain figure. Only a starting point, which the measured syncs soon outweigh.
+const PRIOR_WORK_MS: [f64; 3] = [45e-9, 120e-9, 15e-9];
 
 /// Prior fixed cost of a delta sync beyond its diff, in ms (launches, small copies, the ack):
 /// 1.2–1.5 ms on the same runs at 1.6–4 % changed.
-const PRIOR_FIXED_MS: [f64; 2] = [1.2, 2.0];
+const PRIOR_FIXED_MS: [f64; 3] = [1.2, 2.0, 1.2];
 
-/// Prior wire bytes per change (plain, entropy) on AdamW steps at 1–25 % changed: 3.1–2.5
-/// with abs32 or bitmap positions and raw BF16 values, 0.75–1.2 with gaps and ulp steps (the
-/// same runs).
-const PRIOR_WIRE: [f64; 2] = [3.0, 1.0];
+/// Prior wire bytes per change (plain, entropy, steps) on AdamW steps at 1–25 % changed:
+/// 3.1–2.5 with abs32 or bitmap positions and raw BF16 values, 0.75–1.2 with gaps and ulp
+/// steps (the same runs); the steps code's escapes, an eighth of the changes at 2 bytes.
+const PRIOR_WIRE: [f64; 3] = [3.0, 1.0, 0.25];
+
+/// Prior link time per byte, ms, for choosing a codec before the link is measured (a model
+/// smaller than [`MODEL_MIN_BYTES`] never measures it): about a device link's 10 ms per GB,
+/// so that the steps code's map is not taken for free.
+const PRIOR_LINK_MS_PER_BYTE: f64 = 1e-8;
 
 /// The scale of changes at which the slope's prior weighs as much as the fixed part's.
 const PRIOR_CHANGES: f64 = 1e8;
@@ -58,18 +66,30 @@ pub const MODEL_MIN_BYTES: u64 = 64 << 20;
 pub enum DeltaCodec {
     Plain = 0,
     Entropy = 1,
+    Steps = 2,
 }
 
 impl DeltaCodec {
+    pub const ALL: [DeltaCodec; 3] = [DeltaCodec::Plain, DeltaCodec::Entropy, DeltaCodec::Steps];
+
     pub fn entropy(self) -> bool {
         self == DeltaCodec::Entropy
     }
 
-    fn of(entropy: bool) -> DeltaCodec {
-        if entropy {
-            DeltaCodec::Entropy
-        } else {
-            DeltaCodec::Plain
+    pub fn name(self) -> &'static str {
+        match self {
+            DeltaCodec::Plain => "plain",
+            DeltaCodec::Entropy => "entropy",
+            DeltaCodec::Steps => "steps",
+        }
+    }
+
+    /// Wire bytes a delta of `elements` elements costs whatever its changes: the steps
+    /// code's map, a quarter byte an element.
+    pub fn map_bytes(self, elements: u64) -> u64 {
+        match self {
+            DeltaCodec::Steps => elements.div_ceil(4),
+            _ => 0,
         }
     }
 }
@@ -89,6 +109,8 @@ pub struct SyncCosts {
     pub delta: Option<DeltaCodec>,
     pub delta_changes: u64,
     pub delta_bytes: Option<u64>,
+    /// Of those wire bytes, the ones every element costs ([`DeltaCodec::map_bytes`]).
+    pub delta_map_bytes: u64,
 }
 
 /// The rates learned so far, as each sync's metrics report them.
@@ -98,14 +120,14 @@ pub struct ChoiceReport {
     pub dense_ms_per_gb: Option<f64>,
     /// ms per GB of tensor diffed.
     pub diff_ms_per_gb: Option<f64>,
-    /// Per codec (plain, entropy): predicted ms per million changes (link and work) and fixed
-    /// ms per sync, and how many syncs it was measured on (0: the priors alone).
-    pub delta_ms_per_mchange: [f64; 2],
-    pub delta_fixed_ms: [f64; 2],
-    pub measured: [u64; 2],
+    /// Per codec (plain, entropy, steps): predicted ms per million changes (link and work)
+    /// and fixed ms per sync, and how many syncs it was measured on (0: the priors alone).
+    pub delta_ms_per_mchange: [f64; 3],
+    pub delta_fixed_ms: [f64; 3],
+    pub measured: [u64; 3],
     /// The changed fraction of a 1 GB BF16 stage, once diffed, above which sending it whole
     /// is predicted cheaper than its delta, per codec.
-    pub dense_above: [Option<f64>; 2],
+    pub dense_above: [Option<f64>; 3],
 }
 
 /// A weighted least-squares line `y = fixed + slope·n` over the syncs measured, older ones
@@ -170,8 +192,8 @@ pub struct CostModel {
     link_ms_per_byte: Option<f64>,
     diff_ms_per_byte: Option<f64>,
     /// Per codec: time beyond the diff and the link against changes.
-    work: [Line; 2],
-    wire: [Option<f64>; 2],
+    work: [Line; 3],
+    wire: [Option<f64>; 3],
     /// Delta syncs since the slower codec was last tried.
     since_probe: u64,
 }
@@ -197,41 +219,55 @@ impl CostModel {
         )
     }
 
-    /// Predicted ms of a `codec` delta of `changes` changes, beyond the diff.
-    fn delta_ms(&self, codec: DeltaCodec, changes: f64) -> f64 {
-        let (fixed, per) = self.delta_rates(codec);
-        fixed + per * changes
+    /// Predicted ms of a `codec` delta of `changes` changes over `elements` elements,
+    /// beyond the diff.
+    fn delta_ms(&self, codec: DeltaCodec, changes: f64, elements: u64) -> f64 {
+        let c = codec as usize;
+        let (fixed, work) = self.work[c].fit(PRIOR_FIXED_MS[c], PRIOR_WORK_MS[c]);
+        let link = self.link_ms_per_byte.unwrap_or(PRIOR_LINK_MS_PER_BYTE);
+        let wire =
+            codec.map_bytes(elements) as f64 + self.wire[c].unwrap_or(PRIOR_WIRE[c]) * changes;
+        fixed + link * wire + work * changes
     }
 
-    /// The delta codec for the next sync's diffs (whether they keep old bits), among those
-    /// `allowed` (plain only, entropy only, or both for `Auto`), for a sync expected to
-    /// change about `expected` elements.
-    pub fn codec(&mut self, allowed: &[DeltaCodec], expected: u64) -> DeltaCodec {
-        if let [only] = allowed {
-            return *only;
+    /// The delta codec for the next sync's diffs (which form they take, whether they keep
+    /// old bits), among those `allowed` (in order of preference on ties), for a sync of
+    /// `elements` elements expected to change about `expected` of them. The fastest
+    /// predicted; now and then a measured one predicted within [`PROBE_WITHIN`] of it.
+    pub fn codec(&mut self, allowed: &[DeltaCodec], expected: u64, elements: u64) -> DeltaCodec {
+        let Some(&first) = allowed.first() else {
+            return DeltaCodec::Plain;
+        };
+        if allowed.len() == 1 {
+            return first;
         }
         let n = expected as f64;
-        let (p, e) = (
-            self.delta_ms(DeltaCodec::Plain, n),
-            self.delta_ms(DeltaCodec::Entropy, n),
-        );
-        let best = DeltaCodec::of(e < p);
-        let other = DeltaCodec::of(!best.entropy());
-        let ratio = p.max(e) / p.min(e).max(f64::MIN_POSITIVE);
+        let time = |c: DeltaCodec| self.delta_ms(c, n, elements);
+        let best = allowed
+            .iter()
+            .copied()
+            .fold(first, |b, c| if time(c) < time(b) { c } else { b });
+        let floor = time(best).max(f64::MIN_POSITIVE);
+        let probe = allowed
+            .iter()
+            .copied()
+            .filter(|&c| c != best && self.work[c as usize].count > 0)
+            .filter(|&c| time(c) / floor <= PROBE_WITHIN)
+            .min_by(|&a, &b| time(a).total_cmp(&time(b)));
         self.since_probe += 1;
-        let measured = self.work[other as usize].count > 0;
-        if measured && ratio <= PROBE_WITHIN && self.since_probe >= AUTO_PROBE_EVERY {
+        if let Some(other) = probe.filter(|_| self.since_probe >= AUTO_PROBE_EVERY) {
             self.since_probe = 0;
             return other;
         }
         best
     }
 
-    /// Whether a stage of `bytes` bytes, one of `stages`, whose last sync changed `expected`
-    /// elements is predicted to go faster whole than diffed and sent as a `codec` delta.
+    /// Whether a stage of `bytes` bytes and `elements` elements, one of `stages`, whose last
+    /// sync changed `expected` elements is predicted to go faster whole than diffed and sent
+    /// as a `codec` delta.
     pub fn dense_before_diff(
         &self,
-        bytes: u64,
+        (bytes, elements): (u64, u64),
         stages: usize,
         expected: u64,
         codec: DeltaCodec,
@@ -244,7 +280,8 @@ impl CostModel {
         }
         let (fixed, per) = self.delta_rates(codec);
         let b = bytes as f64;
-        link * b <= diff * b + fixed / stages.max(1) as f64 + per * expected as f64
+        let map = link * codec.map_bytes(elements) as f64;
+        link * b <= diff * b + fixed / stages.max(1) as f64 + map + per * expected as f64
     }
 
     /// Whether a diffed stage of `bytes` bytes, one of `stages`, with `changes` changes is
@@ -291,20 +328,25 @@ impl CostModel {
                 let i = codec as usize;
                 let rest = c.time_ms - c.diff_ms - self.link() * (c.dense_bytes + wire) as f64;
                 self.work[i].add(c.delta_changes as f64, rest.max(0.0));
-                smooth(&mut self.wire[i], wire as f64 / c.delta_changes as f64);
+                let per_change = wire.saturating_sub(c.delta_map_bytes);
+                smooth(
+                    &mut self.wire[i],
+                    per_change as f64 / c.delta_changes as f64,
+                );
             }
             _ => {}
         }
     }
 
     pub fn report(&self) -> ChoiceReport {
-        let codecs = [DeltaCodec::Plain, DeltaCodec::Entropy];
+        let codecs = DeltaCodec::ALL;
         let elems = 5e8; // a 1 GB BF16 stage
         let dense_above = codecs.map(|codec| {
             let link = self.link_ms_per_byte?;
             let (fixed, per) = self.delta_rates(codec);
-            // Whole: 2·link per element; delta: fixed + x·elems·per.
-            Some(((2.0 * link * elems - fixed) / (per * elems)).clamp(0.0, 1.0))
+            let map = link * codec.map_bytes(elems as u64) as f64;
+            // Whole: 2·link per element; delta: fixed + map + x·elems·per.
+            Some(((2.0 * link * elems - fixed - map) / (per * elems)).clamp(0.0, 1.0))
         });
         ChoiceReport {
             dense_ms_per_gb: self.link_ms_per_byte.map(|r| r * 1e9),
@@ -350,7 +392,7 @@ mod tests {
     #[test]
     fn nothing_known_means_diff_and_compare_bytes() {
         let m = CostModel::default();
-        assert!(!m.dense_before_diff(GB, 1, GB / 2, DeltaCodec::Plain));
+        assert!(!m.dense_before_diff((GB, GB / 2), 1, GB / 2, DeltaCodec::Plain));
         assert!(m.dense_after_diff(GB, 1, 10, GB, DeltaCodec::Plain));
         assert!(!m.dense_after_diff(GB, 1, 10, GB - 1, DeltaCodec::Plain));
         assert_eq!(m.report().dense_ms_per_gb, None);
@@ -381,13 +423,13 @@ mod tests {
         assert!((0.2..0.35).contains(&above), "{r:?}");
         // Before the diff its time counts too: 12 % → delta, 60 % → whole without a diff.
         let elems = GB / 2;
-        assert!(!m.dense_before_diff(GB, 1, elems / 8, DeltaCodec::Plain));
-        assert!(m.dense_before_diff(GB, 1, elems * 6 / 10, DeltaCodec::Plain));
+        assert!(!m.dense_before_diff((GB, GB / 2), 1, elems / 8, DeltaCodec::Plain));
+        assert!(m.dense_before_diff((GB, GB / 2), 1, elems * 6 / 10, DeltaCodec::Plain));
         assert!(m.dense_after_diff(GB, 1, elems * 4 / 10, 600_000_000, DeltaCodec::Plain));
         assert!(!m.dense_after_diff(GB, 1, elems / 5, 300_000_000, DeltaCodec::Plain));
         // The entropy codecs' priors predict them slower here: not tried.
         for _ in 0..100 {
-            assert_eq!(m.codec(&BOTH, 50_000_000), DeltaCodec::Plain);
+            assert_eq!(m.codec(&BOTH, 50_000_000, GB / 2), DeltaCodec::Plain);
         }
     }
 
@@ -406,21 +448,21 @@ mod tests {
             (3.0 * n) as u64,
         );
         assert!(
-            !m.dense_before_diff(GB, 1, 60_000_000, DeltaCodec::Plain),
+            !m.dense_before_diff((GB, GB / 2), 1, 60_000_000, DeltaCodec::Plain),
             "{:?}",
             m.report()
         );
-        assert_eq!(m.codec(&BOTH, 10_000_000), DeltaCodec::Plain);
+        assert_eq!(m.codec(&BOTH, 10_000_000, GB / 2), DeltaCodec::Plain);
     }
 
     #[test]
     fn a_slow_link_takes_the_entropy_codecs_at_once() {
         // A socket: 1 s per GB whole.
         let mut m = seed(1000.0);
-        assert_eq!(m.codec(&BOTH, 20_000_000), DeltaCodec::Entropy);
+        assert_eq!(m.codec(&BOTH, 20_000_000, GB / 2), DeltaCodec::Entropy);
         delta(&mut m, DeltaCodec::Entropy, 60.0, 50_000_000, 55_000_000);
         for _ in 0..100 {
-            assert_eq!(m.codec(&BOTH, 50_000_000), DeltaCodec::Entropy);
+            assert_eq!(m.codec(&BOTH, 50_000_000, GB / 2), DeltaCodec::Entropy);
         }
         let above = m.report().dense_above[1].expect("known");
         assert!(above > 0.9, "{above}");
@@ -432,7 +474,7 @@ mod tests {
         delta(&mut m, DeltaCodec::Plain, 7.0, 50_000_000, 150_000_000);
         delta(&mut m, DeltaCodec::Entropy, 7.6, 50_000_000, 50_000_000);
         let picks: Vec<DeltaCodec> = (0..4 * AUTO_PROBE_EVERY)
-            .map(|_| m.codec(&BOTH, 50_000_000))
+            .map(|_| m.codec(&BOTH, 50_000_000, GB / 2))
             .collect();
         let probes = picks.iter().filter(|&&c| c == DeltaCodec::Entropy).count();
         assert_eq!(probes, 4, "{picks:?}");
@@ -440,8 +482,48 @@ mod tests {
         for _ in 0..6 {
             delta(&mut m, DeltaCodec::Entropy, 4.5, 50_000_000, 50_000_000);
         }
-        assert_eq!(m.codec(&BOTH, 50_000_000), DeltaCodec::Entropy);
-        assert_eq!(m.codec(&[DeltaCodec::Plain], 1), DeltaCodec::Plain);
+        assert_eq!(m.codec(&BOTH, 50_000_000, GB / 2), DeltaCodec::Entropy);
+        assert_eq!(m.codec(&[DeltaCodec::Plain], 1, GB / 2), DeltaCodec::Plain);
+    }
+
+    #[test]
+    fn the_steps_code_takes_dense_steps_and_leaves_sparse_ones() {
+        let all = DeltaCodec::ALL;
+        let elems = GB / 2;
+        for mut m in [CostModel::default(), seed(13.0)] {
+            assert_eq!(m.codec(&all, elems / 50, elems), DeltaCodec::Plain);
+            assert_eq!(m.codec(&all, elems / 7, elems), DeltaCodec::Steps);
+            assert_eq!(m.codec(&all, elems / 2, elems), DeltaCodec::Steps);
+            assert_eq!(m.codec(&all[..2], elems / 2, elems), DeltaCodec::Plain);
+        }
+        // Once measured (13 ms per GB, steps at 1.5 ms fixed + 10 ps a change beyond its map
+        // and escapes), a half-changed stage is predicted cheaper as steps than whole.
+        let mut m = seed(13.0);
+        let link = 13.0 / GB as f64;
+        for n in [100e6, 250e6, 180e6] {
+            let wire = elems as f64 / 4.0 + 0.3 * n;
+            m.record(&SyncCosts {
+                time_ms: 1.5 + 2.0 + link * wire + 10e-9 * n,
+                diff_ms: 2.0,
+                diffed_bytes: GB,
+                delta: Some(DeltaCodec::Steps),
+                delta_changes: n as u64,
+                delta_bytes: Some(wire as u64),
+                delta_map_bytes: elems / 4,
+                ..Default::default()
+            });
+        }
+        let r = m.report();
+        assert!(r.measured[2] == 3, "{r:?}");
+        let above = r.dense_above[2].expect("link known");
+        assert!(above > 0.9, "{r:?}");
+        assert!(!m.dense_after_diff(
+            GB,
+            1,
+            elems / 2,
+            elems / 4 + elems * 3 / 20,
+            DeltaCodec::Steps
+        ));
     }
 
     #[test]
@@ -462,7 +544,7 @@ mod tests {
         assert_eq!(m.report(), before);
         // A small stage is decided by its bytes.
         let small = MODEL_MIN_BYTES / 2;
-        assert!(!m.dense_before_diff(small, 1, small, DeltaCodec::Plain));
+        assert!(!m.dense_before_diff((small, small / 2), 1, small, DeltaCodec::Plain));
         assert!(!m.dense_after_diff(small, 1, small, small - 1, DeltaCodec::Plain));
         assert!(m.dense_after_diff(small, 1, 1, small, DeltaCodec::Plain));
     }

@@ -335,6 +335,78 @@ impl DiffResult {
     }
 }
 
+/// Where a steps diff ([`Gpu::diff_steps`]) writes a stage in the steps + esc code
+/// (docs/codecs.md): every tensor's 2-bit codes in the map region at the offsets of
+/// [`steps_map_layout`], the escapes' new bits compacted in order (change `g` of the stage's
+/// escapes at byte `g * width` of `escapes`, tensors ordered by width as in [`DiffOutput`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepsOutput {
+    /// `steps_map_layout(..).1` bytes.
+    pub map: DevicePtr,
+    /// `capacity * largest width in the batch` bytes.
+    pub escapes: DevicePtr,
+    /// Escapes the buffer holds.
+    pub capacity: u64,
+    /// Elements of each chunk (the last of a tensor may be shorter); rounded up to whole
+    /// diff tiles by the diff.
+    pub cell_elems: u64,
+}
+
+/// Byte offset of each tensor's map in a steps diff's map region (16-aligned, room for the
+/// codes of every 16-byte vector of the tensor), and the region's length.
+pub fn steps_map_layout(inputs: &[DiffInput]) -> (Vec<u64>, u64) {
+    let mut at = 0u64;
+    let offsets = inputs
+        .iter()
+        .map(|t| {
+            let off = at;
+            let vectors = (t.numel * t.width as u64).div_ceil(16);
+            at += (vectors * 4 / t.width as u64).next_multiple_of(16);
+            off
+        })
+        .collect();
+    (offsets, at)
+}
+
+/// Changes and escapes of one chunk-sized cell of a steps diff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepsCell {
+    pub changes: u32,
+    pub escapes: u32,
+}
+
+/// What a steps diff found in one tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StepsTensorResult {
+    /// Byte offset of its map in the map region.
+    pub map_offset: u64,
+    pub changes: u64,
+    /// Index of its first escape in the stage's escapes (its bits at `escape0 * width`).
+    pub escape0: u64,
+    /// Its cells in order, each `cell_elems` elements (the last what remains).
+    pub cells: Vec<StepsCell>,
+}
+
+/// The result of [`Gpu::diff_steps`], tensors in input order.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepsDiff {
+    pub tensors: Vec<StepsTensorResult>,
+    pub found: u64,
+    pub escapes: u64,
+    /// Elements per cell, as the diff rounded them.
+    pub cell_elems: u64,
+    /// Device time of the diff kernels, in milliseconds.
+    pub kernel_ms: f32,
+}
+
+impl StepsDiff {
+    /// Whether every escape was written (else nothing of the stage's codes may be sent: the
+    /// snapshots are current, the digest words are not).
+    pub fn is_complete(&self, capacity: u64) -> bool {
+        self.escapes <= capacity
+    }
+}
+
 /// One tensor's sorted change list, as input to [`Gpu::encode_positions`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EncodeInput {
@@ -369,6 +441,18 @@ pub enum ApplyPositions {
     All = 0,
     Abs32 = 1,
     Bitmap = 3,
+    /// The 2-bit codes of the steps + esc pair (docs/codecs.md): positions and most values.
+    Steps = 6,
+}
+
+/// What a chunk's value section holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ApplyValues {
+    /// Every change's new bits.
+    #[default]
+    Raw,
+    /// `steps` positions only: the new bits of the escaped changes (code 3).
+    Escaped,
 }
 
 impl ApplyPositions {
@@ -378,13 +462,13 @@ impl ApplyPositions {
             deltacast::PosCodec::All => Some(ApplyPositions::All),
             deltacast::PosCodec::Abs32 => Some(ApplyPositions::Abs32),
             deltacast::PosCodec::Bitmap => Some(ApplyPositions::Bitmap),
+            deltacast::PosCodec::Steps => Some(ApplyPositions::Steps),
             _ => None,
         }
     }
 }
 
 /// One chunk whose sections are in device memory, to apply to a slot ([`Gpu::apply_check`]).
-/// Values are `raw`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApplyInput {
     /// The slot's bytes.
@@ -400,9 +484,10 @@ pub struct ApplyInput {
     /// The position section (4-byte aligned) and its length; ignored for `All`.
     pub pos_section: DevicePtr,
     pub pos_len: u64,
-    /// The raw value section (aligned to the width) and its length.
+    /// The value section (aligned to the width) and its length.
     pub val_section: DevicePtr,
     pub val_len: u64,
+    pub values: ApplyValues,
 }
 
 /// Where [`Gpu::apply_scatter_journaled`] saves each chunk's old bits: per chunk a byte
@@ -445,6 +530,7 @@ pub(crate) fn apply_error_reason(code: u32) -> &'static str {
         3 => "the bitmap's set bits differ from the chunk's count",
         4 => "a delta element sets the value the receiver already holds",
         5 => "a malformed gaps or ulp section (directory, code words or padding)",
+        6 => "the steps map's escapes differ from the values the section holds",
         _ => "unknown error",
     }
 }
@@ -599,6 +685,7 @@ mod tests {
             pos_len: count * 4,
             val_section: 0,
             val_len: count * width as u64,
+            values: ApplyValues::Raw,
         };
         assert_eq!(journal_layout(&[]), (vec![], 0));
         let chunks = [
@@ -643,6 +730,7 @@ mod tests {
             "struct CodeChunk",
             "struct DecodeChunk",
             "struct Fp8Job",
+            "struct StepsTensor",
         ] {
             assert!(src.contains(name), "{name}");
         }
@@ -660,6 +748,7 @@ mod tests {
             ApplyPositions::All,
             ApplyPositions::Abs32,
             ApplyPositions::Bitmap,
+            ApplyPositions::Steps,
         ] {
             let wire = PosCodec::from_code(c as u8).expect("a wire code");
             assert_eq!(ApplyPositions::from_pos_codec(wire), Some(c));

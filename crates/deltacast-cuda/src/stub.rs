@@ -7,7 +7,8 @@ use std::convert::Infallible;
 use crate::error::{CudaError, Result, NOT_BUILT};
 use crate::{
     ApplyCheck, ApplyInput, ChunkError, CodeChunk, CodePlace, CodeSizes, DecodeInput, DevicePtr,
-    DiffInput, DiffOutput, DiffResult, DigestInput, EncodeInput, GridChunk, UpdateInput,
+    DiffInput, DiffOutput, DiffResult, DigestInput, EncodeInput, GridChunk, StepsDiff, StepsOutput,
+    UpdateInput,
 };
 
 /// A second stream of a GPU; cannot exist without the `cuda` feature.
@@ -280,6 +281,10 @@ impl Gpu {
     }
 
     pub unsafe fn diff_batch(&self, inputs: &[DiffInput], out: &DiffOutput) -> Result<DiffResult> {
+        match self.never {}
+    }
+
+    pub unsafe fn diff_steps(&self, inputs: &[DiffInput], out: &StepsOutput) -> Result<StepsDiff> {
         match self.never {}
     }
 

@@ -11,7 +11,7 @@ use deltacast::digest::{change, digest_range, slot_salt};
 use deltacast::dtype::load_bits;
 use deltacast::wire::parse_frame;
 use deltacast::{CodecChoice, DType, FlushConfig, Receiver, Sender, SlotInfo, SlotTable};
-use deltacast_cuda::{ApplyInput, ApplyPositions, CudaError, DeviceBuffer, Gpu};
+use deltacast_cuda::{ApplyInput, ApplyPositions, ApplyValues, CudaError, DeviceBuffer, Gpu};
 use deltacast_testkit::Rng;
 use kernel_cases::*;
 
@@ -50,7 +50,11 @@ fn device_sync(
         seed = frame.header.kind == deltacast::wire::FrameKind::Seed;
         let dev = gpu.upload(f).unwrap();
         for e in &frame.entries {
-            assert_eq!(e.val_codec, ValCodec::Raw);
+            let values = match e.val_codec {
+                ValCodec::Raw => ApplyValues::Raw,
+                ValCodec::Escaped => ApplyValues::Escaped,
+                other => panic!("no GPU apply of {other:?} values"),
+            };
             let s = &table.slots()[e.slot as usize];
             chunks.push(ApplyInput {
                 dst: slots[e.slot as usize].ptr(),
@@ -65,6 +69,7 @@ fn device_sync(
                 pos_len: e.pos_len,
                 val_section: dev.ptr() + e.val_offset,
                 val_len: e.val_len,
+                values,
             });
         }
         for d in &frame.digests {
@@ -112,7 +117,14 @@ impl ApplyRig {
         let config = FlushConfig {
             bucket_size: 64 << 10,
             chunk_elems,
-            codec: CodecChoice::Fixed(pos, ValCodec::Raw),
+            codec: CodecChoice::Fixed(
+                pos,
+                if pos == PosCodec::Steps {
+                    ValCodec::Escaped
+                } else {
+                    ValCodec::Raw
+                },
+            ),
         };
         let current = table
             .slots()
@@ -172,7 +184,11 @@ fn journaled_apply_matches_the_receiver_and_undoes_to_the_previous_bytes() {
     // Each delta applied with a journal, then undone (the bytes must be the previous
     // version's again, byte for byte), then applied again (the receiver's bytes).
     let gpu = gpu();
-    for (pos, chunk_elems) in [(PosCodec::Abs32, 1000u64), (PosCodec::Bitmap, 777)] {
+    for (pos, chunk_elems) in [
+        (PosCodec::Abs32, 1000u64),
+        (PosCodec::Bitmap, 777),
+        (PosCodec::Steps, 999),
+    ] {
         let mut rig = ApplyRig::new(&gpu, pos, chunk_elems, 60 + chunk_elems);
         for step in 0..6 {
             let before: Vec<Vec<u8>> = rig.receiver.store().to_vec();
@@ -223,6 +239,8 @@ fn apply_matches_the_receiver() {
         (PosCodec::Bitmap, 777),
         (PosCodec::Abs32, 1 << 20),
         (PosCodec::Bitmap, 1 << 16),
+        (PosCodec::Steps, 4099),
+        (PosCodec::Steps, 1 << 18),
     ] {
         let mut rig = ApplyRig::new(&gpu, pos, chunk_elems, 6 + chunk_elems);
         for step in 0..5 {
@@ -265,6 +283,7 @@ fn apply_refuses_bad_chunks_and_writes_nothing() {
         pos_len,
         val_section: vals.ptr(),
         val_len: count * 2,
+        values: ApplyValues::Raw,
     };
     let vals = gpu.upload(&[1, 0, 2, 0, 3, 0]).unwrap();
     let abs = |p: [u32; 3]| {
@@ -337,6 +356,75 @@ fn apply_refuses_bad_chunks_and_writes_nothing() {
         vec![0u8; 20_000],
         "no-op change: nothing written"
     );
+    // Steps chunks (range 50: a 13-byte map, element e's code at byte e / 4, bits 2(e % 4)):
+    // a code past the range, more codes than the count, escapes the section does not hold,
+    // an escape onto the bits held. Each refused by name, nothing written.
+    let steps = |map: [u8; 13], escapes: &[u8], count: u64| {
+        let sec = gpu.upload(&map).unwrap();
+        let val = gpu.upload(&[escapes, &[0u8; 8]].concat()).unwrap();
+        let chunk = ApplyInput {
+            positions: ApplyPositions::Steps,
+            pos_section: sec.ptr(),
+            pos_len: 13,
+            val_section: val.ptr(),
+            val_len: escapes.len() as u64,
+            values: ApplyValues::Escaped,
+            ..mk(ApplyPositions::Abs32, &good, 12, &vals, count, 50)
+        };
+        (chunk, sec, val)
+    };
+    let mut past = [0u8; 13];
+    past[0] = 0b01_01_01;
+    past[12] = 0b01_0000; // element 50
+    let mut four = [0u8; 13];
+    four[0] = 0b01_01_01_01;
+    let mut esc = [0u8; 13];
+    esc[0] = 0b01_01_11;
+    for (map, escapes, why) in [
+        (past, &[][..], "at or past"),
+        (four, &[][..], "count"),
+        (esc, &[][..], "escapes differ"),
+        (esc, &[5, 0, 6, 0][..], "escapes differ"),
+        (esc, &[0, 0][..], "already"),
+    ] {
+        let (chunk, _sec, _val) = steps(map, escapes, 3);
+        // SAFETY: inside the buffers above (the map's 13 bytes, the escapes and padding).
+        let err = unsafe { gpu.apply_verified(&[chunk], false, &[held], &[0]) };
+        match err {
+            Err(CudaError::BadChunk { chunk: 0, reason }) => {
+                assert!(reason.contains(why), "{reason} / {why}")
+            }
+            Err(CudaError::InvalidArgument(reason)) if why == "escapes differ" => {
+                assert!(!reason.is_empty())
+            }
+            other => panic!("steps {why}: {other:?}"),
+        }
+        assert_eq!(
+            dl(&gpu, slot.ptr(), 20_000),
+            vec![0u8; 20_000],
+            "steps {why}: nothing written"
+        );
+    }
+    // A good steps chunk: +1 step at 101 (+0 → the least subnormal), −1 step at 102 (+0 →
+    // −0, its neighbour below in the ordered view), escape 0x4000 at 104.
+    let mut map = [0u8; 13];
+    map[0] = 0b10_01_00;
+    map[1] = 0b11;
+    let (chunk, _sec, _val) = steps(map, &[0x00, 0x40], 3);
+    let salt = slot_salt(0);
+    let want = [(101u64, 1u32), (102, 0x8000), (104, 0x4000)]
+        .iter()
+        .fold(held, |d, &(i, v)| d.wrapping_add(change(salt, i, 0, v)));
+    // SAFETY: as above.
+    let got = unsafe { gpu.apply_verified(&[chunk], false, &[held], &[want]) }.unwrap();
+    assert_eq!(got, vec![want]);
+    let after = dl(&gpu, slot.ptr(), 20_000);
+    assert_eq!(
+        [101, 102, 103, 104].map(|i| load_bits(&after, 2, i)),
+        [1, 0x8000, 0, 0x4000]
+    );
+    // SAFETY: the slot's 20 000 bytes, zeroed again for the cases below.
+    unsafe { gpu.memset(slot.ptr(), 0, 20_000) }.unwrap();
     // Header-level refusals, before any launch.
     let chunk = mk(ApplyPositions::Abs32, &good, 8, &vals, 3, 50);
     // SAFETY: as above.

@@ -11,8 +11,8 @@ use super::context::{Args, MAX_GRID, THREADS};
 use super::driver::{drv, guarded};
 use crate::error::{CudaError, Result};
 use crate::{
-    apply_error_reason, journal_layout, ApplyCheck, ApplyInput, ApplyPositions, ChunkError,
-    DevicePtr,
+    apply_error_reason, journal_layout, ApplyCheck, ApplyInput, ApplyPositions, ApplyValues,
+    ChunkError, DevicePtr,
 };
 
 // Host twin of the kernel struct; field order and sizes must match kernels/apply.cu.
@@ -33,6 +33,9 @@ struct KApplyChunk {
     k_begin: u64,
     k_end: u64,
     journal: u64,
+    escapes: u64,
+    val_raw: u32,
+    pad: u32,
 }
 
 impl Gpu {
@@ -131,6 +134,7 @@ impl Gpu {
             .map(|(c, off)| ApplyInput {
                 val_section: journal + off,
                 val_len: c.count * c.width as u64,
+                values: ApplyValues::Raw,
                 ..*c
             })
             .collect();
@@ -279,16 +283,36 @@ fn apply_table(
         {
             return Err(bad(i, "chunk lies beyond its slot"));
         }
-        if c.val_len != c.count * w {
+        let steps = c.positions == ApplyPositions::Steps;
+        match c.values {
+            ApplyValues::Raw if c.val_len != c.count * w => {
+                return Err(bad(
+                    i,
+                    "raw value section length differs from count * width",
+                ));
+            }
+            ApplyValues::Escaped if !steps => {
+                return Err(bad(i, "escaped values come only with steps positions"));
+            }
+            ApplyValues::Escaped if c.val_len % w != 0 || c.val_len / w > c.count => {
+                return Err(bad(
+                    i,
+                    "escape section not whole elements, or more of them than changes",
+                ));
+            }
+            _ => {}
+        }
+        if steps && seed {
             return Err(bad(
                 i,
-                "raw value section length differs from count * width",
+                "a seed's values do not depend on what the receiver held",
             ));
         }
         let pos_ok = match c.positions {
             ApplyPositions::All => c.count == c.range && c.pos_len == 0,
             ApplyPositions::Abs32 => c.pos_len == c.count * 4,
             ApplyPositions::Bitmap => c.pos_len == c.range.div_ceil(8),
+            ApplyPositions::Steps => c.pos_len == c.range.div_ceil(4),
         };
         if !pos_ok {
             return Err(bad(i, "position section length does not fit its codec"));
@@ -317,12 +341,15 @@ fn apply_table(
             k_begin: 0,
             k_end: c.count,
             journal: 0,
+            escapes: c.val_len / w,
+            val_raw: (c.values == ApplyValues::Raw) as u32,
+            pad: 0,
         };
         // A bitmap is decoded by one block scanning it. The changes of all/abs32 chunks are
         // independent and could be shared out between blocks, but shared out a 7B delta
         // applied slower than with a block per chunk (docs/data/gpu-sync/README.md, "Figures
         // behind the code"): APPLY_SEGMENT is kept at a whole grid cell.
-        let step = if c.positions == ApplyPositions::Bitmap {
+        let step = if matches!(c.positions, ApplyPositions::Bitmap | ApplyPositions::Steps) {
             c.count
         } else {
             APPLY_SEGMENT

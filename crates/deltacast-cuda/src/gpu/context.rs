@@ -92,6 +92,7 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dc_diff_direct",
             "dc_diff_resident_direct",
             "dc_diff_finish_direct",
+            "dc_diff_steps",
         ],
     ),
     ("encode", &["dc_encode_cells", "dc_encode_place"]),
@@ -295,8 +296,10 @@ impl Gpu {
         unsafe { cu::ctx::set_current(self.ctx) }.map_err(drv("cuCtxSetCurrent"))
     }
 
-    fn func(&self, name: &'static str) -> sys::CUfunction {
-        self.funcs[name]
+    fn func(&self, name: &'static str) -> Result<sys::CUfunction> {
+        self.funcs.get(name).copied().ok_or_else(|| {
+            CudaError::InvalidArgument(format!("kernel {name} is not in the loaded table"))
+        })
     }
 
     pub(super) fn launch(
@@ -313,20 +316,12 @@ impl Gpu {
             .ok()
             .filter(|&g| g < (1 << 31))
             .ok_or_else(|| CudaError::InvalidArgument(format!("grid of {grid} blocks")))?;
+        let func = self.func(name)?;
         let mut ptrs = args.ptrs();
         // SAFETY: the kernel's parameters match `args` in number and size (each launch site
         // follows its kernel's signature); the pointers in them are the caller's promise.
-        unsafe {
-            cu::launch_kernel(
-                self.func(name),
-                (grid, 1, 1),
-                (block, 1, 1),
-                0,
-                self.stream,
-                &mut ptrs,
-            )
-        }
-        .map_err(drv(name))
+        unsafe { cu::launch_kernel(func, (grid, 1, 1), (block, 1, 1), 0, self.stream, &mut ptrs) }
+            .map_err(drv(name))
     }
 }
 
@@ -367,5 +362,34 @@ impl Drop for Gpu {
             }
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KERNEL_NAMES;
+
+    #[test]
+    fn every_kernel_of_every_file_is_loaded() {
+        for (file, src) in crate::KERNELS {
+            let defined: Vec<&str> = src
+                .split("extern \"C\"")
+                .skip(1)
+                .filter_map(|rest| {
+                    // The first `dc_` word after the qualifiers and any __launch_bounds__(..).
+                    rest.split(|c: char| c.is_whitespace() || c == '(')
+                        .find(|w| w.starts_with("dc_"))
+                })
+                .collect();
+            let listed = KERNEL_NAMES
+                .iter()
+                .find(|(f, _)| f == file)
+                .map_or(&[][..], |(_, names)| *names);
+            let mut a = defined.clone();
+            let mut b = listed.to_vec();
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "kernels of {file}.cu");
+        }
     }
 }

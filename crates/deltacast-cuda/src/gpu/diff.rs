@@ -13,7 +13,8 @@ use super::context::{Args, MAX_GRID, THREADS};
 use super::driver::{drv, guarded};
 use crate::error::{CudaError, Result};
 use crate::{
-    convert_word, DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult, ONE_PASS_ABOVE,
+    convert_word, steps_map_layout, DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult,
+    StepsCell, StepsDiff, StepsOutput, StepsTensorResult, ONE_PASS_ABOVE,
 };
 
 const DIFF_THREADS: u32 = 256;
@@ -36,6 +37,13 @@ struct KDiffTensor {
     aligned16: u32,
     convert: u32,
     pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KStepsTensor {
+    map: u64,
+    cell0: u64,
 }
 
 impl Args {
@@ -237,6 +245,134 @@ impl Gpu {
             let kernel_ms = unsafe { cu::event::elapsed(start, self.events.1) }
                 .map_err(drv("cuEventElapsedTime"))?;
             Ok(diff_results(inputs, &order, &raw, kernel_ms))
+        })
+    }
+
+    /// Diffs many tensors straight into the steps + esc code (kernels/diff.cu,
+    /// `dc_diff_steps`), in one pass: each tensor's 2-bit codes into its map, the escapes'
+    /// new bits compacted, the snapshot refreshed, the digest updates added, and the changes
+    /// and escapes of every cell counted. Synchronises once, at the end. When the escapes
+    /// pass `out.capacity` (`!is_complete`), the snapshots are current but the digest words
+    /// are not: recompute them.
+    ///
+    /// # Safety
+    /// As [`Gpu::diff_batch`]; `out.map` valid for `steps_map_layout(inputs).1` bytes and
+    /// `out.escapes` for `out.capacity` escapes of the widest tensor.
+    pub unsafe fn diff_steps(&self, inputs: &[DiffInput], out: &StepsOutput) -> Result<StepsDiff> {
+        guarded(|| {
+            self.bind()?;
+            let n = inputs.len();
+            let tile_bytes = self.tuning.tile_bytes();
+            let cell_elems = out.cell_elems.max(1).next_multiple_of(tile_bytes);
+            if n == 0 {
+                return Ok(StepsDiff {
+                    cell_elems,
+                    ..StepsDiff::default()
+                });
+            }
+            if !out.map.is_multiple_of(4) {
+                return Err(CudaError::InvalidArgument(
+                    "steps map not 4-byte aligned".into(),
+                ));
+            }
+            let (order, table, tiles) = diff_table(inputs, tile_bytes)?;
+            let (map_offsets, _) = steps_map_layout(inputs);
+            // Cells per tensor, numbered in the kernel's (width) order.
+            let mut steps = Vec::with_capacity(n);
+            let mut cell_base = vec![0u64; n];
+            let mut cells = 0u64;
+            for &i in &order {
+                steps.push(KStepsTensor {
+                    map: out.map + map_offsets[i],
+                    cell0: cells,
+                });
+                cell_base[i] = cells;
+                cells += inputs[i].numel.div_ceil(cell_elems);
+            }
+            // Scratch: [table n*64][steps n*16][tile tensors tiles*4][status tiles*8]
+            //          [cells cells*8], each 8-aligned.
+            let table_len = (n * std::mem::size_of::<KDiffTensor>()) as u64;
+            let steps_off = table_len;
+            let tensor_of_off = steps_off + (n * std::mem::size_of::<KStepsTensor>()) as u64;
+            let status_off = tensor_of_off + (tiles * 4).next_multiple_of(8);
+            let cells_off = status_off + tiles * 8;
+            let len = cells_off + cells * 8;
+            let (_guard, base) = self.scratch(len as usize)?;
+            self.upload_typed(base, &table)?;
+            self.upload_typed(base + steps_off, &steps)?;
+            // SAFETY: inside the scratch region.
+            unsafe { cu::memset_d8_async(base + cells_off, 0, (cells * 8) as usize, self.stream) }
+                .map_err(drv("cuMemsetD8"))?;
+            let start = self.events.0;
+            // SAFETY: our event and stream.
+            unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
+            self.launch(
+                "dc_diff_tile_tensor",
+                tiles.div_ceil(THREADS as u64).min(MAX_GRID),
+                THREADS,
+                Args::new()
+                    .push(base)
+                    .push(n as u64)
+                    .push(tiles)
+                    .push(base + tensor_of_off)
+                    .push(base + status_off),
+            )?;
+            if tiles > 0 {
+                self.launch(
+                    "dc_diff_steps",
+                    tiles,
+                    DIFF_THREADS,
+                    Args::new()
+                        .push(base)
+                        .push(base + steps_off)
+                        .push(base + tensor_of_off)
+                        .push(base + status_off)
+                        .push(out.capacity)
+                        .push(out.escapes)
+                        .push(base + cells_off)
+                        .push(cell_elems),
+                )?;
+            }
+            // SAFETY: our event and stream.
+            unsafe { cu::event::record(self.events.1, self.stream) }
+                .map_err(drv("cuEventRecord"))?;
+            let raw: Vec<u32> = self.download_typed(base + cells_off, 2 * cells as usize)?;
+            // SAFETY: both events were recorded and the stream synchronised.
+            let kernel_ms = unsafe { cu::event::elapsed(start, self.events.1) }
+                .map_err(drv("cuEventElapsedTime"))?;
+            let mut tensors = vec![StepsTensorResult::default(); n];
+            let (mut found, mut escapes) = (0u64, 0u64);
+            for &i in &order {
+                let c0 = cell_base[i] as usize;
+                let count = inputs[i].numel.div_ceil(cell_elems) as usize;
+                let list: Vec<StepsCell> = raw[2 * c0..2 * (c0 + count)]
+                    .chunks_exact(2)
+                    .map(|p| StepsCell {
+                        changes: p[0],
+                        escapes: p[1],
+                    })
+                    .collect();
+                let changes: u64 = list.iter().map(|c| c.changes as u64).sum();
+                tensors[i] = StepsTensorResult {
+                    map_offset: map_offsets[i],
+                    changes,
+                    escape0: escapes,
+                    cells: list,
+                };
+                found += changes;
+                escapes += tensors[i]
+                    .cells
+                    .iter()
+                    .map(|c| c.escapes as u64)
+                    .sum::<u64>();
+            }
+            Ok(StepsDiff {
+                tensors,
+                found,
+                escapes,
+                cell_elems,
+                kernel_ms,
+            })
         })
     }
 

@@ -158,9 +158,9 @@ impl Gpu {
                 let codec = match codec {
                     ApplyPositions::Abs32 => 1,
                     ApplyPositions::Bitmap => 3,
-                    ApplyPositions::All => {
+                    ApplyPositions::All | ApplyPositions::Steps => {
                         return Err(CudaError::InvalidArgument(
-                            "encode_place: `all` has no position section".into(),
+                            "encode_place: writes abs32 and bitmap sections only".into(),
                         ))
                     }
                 };

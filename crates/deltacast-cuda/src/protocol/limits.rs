@@ -19,6 +19,9 @@ pub struct TableLimits {
     pub total_bytes: u64,
     /// Per slot: (elements, width).
     pub slots: Vec<(u64, usize)>,
+    /// Per slot: whether its dtype steps along the ordered-integer view (a float), which
+    /// `steps` chunks need.
+    pub steppable: Vec<bool>,
 }
 
 impl TableLimits {
@@ -70,6 +73,7 @@ pub(crate) fn section_bounds(positions: PosCodec, count: u64, range: u64) -> (u6
         PosCodec::All => (0, 0),
         PosCodec::Abs32 => (count * 4, count * 4),
         PosCodec::Bitmap => (range.div_ceil(8), range.div_ceil(8)),
+        PosCodec::Steps => (range.div_ceil(4), range.div_ceil(4)),
         // A directory entry per block, then 1 to 48 bits per gap.
         PosCodec::Gaps => (
             7 * blocks + (count - blocks).div_ceil(8),
@@ -84,6 +88,8 @@ pub(crate) fn value_bounds(values: ValCodec, count: u64, width: u64) -> (u64, u6
     let blocks = count.div_ceil(CODE_BLOCK);
     match values {
         ValCodec::Raw => (count * width, count * width),
+        // The escaped changes' raw bits: none to all of them.
+        ValCodec::Escaped => (0, count * width),
         // A directory entry per block, then 1 to (2·nb + 1) bits per value.
         ValCodec::Ulp => (
             4 * blocks + count.div_ceil(8),

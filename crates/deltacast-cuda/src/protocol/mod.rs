@@ -563,7 +563,7 @@ fn check_delta_entries(stage: &Stage, table: &TableLimits) -> Result<()> {
         };
         if !matches!(
             c.pos_codec,
-            PosCodec::Abs32 | PosCodec::Gaps | PosCodec::Bitmap
+            PosCodec::Abs32 | PosCodec::Gaps | PosCodec::Bitmap | PosCodec::Steps
         ) {
             return Err(fail(&format!(
                 "position codec {} is not decoded on the GPU",
@@ -575,6 +575,11 @@ fn check_delta_entries(stage: &Stage, table: &TableLimits) -> Result<()> {
         }
         if c.val_codec == ValCodec::Ulp && c.pos_codec == PosCodec::Bitmap {
             return Err(fail("ulp values need listed positions (abs32 or gaps)"));
+        }
+        // (`steps` comes only with `esc` values: ChunkEntry::decode checked the pair.)
+        let steppable = table.steppable.get(c.slot as usize).copied();
+        if c.pos_codec == PosCodec::Steps && steppable != Some(true) {
+            return Err(fail("steps chunks need a floating-point slot"));
         }
         let Some(end) = c.start.checked_add(c.range).filter(|&e| e <= numel) else {
             return Err(fail("lies beyond its slot"));

@@ -10,6 +10,7 @@ fn limits() -> TableLimits {
         total_elements: 10_000 + 77,
         total_bytes: 20_000 + 308,
         slots: vec![(10_000, 2), (77, 4)],
+        steppable: vec![true, true],
     }
 }
 
@@ -132,6 +133,7 @@ fn stages_round_trip_and_are_frames_of_the_core_format() {
         total_elements: 3 + 77,
         total_bytes: 6 + 308,
         slots: vec![(3, 2), (77, 4)],
+        steppable: vec![true, true],
     };
     let s = Stage::whole(
         FrameKind::Dense,
@@ -627,6 +629,11 @@ fn cpu_syncs_survive_restaging_and_reassembly_bit_for_bit() {
                     .iter()
                     .map(|s| (s.numel(), s.dtype.width()))
                     .collect(),
+                steppable: table
+                    .slots()
+                    .iter()
+                    .map(|s| s.dtype.ulp_codable())
+                    .collect(),
             };
             let head = decode_header(&parts[0], &limits)
                 .unwrap_or_else(|e| panic!("{codec} sync {k}: header refused: {e}"));
@@ -764,4 +771,55 @@ fn captured_frames_are_sized_by_what_arrived() {
     let mut empty = Stage::whole(FrameKind::Dense, 7, 0xabc, (1, 2), 1, &[], &[]);
     empty.header.frame_len += 1 << 40;
     assert!(empty.to_frame(&[], &[]).is_err());
+}
+
+#[test]
+fn steps_chunks_are_taken_on_float_slots_with_their_exact_map() {
+    // Slot 0 (10 000 bf16): a steps chunk of range 1000 (a 250-byte map), 40 changes of which
+    // 3 escaped.
+    let steps = |pos_len: u64, val_len: u64| {
+        let e = entry(
+            0,
+            PosCodec::Steps,
+            ValCodec::Escaped,
+            (64, 1000, 40),
+            (0, pos_len),
+            (0, val_len),
+        );
+        Stage::delta(7, 0xabc, 0, 1, 0, &[(1, 2), (3, 4)], vec![e], 256, 80).expect("stage")
+    };
+    assert!(decode(&steps(250, 6)).is_ok());
+    // Any other map length, or more escaped bytes than changes: refused before anything is
+    // received.
+    for (pos_len, val_len) in [(249, 6), (251, 6), (250, 82)] {
+        let s = Stage::delta(
+            7,
+            0xabc,
+            0,
+            1,
+            0,
+            &[(1, 2), (3, 4)],
+            vec![entry(
+                0,
+                PosCodec::Steps,
+                ValCodec::Escaped,
+                (64, 1000, 40),
+                (0, pos_len),
+                (0, val_len),
+            )],
+            256,
+            100,
+        )
+        .expect("stage");
+        assert!(decode(&s).is_err(), "map {pos_len}, escapes {val_len}");
+    }
+    // The same chunk on a slot whose dtype does not step: refused by name.
+    let t = TableLimits {
+        steppable: vec![false, true],
+        ..limits()
+    };
+    let s = steps(250, 6);
+    let h = decode_header(&s.encode_header(), &t).expect("header");
+    let err = decode_stage(h, &s.encode_manifest(), &t).unwrap_err();
+    assert!(err.to_string().contains("floating-point"), "{err}");
 }

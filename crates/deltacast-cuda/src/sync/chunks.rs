@@ -10,7 +10,7 @@ use deltacast::wire::ChunkEntry;
 use crate::protocol::{choose_sections, ChunkChoice};
 use crate::{
     ApplyPositions, CodeChunk, CodePlace, CodeScratch, CodeValues, DevicePtr, DiffResult,
-    EncodeInput, Gpu, GridChunk,
+    EncodeInput, Gpu, GridChunk, StepsDiff,
 };
 
 /// Where a diff wrote a stage's changes.
@@ -220,7 +220,7 @@ pub(super) unsafe fn write_chunks(
                 values: Some((
                     match c.values {
                         ValCodec::Ulp => CodeValues::Ulp,
-                        ValCodec::Raw | ValCodec::Context => CodeValues::Raw,
+                        ValCodec::Raw | ValCodec::Context | ValCodec::Escaped => CodeValues::Raw,
                     },
                     vptr + r.val_offset,
                 )),
@@ -231,4 +231,45 @@ pub(super) unsafe fn write_chunks(
         unsafe { gpu.entropy_write(code_scratch, &plan.code_chunks, &places)? };
     }
     Ok((pptr, vptr))
+}
+
+/// A steps diff's chunks (docs/codecs.md, "steps + esc"): one per cell with changes, its map
+/// section where the diff wrote it in the map region and its escapes where the diff compacted
+/// them in the value region, so that both regions go as they are. Returns the records and
+/// the bytes of each region they use.
+pub(super) fn steps_chunks(
+    diff: &StepsDiff,
+    tensors: &[StageTensor],
+) -> (Vec<ChunkEntry>, u64, u64) {
+    let mut records = Vec::new();
+    let (mut pos_end, mut val_end) = (0u64, 0u64);
+    for (t, r) in tensors.iter().zip(&diff.tensors) {
+        let w = t.width as u64;
+        let mut g = r.escape0;
+        for (c, cell) in r.cells.iter().enumerate() {
+            let start = c as u64 * diff.cell_elems;
+            let range = diff.cell_elems.min(t.numel - start);
+            let escapes = cell.escapes as u64;
+            if cell.changes > 0 {
+                let pos_offset = r.map_offset + start / 4;
+                let pos_len = range.div_ceil(4);
+                records.push(ChunkEntry {
+                    slot: t.slot,
+                    pos_codec: PosCodec::Steps,
+                    val_codec: ValCodec::Escaped,
+                    start: t.first_index + start,
+                    range,
+                    count: cell.changes as u64,
+                    pos_offset,
+                    pos_len,
+                    val_offset: g * w,
+                    val_len: escapes * w,
+                });
+                pos_end = pos_end.max(pos_offset + pos_len);
+                val_end = val_end.max((g + escapes) * w);
+            }
+            g += escapes;
+        }
+    }
+    (records, pos_end.next_multiple_of(4), val_end)
 }

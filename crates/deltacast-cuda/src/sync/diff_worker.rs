@@ -6,13 +6,26 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use super::settings::SnapshotPlace;
 use super::wall_ms;
 use crate::error::{CudaError, Result};
-use crate::{DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent};
+use crate::{DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent, StepsDiff, StepsOutput};
 
-/// One diff of a stage, with the snapshot where `place` says.
+/// What a stage's diff writes: its changes listed (positions and bits), or the steps code.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum DiffTarget {
+    List(DiffOutput),
+    Steps(StepsOutput),
+}
+
+/// A stage's diff, as its target had it.
+pub(super) enum Diffed {
+    List(DiffResult),
+    Steps(StepsDiff),
+}
+
+/// One listing diff of a stage, with the snapshot where `place` says.
 ///
 /// # Safety
 /// As [`Gpu::diff_batch`].
-pub(super) unsafe fn run_diff(
+pub(super) unsafe fn run_list_diff(
     gpu: &Gpu,
     place: SnapshotPlace,
     inputs: &[DiffInput],
@@ -27,17 +40,41 @@ pub(super) unsafe fn run_diff(
     }
 }
 
+/// One diff of a stage into `out` (the steps code only with device snapshots).
+///
+/// # Safety
+/// As [`Gpu::diff_batch`] and [`Gpu::diff_steps`].
+unsafe fn run_diff(
+    gpu: &Gpu,
+    place: SnapshotPlace,
+    inputs: &[DiffInput],
+    out: &DiffTarget,
+) -> Result<Diffed> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        match (out, place) {
+            (DiffTarget::List(out), _) => run_list_diff(gpu, place, inputs, out).map(Diffed::List),
+            (DiffTarget::Steps(out), SnapshotPlace::Device) => {
+                gpu.diff_steps(inputs, out).map(Diffed::Steps)
+            }
+            (DiffTarget::Steps(_), SnapshotPlace::PinnedHost) => Err(CudaError::InvalidArgument(
+                "the steps diff needs the snapshot in device memory".into(),
+            )),
+        }
+    }
+}
+
 /// A diff for the diff thread: its inputs and outputs, and the event (its set's last
 /// broadcasts) its stream waits for first.
 pub(super) struct DiffJob {
     pub(super) inputs: Vec<DiffInput>,
-    pub(super) out: DiffOutput,
+    pub(super) out: DiffTarget,
     pub(super) place: SnapshotPlace,
     pub(super) after: Option<Arc<GpuEvent>>,
 }
 
 /// A diff's result, with its start and end on the wall clock (for the stage trace).
-pub(super) type DiffDone = (Result<DiffResult>, f64, f64);
+pub(super) type DiffDone = (Result<Diffed>, f64, f64);
 
 /// The sender's diff thread, alive as long as the sender: it runs the diffs it is handed, in
 /// order, on the caller's `Gpu` handle. (A thread started for each sync costs a large share of

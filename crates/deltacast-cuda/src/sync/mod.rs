@@ -40,6 +40,7 @@ use deltacast::{Bf16Rule, DType, SlotInfo, SlotTable};
 use crate::error::{CudaError, Result};
 use deltacast::wire::FrameKind;
 
+use crate::choice::DeltaCodec;
 use crate::protocol::TableLimits;
 use crate::{DeviceBuffer, DevicePtr, DigestInput, Gpu};
 
@@ -50,6 +51,7 @@ mod sender;
 mod settings;
 mod sharded;
 mod sharded_setup;
+mod stage_set;
 
 pub use crate::choice::{ChoiceReport, AUTO_PROBE_EVERY, PROBE_WITHIN};
 pub use receiver::GpuReceiver;
@@ -161,6 +163,9 @@ pub struct GpuSyncReport {
     /// Whether the delta was sized in the entropy codecs (senders; receivers: whether it
     /// carried gaps or ulp sections).
     pub entropy: bool,
+    /// Whether the delta went in the steps code (senders; receivers: whether it carried
+    /// steps chunks).
+    pub steps: bool,
     /// Stages of the sync, and how many of them were sent whole.
     pub stages: u32,
     pub dense_stages: u32,
@@ -187,6 +192,7 @@ impl GpuSyncReport {
             time_ms: ms(started),
             diff_ms: 0.0,
             entropy: false,
+            steps: false,
             stages: 1,
             dense_stages: 1,
             phases: Vec::new(),
@@ -209,6 +215,8 @@ struct SendTotals {
     dense_bytes: u64,
     delta_bytes: u64,
     delta_changes: u64,
+    /// Of the delta bytes, the steps maps' (a quarter byte per element, whatever changed).
+    delta_map_bytes: u64,
 }
 
 impl SendTotals {
@@ -229,7 +237,7 @@ impl SendTotals {
         self,
         version: u64,
         numel: u64,
-        use_entropy: bool,
+        codec: DeltaCodec,
         stages: u32,
         time_ms: f64,
         phases: Vec<(&'static str, f64)>,
@@ -248,7 +256,9 @@ impl SendTotals {
             chunks: self.chunks,
             time_ms,
             diff_ms: self.diff_ms,
-            entropy: use_entropy && any_delta,
+            entropy: codec == DeltaCodec::Entropy && any_delta,
+            // (Only where steps chunks went: a stage of no changes sends none.)
+            steps: codec == DeltaCodec::Steps && self.delta_map_bytes > 0,
             stages,
             dense_stages: self.dense_stages,
             phases,
@@ -366,6 +376,11 @@ fn limits(table: &SlotTable) -> TableLimits {
             .slots()
             .iter()
             .map(|s| (s.numel(), s.dtype.width()))
+            .collect(),
+        steppable: table
+            .slots()
+            .iter()
+            .map(|s| s.dtype.ulp_codable())
             .collect(),
     }
 }

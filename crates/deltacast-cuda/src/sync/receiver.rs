@@ -19,8 +19,8 @@ use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{decode_header, decode_stage, Stage, TableLimits, HEADER_BYTES};
 use crate::{
-    journal_layout, ApplyInput, ApplyPositions, CodeScratch, DecodeInput, DecodePositions,
-    DeviceBuffer, DevicePtr, Gpu, DECODE_SLACK,
+    journal_layout, ApplyInput, ApplyPositions, ApplyValues, CodeScratch, DecodeInput,
+    DecodePositions, DeviceBuffer, DevicePtr, Gpu, DECODE_SLACK,
 };
 
 /// A receiver's buffers for one stage index of a sync (kept for the whole sync: an applied
@@ -80,6 +80,7 @@ struct Incoming {
     payload_bytes: u64,
     chunks: u64,
     entropy: bool,
+    steps: bool,
     dense_stages: u32,
     any_delta: bool,
 }
@@ -202,6 +203,7 @@ impl GpuReceiver {
             payload_bytes: 0,
             chunks: 0,
             entropy: false,
+            steps: false,
             dense_stages: 0,
             any_delta: false,
         };
@@ -259,6 +261,7 @@ impl GpuReceiver {
             time_ms: ms(started),
             diff_ms: 0.0,
             entropy: got.entropy,
+            steps: got.steps,
             stages: last.count(),
             dense_stages: got.dense_stages,
             phases: phases.finish("receiver"),
@@ -502,15 +505,17 @@ impl GpuReceiver {
             let w = t.dtype.width() as u64;
             let wire_pos = pptr + stage.position_offset(c);
             let wire_val = vptr + stage.value_offset(c);
-            // decode_stage lets only abs32, gaps and bitmap through.
+            // decode_stage lets only abs32, gaps, bitmap and steps through.
             let (positions, pos_section, pos_len) = match c.pos_codec {
                 PosCodec::Bitmap => (ApplyPositions::Bitmap, wire_pos, c.pos_len),
+                PosCodec::Steps => (ApplyPositions::Steps, wire_pos, c.pos_len),
                 PosCodec::Gaps => (ApplyPositions::Abs32, sp + ps, c.count * 4),
                 _ => (ApplyPositions::Abs32, wire_pos, c.pos_len),
             };
-            let (val_section, val_len) = match c.val_codec {
-                ValCodec::Raw | ValCodec::Context => (wire_val, c.val_len),
-                ValCodec::Ulp => (sv + vs, c.count * w),
+            let (val_section, val_len, values) = match c.val_codec {
+                ValCodec::Raw | ValCodec::Context => (wire_val, c.val_len, ApplyValues::Raw),
+                ValCodec::Escaped => (wire_val, c.val_len, ApplyValues::Escaped),
+                ValCodec::Ulp => (sv + vs, c.count * w, ApplyValues::Raw),
             };
             if c.pos_codec == PosCodec::Gaps || c.val_codec == ValCodec::Ulp {
                 decode_chunk.push(k);
@@ -552,6 +557,7 @@ impl GpuReceiver {
                 pos_len,
                 val_section,
                 val_len,
+                values,
             });
         }
         // SAFETY: every section lies inside the received buffers, which hold DECODE_SLACK
@@ -563,6 +569,9 @@ impl GpuReceiver {
                 chunk: decode_chunk[e.chunk],
                 reason: e.reason,
             });
+        }
+        if stage.entries.iter().any(|c| c.pos_codec == PosCodec::Steps) {
+            got.steps = true;
         }
         if !decode.is_empty() {
             got.entropy = true;

@@ -9,12 +9,13 @@ use deltacast::plan::plan_stages;
 use deltacast::wire::FrameKind;
 use deltacast::{SlotTable, WeightSender};
 
-use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
-use super::diff_worker::{DiffJob, DiffWorker};
+use super::chunks::{plan_chunks, steps_chunks, write_chunks, StageChanges, StageTensor};
+use super::diff_worker::{DiffJob, DiffTarget, DiffWorker, Diffed};
 use super::settings::{EntropyMode, GpuSenderConfig, Snapshot, SnapshotPlace};
+use super::stage_set::StageSet;
 use super::WaitStream;
 use super::{
-    check_tensors, digest_inputs, ms, slot_table, u64s, GpuSyncReport, GpuTensor, Growable, Phases,
+    check_tensors, digest_inputs, ms, slot_table, u64s, GpuSyncReport, GpuTensor, Phases,
     SendTotals,
 };
 use crate::choice::{CostModel, DeltaCodec, SyncCosts};
@@ -23,66 +24,23 @@ use crate::link::Link;
 use crate::protocol::{Stage, CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};
 use crate::{
     Bf16Rule, CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, DigestInput,
-    Gpu, GpuEvent, GpuStream, DECODE_SLACK,
+    Gpu, GpuEvent, GpuStream, StepsDiff, StepsOutput,
 };
+
+/// Elements of a steps chunk. A GPU receiver applies each chunk with one block of threads,
+/// so a stage's chunks must be many to fill the device (7 500 for the 0.5B model), and small
+/// enough that no block walks long after the others; the manifest costs 64 bytes per chunk
+/// against the 16 KiB of its map.
+const STEPS_CELL_ELEMS: u64 = 1 << 16;
 
 /// The first delta after a seed samples one block in this many to estimate each stage's
 /// density (1/16 of the bytes read: ~0.03 ms for the 0.5B model on an H200).
 const DENSITY_SAMPLE_EVERY: u64 = 16;
 
-/// One set of a sender's delta buffers. A stage uses a set from its diff until its
-/// broadcasts complete; with two sets the next stage's diff writes the other while they run.
-struct StageSet {
-    /// The diff's output: u64 positions, new bits, and old bits (entropy codecs only).
-    positions: DeviceBuffer,
-    values: DeviceBuffer,
-    old_values: Option<DeviceBuffer>,
-    packed: Growable,
-    /// The value sections, packed (entropy codecs; otherwise `values` is sent as it is).
-    packed_values: Growable,
-    header: DeviceBuffer,
-    manifest: Growable,
-    /// Recorded on the NCCL stream after this set's last broadcast (shared with the diff
-    /// thread, whose stream waits for it).
-    sent: Arc<GpuEvent>,
-    in_flight: bool,
-}
-
-impl StageSet {
-    fn new(gpu: &Gpu, capacity: u64, max_width: u64, entropy: bool) -> Result<StageSet> {
-        // (The entropy coder reads its inputs 16 bytes at a time: DECODE_SLACK past the end
-        // keeps those reads inside the buffers.)
-        let value_bytes = ((capacity * max_width).next_multiple_of(8) + DECODE_SLACK) as usize;
-        Ok(StageSet {
-            positions: gpu.alloc((capacity * 8 + DECODE_SLACK) as usize)?,
-            values: gpu.alloc(value_bytes)?,
-            old_values: if entropy {
-                Some(gpu.alloc(value_bytes)?)
-            } else {
-                None
-            },
-            packed: Growable::new(),
-            packed_values: Growable::new(),
-            header: gpu.alloc(HEADER_BYTES)?,
-            manifest: Growable::new(),
-            sent: Arc::new(gpu.new_event()?),
-            in_flight: false,
-        })
-    }
-
-    fn bytes(&self) -> u64 {
-        (self.positions.len() + self.values.len() + self.header.len()) as u64
-            + self.old_values.as_ref().map_or(0, |b| b.len() as u64)
-            + self.packed.len()
-            + self.packed_values.len()
-            + self.manifest.len()
-    }
-}
-
 /// One delta sync in progress (sender): what its stages share and add up.
 struct SyncRun {
     version: u64,
-    use_entropy: bool,
+    codec: DeltaCodec,
     /// Per stage: sent whole without a diff (predicted cheaper than its delta).
     whole: Vec<bool>,
     /// Every slot's digest after the sync, filled stage by stage.
@@ -110,6 +68,9 @@ pub struct GpuSender {
     needs_seed: bool,
     /// Changes one stage's delta buffers hold.
     capacity: u64,
+    /// Whether stages may go in the steps code: every slot a float, the snapshots on the
+    /// device, and every stage's map fits a set's position buffer.
+    steps_ok: bool,
     stages: Vec<Range<usize>>,
     sets: Vec<StageSet>,
     code_scratch: CodeScratch,
@@ -222,7 +183,13 @@ impl GpuSender {
             .map(|_| StageSet::new(&gpu, capacity, max_width, entropy))
             .collect::<Result<Vec<_>>>()?;
         let n = tensors.len();
+        let steps_ok = config.snapshot == SnapshotPlace::Device
+            && tensors.iter().all(|t| t.dtype.ulp_codable())
+            && sets
+                .first()
+                .is_some_and(|set| set.holds_steps_maps(&tensors, &stages));
         Ok(GpuSender {
+            steps_ok,
             diff_worker: DiffWorker::start(Arc::clone(&diff_gpu))?,
             diff_gpu,
             sets,
@@ -345,21 +312,25 @@ impl GpuSender {
         self.needs_seed = true;
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
-        let allowed: &[DeltaCodec] = match self.config.entropy {
-            EntropyMode::Off => &[DeltaCodec::Plain],
-            EntropyMode::On => &[DeltaCodec::Entropy],
-            EntropyMode::Auto => &[DeltaCodec::Plain, DeltaCodec::Entropy],
+        let mut allowed = match self.config.entropy {
+            EntropyMode::Off => vec![DeltaCodec::Plain],
+            EntropyMode::On => vec![DeltaCodec::Entropy],
+            EntropyMode::Auto => vec![DeltaCodec::Plain, DeltaCodec::Entropy],
         };
+        if self.steps_ok && self.config.entropy == EntropyMode::Auto {
+            allowed.push(DeltaCodec::Steps);
+        }
         self.estimate_unknown_densities()?;
         let expected = self.last_changed.iter().flatten().sum::<u64>();
-        let codec = self.costs.codec(allowed, expected);
-        let use_entropy = codec.entropy();
+        let codec = self
+            .costs
+            .codec(&allowed, expected, self.table.total_elements());
         let whole = (0..self.stages.len())
             .map(|s| self.whole_before_diff(s, codec))
             .collect();
         let mut run = SyncRun {
             version: self.version + 1,
-            use_entropy,
+            codec,
             whole,
             after: self.digests.clone(),
             totals: SendTotals::default(),
@@ -398,12 +369,13 @@ impl GpuSender {
             delta: any_delta.then_some(codec),
             delta_changes: totals.delta_changes,
             delta_bytes: Some(totals.delta_bytes),
+            delta_map_bytes: totals.delta_map_bytes,
         });
         let numel = self.table.total_elements();
         let mut report = totals.report(
             self.version,
             numel,
-            use_entropy,
+            codec,
             stages,
             time_ms,
             phases.finish("sender"),
@@ -423,7 +395,7 @@ impl GpuSender {
         let nsets = self.sets.len();
         for s in 0..stages.min(nsets) {
             if !run.whole[s] {
-                self.submit_diff(s, run.use_entropy, None)?;
+                self.submit_diff(s, run.codec, None)?;
             }
         }
         for s in 0..stages {
@@ -434,12 +406,15 @@ impl GpuSender {
                 run.phases.mark("diff-begun", begun);
                 run.phases.mark("diff-ended", ended);
                 run.phases.lap("diff", &mut run.mark);
-                self.send_stage(s, &diff?, run)?;
+                match diff? {
+                    Diffed::List(diff) => self.send_stage(s, &diff, run)?,
+                    Diffed::Steps(diff) => self.send_steps_stage(s, &diff, run)?,
+                }
             }
             let next = s + nsets;
             if next < stages && !run.whole[next] {
                 let sent = Arc::clone(&self.sets[s % nsets].sent);
-                self.submit_diff(next, run.use_entropy, Some(sent))?;
+                self.submit_diff(next, run.codec, Some(sent))?;
             }
         }
         Ok(())
@@ -454,10 +429,11 @@ impl GpuSender {
             return false;
         };
         let bytes: u64 = self.tensors[range.clone()].iter().map(|t| t.nbytes()).sum();
+        let elements: u64 = self.tensors[range.clone()].iter().map(|t| t.numel()).sum();
         !self.any_pinned(range)
             && self
                 .costs
-                .dense_before_diff(bytes, self.stages.len(), expected, codec)
+                .dense_before_diff((bytes, elements), self.stages.len(), expected, codec)
     }
 
     /// Stages with no count yet (the first delta after a seed) get an estimate from a sample
@@ -537,10 +513,20 @@ impl GpuSender {
     fn submit_diff(
         &mut self,
         s: usize,
-        use_entropy: bool,
+        codec: DeltaCodec,
         after: Option<Arc<GpuEvent>>,
     ) -> Result<()> {
-        let (inputs, out) = self.diff_args(s, use_entropy);
+        let (inputs, list) = self.diff_args(s, codec.entropy());
+        let bufs = &self.sets[s % self.sets.len()];
+        let out = match codec {
+            DeltaCodec::Steps => DiffTarget::Steps(StepsOutput {
+                map: bufs.positions.ptr(),
+                escapes: bufs.values.ptr(),
+                capacity: self.capacity,
+                cell_elems: STEPS_CELL_ELEMS,
+            }),
+            _ => DiffTarget::List(list),
+        };
         self.diff_worker.submit(DiffJob {
             inputs,
             out,
@@ -584,70 +570,27 @@ impl GpuSender {
     /// Encodes stage `s` from its diff and starts its broadcasts (delta, or whole when that
     /// is predicted faster or the delta did not fit); `after` gets the stage's new digests.
     fn send_stage(&mut self, s: usize, diff: &DiffResult, run: &mut SyncRun) -> Result<()> {
-        let SyncRun {
-            version,
-            use_entropy,
-            after,
-            totals,
-            phases,
-            mark,
-            ..
-        } = run;
-        let (version, use_entropy) = (*version, *use_entropy);
-        let range = self.stages[s].clone();
-        let stages = self.stages.len() as u32;
         let set = s % self.sets.len();
-        // The encoder writes the set too: its last broadcasts must be over.
-        self.wait_set(set)?;
-        phases.mark_now("set-free");
+        self.begin_diffed_stage(s, diff.kernel_ms, diff.found, run)?;
+        if !diff.is_complete() {
+            // More changed than the buffers hold: whole. The diff refreshed only the snapshot
+            // of the tiles it wrote out; the rest is brought up to date.
+            return self.send_stage_whole(s, true, run);
+        }
+        self.take_stage_digests(s, run)?;
         let bufs = &self.sets[set];
-        let positions = bufs.positions.ptr();
-        let new_values = bufs.values.ptr();
         let entropy = bufs
             .old_values
             .as_ref()
-            .filter(|_| use_entropy)
+            .filter(|_| run.codec.entropy())
             .map(|b| b.ptr());
-        let stage_bytes: u64 = self.tensors[range.clone()].iter().map(|t| t.nbytes()).sum();
-        totals.diff_ms += diff.kernel_ms as f64;
-        totals.diffed_bytes += stage_bytes;
-        totals.changed += diff.found;
-        self.last_changed[s] = Some(diff.found);
-        if !diff.is_complete() {
-            // More changed than the buffers hold: send the stage whole. The diff refreshed
-            // only the snapshot of the tiles it wrote out; the rest is brought up to date.
-            let (got, _) = self.refresh(range.clone())?;
-            after[range.clone()].copy_from_slice(&got);
-            let bytes =
-                self.send_whole(FrameKind::Dense, s as u32, stages, range, version, after)?;
-            totals.add_dense(bytes);
-            phases.lap("encode", mark);
-            return Ok(());
-        }
-        // SAFETY: our digest words (the diff added every change's digest update).
-        let words = u64s(&unsafe {
-            self.gpu.download(
-                self.digests_dev.ptr() + 8 * range.start as u64,
-                range.len() * 8,
-            )?
-        });
-        after[range.clone()].copy_from_slice(&words);
-        phases.mark_now("digest-words");
-        let tensors: Vec<StageTensor> = range
-            .clone()
-            .map(|i| StageTensor {
-                slot: i as u32,
-                first_index: 0,
-                numel: self.tensors[i].numel(),
-                width: self.tensors[i].dtype.width(),
-            })
-            .collect();
         let changes = StageChanges {
             diff,
-            positions,
-            new_values,
+            positions: bufs.positions.ptr(),
+            new_values: bufs.values.ptr(),
             old_values: entropy,
         };
+        let tensors = self.stage_tensors(s);
         // SAFETY: the set's buffers hold what the diff wrote.
         let plan = unsafe {
             plan_chunks(
@@ -658,27 +601,12 @@ impl GpuSender {
                 self.config.chunk_elems,
             )?
         };
-        phases.mark_now("counted");
+        run.phases.mark_now("counted");
         let (pos_bytes, value_bytes) = (plan.position_bytes, plan.value_bytes);
-        let num_chunks = plan.records.len() as u64;
-        let fixed = (HEADER_BYTES + range.len() * SLOT_RECORD_BYTES) as u64;
-        let delta_bytes = fixed + num_chunks * CHUNK_RECORD_BYTES as u64 + pos_bytes + value_bytes;
-        let dense_bytes = fixed + (range.len() * CHUNK_RECORD_BYTES) as u64 + stage_bytes;
-        let codec = if use_entropy {
-            DeltaCodec::Entropy
-        } else {
-            DeltaCodec::Plain
-        };
-        if self
-            .costs
-            .dense_after_diff(dense_bytes, stages as usize, diff.found, delta_bytes, codec)
-        {
+        let wire = self.delta_wire(s, plan.records.len(), pos_bytes + value_bytes);
+        if self.whole_after_diff(s, diff.found, wire, run.codec) {
             // Whole is predicted faster: the snapshot and digests are already current.
-            let bytes =
-                self.send_whole(FrameKind::Dense, s as u32, stages, range, version, after)?;
-            totals.add_dense(bytes);
-            phases.lap("encode", mark);
-            return Ok(());
+            return self.send_stage_whole(s, false, run);
         }
         let bufs = &mut self.sets[set];
         // SAFETY: as plan_chunks, same changes.
@@ -693,34 +621,165 @@ impl GpuSender {
                 4,
             )?
         };
-        phases.mark_now("placed");
+        run.phases.mark_now("placed");
+        let regions = [(packed, pos_bytes), (values_ptr, value_bytes)];
+        self.send_delta_stage(s, plan.records, regions, diff.found, 0, run)
+    }
+
+    /// Sends stage `s` from its steps diff: its maps and escapes as the diff wrote them, or
+    /// whole when that is predicted faster or the escapes did not fit; `after` gets the
+    /// stage's new digests.
+    fn send_steps_stage(&mut self, s: usize, diff: &StepsDiff, run: &mut SyncRun) -> Result<()> {
+        let set = s % self.sets.len();
+        self.begin_diffed_stage(s, diff.kernel_ms, diff.found, run)?;
+        if !diff.is_complete(self.capacity) {
+            // More escapes than the buffer holds: whole. The snapshot is current; the digest
+            // words are not.
+            return self.send_stage_whole(s, true, run);
+        }
+        self.take_stage_digests(s, run)?;
+        let (records, pos_bytes, value_bytes) = steps_chunks(diff, &self.stage_tensors(s));
+        let wire = self.delta_wire(s, records.len(), pos_bytes + value_bytes);
+        if self.whole_after_diff(s, diff.found, wire, DeltaCodec::Steps) {
+            return self.send_stage_whole(s, false, run);
+        }
+        let bufs = &self.sets[set];
+        let regions = [
+            (bufs.positions.ptr(), pos_bytes),
+            (bufs.values.ptr(), value_bytes),
+        ];
+        self.send_delta_stage(s, records, regions, diff.found, pos_bytes, run)
+    }
+
+    /// What every diffed stage starts with: its set free (the encoder writes it, the
+    /// broadcasts read it), its diff's time, bytes and changes counted.
+    fn begin_diffed_stage(
+        &mut self,
+        s: usize,
+        kernel_ms: f32,
+        found: u64,
+        run: &mut SyncRun,
+    ) -> Result<()> {
+        self.wait_set(s % self.sets.len())?;
+        run.phases.mark_now("set-free");
+        run.totals.diff_ms += kernel_ms as f64;
+        run.totals.diffed_bytes += self.stage_bytes(s);
+        run.totals.changed += found;
+        self.last_changed[s] = Some(found);
+        Ok(())
+    }
+
+    /// Stage `s` whole after its diff (`refresh`: its snapshot and digests brought up to date
+    /// first, when the diff could not finish them).
+    fn send_stage_whole(&mut self, s: usize, refresh: bool, run: &mut SyncRun) -> Result<()> {
+        let range = self.stages[s].clone();
+        if refresh {
+            let (got, _) = self.refresh(range.clone())?;
+            run.after[range.clone()].copy_from_slice(&got);
+        }
+        let stages = self.stages.len() as u32;
+        let bytes = self.send_whole(
+            FrameKind::Dense,
+            s as u32,
+            stages,
+            range,
+            run.version,
+            &mut run.after,
+        )?;
+        run.totals.add_dense(bytes);
+        run.phases.lap("encode", &mut run.mark);
+        Ok(())
+    }
+
+    /// The stage's new digests, from the words the diff added its changes to.
+    fn take_stage_digests(&mut self, s: usize, run: &mut SyncRun) -> Result<()> {
+        let range = self.stages[s].clone();
+        // SAFETY: our digest words (the diff added every change's digest update).
+        let words = u64s(&unsafe {
+            self.gpu.download(
+                self.digests_dev.ptr() + 8 * range.start as u64,
+                range.len() * 8,
+            )?
+        });
+        run.after[range].copy_from_slice(&words);
+        run.phases.mark_now("digest-words");
+        Ok(())
+    }
+
+    fn stage_bytes(&self, s: usize) -> u64 {
+        self.tensors[self.stages[s].clone()]
+            .iter()
+            .map(|t| t.nbytes())
+            .sum()
+    }
+
+    fn stage_tensors(&self, s: usize) -> Vec<StageTensor> {
+        self.stages[s]
+            .clone()
+            .map(|i| StageTensor {
+                slot: i as u32,
+                first_index: 0,
+                numel: self.tensors[i].numel(),
+                width: self.tensors[i].dtype.width(),
+            })
+            .collect()
+    }
+
+    /// Wire bytes of stage `s` as a delta of `chunks` chunks and `sections` section bytes.
+    fn delta_wire(&self, s: usize, chunks: usize, sections: u64) -> u64 {
+        let slots = self.stages[s].len();
+        (HEADER_BYTES + slots * SLOT_RECORD_BYTES + chunks * CHUNK_RECORD_BYTES) as u64 + sections
+    }
+
+    /// Whether diffed stage `s`, `found` changes and `wire` bytes as a `codec` delta, is
+    /// predicted faster whole.
+    fn whole_after_diff(&self, s: usize, found: u64, wire: u64, codec: DeltaCodec) -> bool {
+        let slots = self.stages[s].len();
+        let whole = (HEADER_BYTES + slots * (SLOT_RECORD_BYTES + CHUNK_RECORD_BYTES)) as u64
+            + self.stage_bytes(s);
+        self.costs
+            .dense_after_diff(whole, self.stages.len(), found, wire, codec)
+    }
+
+    /// Starts the broadcasts of stage `s` as a delta of `records` over its position and value
+    /// `regions` (device pointer, bytes), and counts it (`map_bytes`: of its bytes, those
+    /// every element costs).
+    fn send_delta_stage(
+        &mut self,
+        s: usize,
+        records: Vec<deltacast::wire::ChunkEntry>,
+        regions: [(DevicePtr, u64); 2],
+        found: u64,
+        map_bytes: u64,
+        run: &mut SyncRun,
+    ) -> Result<()> {
+        let range = self.stages[s].clone();
+        let num_chunks = records.len();
+        let wire = self.delta_wire(s, num_chunks, regions[0].1 + regions[1].1);
         let digests: Vec<(u64, u64)> = self.digests[range.clone()]
             .iter()
             .copied()
-            .zip(after[range.clone()].iter().copied())
+            .zip(run.after[range.clone()].iter().copied())
             .collect();
         let stage = Stage::delta(
-            version,
+            run.version,
             self.table.hash(),
             s as u32,
-            stages,
+            self.stages.len() as u32,
             range.start as u32,
             &digests,
-            plan.records,
-            pos_bytes,
-            value_bytes,
+            records,
+            regions[0].1,
+            regions[1].1,
         )?;
-        phases.lap("encode", mark);
-        self.broadcast_stage(
-            set,
-            &stage,
-            &[(packed, pos_bytes), (values_ptr, value_bytes)],
-        )?;
-        phases.lap("send", mark);
-        totals.payload_bytes += delta_bytes;
-        totals.delta_bytes += delta_bytes;
-        totals.delta_changes += diff.found;
-        totals.chunks += num_chunks;
+        run.phases.lap("encode", &mut run.mark);
+        self.broadcast_stage(s % self.sets.len(), &stage, &regions)?;
+        run.phases.lap("send", &mut run.mark);
+        run.totals.payload_bytes += wire;
+        run.totals.delta_bytes += wire;
+        run.totals.delta_map_bytes += map_bytes;
+        run.totals.delta_changes += found;
+        run.totals.chunks += num_chunks as u64;
         Ok(())
     }
 

@@ -51,11 +51,15 @@ pub const DEFAULT_STAGE_BYTES: u64 = 2 << 30;
 pub enum EntropyMode {
     /// abs32 / bitmap positions and raw values only.
     Off,
+    /// gaps / ulp wherever smaller, every sync.
     On,
     /// Each sync takes the codecs predicted faster on this link by the sender's cost model
     /// (`crate::choice`: the link's time per byte, measured from the seed, and each codec's
-    /// measured time per change), trying the other again every [`crate::choice::AUTO_PROBE_EVERY`] deltas
-    /// while it is predicted within [`crate::choice::PROBE_WITHIN`] of the faster.
+    /// measured time per change) among plain, entropy-coded and, where the sender can write
+    /// it (float slots, snapshots on the device), the steps code of dense steps (2 bits an
+    /// element, the other changes raw: docs/codecs.md); it tries another again every
+    /// [`crate::choice::AUTO_PROBE_EVERY`] deltas while it is predicted within
+    /// [`crate::choice::PROBE_WITHIN`] of the fastest.
     #[default]
     Auto,
 }

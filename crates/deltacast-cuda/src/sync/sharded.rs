@@ -30,7 +30,7 @@ use deltacast::wire::FrameKind;
 use deltacast::{SlotTable, WeightSender};
 
 use super::chunks::{plan_chunks, write_chunks, StageChanges, StageTensor};
-use super::diff_worker::run_diff;
+use super::diff_worker::run_list_diff;
 use super::settings::Snapshot;
 use super::sharded_setup::{
     agree_on_heads, agree_on_layout, all_gather_rows, check_shards, Buffers, GpuShard, RowBuffers,
@@ -347,7 +347,9 @@ impl GpuShardedSender {
             EntropyMode::On => &[DeltaCodec::Entropy],
             EntropyMode::Auto => &[DeltaCodec::Plain, DeltaCodec::Entropy],
         };
-        let codec = self.costs.codec(allowed, self.expected_changes);
+        let codec = self
+            .costs
+            .codec(allowed, self.expected_changes, self.table.total_elements());
         let use_entropy = codec.entropy();
         let mut run = ShardRun {
             version: self.version + 1,
@@ -381,14 +383,9 @@ impl GpuShardedSender {
         let stages = self.stages.len() as u32;
         let numel = self.table.total_elements();
         let phases = run.phases.finish("shard");
-        let mut report = run.totals.report(
-            self.version,
-            numel,
-            use_entropy,
-            stages,
-            ms(started),
-            phases,
-        );
+        let mut report = run
+            .totals
+            .report(self.version, numel, codec, stages, ms(started), phases);
         report.choice = Some(self.costs.report());
         Ok(report)
     }
@@ -503,7 +500,7 @@ impl GpuShardedSender {
             expected: self.last_found[s],
         };
         // SAFETY: the shards (constructor contract) and our snapshots and buffers.
-        let diff = unsafe { run_diff(&self.gpu, self.config.snapshot, &inputs, &out)? };
+        let diff = unsafe { run_list_diff(&self.gpu, self.config.snapshot, &inputs, &out)? };
         self.last_found[s] = Some(diff.found);
         run.totals.diff_ms += diff.kernel_ms as f64;
         run.phases.lap("diff", &mut run.mark);

@@ -380,22 +380,44 @@ pub fn compare_steps(
 }
 
 /// A sync's outcome as the tests compare it: kind, `+dense` when some stages went whole
-/// while others were deltas, and the number of stages.
+/// while others were deltas, `+steps` when chunks went in the steps code, and the number of
+/// stages.
 pub fn outcome(r: &GpuSyncReport) -> String {
     let mixed = if r.kind == FrameKind::Delta && r.dense_stages > 0 {
         "+dense"
     } else {
         ""
     };
-    format!("{}{mixed}/{}", r.kind.name(), r.stages)
+    let steps = if r.steps { "+steps" } else { "" };
+    format!("{}{mixed}{steps}/{}", r.kind.name(), r.stages)
 }
 
+/// The outcomes of [`STEPS`] for a sender that may not use the steps code (its snapshot in
+/// host memory, or `EntropyMode` off or on).
 pub fn check_kinds(kinds: &[(String, String)]) {
+    check_kinds_with(kinds, false)
+}
+
+/// The outcomes of [`STEPS`]; with the steps code allowed, the 90 % and 30 % steps go in it
+/// (their maps and escapes are smaller than the tensors, and the escapes fit the capacity)
+/// where they would otherwise go whole.
+pub fn check_kinds_with(kinds: &[(String, String)], steps: bool) {
     let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
     assert_eq!(names[0], "seed/1");
     assert_eq!(names[1], "delta/1");
-    assert_eq!(names[5], "dense/1", "90 % changed must go dense");
-    assert_eq!(names[6], "dense/1", "over capacity must go dense");
+    if steps {
+        assert_eq!(
+            names[5], "delta+steps/1",
+            "90 % changed goes in the steps code"
+        );
+        assert_eq!(
+            names[6], "delta+steps/1",
+            "30 %: the escapes fit the capacity"
+        );
+    } else {
+        assert_eq!(names[5], "dense/1", "90 % changed must go dense");
+        assert_eq!(names[6], "dense/1", "over capacity must go dense");
+    }
     assert!(names[7].starts_with("refused"), "{names:?}");
     assert_eq!(names[8], "seed/1", "after a refusal the sender reseeds");
     assert_eq!(names[9], "delta/1");
