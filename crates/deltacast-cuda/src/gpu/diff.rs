@@ -4,6 +4,7 @@
 use std::sync::PoisonError;
 
 use cudarc::driver::result as cu;
+use cudarc::driver::sys;
 
 use deltacast::digest::slot_salt;
 
@@ -134,20 +135,8 @@ impl Gpu {
                 Some(self.slots(tiles * (tile_bytes / 8))?)
             };
             self.upload_typed(base, &table)?;
-            let start = self.events.0;
-            // SAFETY: our event and stream.
-            unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
-            self.launch(
-                "dc_diff_tile_tensor",
-                tiles.div_ceil(THREADS as u64).min(MAX_GRID),
-                THREADS,
-                Args::new()
-                    .push(base)
-                    .push(n as u64)
-                    .push(tiles)
-                    .push(base + tensor_of_off)
-                    .push(if direct { base + status_off } else { 0 }),
-            )?;
+            let status = if direct { base + status_off } else { 0 };
+            let start = self.start_diff(base, n, tiles, base + tensor_of_off, status)?;
             if let Some((_, slots)) = &slots {
                 self.launch(
                     if host_snapshot {
@@ -303,20 +292,7 @@ impl Gpu {
             // SAFETY: inside the scratch region.
             unsafe { cu::memset_d8_async(base + cells_off, 0, (cells * 8) as usize, self.stream) }
                 .map_err(drv("cuMemsetD8"))?;
-            let start = self.events.0;
-            // SAFETY: our event and stream.
-            unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
-            self.launch(
-                "dc_diff_tile_tensor",
-                tiles.div_ceil(THREADS as u64).min(MAX_GRID),
-                THREADS,
-                Args::new()
-                    .push(base)
-                    .push(n as u64)
-                    .push(tiles)
-                    .push(base + tensor_of_off)
-                    .push(base + status_off),
-            )?;
+            let start = self.start_diff(base, n, tiles, base + tensor_of_off, base + status_off)?;
             if tiles > 0 {
                 self.launch(
                     "dc_diff_steps",
@@ -374,6 +350,33 @@ impl Gpu {
                 kernel_ms,
             })
         })
+    }
+
+    /// The start of every diff's launches: the timing event, then each tile's tensor (and,
+    /// with `status` set, the one-pass forms' status words zeroed). Returns the event.
+    fn start_diff(
+        &self,
+        table: DevicePtr,
+        n: usize,
+        tiles: u64,
+        tile_tensor: DevicePtr,
+        status: DevicePtr,
+    ) -> Result<sys::CUevent> {
+        let start = self.events.0;
+        // SAFETY: our event and stream.
+        unsafe { cu::event::record(start, self.stream) }.map_err(drv("cuEventRecord"))?;
+        self.launch(
+            "dc_diff_tile_tensor",
+            tiles.div_ceil(THREADS as u64).min(MAX_GRID),
+            THREADS,
+            Args::new()
+                .push(table)
+                .push(n as u64)
+                .push(tiles)
+                .push(tile_tensor)
+                .push(status),
+        )?;
+        Ok(start)
     }
 
     /// Bytes held by the diff's per-tile slots (0 before the first diff).

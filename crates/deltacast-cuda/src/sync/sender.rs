@@ -489,23 +489,12 @@ impl GpuSender {
     /// Stage `s` whole without a diff: refresh, count, send.
     fn send_whole_stage(&mut self, s: usize, run: &mut SyncRun) -> Result<()> {
         let range = self.stages[s].clone();
-        let stages = self.stages.len() as u32;
         let (digests, changed) = self.refresh(range.clone())?;
-        run.after[range.clone()].copy_from_slice(&digests);
+        run.after[range].copy_from_slice(&digests);
         let changed = changed.unwrap_or(0);
         self.last_changed[s] = Some(changed);
         run.totals.changed += changed;
-        let bytes = self.send_whole(
-            FrameKind::Dense,
-            s as u32,
-            stages,
-            range,
-            run.version,
-            &mut run.after,
-        )?;
-        run.totals.add_dense(bytes);
-        run.phases.lap("whole", &mut run.mark);
-        Ok(())
+        self.send_stage_whole(s, run, "whole")
     }
 
     /// Hands stage `s`'s diff to the diff thread, to run after `after` (its set's last
@@ -575,7 +564,7 @@ impl GpuSender {
         if !diff.is_complete() {
             // More changed than the buffers hold: whole. The diff refreshed only the snapshot
             // of the tiles it wrote out; the rest is brought up to date.
-            return self.send_stage_whole(s, true, run);
+            return self.send_stage_whole_refreshed(s, run);
         }
         self.take_stage_digests(s, run)?;
         let bufs = &self.sets[set];
@@ -606,7 +595,7 @@ impl GpuSender {
         let wire = self.delta_wire(s, plan.records.len(), pos_bytes + value_bytes);
         if self.whole_after_diff(s, diff.found, wire, run.codec) {
             // Whole is predicted faster: the snapshot and digests are already current.
-            return self.send_stage_whole(s, false, run);
+            return self.send_stage_whole(s, run, "encode");
         }
         let bufs = &mut self.sets[set];
         // SAFETY: as plan_chunks, same changes.
@@ -635,13 +624,13 @@ impl GpuSender {
         if !diff.is_complete(self.capacity) {
             // More escapes than the buffer holds: whole. The snapshot is current; the digest
             // words are not.
-            return self.send_stage_whole(s, true, run);
+            return self.send_stage_whole_refreshed(s, run);
         }
         self.take_stage_digests(s, run)?;
         let (records, pos_bytes, value_bytes) = steps_chunks(diff, &self.stage_tensors(s));
         let wire = self.delta_wire(s, records.len(), pos_bytes + value_bytes);
         if self.whole_after_diff(s, diff.found, wire, DeltaCodec::Steps) {
-            return self.send_stage_whole(s, false, run);
+            return self.send_stage_whole(s, run, "encode");
         }
         let bufs = &self.sets[set];
         let regions = [
@@ -669,26 +658,29 @@ impl GpuSender {
         Ok(())
     }
 
-    /// Stage `s` whole after its diff (`refresh`: its snapshot and digests brought up to date
-    /// first, when the diff could not finish them).
-    fn send_stage_whole(&mut self, s: usize, refresh: bool, run: &mut SyncRun) -> Result<()> {
-        let range = self.stages[s].clone();
-        if refresh {
-            let (got, _) = self.refresh(range.clone())?;
-            run.after[range.clone()].copy_from_slice(&got);
-        }
+    /// Stage `s` whole, its snapshot and digests current; `phase` names the time it took.
+    fn send_stage_whole(&mut self, s: usize, run: &mut SyncRun, phase: &'static str) -> Result<()> {
         let stages = self.stages.len() as u32;
         let bytes = self.send_whole(
             FrameKind::Dense,
             s as u32,
             stages,
-            range,
+            self.stages[s].clone(),
             run.version,
             &mut run.after,
         )?;
         run.totals.add_dense(bytes);
-        run.phases.lap("encode", &mut run.mark);
+        run.phases.lap(phase, &mut run.mark);
         Ok(())
+    }
+
+    /// Stage `s` whole after a diff that could not finish its snapshot and digests (its
+    /// output overflowed): they are brought up to date first.
+    fn send_stage_whole_refreshed(&mut self, s: usize, run: &mut SyncRun) -> Result<()> {
+        let range = self.stages[s].clone();
+        let (got, _) = self.refresh(range.clone())?;
+        run.after[range].copy_from_slice(&got);
+        self.send_stage_whole(s, run, "encode")
     }
 
     /// The stage's new digests, from the words the diff added its changes to.
