@@ -65,6 +65,13 @@ __device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scrat
             f(k, (u64)r);
         }
     } else {
+        // Bitmap: a round reads one word (32 elements) per thread and scans their counts
+        // across the block; each thread lists its word's set bits in shared memory at its
+        // prefix, and then the block takes the round's changes in order, thread t the changes
+        // t, t + blockDim, ...: every lane busy, a warp's values and slot bits side by side.
+        // (Each thread walking its own word's bits instead left lanes idle as words ran out,
+        // and put a warp's accesses 32 elements apart.)
+        __shared__ u16 s_list[APPLY_THREADS * 32];
         const u8* b = (const u8*)c.pos;
         const u64 nbytes = (c.range + 7) >> 3;
         const u64 nwords = (nbytes + 3) >> 2;
@@ -86,13 +93,17 @@ __device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scrat
                 }
             }
             u32 total;
-            const u32 ex = dc_block_exclusive_scan((u32)__popc(word), scan_scratch, &total);
-            u64 k = base + ex;
+            // The scan starts with a barrier: every thread is done reading the last round's
+            // list before it is overwritten below.
+            u32 j = dc_block_exclusive_scan((u32)__popc(word), scan_scratch, &total);
             while (word) {
-                const u32 bit = __ffs(word) - 1;
+                s_list[j++] = (u16)(threadIdx.x * 32 + __ffs(word) - 1);
                 word &= word - 1;
-                if (k < c.count) f(k, wi * 32 + bit);
-                ++k;
+            }
+            __syncthreads();
+            for (u32 i = threadIdx.x; i < total; i += blockDim.x) {
+                const u64 k = base + i;
+                if (k < c.count) f(k, w0 * 32 + s_list[i]);
             }
             base += total;
         }
@@ -156,13 +167,17 @@ __device__ __forceinline__ void dc_store16_elems(u8* p, u64 index0, u32 w, const
     }
 }
 
-// A steps chunk (docs/codecs.md, "steps + esc"), by one block: a round reads one u32 of the
-// map (16 elements) per thread, scans the counts of changes and escapes across the block (two
-// 16-bit fields: at most 16 each per thread), and each thread takes its word's changes in
-// order: change k of the chunk, escape e of the value section. CHECK adds the digest change
-// and flags errors; otherwise the new bits are written (journaled first when asked).
+// A steps chunk (docs/codecs.md, "steps + esc"), by one block, STEPS_SPAN map words (16
+// elements each) per thread per pass, a thread's words consecutive: the thread loads them all,
+// counts their changes and escapes, one scan across the block gives each thread its first
+// change k and escape e, and it takes its words' changes in order, 16 elements at a time in
+// registers. CHECK adds the digest change and flags errors; otherwise the new bits are
+// written (journaled first when asked). One scan per pass, not per word: a 2^16-element chunk
+// (the GPU sender's) is one pass.
+#define STEPS_SPAN 16
+
 template <bool CHECK>
-__device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u32* scan_scratch, u32* err,
+__device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u64* scan_scratch, u32* err,
                                               u64* sum) {
     const u8* map = (const u8*)c.pos;
     const u8* val = (const u8*)c.val;
@@ -171,32 +186,42 @@ __device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u32* scan_scr
     const u64 nbytes = (c.range + 3) >> 2;
     const u64 nwords = (nbytes + 3) >> 2;
     u64 base_k = 0, base_e = 0;
-    for (u64 w0 = 0; w0 < nwords; w0 += blockDim.x) {
-        const u64 wi = w0 + threadIdx.x;
-        u32 word = 0;
-        if (wi < nwords) {
-            if (wi * 4 + 4 <= nbytes) {
-                word = *(const u32*)(map + wi * 4);
-            } else {
-                for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)map[q] << (8 * (q - wi * 4));
+    for (u64 w0 = 0; w0 < nwords; w0 += (u64)blockDim.x * STEPS_SPAN) {
+        const u64 first = w0 + (u64)threadIdx.x * STEPS_SPAN;
+        u32 words[STEPS_SPAN];
+        u32 changes = 0, escapes = 0;
+#pragma unroll
+        for (u32 i = 0; i < STEPS_SPAN; ++i) {
+            const u64 wi = first + i;
+            u32 word = 0;
+            if (wi < nwords) {
+                if (wi * 4 + 4 <= nbytes) {
+                    word = *(const u32*)(map + wi * 4);
+                } else {
+                    for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)map[q] << (8 * (q - wi * 4));
+                }
+                const u64 elem0 = wi * 16;
+                if (elem0 + 16 > c.range) {
+                    const u32 valid = (u32)(c.range - elem0);  // 1..15 here
+                    const u32 keep = (1u << (2 * valid)) - 1u;
+                    if (word & ~keep) { dc_flag(err, ERR_OUT_OF_RANGE); word &= keep; }
+                }
             }
-            const u64 elem0 = wi * 16;
-            if (elem0 + 16 > c.range) {
-                const u32 valid = (u32)(c.range - elem0);  // 1..15 here
-                const u32 keep = (1u << (2 * valid)) - 1u;
-                if (word & ~keep) { dc_flag(err, ERR_OUT_OF_RANGE); word &= keep; }
-            }
+            words[i] = word;
+            changes += __popc((word | (word >> 1)) & 0x55555555u);
+            escapes += __popc(word & (word >> 1) & 0x55555555u);
         }
-        const u32 nz = (word | (word >> 1)) & 0x55555555u;
-        const u32 es = word & (word >> 1) & 0x55555555u;
-        u32 total;
-        const u32 ex = dc_block_exclusive_scan((u32)__popc(nz) | (u32)__popc(es) << 16,
-                                               scan_scratch, &total);
-        u64 k = base_k + (ex & 0xffffu), e = base_e + (ex >> 16);
-        if (nz) {
+        u64 total;
+        const u64 ex = dc_block_exclusive_scan64((u64)changes | (u64)escapes << 32, scan_scratch,
+                                                 &total);
+        u64 k = base_k + (ex & 0xffffffffu), e = base_e + (ex >> 32);
+#pragma unroll 1
+        for (u32 i = 0; i < STEPS_SPAN; ++i) {
+            const u32 word = words[i];
+            if (word == 0) continue;
             // The word's 16 elements in registers: whole 16-byte vectors where they lie inside
             // the chunk and aligned, else element by element (never past the range).
-            const u64 elem0 = wi * 16;
+            const u64 elem0 = (first + i) * 16;
             const u64 index0 = c.start + elem0;
             const u32 n = c.range - elem0 < 16 ? (u32)(c.range - elem0) : 16u;
             const bool vec = n == 16 && ((c.dst + index0 * w) & 15) == 0;
@@ -231,8 +256,8 @@ __device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u32* scan_scr
             }
             if (!CHECK && vec) dc_store16_elems(dst, index0, w, v);
         }
-        base_k += total & 0xffffu;
-        base_e += total >> 16;
+        base_k += total & 0xffffffffu;
+        base_e += total >> 32;
     }
     if (CHECK && threadIdx.x == 0) {
         if (base_k != c.count) dc_flag(err, ERR_BITMAP_COUNT);
@@ -252,7 +277,7 @@ dc_apply_check(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __res
         const u8* val = (const u8*)c.val;
         u64 sum = 0;
         if (c.pos_codec == 6) {
-            dc_steps_walk<true>(c, s_scan, err, &sum);
+            dc_steps_walk<true>(c, s_sum, err, &sum);
         } else if (c.pos_codec == 1) {
             // abs32, batched: every load of APPLY_BATCH changes is issued before any is used
             // (the old bits are scattered reads; one at a time would leave the bus idle).
@@ -309,12 +334,13 @@ dc_apply_check(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __res
 extern "C" __global__ void __launch_bounds__(APPLY_THREADS)
 dc_apply_scatter(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __restrict__ errors) {
     __shared__ u32 s_scan[32];
+    __shared__ u64 s_scan64[32];
     for (u64 ci = blockIdx.x; ci < num_chunks; ci += gridDim.x) {
         const ApplyChunk c = chunks[ci];
         u8* dst = (u8*)c.dst;
         const u8* val = (const u8*)c.val;
         if (c.pos_codec == 6) {
-            dc_steps_walk<false>(c, s_scan, &errors[ci], nullptr);
+            dc_steps_walk<false>(c, s_scan64, &errors[ci], nullptr);
         } else if (c.pos_codec == 1) {
             // abs32, batched as in the check (which has already validated every position).
             const u32* p = (const u32*)c.pos;

@@ -802,12 +802,15 @@ __device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ ten
     const StepsTensor S = steps[tt];
     const bool vec = T.aligned16 != 0;
     const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
+    // Both arrays are read once here, kept in L2, and the changed vectors read again from
+    // there to be written: only the codes stay in registers across the look-back (what keeps
+    // enough blocks resident to stream, as the listing diff's DIFF_RELOAD).
     uint4 cv[DIFF_ITEMS], sv[DIFF_ITEMS];
 #pragma unroll
     for (u32 i = 0; i < DIFF_ITEMS; ++i) {
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-        cv[i] = dc_load_cur16<false>(T, off, vec);
-        sv[i] = dc_load16<false>((const u8*)T.snap, off, T.nbytes, vec);
+        cv[i] = dc_load_cur16<true>(T, off, vec);
+        sv[i] = dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec);
     }
     if (DIFF_PREFETCH > 0) dc_diff_prefetch(tensors, tile_tensor, tile + DIFF_PREFETCH);
     // Codes, 2 bits an element; escape counts per item, 16 bits each (at most 16 a vector,
@@ -855,16 +858,18 @@ __device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ ten
         u32 c = codes[i];
         if (c == 0) continue;
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+        const uint4 cvi = dc_load_cur16<true>(T, off, vec);
+        const uint4 svi = dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec);
         const bool whole = vec && off + 16 <= T.nbytes;
-        if (whole) *(uint4*)(snap_w + off) = cv[i];
+        if (whole) *(uint4*)(snap_w + off) = cvi;
         const u64 elem0 = off / W;
         u32 nz = (c | (c >> 1)) & 0x55555555u;
         while (nz) {
             const u32 bit = __ffs(nz) - 1;
             nz &= nz - 1;
             const u32 e = bit >> 1;
-            const u32 nb = dc_extract(cv[i], e, W);
-            const u32 ob = dc_extract(sv[i], e, W);
+            const u32 nb = dc_extract(cvi, e, W);
+            const u32 ob = dc_extract(svi, e, W);
             if (!whole) dc_store_bits(snap_w, elem0 + e, W, nb);
             if (!fits) continue;
             if (((c >> bit) & 3u) == 3u) dc_store_bits(esc_out, g++, W, nb);
@@ -884,7 +889,7 @@ __device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ ten
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DIFF_THREADS)
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff_steps(const DiffTensor* __restrict__ tensors, const StepsTensor* __restrict__ steps,
               const u32* __restrict__ tile_tensor, u64* __restrict__ status, u64 capacity,
               u8* __restrict__ esc_out, u32* __restrict__ cells, u64 cell_elems) {
