@@ -13,6 +13,11 @@
 //! `cuMemcpyDtoHAsync` of the same bytes between pinned host memory and the device, in the
 //! same run; prints diff time / HtoD copy time.
 //!
+//! `gpu_bench steps [GIB] [DENSITY...]`: the steps code's kernels (the steps diff, the apply's
+//! check and scatter) on one BF16 tensor at each density (80 % of the changes ±1 step, the
+//! rest escapes), with chunks of 2^16 and of 2^20 elements, next to a device copy of the same
+//! bytes; each kernel's registers and spills. Checked: the applied tensor equals the current.
+//!
 //! `gpu_bench entropy [MILLION_CHANGES] [DENSITY]`: the entropy codecs on AdamW-like steps
 //! (87 % ±1 ULP): sizing, writing and decoding (gaps + ulp, gaps alone, ulp after abs32),
 //! wall time per call (each synchronises), checked against the input. With
@@ -297,6 +302,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if args.get(1).map(String::as_str) == Some("entropy") {
         return entropy_bench(&args[2..]);
+    }
+    if args.get(1).map(String::as_str) == Some("steps") {
+        return steps_bench(&args[2..]);
     }
     let gib: f64 = args.get(1).map_or(Ok(4.0), |s| s.parse())?;
     let reps: usize = args.get(2).map_or(Ok(10), |s| s.parse())?;
@@ -765,6 +773,157 @@ fn entropy_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             "decode {label:<16} {ms:8.3} ms  {:8.0} M changes/s",
             rate(ms)
         );
+    }
+    Ok(())
+}
+
+/// `gpu_bench steps [GIB] [DENSITY...]`: see the module docs.
+fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    use deltacast_cuda::{steps_map_layout, ApplyInput, ApplyPositions, ApplyValues, StepsOutput};
+    let gib: f64 = args.first().map_or(Ok(1.0), |s| s.parse())?;
+    let densities: Vec<f64> = if args.len() > 1 {
+        args[1..].iter().map(|s| s.parse()).collect::<Result<_, _>>()?
+    } else {
+        vec![0.02, 0.12, 0.25, 0.5]
+    };
+    let gpu = Gpu::new(0)?;
+    println!("device: {} ({} SMs)", gpu.name(), gpu.sm_count());
+    for kernel in ["dc_diff_steps", "dc_diff_direct", "dc_apply_check", "dc_apply_scatter"] {
+        let (regs, local, shared) = gpu.kernel_resources(kernel)?;
+        println!("{kernel}: {regs} registers, {local} bytes local (spills), {shared} bytes shared");
+    }
+    let bytes = ((gib * (1u64 << 30) as f64) as usize) / 64 * 64;
+    let numel = (bytes / 2) as u64;
+    let old = random_bytes(bytes);
+    let old_d = gpu.upload(&old)?;
+    let snap_d = gpu.alloc(bytes)?;
+    let cur_d = gpu.alloc(bytes)?;
+    let held_d = gpu.alloc(bytes)?;
+    let digest_d = gpu.alloc_zeroed(8)?;
+    let input = DiffInput {
+        snapshot: snap_d.ptr(),
+        current: cur_d.ptr(),
+        numel,
+        width: 2,
+        first_index: 0,
+        digest: Some((digest_d.ptr(), 0)),
+        f32_source: None,
+    };
+    let map_d = gpu.alloc(steps_map_layout(&[input]).1 as usize)?;
+    let esc_d = gpu.alloc(bytes)?;
+    let wall = |f: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error>>| {
+        let t = Instant::now();
+        f()?;
+        gpu.synchronize()?;
+        Ok::<f32, Box<dyn std::error::Error>>(t.elapsed().as_secs_f32() * 1e3)
+    };
+    // SAFETY: both buffers hold `bytes`.
+    let copy_ms = median(
+        (0..5)
+            .map(|_| wall(&mut || Ok(unsafe { gpu.copy_device(snap_d.ptr(), old_d.ptr(), bytes)? })))
+            .collect::<Result<Vec<_>, _>>()?,
+    );
+    println!("device copy of {bytes} bytes: {copy_ms:.3} ms (wall, median of 5)");
+    println!("density  cell  chunks  changes  escapes  diff_kernel_ms  check_ms  scatter_ms  (copy {copy_ms:.3} ms)");
+    for &density in &densities {
+        let mut cur = vec![0u8; bytes];
+        let thresh = (density * (1u64 << 32) as f64) as u64;
+        par_fill(&mut cur, |seed, at, c| {
+            let mut s = seed ^ 0x5eed;
+            let src = &old[at..at + c.len()];
+            for (k, e) in c.chunks_mut(2).enumerate() {
+                let o = u16::from_le_bytes([src[2 * k], src[2 * k + 1]]) as u32;
+                let r = splitmix(&mut s);
+                let ord = deltacast::dtype::to_ordered(o, 2);
+                let n = if (r & 0xffff_ffff) >= thresh {
+                    o
+                } else {
+                    let step = match (r >> 32) % 10 {
+                        0..=3 => 1u32,
+                        4..=7 => 0xffff,
+                        _ => 3,
+                    };
+                    deltacast::dtype::from_ordered(ord.wrapping_add(step) & 0xffff, 2)
+                };
+                e.copy_from_slice(&(n as u16).to_le_bytes());
+            }
+        });
+        // SAFETY: `cur_d` holds `bytes`.
+        unsafe { gpu.copy_to_device(cur_d.ptr(), &cur)? };
+        for cell in [1u64 << 16, 1 << 20] {
+            let (mut diffs, mut checks, mut scatters) = (vec![], vec![], vec![]);
+            let (mut chunks, mut changes, mut escapes) = (0, 0, 0);
+            for rep in 0..4 {
+                // SAFETY: every buffer holds `bytes` (the digest word 8).
+                unsafe {
+                    gpu.copy_device(snap_d.ptr(), old_d.ptr(), bytes)?;
+                    gpu.copy_device(held_d.ptr(), old_d.ptr(), bytes)?;
+                    gpu.memset(digest_d.ptr(), 0, 8)?;
+                }
+                gpu.synchronize()?;
+                let out = StepsOutput {
+                    map: map_d.ptr(),
+                    escapes: esc_d.ptr(),
+                    capacity: numel,
+                    cell_elems: cell,
+                };
+                // SAFETY: the buffers above, sized for the tensor.
+                let res = unsafe { gpu.diff_steps(&[input], &out)? };
+                let r = &res.tensors[0];
+                let mut inputs = Vec::new();
+                let mut g = r.escape0;
+                for (c, cl) in r.cells.iter().enumerate() {
+                    let start = c as u64 * res.cell_elems;
+                    let range = res.cell_elems.min(numel - start);
+                    if cl.changes > 0 {
+                        inputs.push(ApplyInput {
+                            dst: held_d.ptr(),
+                            slot_numel: numel,
+                            width: 2,
+                            slot: 0,
+                            start,
+                            range,
+                            count: cl.changes as u64,
+                            positions: ApplyPositions::Steps,
+                            pos_section: map_d.ptr() + r.map_offset + start / 4,
+                            pos_len: range.div_ceil(4),
+                            val_section: esc_d.ptr() + 2 * g,
+                            val_len: 2 * cl.escapes as u64,
+                            values: ApplyValues::Escaped,
+                        });
+                    }
+                    g += cl.escapes as u64;
+                }
+                let t = Instant::now();
+                // SAFETY: the chunks lie in the buffers above.
+                let check = unsafe { gpu.apply_check(&inputs, false, 1)? };
+                let check_ms = t.elapsed().as_secs_f32() * 1e3;
+                if let Some(e) = check.errors.first() {
+                    return Err(format!("chunk {}: {}", e.chunk, e.reason).into());
+                }
+                let t = Instant::now();
+                // SAFETY: as the check.
+                unsafe { gpu.apply_scatter(&inputs)? };
+                let scatter_ms = t.elapsed().as_secs_f32() * 1e3;
+                if rep > 0 {
+                    diffs.push(res.kernel_ms);
+                    checks.push(check_ms);
+                    scatters.push(scatter_ms);
+                }
+                (chunks, changes, escapes) = (inputs.len(), res.found, res.escapes);
+            }
+            // SAFETY: `held_d` holds `bytes`.
+            let held = unsafe { gpu.download(held_d.ptr(), bytes)? };
+            if held != cur {
+                return Err(format!("density {density}, cell {cell}: applied bits differ").into());
+            }
+            println!(
+                "{density:.3}  {cell}  {chunks}  {changes}  {escapes}  {:.3}  {:.3}  {:.3}",
+                median(diffs),
+                median(checks),
+                median(scatters)
+            );
+        }
     }
     Ok(())
 }
