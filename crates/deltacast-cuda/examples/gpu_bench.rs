@@ -782,13 +782,21 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     use deltacast_cuda::{steps_map_layout, ApplyInput, ApplyPositions, ApplyValues, StepsOutput};
     let gib: f64 = args.first().map_or(Ok(1.0), |s| s.parse())?;
     let densities: Vec<f64> = if args.len() > 1 {
-        args[1..].iter().map(|s| s.parse()).collect::<Result<_, _>>()?
+        args[1..]
+            .iter()
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()?
     } else {
         vec![0.02, 0.12, 0.25, 0.5]
     };
     let gpu = Gpu::new(0)?;
     println!("device: {} ({} SMs)", gpu.name(), gpu.sm_count());
-    for kernel in ["dc_diff_steps", "dc_diff_direct", "dc_apply_check", "dc_apply_scatter"] {
+    for kernel in [
+        "dc_diff_steps",
+        "dc_diff_direct",
+        "dc_apply_check",
+        "dc_apply_scatter",
+    ] {
         let (regs, local, shared) = gpu.kernel_resources(kernel)?;
         println!("{kernel}: {regs} registers, {local} bytes local (spills), {shared} bytes shared");
     }
@@ -820,7 +828,9 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: both buffers hold `bytes`.
     let copy_ms = median(
         (0..5)
-            .map(|_| wall(&mut || Ok(unsafe { gpu.copy_device(snap_d.ptr(), old_d.ptr(), bytes)? })))
+            .map(|_| {
+                wall(&mut || Ok(unsafe { gpu.copy_device(snap_d.ptr(), old_d.ptr(), bytes)? }))
+            })
             .collect::<Result<Vec<_>, _>>()?,
     );
     println!("device copy of {bytes} bytes: {copy_ms:.3} ms (wall, median of 5)");
