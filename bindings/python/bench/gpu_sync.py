@@ -768,7 +768,10 @@ def run_rank(rank: int, args, port: int):
                          "loss": loss})
             dc_txt = "skipped"
             if use_dc:
-                dc_txt = (f"{rc['time_ms']:.1f} ms ({rc.get('kind')}, "
+                how = rc.get("kind")
+                how = f"{how}, steps code" if rc.get("steps") else \
+                    f"{how}, entropy codecs" if rc.get("entropy") else how
+                dc_txt = (f"{rc['time_ms']:.1f} ms ({how}, "
                           f"{fmt_bytes(rc.get('wire_bytes'))})" if rc.get("time_ms") is not None
                           else f"ERROR {rc.get('error')}")
             log(f"step {step}/{nsteps} [{phase}] changed {100 * rb['changed_ratio']:.2f}%  "

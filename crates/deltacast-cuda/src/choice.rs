@@ -33,11 +33,17 @@ pub const PROBE_WITHIN: f64 = 1.25;
 const PRIOR_WORK_MS: [f64; 3] = [45e-9, 120e-9, 30e-9];
 
 /// Prior fixed cost of a delta sync beyond its diff, in ms (launches, small copies, the ack):
-/// 1.2–1.5 ms on the same runs at 1.6–4 % changed. The steps code gets the plain figure,
-/// though the H100 runs fitted it 3–3.5 ms for the 0.5B model (its apply walks the whole
-/// map, a cost per element the line puts in its fixed part): so that a small model, whose
-/// syncs teach the model nothing, still takes it where its bytes win.
+/// 1.2–1.5 ms on the same runs at 1.6–4 % changed (the steps code's work per element apart:
+/// [`ELEMENT_WORK_MS`]).
 const PRIOR_FIXED_MS: [f64; 3] = [1.2, 2.0, 1.2];
+
+/// Work per element of a delta, in ms (plain, entropy, steps): none for the codecs that
+/// touch only the changes; the steps code's apply walks the map of every element, ~8 ps per
+/// element on the H100 runs (about 4 ms of its fitted fixed part for the 0.5B model's 494 M
+/// elements, docs/data/gpu-sync/steps-code-1xh100/). Kept apart from the fitted fixed part so
+/// that a small model, whose syncs teach the model nothing, still weighs the steps code by
+/// its own size.
+const ELEMENT_WORK_MS: [f64; 3] = [0.0, 0.0, 8e-12];
 
 /// Prior wire bytes per change (plain, entropy, steps) on AdamW steps at 1–25 % changed:
 /// 3.1–2.5 with abs32 or bitmap positions and raw BF16 values, 0.75–1.2 with gaps and ulp
@@ -230,7 +236,7 @@ impl CostModel {
         let link = self.link_ms_per_byte.unwrap_or(PRIOR_LINK_MS_PER_BYTE);
         let wire =
             codec.map_bytes(elements) as f64 + self.wire[c].unwrap_or(PRIOR_WIRE[c]) * changes;
-        fixed + link * wire + work * changes
+        fixed + link * wire + work * changes + ELEMENT_WORK_MS[c] * elements as f64
     }
 
     /// The delta codec for the next sync's diffs (which form they take, whether they keep
@@ -283,15 +289,16 @@ impl CostModel {
         }
         let (fixed, per) = self.delta_rates(codec);
         let b = bytes as f64;
-        let map = link * codec.map_bytes(elements) as f64;
+        let map = link * codec.map_bytes(elements) as f64
+            + ELEMENT_WORK_MS[codec as usize] * elements as f64;
         link * b <= diff * b + fixed / stages.max(1) as f64 + map + per * expected as f64
     }
 
-    /// Whether a diffed stage of `bytes` bytes, one of `stages`, with `changes` changes is
-    /// predicted to go faster whole than as its `wire`-byte `codec` delta.
+    /// Whether a diffed stage of `bytes` bytes and `elements` elements, one of `stages`, with
+    /// `changes` changes is predicted to go faster whole than as its `wire`-byte `codec` delta.
     pub fn dense_after_diff(
         &self,
-        bytes: u64,
+        (bytes, elements): (u64, u64),
         stages: usize,
         changes: u64,
         wire: u64,
@@ -302,7 +309,10 @@ impl CostModel {
         };
         let c = codec as usize;
         let (fixed, work) = self.work[c].fit(PRIOR_FIXED_MS[c], PRIOR_WORK_MS[c]);
-        let delta = fixed / stages.max(1) as f64 + link * wire as f64 + work * changes as f64;
+        let delta = fixed / stages.max(1) as f64
+            + link * wire as f64
+            + work * changes as f64
+            + ELEMENT_WORK_MS[c] * elements as f64;
         link * bytes as f64 <= delta
     }
 
@@ -329,7 +339,10 @@ impl CostModel {
             }
             Some(codec) if c.delta_changes > 0 => {
                 let i = codec as usize;
-                let rest = c.time_ms - c.diff_ms - self.link() * (c.dense_bytes + wire) as f64;
+                // (The steps maps are a quarter byte per element they cover.)
+                let walked = ELEMENT_WORK_MS[i] * (4 * c.delta_map_bytes) as f64;
+                let rest =
+                    c.time_ms - c.diff_ms - self.link() * (c.dense_bytes + wire) as f64 - walked;
                 self.work[i].add(c.delta_changes as f64, rest.max(0.0));
                 let per_change = wire.saturating_sub(c.delta_map_bytes);
                 smooth(
@@ -347,7 +360,8 @@ impl CostModel {
         let dense_above = codecs.map(|codec| {
             let link = self.link_ms_per_byte?;
             let (fixed, per) = self.delta_rates(codec);
-            let map = link * codec.map_bytes(elems as u64) as f64;
+            let map = link * codec.map_bytes(elems as u64) as f64
+                + ELEMENT_WORK_MS[codec as usize] * elems;
             // Whole: 2·link per element; delta: fixed + map + x·elems·per.
             Some(((2.0 * link * elems - fixed - map) / (per * elems)).clamp(0.0, 1.0))
         });
@@ -396,8 +410,8 @@ mod tests {
     fn nothing_known_means_diff_and_compare_bytes() {
         let m = CostModel::default();
         assert!(!m.dense_before_diff((GB, GB / 2), 1, GB / 2, DeltaCodec::Plain));
-        assert!(m.dense_after_diff(GB, 1, 10, GB, DeltaCodec::Plain));
-        assert!(!m.dense_after_diff(GB, 1, 10, GB - 1, DeltaCodec::Plain));
+        assert!(m.dense_after_diff((GB, GB / 2), 1, 10, GB, DeltaCodec::Plain));
+        assert!(!m.dense_after_diff((GB, GB / 2), 1, 10, GB - 1, DeltaCodec::Plain));
         assert_eq!(m.report().dense_ms_per_gb, None);
     }
 
@@ -428,8 +442,14 @@ mod tests {
         let elems = GB / 2;
         assert!(!m.dense_before_diff((GB, GB / 2), 1, elems / 8, DeltaCodec::Plain));
         assert!(m.dense_before_diff((GB, GB / 2), 1, elems * 6 / 10, DeltaCodec::Plain));
-        assert!(m.dense_after_diff(GB, 1, elems * 4 / 10, 600_000_000, DeltaCodec::Plain));
-        assert!(!m.dense_after_diff(GB, 1, elems / 5, 300_000_000, DeltaCodec::Plain));
+        assert!(m.dense_after_diff(
+            (GB, GB / 2),
+            1,
+            elems * 4 / 10,
+            600_000_000,
+            DeltaCodec::Plain
+        ));
+        assert!(!m.dense_after_diff((GB, GB / 2), 1, elems / 5, 300_000_000, DeltaCodec::Plain));
         // The entropy codecs' priors predict them slower here: not tried.
         for _ in 0..100 {
             assert_eq!(m.codec(&BOTH, 50_000_000, GB / 2), DeltaCodec::Plain);
@@ -498,6 +518,14 @@ mod tests {
             assert_eq!(m.codec(&all, elems / 2, elems), DeltaCodec::Steps);
             assert_eq!(m.codec(&all[..2], elems / 2, elems), DeltaCodec::Plain);
         }
+        // A device link at 2-4 %: plain, without a probe of the steps code (its walk over
+        // the map alone, ~4 ms for 5e8 elements, is more than the plain delta's whole time).
+        let mut m = seed(11.0);
+        assert_eq!(m.codec(&all, elems / 25, elems), DeltaCodec::Plain);
+        // A model of 345 000 elements, nothing measured: its walk is negligible, its map is
+        // smaller than the plain delta at 90 %.
+        let mut m = CostModel::default();
+        assert_eq!(m.codec(&all, 310_000, 345_000), DeltaCodec::Steps);
         // A slow link (a socket, 100 ms per GB): the entropy codecs at 10 %, steps at half.
         let mut m = seed(100.0);
         assert_eq!(m.codec(&all, elems / 10, elems), DeltaCodec::Entropy);
@@ -524,7 +552,7 @@ mod tests {
         let above = r.dense_above[2].expect("link known");
         assert!(above > 0.9, "{r:?}");
         assert!(!m.dense_after_diff(
-            GB,
+            (GB, GB / 2),
             1,
             elems / 2,
             elems / 4 + elems * 3 / 20,
@@ -551,7 +579,7 @@ mod tests {
         // A small stage is decided by its bytes.
         let small = MODEL_MIN_BYTES / 2;
         assert!(!m.dense_before_diff((small, small / 2), 1, small, DeltaCodec::Plain));
-        assert!(!m.dense_after_diff(small, 1, small, small - 1, DeltaCodec::Plain));
-        assert!(m.dense_after_diff(small, 1, 1, small, DeltaCodec::Plain));
+        assert!(!m.dense_after_diff((small, small / 2), 1, small, small - 1, DeltaCodec::Plain));
+        assert!(m.dense_after_diff((small, small / 2), 1, 1, small, DeltaCodec::Plain));
     }
 }

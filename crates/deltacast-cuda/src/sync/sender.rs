@@ -729,8 +729,12 @@ impl GpuSender {
         let slots = self.stages[s].len();
         let whole = (HEADER_BYTES + slots * (SLOT_RECORD_BYTES + CHUNK_RECORD_BYTES)) as u64
             + self.stage_bytes(s);
+        let elements = self.tensors[self.stages[s].clone()]
+            .iter()
+            .map(|t| t.numel())
+            .sum();
         self.costs
-            .dense_after_diff(whole, self.stages.len(), found, wire, codec)
+            .dense_after_diff((whole, elements), self.stages.len(), found, wire, codec)
     }
 
     /// Starts the broadcasts of stage `s` as a delta of `records` over its position and value
