@@ -212,7 +212,7 @@ __device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u64* scan_scr
             escapes += __popc(word & (word >> 1) & 0x55555555u);
         }
         u64 total;
-        const u64 ex = dc_block_exclusive_scan64((u64)changes | (u64)escapes << 32, scan_scratch,
+        const u64 ex = dc_block_exclusive_scan((u64)changes | (u64)escapes << 32, scan_scratch,
                                                  &total);
         u64 k = base_k + (ex & 0xffffffffu), e = base_e + (ex >> 32);
 #pragma unroll 1

@@ -80,21 +80,22 @@ __device__ __forceinline__ void dc_store_bits(u8* p, u64 e, u32 w, u32 bits) {
     else *(u32*)(p + 4 * e) = bits;
 }
 
-// Exclusive block-wide scan of a u32 (blockDim.x a multiple of 32, at most 1024). Returns the
-// exclusive prefix; `*total` gets the block total. `scratch` holds 32 u32.
-__device__ __forceinline__ u32 dc_block_exclusive_scan(u32 v, u32* scratch, u32* total) {
+// Exclusive block-wide scan of a u32 or u64 (blockDim.x a multiple of 32, at most 1024).
+// Returns the exclusive prefix; `*total` gets the block total. `scratch` holds 32 values.
+template <class T>
+__device__ __forceinline__ T dc_block_exclusive_scan(T v, T* scratch, T* total) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    u32 incl = v;
+    T incl = v;
     for (int o = 1; o < 32; o <<= 1) {
-        u32 n = __shfl_up_sync(DC_FULL_MASK, incl, o);
+        const T n = __shfl_up_sync(DC_FULL_MASK, incl, o);
         if (lane >= (u32)o) incl += n;
     }
     __syncthreads();  // scratch may still be read by a previous call
     if (lane == 31) scratch[warp] = incl;
     __syncthreads();
-    u32 before = 0, all = 0;
+    T before = 0, all = 0;
     for (u32 w = 0; w < warps; ++w) {
-        u32 t = scratch[w];
+        const T t = scratch[w];
         if (w < warp) before += t;
         all += t;
     }
@@ -177,25 +178,4 @@ __device__ __forceinline__ u32 dc_step_apply(u32 a, u32 code, u32 w) {
     const u32 all = w == 4 ? 0xffffffffu : (1u << (8 * w)) - 1u;
     const u32 o = (dc_ordered(a, w) + (code == 1u ? 1u : all)) & all;
     return dc_unordered(o, w);
-}
-
-// dc_block_exclusive_scan of a u64. `scratch` holds 32 u64.
-__device__ __forceinline__ u64 dc_block_exclusive_scan64(u64 v, u64* scratch, u64* total) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    u64 incl = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        const u64 n = __shfl_up_sync(DC_FULL_MASK, incl, o);
-        if (lane >= (u32)o) incl += n;
-    }
-    __syncthreads();  // scratch may still be read by a previous call
-    if (lane == 31) scratch[warp] = incl;
-    __syncthreads();
-    u64 before = 0, all = 0;
-    for (u32 w = 0; w < warps; ++w) {
-        const u64 t = scratch[w];
-        if (w < warp) before += t;
-        all += t;
-    }
-    *total = all;
-    return before + incl - v;
 }

@@ -841,7 +841,7 @@ __device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ ten
     u32 tile_escapes = 0;
 #pragma unroll
     for (u32 p = 0; p < DIFF_PACKS; ++p) {
-        excl[p] = dc_block_exclusive_scan64(packed[p], s_scan, &rows[p]);
+        excl[p] = dc_block_exclusive_scan(packed[p], s_scan, &rows[p]);
 #pragma unroll
         for (u32 f = 0; f < 4; ++f) tile_escapes += (u32)(rows[p] >> (16 * f)) & 0xffffu;
     }
