@@ -273,3 +273,190 @@ pub(super) fn steps_chunks(
     }
     (records, pos_end.next_multiple_of(4), val_end)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{steps_map_layout, DiffInput, StepsCell, StepsTensorResult};
+    use deltacast::codec::{decode_positions, decode_steps_values};
+    use deltacast::dtype::{load_bits, to_ordered};
+    use deltacast_testkit::Rng;
+
+    /// The code of one element, from docs/codecs.md ("steps + esc").
+    fn code(old: u32, new: u32, width: usize) -> u8 {
+        let all = if width == 4 {
+            u32::MAX
+        } else {
+            (1 << (8 * width)) - 1
+        };
+        let d = to_ordered(new, width).wrapping_sub(to_ordered(old, width)) & all;
+        match (old == new, d) {
+            (true, _) => 0,
+            (_, 1) => 1,
+            (_, d) if d == all => 2,
+            _ => 3,
+        }
+    }
+
+    #[test]
+    fn steps_chunks_name_the_sections_a_steps_diff_writes() {
+        // What dc_diff_steps leaves for a stage of tensors of every width (not in width
+        // order): each tensor's codes in the map region at its `steps_map_layout` offset, the
+        // escapes compacted tensor after tensor in width order (change g at g * width), the
+        // cells' counts. The chunks must name exactly those sections, and the core decode
+        // them to the new bits.
+        let mut rng = Rng(0x57e9);
+        let cell = 16_384u64;
+        let shapes = [
+            (40_000u64, 2usize),
+            (5u64, 4),
+            (70_001u64, 1),
+            (16_384u64, 2),
+            (33u64, 4),
+        ];
+        let tensors: Vec<StageTensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &(numel, width))| StageTensor {
+                slot: 3 + i as u32,
+                first_index: 0,
+                numel,
+                width,
+            })
+            .collect();
+        let inputs: Vec<DiffInput> = tensors
+            .iter()
+            .map(|t| DiffInput {
+                snapshot: 0,
+                current: 0,
+                numel: t.numel,
+                width: t.width,
+                first_index: 0,
+                digest: None,
+                f32_source: None,
+            })
+            .collect();
+        let (map_offsets, map_len) = steps_map_layout(&inputs);
+        let mut map = vec![0u8; map_len as usize];
+        let (mut olds, mut news) = (vec![], vec![]);
+        let mut codes: Vec<Vec<u8>> = vec![];
+        for t in &tensors {
+            let mask = if t.width == 4 {
+                u32::MAX
+            } else {
+                (1 << (8 * t.width)) - 1
+            };
+            let old: Vec<u32> = (0..t.numel).map(|_| rng.next_u64() as u32 & mask).collect();
+            let new: Vec<u32> = old
+                .iter()
+                .map(|&o| match rng.below(8) {
+                    0 => o.wrapping_add(1) & mask,
+                    1 => o.wrapping_sub(1) & mask,
+                    2 => rng.next_u64() as u32 & mask,
+                    _ => o,
+                })
+                .collect();
+            codes.push(
+                old.iter()
+                    .zip(&new)
+                    .map(|(&o, &n)| code(o, n, t.width))
+                    .collect(),
+            );
+            olds.push(old);
+            news.push(new);
+        }
+        // The escapes in the diff's order: tensors by width (stably), elements in order.
+        let mut order: Vec<usize> = (0..tensors.len()).collect();
+        order.sort_by_key(|&i| tensors[i].width);
+        let mut escapes = vec![0u8; 4 * tensors.iter().map(|t| t.numel as usize).sum::<usize>()];
+        let mut results = vec![StepsTensorResult::default(); tensors.len()];
+        let mut g = 0u64;
+        for &i in &order {
+            let (t, c) = (&tensors[i], &codes[i]);
+            let escape0 = g;
+            for (e, &k) in c.iter().enumerate() {
+                let at = (map_offsets[i] + e as u64 / 4) as usize;
+                map[at] |= k << (2 * (e % 4));
+                if k == 3 {
+                    let w = t.width;
+                    let bytes = news[i][e].to_le_bytes();
+                    escapes[g as usize * w..(g as usize + 1) * w].copy_from_slice(&bytes[..w]);
+                    g += 1;
+                }
+            }
+            let cells = c
+                .chunks(cell as usize)
+                .map(|part| StepsCell {
+                    changes: part.iter().filter(|&&k| k != 0).count() as u32,
+                    escapes: part.iter().filter(|&&k| k == 3).count() as u32,
+                })
+                .collect();
+            results[i] = StepsTensorResult {
+                map_offset: map_offsets[i],
+                changes: c.iter().filter(|&&k| k != 0).count() as u64,
+                escape0,
+                cells,
+            };
+        }
+        let diff = StepsDiff {
+            found: results.iter().map(|r| r.changes).sum(),
+            escapes: g,
+            tensors: results,
+            cell_elems: cell,
+            kernel_ms: 0.0,
+        };
+        let (records, pos_bytes, val_bytes) = steps_chunks(&diff, &tensors);
+        assert!(pos_bytes <= map_len && pos_bytes % 4 == 0);
+        let mut seen: Vec<Vec<bool>> = tensors
+            .iter()
+            .map(|t| vec![false; t.numel as usize])
+            .collect();
+        for r in &records {
+            let i = (r.slot - 3) as usize;
+            let w = tensors[i].width;
+            assert_eq!(
+                (r.pos_codec, r.val_codec),
+                (PosCodec::Steps, ValCodec::Escaped)
+            );
+            assert!(
+                r.pos_offset % 4 == 0 && r.val_offset % w as u64 == 0,
+                "{r:?}"
+            );
+            assert!(r.pos_offset + r.pos_len <= pos_bytes && r.val_offset + r.val_len <= val_bytes);
+            let sec = &map[r.pos_offset as usize..(r.pos_offset + r.pos_len) as usize];
+            let esc = &escapes[r.val_offset as usize..(r.val_offset + r.val_len) as usize];
+            let mut rel = Vec::new();
+            decode_positions(
+                PosCodec::Steps,
+                sec,
+                r.count as u32,
+                r.range as u32,
+                &mut rel,
+            )
+            .unwrap_or_else(|e| panic!("{r:?}: {e}"));
+            let old: Vec<u8> = rel
+                .iter()
+                .flat_map(|&p| olds[i][(r.start + p as u64) as usize].to_le_bytes()[..w].to_vec())
+                .collect();
+            let mut got = Vec::new();
+            decode_steps_values(w, sec, r.range as u32, esc, &old, &mut got)
+                .unwrap_or_else(|e| panic!("{r:?}: {e}"));
+            for (k, &p) in rel.iter().enumerate() {
+                let e = (r.start + p as u64) as usize;
+                assert_eq!(
+                    load_bits(&got, w, k),
+                    news[i][e],
+                    "slot {} element {e}",
+                    r.slot
+                );
+                assert!(!seen[i][e], "element {e} of slot {} twice", r.slot);
+                seen[i][e] = true;
+            }
+        }
+        for (i, c) in codes.iter().enumerate() {
+            for (e, &k) in c.iter().enumerate() {
+                assert_eq!(seen[i][e], k != 0, "slot {} element {e}", tensors[i].slot);
+            }
+        }
+    }
+}
