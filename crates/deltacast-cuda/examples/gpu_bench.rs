@@ -825,11 +825,14 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         gpu.synchronize()?;
         Ok::<f32, Box<dyn std::error::Error>>(t.elapsed().as_secs_f32() * 1e3)
     };
-    // SAFETY: both buffers hold `bytes`.
     let copy_ms = median(
         (0..5)
             .map(|_| {
-                wall(&mut || Ok(unsafe { gpu.copy_device(snap_d.ptr(), old_d.ptr(), bytes)? }))
+                wall(&mut || {
+                    // SAFETY: both buffers hold `bytes`.
+                    unsafe { gpu.copy_device(snap_d.ptr(), old_d.ptr(), bytes)? };
+                    Ok(())
+                })
             })
             .collect::<Result<Vec<_>, _>>()?,
     );

@@ -15,7 +15,8 @@ use crate::DevicePtr;
 /// A communicator of the GPU sync.
 pub enum Link {
     Nccl(NcclComm),
-    Ipc(IpcComm),
+    /// Boxed: its staging handles make it ~8 times an NCCL communicator's size.
+    Ipc(Box<IpcComm>),
     /// Boxed: it holds a whole stage while assembling it.
     Frames(Box<FrameLink>),
 }
@@ -34,7 +35,7 @@ impl From<NcclComm> for Link {
 
 impl From<IpcComm> for Link {
     fn from(c: IpcComm) -> Link {
-        Link::Ipc(c)
+        Link::Ipc(Box::new(c))
     }
 }
 
