@@ -404,7 +404,7 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
                 // other chunk of the sync changes (it is coded against the receiver's bits).
                 let ctx_ok = context_supports(w_slot) && !changed_by_others(&chunks, k);
                 let pos_codec = match c.pos {
-                    PosCodec::Context if !ctx_ok => PosCodec::Gaps,
+                    p if p.needs_held() && !ctx_ok => PosCodec::Gaps,
                     p => p,
                 };
                 let val_codec = match c.val {
@@ -434,7 +434,7 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
                 if pos_codec == PosCodec::Steps {
                     let range = c.range as u32;
                     encode_steps(w_slot, &c.rel, range, &c.old, &c.new, &mut pos, &mut val);
-                } else if pos_codec == PosCodec::Context {
+                } else if pos_codec.needs_held() {
                     // The range's bits after the sync: the held ones, this chunk's written in.
                     let (a, b) = (
                         c.start as usize * w_slot,
@@ -444,7 +444,7 @@ fn run_sync(r: &mut Receiver, feeder: &mut Feeder, plan: &SyncPlan) {
                     for (j, &p) in c.rel.iter().enumerate() {
                         store_bits(&mut after, w_slot, p as usize, load_bits(&c.new, w_slot, j));
                     }
-                    encode_context_positions(w_slot, &c.rel, &after, &c.old, &mut pos);
+                    encode_context_positions(pos_codec, w_slot, &c.rel, &after, &c.old, &mut pos);
                 } else {
                     encode_positions(pos_codec, &c.rel, c.range as u32, &mut pos);
                 }

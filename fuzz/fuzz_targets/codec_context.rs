@@ -1,4 +1,4 @@
-//! `ctx` positions on arbitrary sections, against held bits of 2 or 4 bytes (and unsupported
+//! `ctx` and `ctxgaps` positions on arbitrary sections, against held bits of 2 or 4 bytes (and unsupported
 //! widths) keyed by the input: an error, or exactly `count` strictly increasing positions
 //! below `range` that re-encode (against the same held bits) and decode to the same positions.
 #![no_main]
@@ -11,6 +11,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let width = [2usize, 4, 1, 8][*sel as usize % 4];
+    let codec = if sel & 4 == 0 {
+        PosCodec::Context
+    } else {
+        PosCodec::ContextGaps
+    };
     let range = u16::from_le_bytes([*r0, *r1]) as u32 % 20_000;
     let count = (u16::from_le_bytes([*c0, *c1]) as u32) % (range + 2);
     // Few exponent classes, as weights have, keyed by the seed.
@@ -26,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     let mut out = vec![7];
     let decoded = decode_positions_held(
-        PosCodec::Context,
+        codec,
         section,
         count,
         range,
@@ -44,10 +49,10 @@ fuzz_target!(|data: &[u8]| {
         .flat_map(|&p| held[p as usize * width..(p as usize + 1) * width].to_vec())
         .collect();
     let mut again = Vec::new();
-    encode_context_positions(width, &out, &held, &old, &mut again);
+    encode_context_positions(codec, width, &out, &held, &old, &mut again);
     let mut back = Vec::new();
     decode_positions_held(
-        PosCodec::Context,
+        codec,
         &again,
         count,
         range,

@@ -80,7 +80,7 @@ pub(crate) fn section_bounds(positions: PosCodec, count: u64, range: u64) -> (u6
             7 * blocks + (count - blocks) * 6,
         ),
         // Not decoded on the GPU: refused before any length is looked at.
-        PosCodec::Holes | PosCodec::Context => (u64::MAX, 0),
+        PosCodec::Holes | PosCodec::Context | PosCodec::ContextGaps => (u64::MAX, 0),
     }
 }
 

@@ -17,7 +17,6 @@
 //! `settle` → [`changes`](ChangeReceiver::changes) (written by the owner) → `commit`; or
 //! `abort_sync` at any point (nothing is written before the owner writes the changes).
 
-use crate::codec::PosCodec;
 use crate::digest::{change, chunk_change, chunk_terms, element_hash, slot_salt};
 use crate::dtype::load_bits;
 use crate::error::CodecError;
@@ -305,7 +304,7 @@ impl ChangeReceiver {
         // every chunk's positions, in parallel.
         let mut held: Vec<Option<Vec<u8>>> = Vec::with_capacity(frame.entries.len());
         for e in &frame.entries {
-            held.push(if e.pos_codec == PosCodec::Context {
+            held.push(if e.pos_codec.needs_held() {
                 Some(read_whole_chunk(&self.table, owner, e)?)
             } else {
                 None

@@ -45,6 +45,10 @@ pub enum PosCodec {
     /// A 2-bit code per element of the range (unchanged, step +1, step −1, escaped): fixed
     /// width, so GPU kernels stream it. Only with [`ValCodec::Escaped`] values ([`check_pair`]).
     Steps = 6,
+    /// The changes as gaps inside classes of the old exponent, each class's gaps Golomb coded
+    /// with adaptive quotients: `ctx`'s gain at a cost per change, not per element. Decoding
+    /// needs the receiver's bits of the whole chunk range, as `Context`.
+    ContextGaps = 7,
 }
 
 /// How the new values of a chunk are coded. The discriminant is the wire code.
@@ -63,7 +67,7 @@ pub enum ValCodec {
 }
 
 impl PosCodec {
-    pub const ALL: [PosCodec; 7] = [
+    pub const ALL: [PosCodec; 8] = [
         PosCodec::All,
         PosCodec::Abs32,
         PosCodec::Gaps,
@@ -71,6 +75,7 @@ impl PosCodec {
         PosCodec::Holes,
         PosCodec::Context,
         PosCodec::Steps,
+        PosCodec::ContextGaps,
     ];
 
     pub fn from_code(code: u8) -> Option<Self> {
@@ -86,7 +91,14 @@ impl PosCodec {
             PosCodec::Holes => "holes",
             PosCodec::Context => "ctx",
             PosCodec::Steps => "steps",
+            PosCodec::ContextGaps => "ctxgaps",
         }
+    }
+
+    /// Whether decoding needs the receiver's bits of the chunk's whole range (the context
+    /// codecs): only a receiver that holds every element of the chunk can decode these.
+    pub fn needs_held(self) -> bool {
+        matches!(self, PosCodec::Context | PosCodec::ContextGaps)
     }
 }
 
@@ -136,14 +148,14 @@ pub fn check_pair(pos: PosCodec, val: ValCodec, dtype: Option<DType>) -> Result<
 }
 
 /// Appends the encoding of `rel` (strictly increasing, each `< range`) to `out`.
-/// `All` requires `rel.len() == range` and writes nothing. `Context` needs the chunk's bits
-/// ([`encode_context_positions`]) and `Steps` the values ([`encode_steps`]): here they write
+/// `All` requires `rel.len() == range` and writes nothing. `Context` and `ContextGaps` need the
+/// chunk's bits ([`encode_context_positions`]) and `Steps` the values ([`encode_steps`]): here they write
 /// nothing, and no caller in the crate asks.
 pub fn encode_positions(codec: PosCodec, rel: &[u32], range: u32, out: &mut Vec<u8>) {
     debug_assert!(rel.windows(2).all(|w| w[0] < w[1]));
     debug_assert!(rel.last().is_none_or(|&p| p < range));
     debug_assert!(
-        !matches!(codec, PosCodec::Context | PosCodec::Steps),
+        !codec.needs_held() && codec != PosCodec::Steps,
         "{} positions need the chunk's bits",
         codec.name()
     );
@@ -153,7 +165,7 @@ pub fn encode_positions(codec: PosCodec, rel: &[u32], range: u32, out: &mut Vec<
         PosCodec::Gaps => gaps::encode(rel, range, out),
         PosCodec::Bitmap => bitmap::encode(rel, range, out),
         PosCodec::Holes => gaps::encode(&complement(rel, range), range, out),
-        PosCodec::Context | PosCodec::Steps => {}
+        PosCodec::Context | PosCodec::ContextGaps | PosCodec::Steps => {}
     }
 }
 
@@ -220,8 +232,8 @@ pub fn decode_positions(
             *out = complement(&holes, range);
             Ok(())
         }
-        PosCodec::Context => Err(CodecError::Unsupported {
-            codec: "ctx",
+        PosCodec::Context | PosCodec::ContextGaps => Err(CodecError::Unsupported {
+            codec: codec.name(),
             what: "positions without the receiver's bits of the chunk",
         }),
         // The nonzero codes of the map: the values are not needed.
@@ -270,17 +282,24 @@ pub fn decode_steps_values(
     steps::decode_values(width, map, range, escaped, old, out)
 }
 
-/// Appends `ctx` positions: `after` holds the bits of the chunk's whole range after the sync,
-/// `old` the old bits at `rel` (so the receiver's bits before the sync are known everywhere).
-/// Elements of 2 or 4 bytes ([`context_supports`]).
+/// Appends `ctx` or `ctxgaps` positions (`codec`, one that [`PosCodec::needs_held`]): `after`
+/// holds the bits of the chunk's whole range after the sync, `old` the old bits at `rel` (so
+/// the receiver's bits before the sync are known everywhere). Elements of 2 or 4 bytes
+/// ([`context_supports`]).
 pub fn encode_context_positions(
+    codec: PosCodec,
     width: usize,
     rel: &[u32],
     after: &[u8],
     old: &[u8],
     out: &mut Vec<u8>,
 ) {
-    context::encode_positions(width, rel, after, old, out)
+    debug_assert!(codec.needs_held());
+    if codec == PosCodec::ContextGaps {
+        context::gaps::encode_positions(width, rel, after, old, out)
+    } else {
+        context::encode_positions(width, rel, after, old, out)
+    }
 }
 
 /// Whether the `ctx` codecs carry elements of `width` bytes.
@@ -299,7 +318,7 @@ pub fn decode_positions_held(
     held: &[u8],
     out: &mut Vec<u32>,
 ) -> Result<(), CodecError> {
-    if codec != PosCodec::Context {
+    if !codec.needs_held() {
         return decode_positions(codec, input, count, range, out);
     }
     out.clear();
@@ -308,6 +327,9 @@ pub fn decode_positions_held(
             count: count as u64,
             range: range as u64,
         });
+    }
+    if codec == PosCodec::ContextGaps {
+        return context::gaps::decode_positions(width, input, count, range, held, out);
     }
     context::decode_positions(width, input, count, range, held, out)
 }
@@ -488,7 +510,9 @@ pub fn encode_chunk_with_state_into(
         CodecChoice::Fixed(pos, val) => {
             let pos = match pos {
                 PosCodec::All if rel.len() as u64 != range as u64 => PosCodec::Abs32,
-                PosCodec::Context if after.is_none() || !context::supports(width) => PosCodec::Gaps,
+                p if p.needs_held() && (after.is_none() || !context::supports(width)) => {
+                    PosCodec::Gaps
+                }
                 // Without `esc` values (or elements it codes): the other map of the range.
                 PosCodec::Steps => PosCodec::Bitmap,
                 other => other,
@@ -499,9 +523,9 @@ pub fn encode_chunk_with_state_into(
                 ValCodec::Escaped => ValCodec::Ulp,
                 other => other,
             };
-            match (pos, after) {
-                (PosCodec::Context, Some(after)) => {
-                    context::encode_positions(width, rel, after, old, &mut out.positions)
+            match (pos.needs_held(), after) {
+                (true, Some(after)) => {
+                    encode_context_positions(pos, width, rel, after, old, &mut out.positions)
                 }
                 _ => encode_positions(pos, rel, range, &mut out.positions),
             }
@@ -526,10 +550,13 @@ pub fn encode_chunk_with_state_into(
                 // Kept only when strictly smaller (today's codecs win ties).
                 let mut scratch = Vec::new();
                 if let (Some(after), false) = (after, pos == PosCodec::All) {
-                    context::encode_positions(width, rel, after, old, &mut scratch);
-                    if scratch.len() < out.positions.len() {
-                        std::mem::swap(&mut scratch, &mut out.positions);
-                        pos = PosCodec::Context;
+                    for codec in [PosCodec::ContextGaps, PosCodec::Context] {
+                        scratch.clear();
+                        encode_context_positions(codec, width, rel, after, old, &mut scratch);
+                        if scratch.len() < out.positions.len() {
+                            std::mem::swap(&mut scratch, &mut out.positions);
+                            pos = codec;
+                        }
                     }
                 }
                 scratch.clear();

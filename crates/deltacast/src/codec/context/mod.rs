@@ -14,6 +14,7 @@
 //! element that did not change decides how its "unchanged" costs), values only those at the
 //! changed positions, as `ulp` does. Elements of 2 or 4 bytes only.
 
+pub(crate) mod gaps;
 pub(crate) mod rc;
 
 use crate::codec::no_bytes;

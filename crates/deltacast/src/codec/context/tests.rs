@@ -7,7 +7,7 @@ use crate::dtype::from_ordered;
 use crate::testutil::{adamw_bf16, bernoulli_positions, Rng};
 
 /// Old bits of a whole range: a few exponent classes, like a weight tensor, with specials.
-fn held_range(rng: &mut Rng, width: usize, range: u32) -> Vec<u8> {
+pub(super) fn held_range(rng: &mut Rng, width: usize, range: u32) -> Vec<u8> {
     let nb = 8 * width as u32;
     let mut out = Vec::with_capacity(range as usize * width);
     for _ in 0..range {

@@ -1,0 +1,618 @@
+//! `ctxgaps` positions: the changed elements of a chunk as gaps inside exponent classes, so
+//! that coding touches the changes and a vector pass over the old bits, not every element
+//! (docs/codecs.md, "ctxgaps").
+//!
+//! Why: `ctx` positions spend a range-coder step on every element of the range, ~10 ns each,
+//! 20× the diff's time per element at 1 % changed. The gain of `ctx` comes from the old
+//! exponent (an element changes when the step crosses half its ULP), and a few contiguous
+//! exponent classes keep almost all of it (scripts/ctx_class_bound.py). Here both sides
+//! split the range into at most 8 classes by the old exponent; inside each class the gap to
+//! the next change is Golomb coded: the quotient with adaptive range-coder models per class
+//! (the gaps of real steps are not geometric enough for a fixed prefix code: a static
+//! Golomb code lands ~3.5 % above the class bound on the recorded trace, the adaptive
+//! quotient within 1 %), the remainder as plain bits in a second stream.
+//!
+//! Both sides find the members of a class with three bit planes per 64 elements (the class
+//! number's bits), built in one pass over the old bits; the walk through a class counts
+//! members a word at a time.
+
+use super::rc::{Decoder, Encoder, Model};
+use crate::codec::bits::{bit_len, check_stream_len, mask, BitCursor, BitReader, BitWriter};
+use crate::codec::no_bytes;
+use crate::dtype::load_bits;
+use crate::error::CodecError;
+
+const CODEC: &str = "ctxgaps positions";
+
+/// Exponent slots of the class map: the old exponent byte `e` falls in slot
+/// `min(max(e − base, 0), SLOTS − 1)`.
+const SLOTS: usize = 16;
+/// Classes at most (three bit planes).
+pub(crate) const MAX_CLASSES: usize = 8;
+/// Adaptive models of the quotient per class: "q > j" for j = 0 .. QUOTIENT_MODELS − 1, the
+/// last one shared by every larger j.
+const QUOTIENT_MODELS: usize = 16;
+/// A section's fixed head: the range-coded part's length, u32 little-endian.
+const HEAD: usize = 4;
+/// Remainders written per bit-writer block (each at most 32 bits).
+const REMAINDERS_PER_BLOCK: usize = 1024;
+
+/// Which class each old exponent byte is in: `lut[slot(e)]`, non-decreasing from 0, with
+/// `classes = lut[SLOTS − 1] + 1`. On the wire as `base` and the 15 bits `steps` (bit `s`,
+/// `1 ≤ s < 16`, set: the class number goes up by one at slot `s`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ClassMap {
+    base: u8,
+    steps: u16,
+    lut: [u8; SLOTS],
+    classes: usize,
+}
+
+impl ClassMap {
+    fn new(base: u8, steps: u16) -> Option<Self> {
+        if steps & 1 != 0 || steps.count_ones() as usize >= MAX_CLASSES {
+            return None;
+        }
+        let mut lut = [0u8; SLOTS];
+        let mut class = 0u8;
+        for (s, slot) in lut.iter_mut().enumerate() {
+            class += (steps >> s & 1) as u8;
+            *slot = class;
+        }
+        Some(ClassMap {
+            base,
+            steps,
+            lut,
+            classes: class as usize + 1,
+        })
+    }
+
+    #[inline(always)]
+    fn slot(&self, exponent: u32) -> usize {
+        (exponent.saturating_sub(self.base as u32) as usize).min(SLOTS - 1)
+    }
+
+    #[inline(always)]
+    fn class(&self, exponent: u32) -> u8 {
+        self.lut[self.slot(exponent)]
+    }
+}
+
+/// The 8 bits below the sign of an element's bits: the class key (as `ctx`'s position class).
+#[inline(always)]
+fn exponent(bits: u32, nb: u32) -> u32 {
+    (bits >> (nb - 9)) & 0xFF
+}
+
+/// Per block of 64 elements: the three bits of each element's class as planes, and which
+/// elements of the block are in the range.
+type Planes = Vec<[u64; 4]>;
+
+/// Members of class `class` in a block.
+#[inline(always)]
+fn members(p: &[u64; 4], class: u8) -> u64 {
+    let plane = |j: usize| if class >> j & 1 == 1 { p[j] } else { !p[j] };
+    plane(0) & plane(1) & plane(2) & p[3]
+}
+
+/// The planes of the old bits `held` (`range · width` bytes).
+fn planes(width: usize, held: &[u8], map: &ClassMap, out: &mut Planes) {
+    out.clear();
+    out.resize((held.len() / width).div_ceil(64), [0; 4]);
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if width == 2 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked just above).
+        done = unsafe { x86::planes_bf16(held, map, out) };
+    }
+    planes_scalar(width, held, map, done, &mut out[done..]);
+}
+
+/// The planes of blocks `first ..` of `held` into `out`, one element at a time.
+fn planes_scalar(width: usize, held: &[u8], map: &ClassMap, first: usize, out: &mut [[u64; 4]]) {
+    let n = held.len() / width;
+    let nb = 8 * width as u32;
+    for (b, p) in (first..).zip(out.iter_mut()) {
+        let start = b * 64;
+        let end = (start + 64).min(n);
+        let mut w = [0u64; 4];
+        for i in start..end {
+            let c = map.class(exponent(load_bits(held, width, i), nb)) as u64;
+            let bit = (i - start) as u32;
+            w[0] |= (c & 1) << bit;
+            w[1] |= (c >> 1 & 1) << bit;
+            w[2] |= (c >> 2 & 1) << bit;
+        }
+        w[3] = if end - start == 64 {
+            u64::MAX
+        } else {
+            mask((end - start) as u32)
+        };
+        *p = w;
+    }
+}
+
+/// Sets element `i`'s class in the planes.
+fn set_class(p: &mut Planes, i: usize, class: u8) {
+    let w = &mut p[i / 64];
+    let bit = 1u64 << (i % 64);
+    for (j, plane) in w.iter_mut().take(3).enumerate() {
+        if class >> j & 1 == 1 {
+            *plane |= bit;
+        } else {
+            *plane &= !bit;
+        }
+    }
+}
+
+/// The index of the `g`-th (from 0) set bit of `v`; `g < v.count_ones()`.
+#[inline(always)]
+fn select(mut v: u64, mut g: u32) -> u32 {
+    let mut at = 0;
+    for half in [32u32, 16, 8] {
+        let low = (v & mask(half)).count_ones();
+        if g >= low {
+            g -= low;
+            v >>= half;
+            at += half;
+        }
+    }
+    for _ in 0..g {
+        v &= v - 1;
+    }
+    at + v.trailing_zeros()
+}
+
+/// The members of a block after bit `bit` (cleared up to and including it).
+#[inline(always)]
+fn after_bit(v: u64, bit: u32) -> u64 {
+    v & !(u64::MAX >> (63 - bit))
+}
+
+/// The Golomb parameter for `k` changes among `n` members: Gallager and Van Voorhis's
+/// optimum for geometric gaps. The encoder's choice only; it travels in the section.
+fn golomb_parameter(n: f64, k: u64) -> u32 {
+    let p = (k as f64 / n.max(k as f64)).clamp(1e-9, 1.0);
+    if p >= 0.5 {
+        return 1;
+    }
+    let m = ((2.0 - p).ln() / -(1.0 - p).ln()).ceil();
+    m.clamp(1.0, (1u64 << 31) as f64) as u32
+}
+
+/// Bits of the truncated binary code of `r < m`: (short length, threshold `u`) — values
+/// below `u` take `b − 1` bits, the others `b`, with `b = bit_len(m − 1)`.
+#[inline(always)]
+fn truncated(m: u32) -> (u32, u64) {
+    let b = bit_len((m - 1) as u64);
+    (b.saturating_sub(1), (1u64 << b) - m as u64)
+}
+
+fn malformed(reason: String) -> CodecError {
+    CodecError::Malformed {
+        codec: CODEC,
+        reason,
+    }
+}
+
+/// Writes `x` as an Elias gamma code in plain range-coder bits: the bit length `L` of
+/// `x + 1` as `L − 1` ones and a zero, then its `L − 1` bits below the leading one.
+fn put_gamma(enc: &mut Encoder<'_>, x: u32) {
+    let v = x as u64 + 1;
+    let len = bit_len(v);
+    for _ in 1..len {
+        enc.direct(1, 1);
+    }
+    enc.direct(0, 1);
+    let low = (v & mask(len - 1)) as u32;
+    if len > 1 {
+        enc.direct(low, len - 1);
+    }
+}
+
+fn get_gamma(dec: &mut Decoder<'_>) -> Result<u32, CodecError> {
+    let mut len = 1u32;
+    while dec.direct(1)? == 1 {
+        len += 1;
+        if len > 32 {
+            return Err(malformed("a number longer than 32 bits".into()));
+        }
+    }
+    let low = if len > 1 { dec.direct(len - 1)? } else { 0 };
+    let v = (1u64 << (len - 1)) | low as u64;
+    u32::try_from(v - 1).map_err(|_| malformed("a number longer than 32 bits".into()))
+}
+
+/// Picks the class map for a chunk: `k_e` changes and about `n_e` elements per exponent.
+/// The window's inner slots (1 to 14, one exponent each) go where most changes are; the
+/// outer two take everything below and above (zeros and subnormals, the largest values). The
+/// slots are then grouped into at most [`MAX_CLASSES`] runs by the smallest `Σ n·H(k/n)`
+/// plus a few bytes per class that changed.
+fn choose_map(n_e: &[f64; 256], k_e: &[u64; 256]) -> ClassMap {
+    let inner = SLOTS - 2;
+    let mut sum: u64 = k_e[1..=inner].iter().sum();
+    let (mut best_sum, mut base) = (sum, 0u32);
+    for b in 1..=(256 - 1 - inner) {
+        sum = sum + k_e[b + inner] - k_e[b];
+        if sum > best_sum {
+            (best_sum, base) = (sum, b as u32);
+        }
+    }
+    let (mut n, mut k) = ([0f64; SLOTS], [0f64; SLOTS]);
+    for e in 0..256u32 {
+        let s = (e.saturating_sub(base) as usize).min(SLOTS - 1);
+        n[s] += n_e[e as usize];
+        k[s] += k_e[e as usize] as f64;
+    }
+    // Prefix sums and the cost of slots a..b as one class.
+    let (mut cn, mut ck) = ([0f64; SLOTS + 1], [0f64; SLOTS + 1]);
+    for s in 0..SLOTS {
+        cn[s + 1] = cn[s] + n[s];
+        ck[s + 1] = ck[s] + k[s];
+    }
+    let cost = |a: usize, b: usize| {
+        let (nn, kk) = (cn[b] - cn[a], ck[b] - ck[a]);
+        if kk <= 0.0 {
+            return 0.0;
+        }
+        let nn = nn.max(kk);
+        let p = kk / nn;
+        let h = if p >= 1.0 {
+            0.0
+        } else {
+            -(p * p.log2() + (1.0 - p) * (1.0 - p).log2())
+        };
+        nn * h + 24.0
+    };
+    // best[j][b]: slots 0..b in j + 1 classes.
+    let mut best = [[f64::INFINITY; SLOTS + 1]; MAX_CLASSES];
+    let mut from = [[0usize; SLOTS + 1]; MAX_CLASSES];
+    for b in 1..=SLOTS {
+        best[0][b] = cost(0, b);
+    }
+    for j in 1..MAX_CLASSES {
+        for b in j + 1..=SLOTS {
+            for a in j..b {
+                let c = best[j - 1][a] + cost(a, b);
+                if c < best[j][b] {
+                    best[j][b] = c;
+                    from[j][b] = a;
+                }
+            }
+        }
+    }
+    let mut j = (0..MAX_CLASSES)
+        .min_by(|&x, &y| best[x][SLOTS].total_cmp(&best[y][SLOTS]))
+        .unwrap_or(0);
+    let mut steps = 0u16;
+    let mut b = SLOTS;
+    while j > 0 {
+        let a = from[j][b];
+        steps |= 1 << a;
+        b = a;
+        j -= 1;
+    }
+    ClassMap::new(base as u8, steps).unwrap_or(ClassMap {
+        base: 0,
+        steps: 0,
+        lut: [0; SLOTS],
+        classes: 1,
+    })
+}
+
+/// Appends the `ctxgaps` positions of a chunk: `rel` its changes (strictly increasing),
+/// `after` the bits of its whole range after the sync, `old` the old bits at `rel`. Nothing
+/// is written for no change. `width` must be 2 or 4.
+pub fn encode_positions(width: usize, rel: &[u32], after: &[u8], old: &[u8], out: &mut Vec<u8>) {
+    debug_assert!(width == 2 || width == 4);
+    debug_assert_eq!(old.len(), rel.len() * width);
+    if rel.is_empty() {
+        return;
+    }
+    let nb = 8 * width as u32;
+    let range = after.len() / width;
+    // Exponents: of the changes exactly, of the range by a sample (the map and the Golomb
+    // parameters are the encoder's choice; a rough count serves).
+    let mut k_e = [0u64; 256];
+    for j in 0..rel.len() {
+        k_e[exponent(load_bits(old, width, j), nb) as usize] += 1;
+    }
+    let stride = (range / 16384).max(1);
+    let mut n_e = [0f64; 256];
+    for i in (0..range).step_by(stride) {
+        n_e[exponent(load_bits(after, width, i), nb) as usize] += stride as f64;
+    }
+    let map = choose_map(&n_e, &k_e);
+    let mut n_c = vec![0f64; map.classes];
+    for (e, &n) in n_e.iter().enumerate() {
+        n_c[map.class(e as u32) as usize] += n;
+    }
+    let params: Vec<u32> = (0..map.classes)
+        .map(|c| {
+            let k: u64 = (0..256u32)
+                .filter(|&e| map.class(e) as usize == c)
+                .map(|e| k_e[e as usize])
+                .sum();
+            golomb_parameter(n_c[c], k)
+        })
+        .collect();
+    encode_with(width, rel, after, old, &map, &params, out);
+}
+
+/// [`encode_positions`] with the class map and each class's Golomb parameter given.
+fn encode_with(
+    width: usize,
+    rel: &[u32],
+    after: &[u8],
+    old: &[u8],
+    map: &ClassMap,
+    params: &[u32],
+    out: &mut Vec<u8>,
+) {
+    let nb = 8 * width as u32;
+    let mut p = Planes::new();
+    planes(width, after, map, &mut p);
+    let mut by_class: Vec<Vec<u32>> = vec![Vec::new(); map.classes];
+    for (j, &i) in rel.iter().enumerate() {
+        let c = map.class(exponent(load_bits(old, width, j), nb));
+        set_class(&mut p, i as usize, c);
+        by_class[c as usize].push(i);
+    }
+
+    let start = out.len();
+    out.extend_from_slice(&[0; HEAD]);
+    let mut remainders: Vec<(u64, u32)> = Vec::with_capacity(rel.len());
+    let mut coded = Vec::new();
+    {
+        let mut enc = Encoder::new(&mut coded);
+        enc.direct(map.base as u32, 8);
+        enc.direct((map.steps >> 1) as u32, 15);
+        for list in &by_class[..map.classes - 1] {
+            put_gamma(&mut enc, list.len() as u32);
+        }
+        for (list, &m) in by_class.iter().zip(params) {
+            if !list.is_empty() {
+                put_gamma(&mut enc, m - 1);
+            }
+        }
+        for (class, (list, &m)) in by_class.iter().zip(params).enumerate() {
+            let class = class as u8;
+            let mut models = [Model::default(); QUOTIENT_MODELS];
+            let (short, u) = truncated(m);
+            let (mut blk, mut avail) = (0usize, members(&p[0], class));
+            for &i in list {
+                let (ib, ibit) = (i as usize / 64, i % 64);
+                let mut gap = 0u64;
+                while blk < ib {
+                    gap += avail.count_ones() as u64;
+                    blk += 1;
+                    avail = members(&p[blk], class);
+                }
+                gap += (avail & mask(ibit)).count_ones() as u64;
+                avail = after_bit(avail, ibit);
+                let (q, r) = (gap / m as u64, gap % m as u64);
+                for j in 0..q {
+                    enc.model_bit(&mut models[(j as usize).min(QUOTIENT_MODELS - 1)], true);
+                }
+                enc.model_bit(&mut models[(q as usize).min(QUOTIENT_MODELS - 1)], false);
+                if m > 1 {
+                    remainders.push(if r < u {
+                        (r, short)
+                    } else {
+                        let t = r - u;
+                        ((u + (t >> 1)) | (t & 1) << short, short + 1)
+                    });
+                }
+            }
+        }
+        enc.finish();
+    }
+    let coded_len = coded.len() as u32;
+    out[start..start + HEAD].copy_from_slice(&coded_len.to_le_bytes());
+    out.extend_from_slice(&coded);
+    let mut w = BitWriter::new(out);
+    for block in remainders.chunks(REMAINDERS_PER_BLOCK) {
+        let bits: u64 = block.iter().map(|&(_, len)| len as u64).sum();
+        w.block(bits, |b| {
+            for &(word, len) in block {
+                b.put(word, len);
+            }
+        });
+    }
+    w.finish();
+}
+
+/// Decodes `count` positions from all of `input`; `held` is the old bits of the whole range.
+pub fn decode_positions(
+    width: usize,
+    input: &[u8],
+    count: u32,
+    range: u32,
+    held: &[u8],
+    out: &mut Vec<u32>,
+) -> Result<(), CodecError> {
+    out.clear();
+    if width != 2 && width != 4 {
+        return Err(CodecError::Unsupported {
+            codec: CODEC,
+            what: "elements of this width",
+        });
+    }
+    if held.len() as u64 != range as u64 * width as u64 {
+        return Err(malformed(format!(
+            "{} held bytes for a range of {range} elements of {width} bytes",
+            held.len()
+        )));
+    }
+    if count == 0 {
+        return no_bytes(input, 0);
+    }
+    if count > range {
+        return Err(CodecError::CountExceedsRange {
+            count: count as u64,
+            range: range as u64,
+        });
+    }
+    let Some(head) = input.get(..HEAD) else {
+        return Err(CodecError::Truncated {
+            needed: HEAD as u64,
+            available: input.len() as u64,
+        });
+    };
+    let coded_len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let Some(coded) = input.get(HEAD..HEAD + coded_len) else {
+        return Err(CodecError::Truncated {
+            needed: HEAD as u64 + coded_len as u64,
+            available: input.len() as u64,
+        });
+    };
+    let stream = &input[HEAD + coded_len..];
+    let mut dec = Decoder::new(coded, CODEC)?;
+    let base = dec.direct(8)? as u8;
+    let steps = (dec.direct(15)? << 1) as u16;
+    let map = ClassMap::new(base, steps).ok_or_else(|| {
+        malformed(format!(
+            "{} classes (at most {MAX_CLASSES})",
+            steps.count_ones() + 1
+        ))
+    })?;
+    let mut counts = vec![0u32; map.classes];
+    let mut left = count;
+    for c in counts.iter_mut().take(map.classes - 1) {
+        *c = get_gamma(&mut dec)?;
+        left = left
+            .checked_sub(*c)
+            .ok_or_else(|| malformed(format!("class counts above the {count} changes")))?;
+    }
+    counts[map.classes - 1] = left;
+    let mut params = vec![0u32; map.classes];
+    for (m, &k) in params.iter_mut().zip(&counts) {
+        if k > 0 {
+            *m = get_gamma(&mut dec)?
+                .checked_add(1)
+                .ok_or_else(|| malformed("a Golomb parameter of 2^32".into()))?;
+        }
+    }
+
+    let mut p = Planes::new();
+    planes(width, held, &map, &mut p);
+    let blocks = p.len();
+    let mut changed = vec![0u64; blocks];
+    let mut bits = BitCursor::new(BitReader::new(stream), 0);
+    for (class, (&k, &m)) in counts.iter().zip(&params).enumerate() {
+        if k == 0 {
+            continue;
+        }
+        let class = class as u8;
+        let mut models = [Model::default(); QUOTIENT_MODELS];
+        let (short, u) = truncated(m);
+        let (mut blk, mut avail) = (0usize, members(&p[0], class));
+        for _ in 0..k {
+            let mut q = 0u64;
+            while dec.model_bit(&mut models[(q as usize).min(QUOTIENT_MODELS - 1)])? {
+                q += 1;
+                if q * m as u64 > range as u64 {
+                    return Err(malformed(format!("a gap past the range in class {class}")));
+                }
+            }
+            let r = if m == 1 {
+                0
+            } else {
+                bits.need(short + 1);
+                let x = bits.bits() & mask(short);
+                if x < u {
+                    bits.skip(short);
+                    x
+                } else {
+                    let r = u + 2 * (x - u) + (bits.bits() >> short & 1);
+                    bits.skip(short + 1);
+                    r
+                }
+            };
+            let mut gap = q * m as u64 + r;
+            loop {
+                let here = avail.count_ones() as u64;
+                if gap < here {
+                    break;
+                }
+                gap -= here;
+                blk += 1;
+                let Some(w) = p.get(blk) else {
+                    return Err(malformed(format!(
+                        "class {class} has fewer than {k} changes' worth of elements"
+                    )));
+                };
+                avail = members(w, class);
+            }
+            let bit = select(avail, gap as u32);
+            changed[blk] |= 1 << bit;
+            avail = after_bit(avail, bit);
+        }
+    }
+    dec.finish(count as u64)?;
+    check_stream_len(CODEC, stream, bits.pos() as u64, HEAD + coded_len, count as u64)?;
+    out.reserve(count as usize);
+    for (b, &w) in changed.iter().enumerate() {
+        let mut w = w;
+        while w != 0 {
+            out.push((b * 64) as u32 + w.trailing_zeros());
+            w &= w - 1;
+        }
+    }
+    // Every change lands on a member not taken before, so this holds for any input.
+    debug_assert_eq!(out.len(), count as usize);
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{ClassMap, Planes, SLOTS};
+    use std::arch::x86_64::*;
+
+    /// The planes of every whole block of 2-byte elements; returns how many blocks it did
+    /// (the rest, a partial block, is the caller's).
+    ///
+    /// # Safety
+    ///
+    /// The CPU must have AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn planes_bf16(held: &[u8], map: &ClassMap, out: &mut Planes) -> usize {
+        let whole = held.len() / 128;
+        let mut lut = [0i8; 32];
+        for (s, &c) in map.lut.iter().enumerate() {
+            lut[s] = c as i8;
+            lut[s + SLOTS] = c as i8;
+        }
+        // SAFETY (every load below): block `b < whole` spans bytes 128·b .. 128·b + 128 of
+        // `held`, inside it; the loads are unaligned.
+        let lut = _mm256_loadu_si256(lut.as_ptr().cast());
+        let base = _mm256_set1_epi8(map.base as i8);
+        let top = _mm256_set1_epi8((SLOTS - 1) as i8);
+        let low8 = _mm256_set1_epi16(0xFF);
+        let ptr = held.as_ptr();
+        for (b, p) in out.iter_mut().enumerate().take(whole) {
+            let mut w = [0u64; 4];
+            for half in 0..2 {
+                let at = ptr.add(b * 128 + half * 64);
+                let a0 = _mm256_loadu_si256(at.cast());
+                let a1 = _mm256_loadu_si256(at.add(32).cast());
+                // The exponent byte of each element, in element order.
+                let e0 = _mm256_and_si256(_mm256_srli_epi16::<7>(a0), low8);
+                let e1 = _mm256_and_si256(_mm256_srli_epi16::<7>(a1), low8);
+                let e = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(e0, e1));
+                let slot = _mm256_min_epu8(_mm256_subs_epu8(e, base), top);
+                let class = _mm256_shuffle_epi8(lut, slot);
+                let shift = 32 * half as u32;
+                w[0] |= (_mm256_movemask_epi8(_mm256_slli_epi16::<7>(class)) as u32 as u64) << shift;
+                w[1] |= (_mm256_movemask_epi8(_mm256_slli_epi16::<6>(class)) as u32 as u64) << shift;
+                w[2] |= (_mm256_movemask_epi8(_mm256_slli_epi16::<5>(class)) as u32 as u64) << shift;
+            }
+            w[3] = u64::MAX;
+            *p = w;
+        }
+        whole
+    }
+}
+
+#[cfg(test)]
+mod tests;
