@@ -183,7 +183,7 @@ fn auto_ctx_syncs_bit_for_bit_and_part_holders_refuse() {
             part_rx.commit().unwrap();
         } else if round == 1 {
             assert!(
-                report.stats.codecs.keys().any(|k| k.starts_with("ctx+")),
+                report.stats.codecs.keys().any(|k| k.starts_with("ctx")),
                 "{:?}",
                 report.stats.codecs
             );

@@ -377,9 +377,10 @@ pub enum CodecChoice {
     /// Pick the cheapest position codec per chunk; values raw (what `Auto` becomes for a
     /// dtype the `ulp` codec must not carry, see [`CodecChoice::for_dtype`]).
     AutoRaw,
-    /// [`Auto`](CodecChoice::Auto), and the `ctx` codecs where they are smaller (elements of 2
-    /// or 4 bytes). Opt-in: only a receiver that holds every element of a chunk can decode
-    /// `ctx` positions (not a tensor-parallel share of a slot), and no GPU decoder has them yet.
+    /// [`Auto`](CodecChoice::Auto), and the context codecs where they are smaller (elements of
+    /// 2 or 4 bytes): `ctxgaps` positions and `ctx` values. Opt-in: only a receiver that holds
+    /// every element of a chunk can decode context positions (not a tensor-parallel share of a
+    /// slot), and no GPU decoder has them yet.
     AutoContext,
     /// Always use this pair (positions fall back to `All` only for seeds). `steps+esc` is a
     /// pair; `steps` with other values falls back to `bitmap` positions (the other map of the
@@ -549,14 +550,14 @@ pub fn encode_chunk_with_state_into(
             if context::supports(width) {
                 // Kept only when strictly smaller (today's codecs win ties).
                 let mut scratch = Vec::new();
+                // `ctxgaps`, not `ctx`: within 2 % of its bytes on the recorded trace at ~10×
+                // its speed (docs/codecs.md, "ctxgaps"); `ctx` stays a fixed choice.
                 if let (Some(after), false) = (after, pos == PosCodec::All) {
-                    for codec in [PosCodec::ContextGaps, PosCodec::Context] {
-                        scratch.clear();
-                        encode_context_positions(codec, width, rel, after, old, &mut scratch);
-                        if scratch.len() < out.positions.len() {
-                            std::mem::swap(&mut scratch, &mut out.positions);
-                            pos = codec;
-                        }
+                    let codec = PosCodec::ContextGaps;
+                    encode_context_positions(codec, width, rel, after, old, &mut scratch);
+                    if scratch.len() < out.positions.len() {
+                        std::mem::swap(&mut scratch, &mut out.positions);
+                        pos = codec;
                     }
                 }
                 scratch.clear();

@@ -3,8 +3,8 @@
 //! vector planes against the one-element-at-a-time ones; hostile sections (never a panic,
 //! only an error or a valid list of positions); a golden vector.
 
-use super::*;
 use super::super::tests::held_range;
+use super::*;
 use crate::testutil::{bernoulli_positions, Rng};
 
 /// Changes drawn per element with a probability that halves per exponent step above the
@@ -80,7 +80,9 @@ fn one_class_holds_every_change_and_classes_without_changes_cost_nothing() {
     let held: Vec<u8> = (0..5000u32)
         .flat_map(|i| (((100 + i % 40) << 7) as u16).to_le_bytes())
         .collect();
-    let rel: Vec<u32> = (0..5000).filter(|i| i % 40 == 7 && rng.chance(0.5)).collect();
+    let rel: Vec<u32> = (0..5000)
+        .filter(|i| i % 40 == 7 && rng.chance(0.5))
+        .collect();
     round_trip(2, &held, &rel);
 }
 
@@ -170,12 +172,24 @@ fn hostile_sections_never_panic() {
             let at = rng.below(bad.len() as u64) as usize;
             bad[at] ^= 1 << rng.below(8);
             check(&bad, count, &mut out);
-            check(&section, count.wrapping_add(rng.below(5) as u32).min(range), &mut out);
+            check(
+                &section,
+                count.wrapping_add(rng.below(5) as u32).min(range),
+                &mut out,
+            );
             let len = rng.below(40) as usize;
             check(&rng.bytes(len), count, &mut out);
         }
         // Truncated, extended and recounted sections are refused.
-        assert!(decode_positions(width, &section[..section.len() - 1], count, range, &held, &mut out).is_err());
+        assert!(decode_positions(
+            width,
+            &section[..section.len() - 1],
+            count,
+            range,
+            &held,
+            &mut out
+        )
+        .is_err());
         let mut longer = section.clone();
         longer.push(0);
         assert!(decode_positions(width, &longer, count, range, &held, &mut out).is_err());
@@ -190,10 +204,12 @@ fn hostile_sections_never_panic() {
 /// The example of docs/codecs.md ("ctxgaps"): BF16, range 8, old bits `3F80` ×4 (exponent
 /// 127) then `3580` ×4 (exponent 107); elements 1, 5 and 6 change.
 fn golden_example() -> (Vec<u8>, [u32; 3]) {
-    let held: Vec<u8> = [0x3F80u16, 0x3F80, 0x3F80, 0x3F80, 0x3580, 0x3580, 0x3580, 0x3580]
-        .iter()
-        .flat_map(|b| b.to_le_bytes())
-        .collect();
+    let held: Vec<u8> = [
+        0x3F80u16, 0x3F80, 0x3F80, 0x3F80, 0x3580, 0x3580, 0x3580, 0x3580,
+    ]
+    .iter()
+    .flat_map(|b| b.to_le_bytes())
+    .collect();
     (held, [1, 5, 6])
 }
 
@@ -225,5 +241,9 @@ const GOLDEN_CHOSEN: &str = "07 00 00 00 5c ff c1 18 00 00 00 03";
 const GOLDEN_TWO_CLASSES: &str = "08 00 00 00 69 ff c5 52 00 00 00 00 01";
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
