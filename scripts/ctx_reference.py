@@ -8,7 +8,7 @@ class Model:
         p=((2*s.z+1)<<15)//(2*s.t+2); return min(max(p,1),(1<<15)-1)
     def up(s,x):
         s.z+= (x==0); s.t+=1
-        if s.t==65536: s.z>>=1; s.t>>=1
+        if s.t==1024: s.z>>=1; s.t>>=1
 class Enc:
     def __init__(s): s.low=0; s.range=2**32-1; s.held=None; s.ff=0; s.out=[]
     def bit(s,p0,x):

@@ -21,8 +21,8 @@
 //! the sender's chunk size (2^20), as in a sync, without the larger range's cache misses.
 use deltacast::codec::{
     decode_positions, decode_positions_held, decode_steps_values, decode_values, encode_chunk,
-    encode_chunk_into, encode_chunk_with_state_into, encode_positions, encode_values, CodecChoice,
-    EncodedChunk, PosCodec, ValCodec,
+    encode_chunk_into, encode_chunk_with_state_into, encode_context_positions, encode_positions,
+    encode_values, CodecChoice, EncodedChunk, PosCodec, ValCodec,
 };
 use deltacast::diff::{best_impl, diff_serial_with, Changes};
 use std::hint::black_box;
@@ -351,11 +351,76 @@ fn context_rates(all: &[Chunk], rounds: usize) -> String {
         decode_values(vc, 2, &e.values, &c.old, &mut val).expect("the chunk's own values decode");
         assert!(pos == c.rel && val == c.new, "ctx round trip");
     }
+    // The two halves alone: `ctxgaps` positions and `ctx` values.
+    let (mut section, mut out) = (Vec::new(), Vec::new());
+    let tpe = best(rounds, || {
+        for (c, (_, after)) in all.iter().zip(&held) {
+            section.clear();
+            encode_context_positions(
+                PosCodec::ContextGaps,
+                2,
+                &c.rel,
+                after,
+                &c.old,
+                &mut section,
+            );
+            black_box(&section);
+        }
+    });
+    let sections: Vec<Vec<u8>> = all
+        .iter()
+        .zip(&held)
+        .map(|(c, (_, after))| {
+            let mut s = Vec::new();
+            encode_context_positions(PosCodec::ContextGaps, 2, &c.rel, after, &c.old, &mut s);
+            s
+        })
+        .collect();
+    let tpd = best(rounds, || {
+        for ((c, s), (before, _)) in all.iter().zip(&sections).zip(&held) {
+            let count = c.rel.len() as u32;
+            decode_positions_held(
+                PosCodec::ContextGaps,
+                s,
+                count,
+                range(),
+                2,
+                before,
+                &mut pos,
+            )
+            .expect("the chunk's own positions decode");
+        }
+    });
+    let tve = best(rounds, || {
+        for c in all {
+            section.clear();
+            encode_values(ValCodec::Context, 2, &c.old, &c.new, &mut section);
+            black_box(&section);
+        }
+    });
+    let values: Vec<Vec<u8>> = all
+        .iter()
+        .map(|c| {
+            let mut s = Vec::new();
+            encode_values(ValCodec::Context, 2, &c.old, &c.new, &mut s);
+            s
+        })
+        .collect();
+    let tvd = best(rounds, || {
+        for (c, s) in all.iter().zip(&values) {
+            decode_values(ValCodec::Context, 2, s, &c.old, &mut out)
+                .expect("the chunk's own values decode");
+        }
+    });
     let first = &chosen[0];
     format!(
-        " ctx_enc={:.1} ctx_dec={:.1} ctx_codecs={}+{}",
+        " ctx_enc={:.1} ctx_dec={:.1} cgpos_enc={:.1} cgpos_dec={:.1} cval_enc={:.1} cval_dec={:.1} ctx_codecs={}+{}",
         n / te / 1e6,
         n / td / 1e6,
+        n / tpe / 1e6,
+        n / tpd / 1e6,
+        n / tve / 1e6,
+        n / tvd / 1e6,
         first.pos_codec.map_or("-", |c| c.name()),
         first.val_codec.map_or("-", |c| c.name())
     )

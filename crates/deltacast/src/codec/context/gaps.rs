@@ -342,11 +342,21 @@ pub fn encode_positions(width: usize, rel: &[u32], after: &[u8], old: &[u8], out
     for j in 0..rel.len() {
         k_e[exponent(load_bits(old, width, j), nb) as usize] += 1;
     }
-    let stride = (range / 16384).max(1);
+    // Runs of 64 neighbours spread over the range: a stride through it touched every other
+    // cache line of the chunk (8 % of the encoder's time at 10 % changed).
+    let runs = range.div_ceil(64).min(256);
+    let spacing = range / runs;
     let mut n_e = [0f64; 256];
-    for i in (0..range).step_by(stride) {
-        n_e[exponent(load_bits(after, width, i), nb) as usize] += stride as f64;
+    let mut sampled = 0usize;
+    for r in 0..runs {
+        let start = r * spacing;
+        for i in start..(start + 64).min(range) {
+            n_e[exponent(load_bits(after, width, i), nb) as usize] += 1.0;
+            sampled += 1;
+        }
     }
+    let scale = range as f64 / sampled as f64;
+    n_e.iter_mut().for_each(|n| *n *= scale);
     let map = choose_map(&n_e, &k_e);
     let mut n_c = vec![0f64; map.classes];
     for (e, &n) in n_e.iter().enumerate() {

@@ -13,25 +13,61 @@ const PROB_ONE: u32 = 1 << PROB_BITS;
 /// The range is renormalized (one byte shifted out) whenever it drops below this.
 const TOP: u32 = 1 << 24;
 /// A model's counts are halved when their sum reaches this (so it follows local changes).
-pub(crate) const COUNT_LIMIT: u32 = 1 << 16;
+pub(crate) const COUNT_LIMIT: u32 = 1 << 10;
+/// Bits of the fixed-point reciprocals in [`RECIPROCAL`].
+const RECIPROCAL_SHIFT: u32 = 37;
+/// `ceil(2^37 / (2·t + 2))` for every count `t < COUNT_LIMIT`: the estimate's division as a
+/// multiplication, exact for every numerator it meets (`(2·zeros + 1)·2^15 < 2^26`, and
+/// `2^26 · 2048 ≤ 2^37`; the test `reciprocals_divide_exactly` checks them all). A division
+/// per coded bit was the largest single cost of the coder.
+static RECIPROCAL: [u64; COUNT_LIMIT as usize] = {
+    let mut r = [0u64; COUNT_LIMIT as usize];
+    let mut t = 0;
+    while t < COUNT_LIMIT as usize {
+        let d = 2 * t as u64 + 2;
+        r[t] = (1u64 << RECIPROCAL_SHIFT).div_ceil(d);
+        t += 1;
+    }
+    r
+};
 
 /// An adaptive estimate of P(bit = 0): the Krichevsky–Trofimov estimate from the counts of the
-/// zeros and ones coded in this context so far.
-#[derive(Debug, Clone, Copy, Default)]
+/// zeros and ones coded in this context so far. The estimate is computed when the counts
+/// change, not when it is used: its division then overlaps the coding of other bits instead
+/// of sitting between a decoded bit and the next (same values either way).
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Model {
     zeros: u32,
     total: u32,
+    p0: u32,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            zeros: 0,
+            total: 0,
+            p0: Self::estimate(0, 0),
+        }
+    }
 }
 
 impl Model {
-    /// P(0) in units of 2^-15: floor((2·zeros + 1)·2^15 / (2·total + 2)), kept in [1, 2^15 − 1].
-    #[inline]
-    pub(crate) fn p0(&self) -> u32 {
-        let p = ((2 * self.zeros + 1) << PROB_BITS) / (2 * self.total + 2);
-        p.clamp(1, PROB_ONE - 1)
+    /// floor((2·zeros + 1)·2^15 / (2·total + 2)), kept in [1, 2^15 − 1].
+    #[inline(always)]
+    fn estimate(zeros: u32, total: u32) -> u32 {
+        let num = ((2 * zeros + 1) << PROB_BITS) as u64;
+        let p = (num * RECIPROCAL[total as usize]) >> RECIPROCAL_SHIFT;
+        (p as u32).clamp(1, PROB_ONE - 1)
     }
 
-    #[inline]
+    /// P(0) in units of 2^-15.
+    #[inline(always)]
+    pub(crate) fn p0(&self) -> u32 {
+        self.p0
+    }
+
+    #[inline(always)]
     pub(crate) fn update(&mut self, bit: bool) {
         self.zeros += (!bit) as u32;
         self.total += 1;
@@ -39,6 +75,7 @@ impl Model {
             self.zeros >>= 1;
             self.total >>= 1;
         }
+        self.p0 = Self::estimate(self.zeros, self.total);
     }
 }
 
@@ -67,7 +104,7 @@ impl<'o> Encoder<'o> {
     }
 
     /// Codes `bit` with P(0) = `p0` / 2^15 (`1 ≤ p0 < 2^15`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn bit(&mut self, p0: u32, bit: bool) {
         let bound = (self.range >> PROB_BITS) * p0;
         if bit {
@@ -83,7 +120,7 @@ impl<'o> Encoder<'o> {
     }
 
     /// Codes `bit` with `model`, then updates it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn model_bit(&mut self, model: &mut Model, bit: bool) {
         self.bit(model.p0(), bit);
         model.update(bit);
@@ -150,7 +187,7 @@ impl<'i> Decoder<'i> {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn bit(&mut self, p0: u32) -> Result<bool, CodecError> {
         let bound = (self.range >> PROB_BITS) * p0;
         let bit = if self.code < bound {
@@ -182,7 +219,7 @@ impl<'i> Decoder<'i> {
         Ok(bit)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn model_bit(&mut self, model: &mut Model) -> Result<bool, CodecError> {
         let bit = self.bit(model.p0())?;
         model.update(bit);
@@ -213,6 +250,21 @@ impl<'i> Decoder<'i> {
 mod tests {
     use super::*;
     use crate::testutil::Rng;
+
+    #[test]
+    fn reciprocals_divide_exactly() {
+        for total in 0..COUNT_LIMIT {
+            for zeros in 0..=total {
+                let exact =
+                    (((2 * zeros + 1) << PROB_BITS) / (2 * total + 2)).clamp(1, PROB_ONE - 1);
+                assert_eq!(
+                    Model::estimate(zeros, total),
+                    exact,
+                    "zeros {zeros} total {total}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn bits_round_trip_at_every_skew() {
