@@ -21,7 +21,7 @@ Env:   SEED (default 1234), LR (default 1e-6), STEPS (default 8), OUT. A trace i
 import json, os, sys
 import torch
 from safetensors.torch import save_file
-dev = "cuda"
+dev = os.environ.get("DEVICE", "cuda")  # DEVICE=cpu records on the CPU (slower, same kind of trace)
 OUT = os.environ.get("OUT", ".")
 
 def bf16_bits(t):

@@ -9,7 +9,9 @@
 //! udec, ctx, steps (a substring of the measurement) or dir (the chunk's ulp and gaps parameters).
 //! `ctx_enc` / `ctx_dec` time the `auto+ctx` choice (every candidate of `auto` plus the context
 //! codecs) and the decode of what it chose, against a held range whose unchanged elements take
-//! exponents from the chunk's own old values. `steps_enc` / `steps_dec` time the `steps+esc`
+//! exponents from the chunk's own old values; `cgpos_*`, `rcpos_*` and `cval_*` the `ctxgaps`
+//! positions, the `ctx` positions and the `ctx` values alone (`cg_over_rc_bytes`: the two
+//! position codecs' bytes). `steps_enc` / `steps_dec` time the `steps+esc`
 //! pair (fixed) and `steps_size` prints its bytes over those of `auto`'s choice. `auto`
 //! encodes into buffers reused from round to round, as the sender does; `auto_fresh` (only when
 //! named) into fresh ones each round, page faults included.
@@ -391,6 +393,32 @@ fn context_rates(all: &[Chunk], rounds: usize) -> String {
             .expect("the chunk's own positions decode");
         }
     });
+    // `ctx` positions (one range-coder step per element), for comparison.
+    let trpe = best(rounds, || {
+        for (c, (_, after)) in all.iter().zip(&held) {
+            section.clear();
+            encode_context_positions(PosCodec::Context, 2, &c.rel, after, &c.old, &mut section);
+            black_box(&section);
+        }
+    });
+    let rc_sections: Vec<Vec<u8>> = all
+        .iter()
+        .zip(&held)
+        .map(|(c, (_, after))| {
+            let mut s = Vec::new();
+            encode_context_positions(PosCodec::Context, 2, &c.rel, after, &c.old, &mut s);
+            s
+        })
+        .collect();
+    let trpd = best(rounds, || {
+        for ((c, s), (before, _)) in all.iter().zip(&rc_sections).zip(&held) {
+            let count = c.rel.len() as u32;
+            decode_positions_held(PosCodec::Context, s, count, range(), 2, before, &mut pos)
+                .expect("the chunk's own positions decode");
+        }
+    });
+    let bytes = |v: &[Vec<u8>]| v.iter().map(Vec::len).sum::<usize>() as f64;
+    let size_ratio = bytes(&sections) / bytes(&rc_sections);
     let tve = best(rounds, || {
         for c in all {
             section.clear();
@@ -414,11 +442,14 @@ fn context_rates(all: &[Chunk], rounds: usize) -> String {
     });
     let first = &chosen[0];
     format!(
-        " ctx_enc={:.1} ctx_dec={:.1} cgpos_enc={:.1} cgpos_dec={:.1} cval_enc={:.1} cval_dec={:.1} ctx_codecs={}+{}",
+        " ctx_enc={:.1} ctx_dec={:.1} cgpos_enc={:.1} cgpos_dec={:.1} rcpos_enc={:.1} rcpos_dec={:.1} cg_over_rc_bytes={:.3} cval_enc={:.1} cval_dec={:.1} ctx_codecs={}+{}",
         n / te / 1e6,
         n / td / 1e6,
         n / tpe / 1e6,
         n / tpd / 1e6,
+        n / trpe / 1e6,
+        n / trpd / 1e6,
+        size_ratio,
         n / tve / 1e6,
         n / tvd / 1e6,
         first.pos_codec.map_or("-", |c| c.name()),
