@@ -170,6 +170,45 @@ fn set_class(p: &mut Planes, i: usize, class: u8) {
     }
 }
 
+/// Members of `class` in four blocks: four independent counts, so a walk skips blocks with
+/// one comparison per four.
+#[inline(always)]
+fn count4(w: &[[u64; 4]], class: u8) -> u64 {
+    w.iter()
+        .map(|b| members(b, class).count_ones() as u64)
+        .sum()
+}
+
+/// Moves a walk through `class` past `gap` members, from `avail` (the members of block `blk`
+/// not yet passed): the block holding the next member, its members not yet passed, and how
+/// many of them to pass; `None` when the planes end first.
+#[inline(always)]
+fn advance(
+    p: &[[u64; 4]],
+    class: u8,
+    mut blk: usize,
+    mut avail: u64,
+    mut gap: u64,
+) -> Option<(usize, u64, u64)> {
+    loop {
+        let here = avail.count_ones() as u64;
+        if gap < here {
+            return Some((blk, avail, gap));
+        }
+        gap -= here;
+        blk += 1;
+        while let Some(four) = p.get(blk..blk + 4) {
+            let n = count4(four, class);
+            if gap < n {
+                break;
+            }
+            gap -= n;
+            blk += 4;
+        }
+        avail = members(p.get(blk)?, class);
+    }
+}
+
 /// The index of the `g`-th (from 0) set bit of `v`; `g < v.count_ones()`.
 #[inline(always)]
 fn select(mut v: u64, mut g: u32) -> u32 {
@@ -440,6 +479,10 @@ fn encode_in(
                 while blk < ib {
                     gap += avail.count_ones() as u64;
                     blk += 1;
+                    while blk + 4 <= ib {
+                        gap += count4(&p[blk..blk + 4], class);
+                        blk += 4;
+                    }
                     avail = members(&p[blk], class);
                 }
                 gap += (avail & mask(ibit)).count_ones() as u64;
@@ -575,32 +618,22 @@ pub fn decode_positions(
                 let r = if m == 1 {
                     0
                 } else {
+                    // Truncated binary without a branch on the code word (it mispredicts).
                     bits.need(short + 1);
-                    let x = bits.bits() & mask(short);
-                    if x < u {
-                        bits.skip(short);
-                        x
-                    } else {
-                        let r = u + 2 * (x - u) + (bits.bits() >> short & 1);
-                        bits.skip(short + 1);
-                        r
-                    }
+                    let v = bits.bits();
+                    let x = v & mask(short);
+                    let long = (x >= u) as u64;
+                    let extra = x.wrapping_sub(u).wrapping_add(v >> short & 1);
+                    bits.skip(short + long as u32);
+                    x + (extra & long.wrapping_neg())
                 };
-                let mut gap = q * m as u64 + r;
-                loop {
-                    let here = avail.count_ones() as u64;
-                    if gap < here {
-                        break;
-                    }
-                    gap -= here;
-                    blk += 1;
-                    let Some(w) = p.get(blk) else {
-                        return Err(malformed(format!(
-                            "class {class} has fewer than {k} changes' worth of elements"
-                        )));
-                    };
-                    avail = members(w, class);
-                }
+                let Some((b, a, rest)) = advance(p, class, blk, avail, q * m as u64 + r) else {
+                    return Err(malformed(format!(
+                        "class {class} has fewer than {k} changes' worth of elements"
+                    )));
+                };
+                (blk, avail) = (b, a);
+                let gap = rest;
                 let bit = select(avail, gap as u32);
                 changed[blk] |= 1 << bit;
                 avail = after_bit(avail, bit);
