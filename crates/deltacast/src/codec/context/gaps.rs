@@ -170,15 +170,6 @@ fn set_class(p: &mut Planes, i: usize, class: u8) {
     }
 }
 
-/// Members of `class` in four blocks: four independent counts, so a walk skips blocks with
-/// one comparison per four.
-#[inline(always)]
-fn count4(w: &[[u64; 4]], class: u8) -> u64 {
-    w.iter()
-        .map(|b| members(b, class).count_ones() as u64)
-        .sum()
-}
-
 /// Moves a walk through `class` past `gap` members, from `avail` (the members of block `blk`
 /// not yet passed): the block holding the next member, its members not yet passed, and how
 /// many of them to pass; `None` when the planes end first.
@@ -197,14 +188,6 @@ fn advance(
         }
         gap -= here;
         blk += 1;
-        while let Some(four) = p.get(blk..blk + 4) {
-            let n = count4(four, class);
-            if gap < n {
-                break;
-            }
-            gap -= n;
-            blk += 4;
-        }
         avail = members(p.get(blk)?, class);
     }
 }
@@ -479,10 +462,6 @@ fn encode_in(
                 while blk < ib {
                     gap += avail.count_ones() as u64;
                     blk += 1;
-                    while blk + 4 <= ib {
-                        gap += count4(&p[blk..blk + 4], class);
-                        blk += 4;
-                    }
                     avail = members(&p[blk], class);
                 }
                 gap += (avail & mask(ibit)).count_ones() as u64;
@@ -618,14 +597,16 @@ pub fn decode_positions(
                 let r = if m == 1 {
                     0
                 } else {
-                    // Truncated binary without a branch on the code word (it mispredicts).
                     bits.need(short + 1);
-                    let v = bits.bits();
-                    let x = v & mask(short);
-                    let long = (x >= u) as u64;
-                    let extra = x.wrapping_sub(u).wrapping_add(v >> short & 1);
-                    bits.skip(short + long as u32);
-                    x + (extra & long.wrapping_neg())
+                    let x = bits.bits() & mask(short);
+                    if x < u {
+                        bits.skip(short);
+                        x
+                    } else {
+                        let r = u + 2 * (x - u) + (bits.bits() >> short & 1);
+                        bits.skip(short + 1);
+                        r
+                    }
                 };
                 let Some((b, a, rest)) = advance(p, class, blk, avail, q * m as u64 + r) else {
                     return Err(malformed(format!(

@@ -107,12 +107,10 @@ impl<'o> Encoder<'o> {
     #[inline(always)]
     pub(crate) fn bit(&mut self, p0: u32, bit: bool) {
         let bound = (self.range >> PROB_BITS) * p0;
-        if bit {
-            self.low += bound as u64;
-            self.range -= bound;
-        } else {
-            self.range = bound;
-        }
+        // Without a branch on the bit (random bits mispredict): `bound < range` always.
+        let one = (bit as u32).wrapping_neg();
+        self.low += (bound & one) as u64;
+        self.range = (bound & !one) | ((self.range - bound) & one);
         while self.range < TOP {
             self.range <<= 8;
             self.shift_low();
@@ -190,14 +188,11 @@ impl<'i> Decoder<'i> {
     #[inline(always)]
     pub(crate) fn bit(&mut self, p0: u32) -> Result<bool, CodecError> {
         let bound = (self.range >> PROB_BITS) * p0;
-        let bit = if self.code < bound {
-            self.range = bound;
-            false
-        } else {
-            self.code -= bound;
-            self.range -= bound;
-            true
-        };
+        // Without a branch on the bit, as the encoder.
+        let bit = self.code >= bound;
+        let one = (bit as u32).wrapping_neg();
+        self.code -= bound & one;
+        self.range = (bound & !one) | ((self.range - bound) & one);
         while self.range < TOP {
             let Some(&byte) = self.input.get(self.at) else {
                 return Err(CodecError::Truncated {
