@@ -65,11 +65,11 @@ fn main() {
     }
     // Sections of each codec the goldens may lack, from the library's encoders.
     let rel: Vec<u32> = (0..3000).filter(|i| i % 3 != 1).collect();
-    // (`ctx` positions need the chunk's bits: codec_context seeds itself; `steps` positions
-    // need their values: below.)
+    // (`ctx` and `ctxgaps` positions need the chunk's bits: codec_context seeds itself;
+    // `steps` positions need their values: below.)
     for codec in PosCodec::ALL
         .into_iter()
-        .filter(|&c| c != PosCodec::Context && c != PosCodec::Steps)
+        .filter(|&c| !c.needs_held() && c != PosCodec::Steps)
     {
         let rel: Vec<u32> = if codec == PosCodec::All {
             (0..3000).collect()
@@ -194,7 +194,7 @@ fn main() {
         .unwrap()
         .into_iter()
         .flat_map(|f| parse_frame(f).unwrap().entries)
-        .filter(|e| e.pos_codec == PosCodec::Context || e.val_codec == ValCodec::Context)
+        .filter(|e| e.pos_codec.needs_held() || e.val_codec == ValCodec::Context)
         .count();
     assert!(ctx_chunks > 0, "the auto+ctx seed has no ctx chunk");
     write("frame", "ctx_delta.dcast".into(), &stream);
