@@ -314,8 +314,8 @@ fn choose_map(n_e: &[f64; 256], k_e: &[u64; 256]) -> ClassMap {
     // best[j][b]: slots 0..b in j + 1 classes.
     let mut best = [[f64::INFINITY; SLOTS + 1]; MAX_CLASSES];
     let mut from = [[0usize; SLOTS + 1]; MAX_CLASSES];
-    for b in 1..=SLOTS {
-        best[0][b] = cost(0, b);
+    for (b, first) in best[0].iter_mut().enumerate().skip(1) {
+        *first = cost(0, b);
     }
     for j in 1..MAX_CLASSES {
         for b in j + 1..=SLOTS {
@@ -393,24 +393,13 @@ pub fn encode_positions(width: usize, rel: &[u32], after: &[u8], old: &[u8], out
             golomb_parameter(n_c[c], k)
         })
         .collect();
-    encode_with(width, rel, after, old, &map, &params, out);
+    with_scratch(|s| encode_with(width, rel, after, old, &map, &params, s, out));
 }
 
-/// [`encode_positions`] with the class map and each class's Golomb parameter given.
-fn encode_with(
-    width: usize,
-    rel: &[u32],
-    after: &[u8],
-    old: &[u8],
-    map: &ClassMap,
-    params: &[u32],
-    out: &mut Vec<u8>,
-) {
-    with_scratch(|s| encode_in(width, rel, after, old, map, params, s, out))
-}
-
+/// [`encode_positions`] with the class map and each class's Golomb parameter given, in this
+/// thread's scratch `s`.
 #[allow(clippy::too_many_arguments)]
-fn encode_in(
+fn encode_with(
     width: usize,
     rel: &[u32],
     after: &[u8],
@@ -508,18 +497,7 @@ pub fn decode_positions(
     out: &mut Vec<u32>,
 ) -> Result<(), CodecError> {
     out.clear();
-    if width != 2 && width != 4 {
-        return Err(CodecError::Unsupported {
-            codec: CODEC,
-            what: "elements of this width",
-        });
-    }
-    if held.len() as u64 != range as u64 * width as u64 {
-        return Err(malformed(format!(
-            "{} held bytes for a range of {range} elements of {width} bytes",
-            held.len()
-        )));
-    }
+    super::check_held(CODEC, width, range, held)?;
     if count == 0 {
         return no_bytes(input, 0);
     }

@@ -85,6 +85,29 @@ pub fn encode_positions(width: usize, rel: &[u32], after: &[u8], old: &[u8], out
     enc.finish();
 }
 
+/// Refuses what no context positions decoder can take: elements of another width than 2 or 4
+/// bytes, held bits that are not the range's.
+pub(crate) fn check_held(
+    codec: &'static str,
+    width: usize,
+    range: u32,
+    held: &[u8],
+) -> Result<(), CodecError> {
+    if !supports(width) {
+        return Err(unsupported(codec, width));
+    }
+    if held.len() as u64 != range as u64 * width as u64 {
+        return Err(CodecError::Malformed {
+            codec,
+            reason: format!(
+                "{} held bytes for a range of {range} elements of {width} bytes",
+                held.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Decodes `count` positions from all of `input`; `held` is the old bits of the whole range.
 pub fn decode_positions(
     width: usize,
@@ -95,18 +118,7 @@ pub fn decode_positions(
     out: &mut Vec<u32>,
 ) -> Result<(), CodecError> {
     out.clear();
-    if !supports(width) {
-        return Err(unsupported(POS, width));
-    }
-    if held.len() as u64 != range as u64 * width as u64 {
-        return Err(CodecError::Malformed {
-            codec: POS,
-            reason: format!(
-                "{} held bytes for a range of {range} elements of {width} bytes",
-                held.len()
-            ),
-        });
-    }
+    check_held(POS, width, range, held)?;
     if count == 0 {
         return no_bytes(input, 0);
     }

@@ -225,7 +225,7 @@ fn golden_vectors() {
     // from 108), parameters 1 and 2.
     let map = ClassMap::new(106, 1 << 2).unwrap();
     let mut given = Vec::new();
-    encode_with(2, &rel, &after, &old, &map, &[1, 2], &mut given);
+    with_scratch(|s| encode_with(2, &rel, &after, &old, &map, &[1, 2], s, &mut given));
     assert_eq!(
         [hex(&chosen), hex(&given)],
         [GOLDEN_CHOSEN, GOLDEN_TWO_CLASSES]
