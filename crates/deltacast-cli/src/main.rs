@@ -134,10 +134,11 @@ pub struct WireArgs {
     /// Largest flush (frame), in bytes or with a binary suffix: 4096, 64K, 512M, 1G.
     #[arg(long, default_value = "512M", value_parser = ByteSize::parse)]
     bucket_size: ByteSize,
-    /// Codec: `auto` (cheapest per chunk), `auto+ctx` (also the context-coded `ctx` codecs, for
-    /// receivers that hold every element of a chunk; no GPU decoder yet) or POS+VAL, e.g.
-    /// `abs32+raw`, `gaps+ulp`, `bitmap+raw`, `steps+esc` (a pair: fixed-width codes for GPU
-    /// kernels); integer, bool and 8-byte tensors always get raw values.
+    /// Codec: `auto` (cheapest per chunk), `auto+ctx` (also the context codecs, `ctxgaps`
+    /// positions and `ctx` values, for receivers that hold every element of a chunk; no GPU
+    /// decoder yet) or POS+VAL, e.g. `abs32+raw`, `gaps+ulp`, `ctx+ctx`, `steps+esc` (a pair:
+    /// fixed-width codes for GPU kernels); integer, bool and 8-byte tensors always get raw
+    /// values.
     #[arg(long, default_value = "auto")]
     codec: String,
     /// Elements per chunk (the unit of parallel decoding).
