@@ -108,9 +108,16 @@ thread_local! {
 fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     let mut s = SCRATCH.with(|c| c.take());
     let r = f(&mut s);
-    SCRATCH.with(|c| c.set(s));
+    // Kept for the next chunk only while small (a chunk of 2^20 elements needs 512 KiB of
+    // planes): a huge chunk's buffers are not held by the thread afterwards.
+    if s.planes.len() <= KEEP_BLOCKS {
+        SCRATCH.with(|c| c.set(s));
+    }
     r
 }
+
+/// Blocks of planes a thread keeps between chunks: chunks of up to 2^24 elements (8 MiB).
+const KEEP_BLOCKS: usize = 1 << 18;
 
 /// Members of class `class` in a block.
 #[inline(always)]
