@@ -2,7 +2,7 @@
 committed raw results (standard library only, SVG out):
 
     python3 docs/data/charts.py     # writes docs/img/codec-bytes.svg, codec-speed.svg, gpu-diff.svg,
-                                    # gpu-density.svg, gpu-density-steps.svg
+                                    # gpu-density.svg, gpu-density-steps.svg, context-speed.svg
 
 The GPU sync and network charts come from `deltacast gpu-report` and `deltacast bench`.
 """
@@ -142,9 +142,27 @@ def gpu_density_steps():
          "÷ the full copy", groups, [("time", time), ("wire bytes", wire)], ref=1.0)
 
 
+def context_speed():
+    runs = {}
+    for line in (DATA / "codecs/ctxgaps-speed.txt").open():
+        if line.startswith("d="):
+            kv = dict(field.split("=") for field in line.split())
+            runs.setdefault(float(kv["d"]), []).append(kv)
+    ds = sorted(runs)
+    ratio = lambda d, what: statistics.median(float(r[what]) / float(r["diff"]) for r in runs[d])
+    bars(IMG / "context-speed.svg",
+         "Context codecs per core against the diff (median of three runs, c549788)",
+         "changes/s ÷ the diff's", [f"{d * 100:g} % changed" for d in ds],
+         [("auto+ctx encode", [ratio(d, "ctx_enc") for d in ds]),
+          ("auto+ctx decode", [ratio(d, "ctx_dec") for d in ds]),
+          ("ctxgaps positions decode", [ratio(d, "cgpos_dec") for d in ds]),
+          ("ctx positions decode", [ratio(d, "rcpos_dec") for d in ds])], ref=1.0, fmt="{:g}")
+
+
 if __name__ == "__main__":
     codec_bytes()
     codec_speed()
+    context_speed()
     gpu_diff()
     gpu_density()
     gpu_density_steps()
