@@ -11,18 +11,7 @@ pub fn encode(rel: &[u32], out: &mut Vec<u8>) {
 
 pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Result<(), CodecError> {
     let needed = count as u64 * 4;
-    if (input.len() as u64) < needed {
-        return Err(CodecError::Truncated {
-            needed,
-            available: input.len() as u64,
-        });
-    }
-    if input.len() as u64 > needed {
-        return Err(CodecError::TrailingBytes {
-            count: count as u64,
-            extra: input.len() as u64 - needed,
-        });
-    }
+    crate::codec::exact_len(input, needed, count as u64)?;
     out.reserve(count as usize);
     let mut previous: Option<u32> = None;
     for (index, bytes) in input.chunks_exact(4).enumerate() {

@@ -236,18 +236,7 @@ fn pack8(bytes: u64) -> u8 {
 pub fn decode(input: &[u8], count: u32, range: u32, out: &mut Vec<u32>) -> Result<(), CodecError> {
     out.clear();
     let needed = range.div_ceil(8) as u64;
-    if (input.len() as u64) < needed {
-        return Err(CodecError::Truncated {
-            needed,
-            available: input.len() as u64,
-        });
-    }
-    if input.len() as u64 > needed {
-        return Err(CodecError::TrailingBytes {
-            count: count as u64,
-            extra: input.len() as u64 - needed,
-        });
-    }
+    crate::codec::exact_len(input, needed, count as u64)?;
     let used = range % 8;
     if let (true, Some(&last)) = (used != 0, input.last()) {
         let stray = last >> used;

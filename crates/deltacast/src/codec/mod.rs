@@ -185,13 +185,25 @@ fn complement(sorted: &[u32], range: u32) -> Vec<u32> {
 /// A section that codes nothing (no element, or every position implied) must be empty: the
 /// error counts the bytes left over.
 pub(crate) fn no_bytes(input: &[u8], count: u64) -> Result<(), CodecError> {
-    if input.is_empty() {
-        return Ok(());
+    exact_len(input, 0, count)
+}
+
+/// A section of fixed size (`count` items in `needed` bytes) must be exactly that long.
+pub(crate) fn exact_len(input: &[u8], needed: u64, count: u64) -> Result<(), CodecError> {
+    let have = input.len() as u64;
+    if have < needed {
+        return Err(CodecError::Truncated {
+            needed,
+            available: have,
+        });
     }
-    Err(CodecError::TrailingBytes {
-        count,
-        extra: input.len() as u64,
-    })
+    if have > needed {
+        return Err(CodecError::TrailingBytes {
+            count,
+            extra: have - needed,
+        });
+    }
+    Ok(())
 }
 
 /// Decodes exactly `count` positions from all of `input` into `out` (cleared first).

@@ -13,18 +13,7 @@ pub fn decode(
     out: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
     let needed = (count * width) as u64;
-    if (input.len() as u64) < needed {
-        return Err(CodecError::Truncated {
-            needed,
-            available: input.len() as u64,
-        });
-    }
-    if input.len() as u64 > needed {
-        return Err(CodecError::TrailingBytes {
-            count: count as u64,
-            extra: input.len() as u64 - needed,
-        });
-    }
+    crate::codec::exact_len(input, needed, count as u64)?;
     out.extend_from_slice(input);
     Ok(())
 }

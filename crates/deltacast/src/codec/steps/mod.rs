@@ -127,18 +127,7 @@ fn list_changes(map: &[u8], range: u32, count: usize, out: &mut Vec<u32>) {
 /// Checks the map's length and that no code past the range is set.
 fn check_map(map: &[u8], range: u32) -> Result<(), CodecError> {
     let needed = map_len(range) as u64;
-    if (map.len() as u64) < needed {
-        return Err(CodecError::Truncated {
-            needed,
-            available: map.len() as u64,
-        });
-    }
-    if map.len() as u64 > needed {
-        return Err(CodecError::TrailingBytes {
-            count: range as u64,
-            extra: map.len() as u64 - needed,
-        });
-    }
+    crate::codec::exact_len(map, needed, range as u64)?;
     let used = range % 4;
     if let (true, Some(&last)) = (used != 0, map.last()) {
         let stray = last >> (2 * used);
@@ -429,18 +418,7 @@ fn decode_w<const W: usize>(
         return Err(count_mismatch(changes, old.len() as u64));
     }
     let needed = escapes * W as u64;
-    if (escaped.len() as u64) < needed {
-        return Err(CodecError::Truncated {
-            needed,
-            available: escaped.len() as u64,
-        });
-    }
-    if escaped.len() as u64 > needed {
-        return Err(CodecError::TrailingBytes {
-            count: escapes,
-            extra: escaped.len() as u64 - needed,
-        });
-    }
+    crate::codec::exact_len(escaped, needed, escapes)?;
     let escaped = escaped.as_chunks::<W>().0;
     // The changes' codes first, in order, two map bytes at a time: their nonzero codes stored
     // eight at a time whatever their number, the cursor then moved on by it (no branch on the
