@@ -353,70 +353,11 @@ fn context_rates(all: &[Chunk], rounds: usize) -> String {
         decode_values(vc, 2, &e.values, &c.old, &mut val).expect("the chunk's own values decode");
         assert!(pos == c.rel && val == c.new, "ctx round trip");
     }
-    // The two halves alone: `ctxgaps` positions and `ctx` values.
+    // The two halves alone: `ctxgaps` positions (and `ctx` positions, one range-coder step
+    // per element, for comparison) and `ctx` values.
+    let (tpe, tpd, sections) = context_positions(PosCodec::ContextGaps, all, &held, rounds);
+    let (trpe, trpd, rc_sections) = context_positions(PosCodec::Context, all, &held, rounds);
     let (mut section, mut out) = (Vec::new(), Vec::new());
-    let tpe = best(rounds, || {
-        for (c, (_, after)) in all.iter().zip(&held) {
-            section.clear();
-            encode_context_positions(
-                PosCodec::ContextGaps,
-                2,
-                &c.rel,
-                after,
-                &c.old,
-                &mut section,
-            );
-            black_box(&section);
-        }
-    });
-    let sections: Vec<Vec<u8>> = all
-        .iter()
-        .zip(&held)
-        .map(|(c, (_, after))| {
-            let mut s = Vec::new();
-            encode_context_positions(PosCodec::ContextGaps, 2, &c.rel, after, &c.old, &mut s);
-            s
-        })
-        .collect();
-    let tpd = best(rounds, || {
-        for ((c, s), (before, _)) in all.iter().zip(&sections).zip(&held) {
-            let count = c.rel.len() as u32;
-            decode_positions_held(
-                PosCodec::ContextGaps,
-                s,
-                count,
-                range(),
-                2,
-                before,
-                &mut pos,
-            )
-            .expect("the chunk's own positions decode");
-        }
-    });
-    // `ctx` positions (one range-coder step per element), for comparison.
-    let trpe = best(rounds, || {
-        for (c, (_, after)) in all.iter().zip(&held) {
-            section.clear();
-            encode_context_positions(PosCodec::Context, 2, &c.rel, after, &c.old, &mut section);
-            black_box(&section);
-        }
-    });
-    let rc_sections: Vec<Vec<u8>> = all
-        .iter()
-        .zip(&held)
-        .map(|(c, (_, after))| {
-            let mut s = Vec::new();
-            encode_context_positions(PosCodec::Context, 2, &c.rel, after, &c.old, &mut s);
-            s
-        })
-        .collect();
-    let trpd = best(rounds, || {
-        for ((c, s), (before, _)) in all.iter().zip(&rc_sections).zip(&held) {
-            let count = c.rel.len() as u32;
-            decode_positions_held(PosCodec::Context, s, count, range(), 2, before, &mut pos)
-                .expect("the chunk's own positions decode");
-        }
-    });
     let bytes = |v: &[Vec<u8>]| v.iter().map(Vec::len).sum::<usize>() as f64;
     let size_ratio = bytes(&sections) / bytes(&rc_sections);
     let tve = best(rounds, || {
@@ -455,6 +396,45 @@ fn context_rates(all: &[Chunk], rounds: usize) -> String {
         first.pos_codec.map_or("-", |c| c.name()),
         first.val_codec.map_or("-", |c| c.name())
     )
+}
+
+/// Times the `codec` positions (one that needs the held range) of every chunk: the best
+/// encode and decode times over `rounds`, and the sections.
+fn context_positions(
+    codec: PosCodec,
+    all: &[Chunk],
+    held: &[(Vec<u8>, Vec<u8>)],
+    rounds: usize,
+) -> (f64, f64, Vec<Vec<u8>>) {
+    let encode = |c: &Chunk, after: &[u8], out: &mut Vec<u8>| {
+        out.clear();
+        encode_context_positions(codec, 2, &c.rel, after, &c.old, out);
+    };
+    let mut section = Vec::new();
+    let te = best(rounds, || {
+        for (c, (_, after)) in all.iter().zip(held) {
+            encode(c, after, &mut section);
+            black_box(&section);
+        }
+    });
+    let sections: Vec<Vec<u8>> = all
+        .iter()
+        .zip(held)
+        .map(|(c, (_, after))| {
+            let mut s = Vec::new();
+            encode(c, after, &mut s);
+            s
+        })
+        .collect();
+    let mut pos = Vec::new();
+    let td = best(rounds, || {
+        for ((c, s), (before, _)) in all.iter().zip(&sections).zip(held) {
+            let count = c.rel.len() as u32;
+            decode_positions_held(codec, s, count, range(), 2, before, &mut pos)
+                .expect("the chunk's own positions decode");
+        }
+    });
+    (te, td, sections)
 }
 
 /// ` steps_enc=… steps_dec=… steps_size=…`: the `steps+esc` encode of every chunk and the

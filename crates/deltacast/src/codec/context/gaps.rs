@@ -387,18 +387,16 @@ pub fn encode_positions(width: usize, rel: &[u32], after: &[u8], old: &[u8], out
     let scale = range as f64 / sampled as f64;
     n_e.iter_mut().for_each(|n| *n *= scale);
     let map = choose_map(&n_e, &k_e);
-    let mut n_c = vec![0f64; map.classes];
-    for (e, &n) in n_e.iter().enumerate() {
-        n_c[map.class(e as u32) as usize] += n;
+    // Elements and changes per class, then each class's parameter.
+    let mut per_class = vec![(0f64, 0u64); map.classes];
+    for e in 0..256 {
+        let (n, k) = &mut per_class[map.class(e as u32) as usize];
+        *n += n_e[e];
+        *k += k_e[e];
     }
-    let params: Vec<u32> = (0..map.classes)
-        .map(|c| {
-            let k: u64 = (0..256u32)
-                .filter(|&e| map.class(e) as usize == c)
-                .map(|e| k_e[e as usize])
-                .sum();
-            golomb_parameter(n_c[c], k)
-        })
+    let params: Vec<u32> = per_class
+        .iter()
+        .map(|&(n, k)| golomb_parameter(n, k))
         .collect();
     with_scratch(|s| encode_with(width, rel, after, old, &map, &params, s, out));
 }
@@ -420,9 +418,8 @@ fn encode_with(
     let p = &mut s.planes;
     planes(width, after, map, p);
     let by_class = &mut s.by_class;
-    by_class.resize_with(MAX_CLASSES, Vec::new);
+    by_class.resize_with(map.classes, Vec::new);
     by_class.iter_mut().for_each(Vec::clear);
-    by_class.truncate(map.classes);
     for (j, &i) in rel.iter().enumerate() {
         let c = map.class(exponent(load_bits(old, width, j), nb));
         set_class(p, i as usize, c);
