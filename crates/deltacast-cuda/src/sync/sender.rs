@@ -1,6 +1,8 @@
 //! The trainer's side of the GPU sync: [`GpuSender`] diffs its tensors stage by stage
 //! against their snapshot, encodes each stage and broadcasts it (see the module above).
 
+mod choice;
+
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,8 +24,6 @@ use crate::choice::{CostModel, DeltaCodec, SyncCosts};
 use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{Stage, HEADER_BYTES};
-mod choice;
-
 use crate::{
     Bf16Rule, CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, DigestInput,
     Gpu, GpuEvent, GpuStream, StepsDiff, StepsOutput,
