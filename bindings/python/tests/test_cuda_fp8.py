@@ -65,6 +65,32 @@ def test_the_kernel_equals_the_torch_rule_on_every_kind_of_block():
         assert torch.equal(q.cpu(), cq) and torch.equal(s.view(torch.int32).cpu(), cs.view(torch.int32))
 
 
+def test_work_after_run_on_torchs_default_stream_reads_the_new_bits():
+    """``run`` on torch's default stream (handle 0, CUDA's legacy stream): what torch enqueues
+    on it afterwards must wait for the kernel. The quantizer stays alive and nothing
+    synchronizes in between, so a stream that does not wait reads the zeros it started with."""
+    from deltacast import _native
+
+    torch = _gpu()
+    assert torch.cuda.current_stream().cuda_stream == 0
+    gen = torch.Generator(device="cuda").manual_seed(91)
+    x = torch.randn((8192, 8192), device="cuda", generator=gen)  # 64 M elements
+    want_q, want_s = reference(x)
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.default_stream(), side):
+        with torch.cuda.stream(stream):
+            q = torch.zeros(x.shape, dtype=torch.uint8, device="cuda")
+            s = torch.zeros((64, 64), dtype=torch.float32, device="cuda")
+            quant = _native.Fp8Quantizer(0, [(x.data_ptr(), q.data_ptr(), s.data_ptr(), [8192, 8192])])
+            for _ in range(3):  # the first run also waits for the zeros above
+                quant.run(stream.cuda_stream)
+                same = torch.equal(q, want_q) and torch.equal(s.view(torch.int32), want_s.view(torch.int32))
+                assert same, f"stream {stream.cuda_stream}"
+                q.zero_()
+                s.zero_()
+            del quant
+
+
 def test_every_fp32_pattern_up_to_448_quantizes_as_torch_casts_it():
     """Every fp32 bit pattern of magnitude at most 448 (2.3 billion, ±0 and subnormals among
     them), in blocks whose amax is exactly 448, so the scale is 1 and each element is torch's

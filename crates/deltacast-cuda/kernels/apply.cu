@@ -1,6 +1,7 @@
 // Receiver side: decode + verify, then scatter, of chunks whose sections sit in device memory
 // (a received frame copied to the GPU, or sections assembled there). Position codecs: all,
-// abs32, bitmap with raw values; steps with its escapes (or raw values: an undo). Two launches, as deltacast::Receiver does it on the CPU:
+// abs32, bitmap with raw values; steps with its escapes (or raw values: an undo). Two
+// launches, as deltacast::Receiver does it on the CPU:
 //
 //   dc_apply_check    decodes every chunk, checks what the CPU decoders check on the section's
 //                     contents (abs32: each position < range and strictly increasing; bitmap: no
@@ -111,74 +112,21 @@ __device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scrat
     }
 }
 
-// Elements [index0, index0 + n) of `p` (n <= 16) into v: with `vec` (n = 16, the bytes 16-byte
-// aligned) by whole 16-byte vectors, else one by one.
-__device__ __forceinline__ void dc_load16_elems(const u8* p, u64 index0, u32 w, bool vec, u32 n,
-                                                u32* v) {
-    if (vec) {
-        const uint4* q = (const uint4*)(p + index0 * w);
-        if (w == 2) {
-#pragma unroll
-            for (u32 h = 0; h < 2; ++h) {
-                const uint4 x = q[h];
-#pragma unroll
-                for (u32 k = 0; k < 4; ++k) {
-                    const u32 word = dc_word(x, k);
-                    v[8 * h + 2 * k] = word & 0xffffu;
-                    v[8 * h + 2 * k + 1] = word >> 16;
-                }
-            }
-        } else if (w == 4) {
-#pragma unroll
-            for (u32 h = 0; h < 4; ++h) {
-                const uint4 x = q[h];
-#pragma unroll
-                for (u32 k = 0; k < 4; ++k) v[4 * h + k] = dc_word(x, k);
-            }
-        } else {
-            const uint4 x = q[0];
-#pragma unroll
-            for (u32 k = 0; k < 16; ++k) v[k] = (dc_word(x, k >> 2) >> (8 * (k & 3))) & 0xffu;
-        }
-        return;
-    }
-#pragma unroll
-    for (u32 j = 0; j < 16; ++j) v[j] = j < n ? dc_load_bits(p, index0 + j, w) : 0u;
-}
-
-// The 16 elements of v back to `p` at index0, as whole 16-byte vectors (aligned).
-__device__ __forceinline__ void dc_store16_elems(u8* p, u64 index0, u32 w, const u32* v) {
-    uint4* q = (uint4*)(p + index0 * w);
-    if (w == 2) {
-#pragma unroll
-        for (u32 h = 0; h < 2; ++h)
-            q[h] = make_uint4(v[8 * h] | v[8 * h + 1] << 16, v[8 * h + 2] | v[8 * h + 3] << 16,
-                              v[8 * h + 4] | v[8 * h + 5] << 16, v[8 * h + 6] | v[8 * h + 7] << 16);
-    } else if (w == 4) {
-#pragma unroll
-        for (u32 h = 0; h < 4; ++h)
-            q[h] = make_uint4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]);
-    } else {
-        u32 x[4];
-#pragma unroll
-        for (u32 k = 0; k < 4; ++k)
-            x[k] = v[4 * k] | v[4 * k + 1] << 8 | v[4 * k + 2] << 16 | v[4 * k + 3] << 24;
-        q[0] = make_uint4(x[0], x[1], x[2], x[3]);
-    }
-}
-
-// A steps chunk (docs/codecs.md, "steps + esc"), by one block, STEPS_SPAN map words (16
-// elements each) per thread per pass, a thread's words consecutive: the thread loads them all,
-// counts their changes and escapes, one scan across the block gives each thread its first
-// change k and escape e, and it takes its words' changes in order, 16 elements at a time in
-// registers. CHECK adds the digest change and flags errors; otherwise the new bits are
-// written (journaled first when asked). One scan per pass, not per word: a 2^16-element chunk
-// (the GPU sender's) is one pass.
-#define STEPS_SPAN 16
-
+// A steps chunk (docs/codecs.md, "steps + esc"), by one block, as the bitmap path: a round
+// reads one u32 of the map (16 elements) per thread, scans the counts of changes and escapes
+// across the block (two 16-bit fields: at most 16 each per thread), each thread lists its
+// word's changes in shared memory at its prefix (element in the round, code, escape rank),
+// and then the block takes the round's changes in order, thread t the changes t, t + blockDim,
+// ...: every lane busy, a warp's elements side by side. (Each thread walking its own word's
+// changes left most lanes idle as the words ran out: its 16 elements hold 0 to 16 changes.)
+// CHECK adds the digest change and flags errors; otherwise the new bits are written
+// (journaled first when asked).
 template <bool CHECK>
-__device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u64* scan_scratch, u32* err,
+__device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u32* scan_scratch, u32* err,
                                               u64* sum) {
+    // Per change: its element in the round (12 bits), code (2 bits), escape rank in the
+    // round (16 bits).
+    __shared__ u32 s_steps[APPLY_THREADS * 16];
     const u8* map = (const u8*)c.pos;
     const u8* val = (const u8*)c.val;
     u8* dst = (u8*)c.dst;
@@ -186,78 +134,66 @@ __device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u64* scan_scr
     const u64 nbytes = (c.range + 3) >> 2;
     const u64 nwords = (nbytes + 3) >> 2;
     u64 base_k = 0, base_e = 0;
-    for (u64 w0 = 0; w0 < nwords; w0 += (u64)blockDim.x * STEPS_SPAN) {
-        const u64 first = w0 + (u64)threadIdx.x * STEPS_SPAN;
-        u32 words[STEPS_SPAN];
-        u32 changes = 0, escapes = 0;
-#pragma unroll
-        for (u32 i = 0; i < STEPS_SPAN; ++i) {
-            const u64 wi = first + i;
-            u32 word = 0;
-            if (wi < nwords) {
-                if (wi * 4 + 4 <= nbytes) {
-                    word = *(const u32*)(map + wi * 4);
-                } else {
-                    for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)map[q] << (8 * (q - wi * 4));
-                }
-                const u64 elem0 = wi * 16;
-                if (elem0 + 16 > c.range) {
-                    const u32 valid = (u32)(c.range - elem0);  // 1..15 here
-                    const u32 keep = (1u << (2 * valid)) - 1u;
-                    if (word & ~keep) { dc_flag(err, ERR_OUT_OF_RANGE); word &= keep; }
-                }
+    for (u64 w0 = 0; w0 < nwords; w0 += blockDim.x) {
+        const u64 wi = w0 + threadIdx.x;
+        u32 word = 0;
+        if (wi < nwords) {
+            if (wi * 4 + 4 <= nbytes) {
+                word = *(const u32*)(map + wi * 4);
+            } else {
+                for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)map[q] << (8 * (q - wi * 4));
             }
-            words[i] = word;
-            changes += __popc((word | (word >> 1)) & 0x55555555u);
-            escapes += __popc(word & (word >> 1) & 0x55555555u);
-        }
-        u64 total;
-        const u64 ex = dc_block_exclusive_scan((u64)changes | (u64)escapes << 32, scan_scratch,
-                                                 &total);
-        u64 k = base_k + (ex & 0xffffffffu), e = base_e + (ex >> 32);
-#pragma unroll 1
-        for (u32 i = 0; i < STEPS_SPAN; ++i) {
-            const u32 word = words[i];
-            if (word == 0) continue;
-            // The word's 16 elements in registers: whole 16-byte vectors where they lie inside
-            // the chunk and aligned, else element by element (never past the range).
-            const u64 elem0 = (first + i) * 16;
-            const u64 index0 = c.start + elem0;
-            const u32 n = c.range - elem0 < 16 ? (u32)(c.range - elem0) : 16u;
-            const bool vec = n == 16 && ((c.dst + index0 * w) & 15) == 0;
-            u32 v[16];
-            dc_load16_elems(dst, index0, w, vec, n, v);
-#pragma unroll
-            for (u32 j = 0; j < 16; ++j) {
-                const u32 code = (word >> (2 * j)) & 3u;
-                if (code == 0) continue;
-                const u64 index = index0 + j;
-                const u32 ob = v[j];
-                u32 nb;
-                bool ok = k < c.count;
-                if (c.val_raw) {
-                    nb = ok ? dc_load_bits(val, k, w) : ob;
-                } else if (code == 3u) {
-                    ok = ok && e < c.escapes;
-                    nb = e < c.escapes ? dc_load_bits(val, e, w) : ob;
-                    ++e;
-                } else {
-                    nb = dc_step_apply(ob, code, w);
-                }
-                if (CHECK) {
-                    if (ok && nb == ob) dc_flag(err, ERR_UNCHANGED);
-                    if (ok) *sum += dc_element_hash(c.salt, index, nb) - dc_element_hash(c.salt, index, ob);
-                } else if (ok) {
-                    if (c.journal) dc_store_bits((u8*)c.journal, k, w, ob);
-                    v[j] = nb;
-                    if (!vec) dc_store_bits(dst, index, w, nb);
-                }
-                ++k;
+            const u64 elem0 = wi * 16;
+            if (elem0 + 16 > c.range) {
+                const u32 valid = (u32)(c.range - elem0);  // 1..15 here
+                const u32 keep = (1u << (2 * valid)) - 1u;
+                if (word & ~keep) { dc_flag(err, ERR_OUT_OF_RANGE); word &= keep; }
             }
-            if (!CHECK && vec) dc_store16_elems(dst, index0, w, v);
         }
-        base_k += total & 0xffffffffu;
-        base_e += total >> 32;
+        u32 nz = (word | (word >> 1)) & 0x55555555u;
+        const u32 es = word & (word >> 1) & 0x55555555u;
+        u32 total;
+        // The scan starts with a barrier: every thread is done reading the last round's list
+        // before it is overwritten below.
+        const u32 ex = dc_block_exclusive_scan((u32)__popc(nz) | (u32)__popc(es) << 16,
+                                               scan_scratch, &total);
+        u32 at = ex & 0xffffu, esc = ex >> 16;
+        while (nz) {
+            const u32 bit = __ffs(nz) - 1;
+            nz &= nz - 1;
+            const u32 code = (word >> bit) & 3u;
+            s_steps[at++] = (threadIdx.x * 16 + (bit >> 1)) | code << 12 | esc << 16;
+            esc += code == 3u;
+        }
+        __syncthreads();
+        const u32 changes = total & 0xffffu;
+        for (u32 i = threadIdx.x; i < changes; i += blockDim.x) {
+            const u32 entry = s_steps[i];
+            const u32 code = (entry >> 12) & 3u;
+            const u64 k = base_k + i;
+            const u64 e = base_e + (entry >> 16);
+            const u64 index = c.start + w0 * 16 + (entry & 0xfffu);
+            const u32 ob = dc_load_bits(dst, index, w);
+            u32 nb;
+            bool ok = k < c.count;
+            if (c.val_raw) {
+                nb = ok ? dc_load_bits(val, k, w) : ob;
+            } else if (code == 3u) {
+                ok = ok && e < c.escapes;
+                nb = e < c.escapes ? dc_load_bits(val, e, w) : ob;
+            } else {
+                nb = dc_step_apply(ob, code, w);
+            }
+            if (CHECK) {
+                if (ok && nb == ob) dc_flag(err, ERR_UNCHANGED);
+                if (ok) *sum += dc_element_hash(c.salt, index, nb) - dc_element_hash(c.salt, index, ob);
+            } else if (ok) {
+                if (c.journal) dc_store_bits((u8*)c.journal, k, w, ob);
+                dc_store_bits(dst, index, w, nb);
+            }
+        }
+        base_k += changes;
+        base_e += total >> 16;
     }
     if (CHECK && threadIdx.x == 0) {
         if (base_k != c.count) dc_flag(err, ERR_BITMAP_COUNT);
@@ -277,7 +213,7 @@ dc_apply_check(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __res
         const u8* val = (const u8*)c.val;
         u64 sum = 0;
         if (c.pos_codec == 6) {
-            dc_steps_walk<true>(c, s_sum, err, &sum);
+            dc_steps_walk<true>(c, s_scan, err, &sum);
         } else if (c.pos_codec == 1) {
             // abs32, batched: every load of APPLY_BATCH changes is issued before any is used
             // (the old bits are scattered reads; one at a time would leave the bus idle).
@@ -334,13 +270,12 @@ dc_apply_check(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __res
 extern "C" __global__ void __launch_bounds__(APPLY_THREADS)
 dc_apply_scatter(const ApplyChunk* __restrict__ chunks, u64 num_chunks, u32* __restrict__ errors) {
     __shared__ u32 s_scan[32];
-    __shared__ u64 s_scan64[32];
     for (u64 ci = blockIdx.x; ci < num_chunks; ci += gridDim.x) {
         const ApplyChunk c = chunks[ci];
         u8* dst = (u8*)c.dst;
         const u8* val = (const u8*)c.val;
         if (c.pos_codec == 6) {
-            dc_steps_walk<false>(c, s_scan64, &errors[ci], nullptr);
+            dc_steps_walk<false>(c, s_scan, &errors[ci], nullptr);
         } else if (c.pos_codec == 1) {
             // abs32, batched as in the check (which has already validated every position).
             const u32* p = (const u32*)c.pos;

@@ -7,6 +7,10 @@ use super::context::Gpu;
 use super::driver::{drv, guarded, release_in};
 use crate::error::Result;
 
+/// CUDA's handle of the legacy default stream (`CU_STREAM_LEGACY` in cuda.h), which torch
+/// reports as stream 0.
+const LEGACY_DEFAULT_STREAM: u64 = 0x1;
+
 /// A second stream on a GPU's context (the sync's collectives run on one, so that they
 /// overlap the kernels of the next stage on the GPU's own stream). Destroyed on drop.
 pub struct GpuStream {
@@ -183,6 +187,23 @@ impl Gpu {
             }
             .map_err(drv("cuStreamWaitEvent"))
         })
+    }
+
+    /// Makes a caller's stream wait, on the device, for the last record of `event`. Here 0
+    /// is what torch and the CUDA runtime mean by it, the legacy default stream (never this
+    /// GPU's own, which is non-blocking: work on stream 0 does not wait for it unasked).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this GPU's context, or 0.
+    pub unsafe fn caller_stream_wait_event(&self, stream: u64, event: &GpuEvent) -> Result<()> {
+        let stream = if stream == 0 {
+            LEGACY_DEFAULT_STREAM
+        } else {
+            stream
+        };
+        // SAFETY: per this function's contract (`LEGACY_DEFAULT_STREAM` is not 0, so it is
+        // taken as the stream it names).
+        unsafe { self.stream_wait_event(stream, event) }
     }
 
     pub(super) fn sync(&self) -> Result<()> {
