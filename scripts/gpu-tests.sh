@@ -8,7 +8,7 @@
 #                                      # and its gpu_bench example (scripts/gpu-profile.sh),
 #                                      # built with --features cuda, and the Python wheel in .whl/
 #   scripts/gpu-tests.sh run [DIR]     # on the GPU machine: both binaries one test at a time,
-#                                      # then bindings/python/tests/test_cuda.py and test_cuda_fp8.py
+#                                      # then bindings/python/tests/test_cuda.py, test_cuda_fp8.py and test_cuda_engine.py
 #                                      # against the wheel
 #
 # `run` needs the machine's NVRTC (found in torch's venv, /opt/torch/.venv, or through
@@ -77,10 +77,10 @@ run)
     if ls .whl/deltacast-*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --target "$site" .whl/deltacast-*.whl \
             >"$out/pip.log" 2>&1
-        PYTHONPATH=$site timeout 300 python3 -m pytest -q -rs bindings/python/tests/test_cuda.py bindings/python/tests/test_cuda_fp8.py \
+        PYTHONPATH=$site timeout 300 python3 -m pytest -q -rs bindings/python/tests/test_cuda.py bindings/python/tests/test_cuda_fp8.py bindings/python/tests/test_cuda_engine.py \
             >"$out/pytest.log" 2>&1
         rc=$?
-        echo "gpu-tests: test_cuda.py, test_cuda_fp8.py exit $rc: $(tail -1 "$out/pytest.log")"
+        echo "gpu-tests: test_cuda.py, test_cuda_fp8.py, test_cuda_engine.py exit $rc: $(tail -1 "$out/pytest.log")"
         [ "$rc" -ne 0 ] && status=1
     else
         echo "gpu-tests: no wheel in .whl/ (run 'scripts/gpu-tests.sh build' first)"

@@ -5,6 +5,10 @@ checkpoint-patch way, side by side on the same changes (issue 25's whole-sync fi
   ``LayoutReceiver`` (``commit_on_demand``) stages the frames — decodes them on the host, reads
   the old bits of the changed positions from the GPU weights through the layout, checks the
   digests — while generation could go on, then ``commit()`` writes them (the only pause).
+- ``gpu``: the same frames pushed to a ``GpuLayoutReceiver`` (TP 1: every slot lands whole in
+  one run of an engine parameter), which copies them to the GPU, decodes, checks and applies
+  them there, straight into the engine's weights. All of it is the pause (its apply is
+  journaled as it goes, so there is no separate commit).
 - ``patch``: what verl's delta consumers and vLLM's patch API do with the same changes: per
   touched HF tensor the int32 positions and the values cross to the GPU, a full-size NaN tensor
   gets them, and the engine's loader copies the non-NaN elements (a masked copy per block). All
@@ -14,7 +18,7 @@ Both start from bytes on the engine's host (the link is the same for both and le
 every step both sets of weights must equal the HF truth loaded whole.
 
     PYTHONPATH=SITE python3 bindings/python/bench/gpu_engine_sync.py LAYOUT.json LAYERS
-        [--experts N] [--steps 4] [--frac 0.015] [--out FILE.json]
+        [--experts N] [--steps 4] [--frac 0.015] [--receivers host,gpu] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def main() -> int:
     ap.add_argument("--experts", type=int)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--frac", type=float, default=0.015)
+    ap.add_argument("--receivers", default="host,gpu",
+                    help="which deltacast receivers run: host (LayoutReceiver), gpu (GpuLayoutReceiver)")
     ap.add_argument("--out")
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script, no figures")
     a = ap.parse_args()
@@ -66,17 +72,31 @@ def main() -> int:
         for s, shape in lay.slots.items()
     }
     table = deltacast.SlotTable([(s, "bf16", list(shape)) for s, shape in lay.slots.items()])
+    use = set(a.receivers.split(","))
+    if not use or not use <= {"host", "gpu"}:
+        raise SystemExit(f"--receivers {a.receivers!r}: host, gpu or both")
+    kinds = [k for k, on in (("deltacast", "host" in use), ("gpu", "gpu" in use), ("patch", True)) if on]
     sets = {
         k: {n: torch.zeros(p.shape, dtype=torch.bfloat16, device=dev) for n, p in lay.params.items()}
-        for k in ("deltacast", "patch")
+        for k in kinds
     }
     for s, t in truth.items():
         A.apply_slot(lay, sets["patch"], s, torch.from_numpy(t.view(np.int16)).view(torch.bfloat16))
     sender = deltacast.Sender(table)
-    rx = LayoutReceiver(table, lay, sets["deltacast"], commit_on_demand=True)
+    rx = LayoutReceiver(table, lay, sets["deltacast"], commit_on_demand=True) if "host" in use else None
+    grx = None
+    if "gpu" in use:
+        from deltacast.integrations.gpu_layout_receiver import GpuLayoutReceiver
+
+        grx = GpuLayoutReceiver(table, lay, sets["gpu"])
     t = time.perf_counter()
-    rx.receive_all(sender.sync(truth).frames)  # the seed
-    rx.commit()
+    seed = sender.sync(truth).frames
+    if rx is not None:
+        rx.receive_all(seed)
+        rx.commit()
+    if grx is not None:
+        grx.receive_all(seed)
+    del seed
     sync()
     seed_s = time.perf_counter() - t
     by_slot = lay.by_slot()
@@ -104,52 +124,74 @@ def main() -> int:
         t0 = time.perf_counter()
         frames = sender.sync(truth).frames
         t1 = time.perf_counter()
-        rx.receive_all(frames)
-        sync()
-        t2 = time.perf_counter()
-        rx.commit()
-        sync()
+        r = {"step": step, "changed": changed, "encode_ms": (t1 - t0) * 1e3}
+        if rx is not None:
+            rx.receive_all(frames)
+            sync()
+            t2 = time.perf_counter()
+            rx.commit()
+            sync()
+            t3 = time.perf_counter()
+            r |= {"stage_ms": (t2 - t1) * 1e3, "commit_ms": (t3 - t2) * 1e3}
+        if grx is not None:
+            t3 = time.perf_counter()
+            got = grx.receive_all(frames)
+            sync()
+            r["gpu_ms"] = (time.perf_counter() - t3) * 1e3
+            assert [g["kind"] for g in got] == ["delta"], got
         t3 = time.perf_counter()
         patch(changes)
         sync()
-        t4 = time.perf_counter()
-        for n, p in sets["deltacast"].items():
-            if not torch.equal(p.view(torch.int16), sets["patch"][n].view(torch.int16)):
-                raise SystemExit(f"step {step}: deltacast and patch differ in {n}")
+        r["patch_ms"] = (time.perf_counter() - t3) * 1e3
+        for k in kinds[:-1]:
+            for n, p in sets[k].items():
+                if not torch.equal(p.view(torch.int16), sets["patch"][n].view(torch.int16)):
+                    raise SystemExit(f"step {step}: {k} and patch differ in {n}")
         if step:
-            r = {
-                "step": step, "changed": changed, "encode_ms": (t1 - t0) * 1e3,
-                "stage_ms": (t2 - t1) * 1e3, "commit_ms": (t3 - t2) * 1e3,
-                "patch_ms": (t4 - t3) * 1e3,
-                "frame_bytes": sum(len(f) for f in frames), "patch_bytes": changed * 6,
-            }
+            r |= {"frame_bytes": sum(len(f) for f in frames), "patch_bytes": changed * 6}
             rows.append(r)
+            host = (
+                f"host stage {r['stage_ms']:.0f} ms + commit {r['commit_ms']:.1f} ms, "
+                if rx is not None else ""
+            )
+            gpu = f"gpu receiver {r['gpu_ms']:.1f} ms, " if grx is not None else ""
             print(
-                f"step {step}: {changed / 1e6:.2f} M changed: deltacast stage {r['stage_ms']:.0f} ms "
-                f"+ commit {r['commit_ms']:.1f} ms ({r['frame_bytes'] / 1e6:.1f} MB; trainer's "
-                f"encode {r['encode_ms']:.0f} ms), patch {r['patch_ms']:.0f} ms "
-                f"({r['patch_bytes'] / 1e6:.1f} MB); equal",
+                f"step {step}: {changed / 1e6:.2f} M changed: deltacast {host}{gpu}"
+                f"({r['frame_bytes'] / 1e6:.1f} MB; trainer's encode {r['encode_ms']:.0f} ms), "
+                f"patch {r['patch_ms']:.1f} ms ({r['patch_bytes'] / 1e6:.1f} MB); equal",
                 flush=True,
             )
     reload = {n: torch.zeros(p.shape, dtype=torch.bfloat16, device=dev) for n, p in lay.params.items()}
     for s, t in truth.items():
         A.apply_slot(lay, reload, s, torch.from_numpy(t.view(np.int16)).view(torch.bfloat16))
-    for n, p in reload.items():
-        if not torch.equal(p.view(torch.int16), sets["deltacast"][n].view(torch.int16)):
-            raise SystemExit(f"deltacast differs from the HF truth in {n}")
+    for k in kinds[:-1]:
+        for n, p in reload.items():
+            if not torch.equal(p.view(torch.int16), sets[k][n].view(torch.int16)):
+                raise SystemExit(f"{k} differs from the HF truth in {n}")
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "step"}
-    whole = med["stage_ms"] + med["commit_ms"]
+    if rx is not None:
+        whole = med["stage_ms"] + med["commit_ms"]
+        print(
+            f"median: host receiver stage {med['stage_ms']:.0f} + commit {med['commit_ms']:.1f} ms = "
+            f"{whole:.0f} ms, patch {med['patch_ms']:.0f} ms: whole sync {med['patch_ms'] / whole:.1f}x, "
+            f"pause {med['patch_ms'] / med['commit_ms']:.1f}x shorter",
+            flush=True,
+        )
+    if grx is not None:
+        print(
+            f"median: gpu receiver {med['gpu_ms']:.1f} ms (whole sync, all of it a pause), patch "
+            f"{med['patch_ms']:.1f} ms: {med['patch_ms'] / med['gpu_ms']:.1f}x faster",
+            flush=True,
+        )
     print(
-        f"median: deltacast stage {med['stage_ms']:.0f} + commit {med['commit_ms']:.1f} ms = "
-        f"{whole:.0f} ms, patch {med['patch_ms']:.0f} ms: whole sync {med['patch_ms'] / whole:.1f}x, "
-        f"pause {med['patch_ms'] / med['commit_ms']:.1f}x shorter; bytes {med['patch_bytes'] / med['frame_bytes']:.1f}x "
-        "fewer; equal to the HF truth",
+        f"bytes {med['patch_bytes'] / med['frame_bytes']:.1f}x fewer than the patch's; every "
+        "set equal to the HF truth",
         flush=True,
     )
     if a.out:
         Path(a.out).write_text(json.dumps({
             "layout": Path(a.layout).name, "layers": a.layers, "experts": a.experts,
-            "frac": a.frac, "device": name, "torch": torch.__version__,
+            "frac": a.frac, "receivers": a.receivers, "device": name, "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed_s": seed_s,
             "median": med, "rows": rows,
         }, indent=1))

@@ -3,6 +3,9 @@
 //! `deltacast/cuda.py` turns torch tensors into the (name, pointer, dtype, shape) tuples taken
 //! here and passes torch's current stream.
 
+use std::collections::VecDeque;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deltacast::WeightSender;
@@ -12,12 +15,14 @@ use deltacast_cuda::sync::{
     EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuShard, GpuShardedSender,
     GpuSyncReport, GpuTensor, SnapshotPlace, WaitStream,
 };
+use deltacast_cuda::frame_link::FrameLink;
 use deltacast_cuda::{ipc, nccl};
 use deltacast_cuda::{CudaError, Gpu};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use pyo3::IntoPyObjectExt;
 
+use crate::arrays::frame_bytes;
 use crate::errors::{invalid, raise, to_py};
 use crate::values::table_hash_hex;
 
@@ -327,11 +332,89 @@ impl IpcComm {
     }
 }
 
+/// The frames pushed into a [`FrameFeed`] and not yet read, oldest first.
+type FrameQueue = Arc<Mutex<VecDeque<Vec<u8>>>>;
+
+/// The receiving end of a frame link, read from the frames pushed into its feed: what has not
+/// been pushed reads as the end of the stream.
+struct FeedSource(FrameQueue);
+
+impl Read for FeedSource {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut queue = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(front) = queue.front_mut() {
+            if front.is_empty() {
+                queue.pop_front();
+                continue;
+            }
+            let n = buf.len().min(front.len());
+            buf[..n].copy_from_slice(&front[..n]);
+            front.drain(..n);
+            return Ok(n);
+        }
+        Ok(0)
+    }
+}
+
+/// A link whose other end is the frames you hand it (`push`): a `GpuReceiver` made on it
+/// applies syncs that arrived as frames on the host (from a CPU `Sender`, a socket, a sync
+/// file) on its GPU, decoding them there. Each `receive()` reads one sync, through its
+/// final frame, from what was pushed; with nothing pushed it returns as a close would.
+#[pyclass(module = "deltacast._native")]
+pub struct FrameFeed {
+    /// Whether a receiver holds it.
+    taken: bool,
+    queue: FrameQueue,
+    device: usize,
+}
+
+#[pymethods]
+impl FrameFeed {
+    #[new]
+    fn new(device: usize) -> Self {
+        FrameFeed {
+            taken: false,
+            queue: Default::default(),
+            device,
+        }
+    }
+
+    /// Appends one frame (bytes, a uint8 numpy array or buffer) after those pushed before.
+    fn push(&self, frame: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (_held, view) = frame_bytes(frame)?;
+        // SAFETY: `_held` keeps the frame alive while it is copied; it is only read.
+        let data = unsafe { view.bytes() }.to_vec();
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(data);
+        Ok(())
+    }
+
+    /// Bytes pushed and not yet read.
+    #[getter]
+    fn pending_bytes(&self) -> u64 {
+        let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        queue.iter().map(|f| f.len() as u64).sum()
+    }
+
+    /// Drops every frame not yet read.
+    fn clear(&self) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+}
+
 /// Either communicator, as a sender or receiver takes it.
 #[derive(FromPyObject)]
 pub enum AnyComm<'py> {
     Nccl(PyRefMut<'py, NcclComm>),
     Ipc(PyRefMut<'py, IpcComm>),
+    Frames(PyRefMut<'py, FrameFeed>),
 }
 
 impl AnyComm<'_> {
@@ -339,6 +422,7 @@ impl AnyComm<'_> {
         match self {
             AnyComm::Nccl(c) => c.device,
             AnyComm::Ipc(c) => c.device,
+            AnyComm::Frames(c) => c.device,
         }
     }
 
@@ -347,6 +431,7 @@ impl AnyComm<'_> {
         match self {
             AnyComm::Nccl(c) => c.parts.is_none(),
             AnyComm::Ipc(c) => c.parts.is_none(),
+            AnyComm::Frames(c) => c.taken,
         }
     }
 
@@ -358,6 +443,19 @@ impl AnyComm<'_> {
                 .take()
                 .map(|(g, c)| (g, c.into()))
                 .ok_or_else(|| invalid("this IpcComm already belongs to a sender or receiver")),
+            AnyComm::Frames(mut c) => {
+                if c.taken {
+                    return Err(invalid("this FrameFeed already belongs to a receiver"));
+                }
+                let device = c.device;
+                let (gpu, link_gpu) = Python::attach(|py| {
+                    py.detach(|| Ok::<_, CudaError>((Gpu::new(device)?, Gpu::new(device)?)))
+                })
+                .map_err(cuda_to_py)?;
+                c.taken = true;
+                let source = FeedSource(c.queue.clone());
+                Ok((gpu, FrameLink::replay(link_gpu, source).into()))
+            }
         }
     }
 }

@@ -47,6 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::frame_header, m)?)?;
     m.add_class::<cuda::NcclComm>()?;
     m.add_class::<cuda::IpcComm>()?;
+    m.add_class::<cuda::FrameFeed>()?;
     m.add_class::<cuda::NativeGpuSender>()?;
     m.add_class::<cuda::NativeGpuShardedSender>()?;
     m.add_class::<cuda::NativeGpuReceiver>()?;

@@ -440,6 +440,15 @@ class IpcComm:
     @property
     def device(self) -> int: ...
 
+class FrameFeed:
+    def __new__(cls, device: int) -> FrameFeed: ...
+    def push(self, frame: _Frame) -> None: ...
+    def clear(self) -> None: ...
+    @property
+    def pending_bytes(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+
 class NativeGpuSender:
     def __new__(
         cls,
@@ -513,7 +522,7 @@ class Fp8Quantizer:
 class NativeGpuReceiver:
     def __new__(
         cls,
-        comm: NcclComm | IpcComm,
+        comm: NcclComm | IpcComm | FrameFeed,
         tensors: Sequence[_TensorSpec],
         root: int = 0,
         timeout_s: float = 300.0,

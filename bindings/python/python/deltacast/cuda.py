@@ -39,13 +39,14 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
-from ._native import IpcComm, NcclComm
+from ._native import FrameFeed, IpcComm, NcclComm
 
 __all__ = [
     "available",
     "nccl_unique_id",
     "NcclComm",
     "IpcComm",
+    "FrameFeed",
     "GpuSender",
     "GpuShardedSender",
     "GpuReceiver",
@@ -494,11 +495,15 @@ class GpuShardedSender(_Sender):
 class GpuReceiver:
     """The receiving side: applies each sync in place into ``named_tensors`` (e.g. a model's
     ``named_parameters()``), all or nothing, after checking the trainer's digests. No copy of
-    the model is made; a delta needs only buffers of its own size."""
+    the model is made; a delta needs only buffers of its own size.
+
+    ``comm``: the link to the sender (``NcclComm``, ``IpcComm``), or a ``FrameFeed`` when the
+    syncs arrive as frames on the host (a CPU ``Sender``, a socket, a sync file): push a sync's
+    frames into the feed, then ``receive()`` decodes and applies it on the GPU."""
 
     def __init__(
         self,
-        comm: Union[NcclComm, IpcComm],
+        comm: Union[NcclComm, IpcComm, FrameFeed],
         named_tensors: Iterable[Tuple[str, Any]],
         device: Optional[int] = None,
         root: int = 0,

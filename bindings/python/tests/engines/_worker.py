@@ -154,6 +154,24 @@ def check_dtype(torch, glue, L, lay, cdir, shapes, dtype, rank) -> dict:
         )
     applied = {p: t.detach().clone() for p, t in params.items()}
 
+    # The whole new checkpoint written through the slots' views (what GpuLayoutReceiver
+    # applies into): at TP 1 every slot lands whole in one run; at TP 2 some do not, and
+    # slot_views must refuse.
+    from deltacast.integrations.gpu_layout_receiver import slot_views
+
+    viewed, views_refused = None, None
+    with torch.no_grad():
+        for p, t in params.items():
+            t.copy_(start[p])
+        try:
+            views = slot_views(lay, params)
+        except L.LayoutError as e:
+            views_refused = str(e)
+        else:
+            for n in names:
+                views[n].copy_(as_tensor(torch, new[n], dtype, shapes[n]))
+            viewed = {p: t.detach().clone() for p, t in params.items()}
+
     with torch.no_grad():
         for p, t in params.items():
             t.copy_(start[p])
@@ -162,19 +180,27 @@ def check_dtype(torch, glue, L, lay, cdir, shapes, dtype, rank) -> dict:
     def raw(t):
         return t.contiguous().view(-1).view(torch.int16 if t.element_size() == 2 else torch.int32)
 
-    mismatched = []
-    changed = 0
+    mismatched, views_mismatched = [], []
+    changed = views_changed = 0
     for p, t in params.items():
         diff = int((raw(applied[p]) != raw(t.detach())).sum())
         if diff:
             mismatched.append([p, diff, t.numel()])
         changed += int((raw(applied[p]) != raw(start[p])).sum())
+        if viewed is not None:
+            diff = int((raw(viewed[p]) != raw(t.detach())).sum())
+            if diff:
+                views_mismatched.append([p, diff, t.numel()])
+            views_changed += int((raw(viewed[p]) != raw(start[p])).sum())
     return {
         "dtype": dtype,
         "param_dtypes": sorted({str(t.dtype) for t in params.values()}),
         "written": written,
         "changed": changed,
         "mismatched": mismatched,
+        "views_refused": views_refused,
+        "views_changed": views_changed,
+        "views_mismatched": views_mismatched,
     }
 
 

@@ -89,6 +89,19 @@ def check_apply(engine: str, tp: int, workdir: Path, results: dict, archs=ARCHS)
             )
             # Not vacuous: the delta reached this rank and changed its parameters.
             assert c["written"] > 0 and c["changed"] > 0, (where, c)
+            # The slots' views (GpuLayoutReceiver): whole slots in one run at TP 1, refused
+            # (row-parallel slices) at TP 2.
+            if tp == 1:
+                assert c["views_refused"] is None, (where, c["views_refused"])
+                assert c["views_mismatched"] == [], (
+                    f"{where}: writing through the slots' views differs from load_weights: "
+                    f"{c['views_mismatched']}"
+                )
+                assert c["views_changed"] > 0, (where, c)
+            else:
+                assert c["views_refused"] and "use LayoutReceiver" in c["views_refused"], (
+                    where, c["views_refused"],
+                )
     for arch in archs:
         check_coverage(workdir, arch, tp)
 
