@@ -332,8 +332,9 @@ impl IpcComm {
     }
 }
 
-/// The frames pushed into a [`FrameFeed`] and not yet read, oldest first.
-type FrameQueue = Arc<Mutex<VecDeque<Vec<u8>>>>;
+/// The frames pushed into a [`FrameFeed`] and not yet read, oldest first (each with how far
+/// it was read).
+type FrameQueue = Arc<Mutex<VecDeque<std::io::Cursor<Vec<u8>>>>>;
 
 /// The receiving end of a frame link, read from the frames pushed into its feed: what has not
 /// been pushed reads as the end of the stream.
@@ -343,14 +344,11 @@ impl Read for FeedSource {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let mut queue = self.0.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(front) = queue.front_mut() {
-            if front.is_empty() {
-                queue.pop_front();
-                continue;
+            let n = front.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
             }
-            let n = buf.len().min(front.len());
-            buf[..n].copy_from_slice(&front[..n]);
-            front.drain(..n);
-            return Ok(n);
+            queue.pop_front();
         }
         Ok(0)
     }
@@ -387,7 +385,7 @@ impl FrameFeed {
         self.queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push_back(data);
+            .push_back(std::io::Cursor::new(data));
         Ok(())
     }
 
@@ -395,7 +393,10 @@ impl FrameFeed {
     #[getter]
     fn pending_bytes(&self) -> u64 {
         let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        queue.iter().map(|f| f.len() as u64).sum()
+        queue
+            .iter()
+            .map(|f| f.get_ref().len() as u64 - f.position())
+            .sum()
     }
 
     /// Drops every frame not yet read.
