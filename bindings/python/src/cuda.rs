@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deltacast::WeightSender;
+use deltacast_cuda::frame_link::FrameLink;
 use deltacast_cuda::ipc_setup::loopback_addresses;
 use deltacast_cuda::link::Link;
 use deltacast_cuda::sync::{
     EntropyMode, GpuReceiver, GpuSender, GpuSenderConfig, GpuShard, GpuShardedSender,
     GpuSyncReport, GpuTensor, SnapshotPlace, WaitStream,
 };
-use deltacast_cuda::frame_link::FrameLink;
 use deltacast_cuda::{ipc, nccl};
 use deltacast_cuda::{CudaError, Gpu};
 use pyo3::prelude::*;
