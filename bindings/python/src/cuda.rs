@@ -3,13 +3,10 @@
 //! `deltacast/cuda.py` turns torch tensors into the (name, pointer, dtype, shape) tuples taken
 //! here and passes torch's current stream.
 
-use std::collections::VecDeque;
-use std::io::Read;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deltacast::WeightSender;
-use deltacast_cuda::frame_link::FrameLink;
+use deltacast_cuda::frame_link::{FrameLink, FrameQueue};
 use deltacast_cuda::ipc_setup::loopback_addresses;
 use deltacast_cuda::link::Link;
 use deltacast_cuda::sync::{
@@ -332,28 +329,6 @@ impl IpcComm {
     }
 }
 
-/// The frames pushed into a [`FrameFeed`] and not yet read, oldest first (each with how far
-/// it was read).
-type FrameQueue = Arc<Mutex<VecDeque<std::io::Cursor<Vec<u8>>>>>;
-
-/// The receiving end of a frame link, read from the frames pushed into its feed: what has not
-/// been pushed reads as the end of the stream.
-struct FeedSource(FrameQueue);
-
-impl Read for FeedSource {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let mut queue = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(front) = queue.front_mut() {
-            let n = front.read(buf)?;
-            if n > 0 || buf.is_empty() {
-                return Ok(n);
-            }
-            queue.pop_front();
-        }
-        Ok(0)
-    }
-}
-
 /// A link whose other end is the frames you hand it (`push`): a `GpuReceiver` made on it
 /// applies syncs that arrived as frames on the host (from a CPU `Sender`, a socket, a sync
 /// file) on its GPU, decoding them there. Each `receive()` reads one sync, through its
@@ -382,26 +357,19 @@ impl FrameFeed {
         let (_held, view) = frame_bytes(frame)?;
         // SAFETY: `_held` keeps the frame alive while it is copied; it is only read.
         let data = unsafe { view.bytes() }.to_vec();
-        self.queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(std::io::Cursor::new(data));
+        self.queue.push(data);
         Ok(())
     }
 
     /// Bytes pushed and not yet read.
     #[getter]
     fn pending_bytes(&self) -> u64 {
-        let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        queue
-            .iter()
-            .map(|f| f.get_ref().len() as u64 - f.position())
-            .sum()
+        self.queue.pending_bytes()
     }
 
     /// Drops every frame not yet read.
     fn clear(&self) {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.queue.clear();
     }
 
     #[getter]
@@ -454,8 +422,7 @@ impl AnyComm<'_> {
                 })
                 .map_err(cuda_to_py)?;
                 c.taken = true;
-                let source = FeedSource(c.queue.clone());
-                Ok((gpu, FrameLink::replay(link_gpu, source).into()))
+                Ok((gpu, FrameLink::replay(link_gpu, c.queue.reader()).into()))
             }
         }
     }

@@ -38,6 +38,24 @@ def test_error_classes_form_one_tree():
     assert issubclass(dc.ReceiverRefusedError, dc.DeltacastError)
 
 
+def test_a_frame_feed_holds_what_was_pushed_until_a_receiver_reads_it():
+    feed = dcc.FrameFeed(0)
+    assert feed.device == 0 and feed.pending_bytes == 0
+    feed.push(b"abc")
+    feed.push(np.arange(5, dtype=np.uint8))
+    feed.push(b"")
+    assert feed.pending_bytes == 8
+    feed.push(bytearray(b"xy"))  # anything bytes() takes
+    assert feed.pending_bytes == 10
+    feed.clear()
+    assert feed.pending_bytes == 0
+    ok, _ = dcc.available()
+    if not ok:
+        # The receiver needs the GPU: a clear error, not a crash.
+        with pytest.raises(dc.DeltacastError):
+            dcc.GpuReceiver(feed, [])
+
+
 def test_snapshot_place_entropy_and_stages_are_checked_before_anything_runs():
     with pytest.raises(dc.InvalidArgumentError, match="pinned"):
         dcc.GpuSender(None, [], snapshot="host")

@@ -8,8 +8,9 @@
 //! receiver (rank 1); the other end is the byte stream. Every part moves through host
 //! memory, so this is for leaving the device, not for speed.
 
-use std::io::{Read, Write};
-use std::sync::Mutex;
+use std::collections::VecDeque;
+use std::io::{Cursor, Read, Write};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cudarc::driver::sys;
@@ -238,4 +239,91 @@ fn read_exact_or_end(source: &mut dyn Read, buf: &mut [u8]) -> Result<bool> {
 /// The header of a close (the stream ended: no sync follows).
 fn close_header() -> Vec<u8> {
     crate::protocol::Stage::close(0, 0).encode_header().to_vec()
+}
+
+/// Frames handed over one by one (e.g. from Python) for a replay link to read: a shared queue
+/// whose [`reader`](FrameQueue::reader) reads the frames pushed so far, in order, and then the
+/// end of the stream (until more are pushed).
+#[derive(Clone, Default)]
+pub struct FrameQueue {
+    frames: Arc<Mutex<VecDeque<Cursor<Vec<u8>>>>>,
+}
+
+impl FrameQueue {
+    /// Appends one frame after those pushed before.
+    pub fn push(&self, frame: Vec<u8>) {
+        self.lock().push_back(Cursor::new(frame));
+    }
+
+    /// Bytes pushed and not yet read.
+    pub fn pending_bytes(&self) -> u64 {
+        self.lock()
+            .iter()
+            .map(|f| f.get_ref().len() as u64 - f.position())
+            .sum()
+    }
+
+    /// Drops every byte not yet read.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// A reader of the queue (for [`FrameLink::replay`]).
+    pub fn reader(&self) -> impl Read + Send + 'static {
+        QueueReader(self.clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Cursor<Vec<u8>>>> {
+        self.frames.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct QueueReader(FrameQueue);
+
+impl Read for QueueReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut frames = self.0.lock();
+        while let Some(front) = frames.front_mut() {
+            let n = front.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            frames.pop_front();
+        }
+        Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_reads_what_was_pushed_in_order_then_the_end() {
+        let q = FrameQueue::default();
+        let mut r = q.reader();
+        let mut out = Vec::new();
+        assert_eq!(r.read_to_end(&mut out).unwrap(), 0);
+        q.push(vec![1, 2, 3]);
+        q.push(Vec::new());
+        q.push((0..=255).collect());
+        assert_eq!(q.pending_bytes(), 259);
+        let mut two = [0u8; 2];
+        r.read_exact(&mut two).unwrap();
+        assert_eq!(two, [1, 2]);
+        assert_eq!(q.pending_bytes(), 257);
+        // A read across frames, then the end of what was pushed.
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        let want: Vec<u8> = std::iter::once(3).chain(0..=255).collect();
+        assert_eq!(rest, want);
+        assert_eq!(q.pending_bytes(), 0);
+        // More after the end reads again; clear drops what was not read.
+        q.push(vec![9; 10]);
+        r.read_exact(&mut two).unwrap();
+        assert_eq!(two, [9, 9]);
+        q.clear();
+        assert_eq!(q.pending_bytes(), 0);
+        assert_eq!(r.read(&mut two).unwrap(), 0);
+    }
 }
