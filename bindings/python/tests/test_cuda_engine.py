@@ -8,34 +8,22 @@ suites). Needs a GPU with torch (scripts/gpu-tests.sh runs it on the device); sk
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import deltacast as dc
-import deltacast.cuda as dcc
 from deltacast.integrations import layout as L
 from deltacast.integrations import layout_apply as A
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_case import require_gpu  # noqa: E402
 
 LAYOUTS = Path(__file__).resolve().parents[1] / "bench" / "layouts"
 SPECIAL = np.array([0x0000, 0x8000, 0x0001, 0x807F, 0x7F80, 0xFF80, 0x7FC1, 0xFFFF], np.uint16)
 
-
-def _gpu():
-    try:
-        import torch
-    except ImportError:
-        if os.environ.get("DELTACAST_REQUIRE_GPU") == "1":
-            pytest.fail("DELTACAST_REQUIRE_GPU=1 but torch is not installed")
-        pytest.skip("torch not installed")
-    ok, why = dcc.available()
-    if not ok or not torch.cuda.is_available():
-        if os.environ.get("DELTACAST_REQUIRE_GPU") == "1":
-            pytest.fail(f"DELTACAST_REQUIRE_GPU=1 but {why}")
-        pytest.skip(why)
-    return torch
 
 
 def _layout(name: str) -> L.EngineLayout:
@@ -75,7 +63,7 @@ def _step(rng, truth):
 def test_host_frames_land_in_the_engines_fused_parameters_bit_for_bit():
     from deltacast.integrations.gpu_layout_receiver import GpuLayoutReceiver
 
-    torch = _gpu()
+    torch = require_gpu()
     lay = _layout("qwen2.5-0.5b-tp1-r0")
     rng = np.random.default_rng(41)
     truth = {s: rng.integers(0, 1 << 16, size=shape, dtype=np.uint16) for s, shape in lay.slots.items()}
@@ -129,7 +117,7 @@ def test_host_frames_land_in_the_engines_fused_parameters_bit_for_bit():
 def test_a_layout_whose_slots_land_in_pieces_is_refused_with_the_slots_name():
     from deltacast.integrations.gpu_layout_receiver import GpuLayoutReceiver, slot_views
 
-    torch = _gpu()
+    torch = require_gpu()
     lay = _layout("qwen2.5-0.5b-tp2-r0")
     params = {n: torch.zeros(p.shape, dtype=torch.bfloat16, device="cuda") for n, p in lay.params.items()}
     table = dc.SlotTable([(s, "bf16", list(shape)) for s, shape in lay.slots.items()])

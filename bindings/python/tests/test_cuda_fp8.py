@@ -6,7 +6,6 @@ into a receiver that holds FP8 weights and their ``weight_scale_inv``. Needs a G
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import sys
 from pathlib import Path
 
@@ -17,21 +16,8 @@ import deltacast.cuda as dcc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fp8_reference import masters, reference  # noqa: E402
+from gpu_case import require_gpu  # noqa: E402
 
-
-def _gpu():
-    try:
-        import torch
-    except ImportError:
-        if os.environ.get("DELTACAST_REQUIRE_GPU") == "1":
-            pytest.fail("DELTACAST_REQUIRE_GPU=1 but torch is not installed")
-        pytest.skip("torch not installed")
-    ok, why = dcc.available()
-    if not ok or not torch.cuda.is_available():
-        if os.environ.get("DELTACAST_REQUIRE_GPU") == "1":
-            pytest.fail(f"DELTACAST_REQUIRE_GPU=1 but {why}")
-        pytest.skip(why)
-    return torch
 
 
 def _quantize(torch, x):
@@ -47,7 +33,7 @@ def _quantize(torch, x):
 
 
 def test_the_kernel_equals_the_torch_rule_on_every_kind_of_block():
-    torch = _gpu()
+    torch = require_gpu()
     rng = np.random.default_rng(90)
     for shape in [(1, 1), (128, 128), (300, 257), (3, 130, 64), (2, 1, 385), (129, 1)]:
         x = torch.from_numpy(masters(rng, shape)).cuda()
@@ -71,7 +57,7 @@ def test_work_after_run_on_torchs_default_stream_reads_the_new_bits():
     synchronizes in between, so a stream that does not wait reads the zeros it started with."""
     from deltacast import _native
 
-    torch = _gpu()
+    torch = require_gpu()
     assert torch.cuda.current_stream().cuda_stream == 0
     gen = torch.Generator(device="cuda").manual_seed(91)
     x = torch.randn((8192, 8192), device="cuda", generator=gen)  # 64 M elements
@@ -95,7 +81,7 @@ def test_every_fp32_pattern_up_to_448_quantizes_as_torch_casts_it():
     """Every fp32 bit pattern of magnitude at most 448 (2.3 billion, ±0 and subnormals among
     them), in blocks whose amax is exactly 448, so the scale is 1 and each element is torch's
     own ``.to(float8_e4m3fn)`` of the pattern."""
-    torch = _gpu()
+    torch = require_gpu()
     top = 0x43E00000  # 448.0
     chunk = 1 << 26  # patterns per chunk: a [2^19, 128] matrix
     checked = 0
@@ -200,7 +186,7 @@ def _fp8_receiver(address, secret, queue):
 
 
 def test_fp32_masters_synced_as_block_fp8_over_cuda_ipc_are_bit_identical():
-    _gpu()
+    require_gpu()
     try:
         import transformers  # noqa: F401
     except ImportError:
