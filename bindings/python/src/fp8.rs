@@ -51,7 +51,7 @@ impl Fp8Quantizer {
                 self.gpu.fp8_quantize(&self.plan)?;
                 self.gpu
                     .record_event(&self.done, self.gpu.stream_handle())?;
-                self.gpu.caller_stream_wait_event(stream, &self.done)
+                self.gpu.stream_wait_event(stream, &self.done)
             }
         })
         .py()

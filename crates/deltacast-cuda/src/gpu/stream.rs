@@ -7,10 +7,6 @@ use super::context::Gpu;
 use super::driver::{drv, guarded, release_in};
 use crate::error::Result;
 
-/// CUDA's handle of the legacy default stream (`CU_STREAM_LEGACY` in cuda.h), which torch
-/// reports as stream 0.
-const LEGACY_DEFAULT_STREAM: u64 = 0x1;
-
 /// A second stream on a GPU's context (the sync's collectives run on one, so that they
 /// overlap the kernels of the next stage on the GPU's own stream). Destroyed on drop.
 pub struct GpuStream {
@@ -147,24 +143,23 @@ impl Gpu {
         })
     }
 
-    /// Records `event` after everything enqueued so far on `stream` (0: this GPU's own).
+    /// Records `event` after everything enqueued so far on `stream`: a handle of this
+    /// GPU's context ([`Gpu::stream_handle`] for its own), or 0, CUDA's legacy default
+    /// stream (what torch reports as its default stream), as for [`Gpu::wait_for_stream`].
     ///
     /// # Safety
     /// `stream` must be a live stream of this GPU's context, or 0.
     pub unsafe fn record_event(&self, event: &GpuEvent, stream: u64) -> Result<()> {
         guarded(|| {
             self.bind()?;
-            let stream = if stream == 0 {
-                self.stream
-            } else {
-                stream as sys::CUstream
-            };
+            let stream = stream as sys::CUstream;
             // SAFETY: per this function's contract; the event is alive (borrowed).
             unsafe { cu::event::record(event.event, stream) }.map_err(drv("cuEventRecord"))
         })
     }
 
-    /// Makes `stream` (0: this GPU's own) wait, on the device, for the last record of
+    /// Makes `stream` (as for [`Gpu::record_event`]: 0 is the legacy default stream, never
+    /// this GPU's own, which is non-blocking) wait, on the device, for the last record of
     /// `event`.
     ///
     /// # Safety
@@ -172,11 +167,7 @@ impl Gpu {
     pub unsafe fn stream_wait_event(&self, stream: u64, event: &GpuEvent) -> Result<()> {
         guarded(|| {
             self.bind()?;
-            let stream = if stream == 0 {
-                self.stream
-            } else {
-                stream as sys::CUstream
-            };
+            let stream = stream as sys::CUstream;
             // SAFETY: per this function's contract; the event is alive (borrowed).
             unsafe {
                 cu::stream::wait_event(
@@ -187,23 +178,6 @@ impl Gpu {
             }
             .map_err(drv("cuStreamWaitEvent"))
         })
-    }
-
-    /// Makes a caller's stream wait, on the device, for the last record of `event`. Here 0
-    /// is what torch and the CUDA runtime mean by it, the legacy default stream (never this
-    /// GPU's own, which is non-blocking: work on stream 0 does not wait for it unasked).
-    ///
-    /// # Safety
-    /// `stream` must be a live stream of this GPU's context, or 0.
-    pub unsafe fn caller_stream_wait_event(&self, stream: u64, event: &GpuEvent) -> Result<()> {
-        let stream = if stream == 0 {
-            LEGACY_DEFAULT_STREAM
-        } else {
-            stream
-        };
-        // SAFETY: per this function's contract (`LEGACY_DEFAULT_STREAM` is not 0, so it is
-        // taken as the stream it names).
-        unsafe { self.stream_wait_event(stream, event) }
     }
 
     pub(super) fn sync(&self) -> Result<()> {

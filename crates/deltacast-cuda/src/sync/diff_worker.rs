@@ -100,7 +100,7 @@ impl DiffWorker {
                     let begun = wall_ms();
                     let diff = match &job.after {
                         // SAFETY: a live event of this context.
-                        Some(event) => unsafe { gpu.stream_wait_event(0, event) },
+                        Some(event) => unsafe { gpu.stream_wait_event(gpu.stream_handle(), event) },
                         None => Ok(()),
                     }
                     .and_then(|()| {

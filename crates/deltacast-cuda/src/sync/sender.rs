@@ -791,7 +791,8 @@ impl GpuSender {
             self.gpu
                 .copy_to_device(bufs.header.ptr(), &stage.encode_header())?;
             self.gpu.copy_to_device(mptr, &manifest)?;
-            self.gpu.record_event(&self.ready, 0)?;
+            self.gpu
+                .record_event(&self.ready, self.gpu.stream_handle())?;
             self.gpu.stream_wait_event(side, &self.ready)?;
             self.comm.broadcast(
                 bufs.header.ptr(),
@@ -879,7 +880,8 @@ impl GpuSender {
         // SAFETY: our status word; the NCCL stream waits for its zeroing.
         unsafe {
             self.gpu.memset(self.status.ptr(), 0, 8)?;
-            self.gpu.record_event(&self.ready, 0)?;
+            self.gpu
+                .record_event(&self.ready, self.gpu.stream_handle())?;
             self.gpu.stream_wait_event(side, &self.ready)?;
             self.comm.all_reduce_max_u64(self.status.ptr(), 1, side)?;
             self.gpu.record_event(&self.acked, side)?;
