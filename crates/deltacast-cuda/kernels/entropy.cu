@@ -21,6 +21,8 @@
 //                        stream's byte length against its total)
 //   dc_gaps_decode       one thread per block: relative positions (u32), every check of the
 //                        CPU decoder
+//   dc_holes_complement  one CUDA block per holes chunk: its decoded holes (gaps of the
+//                        unchanged elements) turned into its changes' positions
 //   dc_ulp_decode        one thread per block: new bits from the bits held and the steps
 
 #define CODE_BLOCK 1024u
@@ -53,7 +55,7 @@ struct CodeChunk {
 
 // Receiver: one chunk with an entropy-coded section to decode.
 struct DecodeChunk {
-    u64 pos_sec;   // gaps section, or the abs32 section its ulp values follow (4-aligned)
+    u64 pos_sec;   // gaps or abs32 section its ulp values follow (4-aligned); 0 with `all`
     u64 pos_len;
     u64 val_sec;   // ulp section (4-aligned), 0: values are not ulp
     u64 val_len;
@@ -65,8 +67,13 @@ struct DecodeChunk {
     u64 pos_out;   // u32 relative positions decoded from gaps, 0: positions are abs32
     u64 val_out;   // new bits decoded from ulp (count * width bytes)
     u32 width;
-    u32 gaps;      // 1: pos_sec is a gaps section
+    u32 positions;  // POS_ABS32, POS_GAPS (pos_sec is a gaps section) or POS_ALL (every
+                    // element of the range changed: the k-th value is element k's)
 };
+
+#define POS_ABS32 0u
+#define POS_GAPS 1u
+#define POS_ALL 2u
 
 __device__ __forceinline__ u32 dc_bit_len(u64 v) { return v ? 64u - __clzll(v) : 0u; }
 __device__ __forceinline__ u64 dc_mask64(u32 n) { return n >= 64 ? ~0ull : ((1ull << n) - 1ull); }
@@ -459,7 +466,7 @@ extern "C" __global__ void dc_code_dirs(const DecodeChunk* __restrict__ chunks, 
         const DecodeChunk c = chunks[ci];
         const u64 bi = b - c.block0;
         u32 g = 0, k = 0, ub = 0, kc = 0;
-        if (c.gaps) {
+        if (c.positions == POS_GAPS) {
             const u8* d = (const u8*)c.pos_sec + GAPS_DIR * bi;
             g = dc_byte_at(d, 4, 2);
             k = d[6];
@@ -486,7 +493,7 @@ dc_gaps_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ b
     for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < num_blocks; b += (u64)gridDim.x * blockDim.x) {
         const u32 ci = block_chunk[b];
         const DecodeChunk c = chunks[ci];
-        if (!c.gaps) continue;
+        if (c.positions != POS_GAPS) continue;
         u32* err = &errors[ci];
         if (*err) continue;  // a directory already failed its check
         const u64 bi = b - c.block0, nblk = dc_blocks_of(c.count);
@@ -545,6 +552,36 @@ dc_gaps_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ b
     }
 }
 
+// A holes chunk: the sorted holes dc_gaps_decode wrote at `holes` turned into the positions
+// of the changes (the elements between them) at `out`.
+struct HolesChunk {
+    u64 holes;
+    u64 out;
+    u64 holes_count;
+    u64 range;
+    u64 count;
+    u64 chunk;  // the DecodeChunk that decoded the holes: skipped when it failed
+};
+
+// One CUDA block per chunk; thread i writes the run of changes between hole i - 1 and hole i.
+// The change at p with i holes before it is change p - i. Holes that failed their decode are
+// never read; the bounds checks keep even unchecked ones inside `out`.
+extern "C" __global__ void dc_holes_complement(const HolesChunk* __restrict__ chunks, u64 n,
+                                               const u32* __restrict__ errors) {
+    for (u64 ci = blockIdx.x; ci < n; ci += gridDim.x) {
+        const HolesChunk c = chunks[ci];
+        if (errors[c.chunk]) continue;
+        const u32* h = (const u32*)c.holes;
+        u32* out = (u32*)c.out;
+        for (u64 i = threadIdx.x; i <= c.holes_count; i += blockDim.x) {
+            const u64 lo = i == 0 ? 0 : (u64)h[i - 1] + 1;
+            const u64 hi = i == c.holes_count ? c.range : min((u64)h[i], c.range);
+            for (u64 p = lo; p < hi; ++p)
+                if (p >= i && p - i < c.count) out[p - i] = (u32)p;
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128)
 dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ block_chunk, u64 num_blocks,
               const u32* __restrict__ ubits, const u32* __restrict__ ukc, const u32* __restrict__ uoff,
@@ -560,8 +597,9 @@ dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ bl
         const u32 m = (u32)min((u64)CODE_BLOCK, c.count - i0);
         const u32 w = c.width, nb = 8 * w, all = (u32)dc_mask64(nb);
         const u32 k = ukc[b] & 0xffu, cc = ukc[b] >> 8;
-        const u32* rel = (const u32*)(c.gaps ? c.pos_out : c.pos_sec) + i0;
-        const bool rel_vec = ((u64)rel & 15) == 0;  // so are staged gaps positions
+        const bool every = c.positions == POS_ALL;
+        const u32* rel = every ? nullptr : (const u32*)(c.positions == POS_GAPS ? c.pos_out : c.pos_sec) + i0;
+        const bool rel_vec = !every && ((u64)rel & 15) == 0;  // so are staged gaps positions
         const u64 s = ULP_DIR * nblk * 8 + uoff[b], e = s + ubits[b];
         BitIn r;
         dc_in_init(&r, (const u32*)c.val_sec, s);
@@ -577,7 +615,8 @@ dc_ulp_decode(const DecodeChunk* __restrict__ chunks, const u32* __restrict__ bl
                 q[4] = a2.x; q[5] = a2.y; q[6] = a2.z; q[7] = a2.w;
             } else {
 #pragma unroll
-                for (u32 t = 0; t < ULP_BATCH; ++t) q[t] = j0 + t < m ? rel[j0 + t] : 0;
+                for (u32 t = 0; t < ULP_BATCH; ++t)
+                    q[t] = j0 + t >= m ? 0 : every ? (u32)(i0 + j0 + t) : rel[j0 + t];
             }
 #pragma unroll
             for (u32 t = 0; t < ULP_BATCH; ++t) {

@@ -585,6 +585,18 @@ pub enum DecodePositions {
     },
     /// An abs32 section (read by the ulp decoder for the old bits; checked by the apply).
     Abs32 { section: DevicePtr, len: u64 },
+    /// No section: every element of the range changed (`count == range`).
+    All,
+    /// A holes section (gaps of the `range − count` unchanged elements, at least one): the
+    /// holes are decoded into `holes` (`range − count` u32 plus [`DECODE_SLACK`]), their
+    /// complement, the changes' relative positions, into `out` (`count` u32), which the apply
+    /// then reads as abs32.
+    Holes {
+        section: DevicePtr,
+        len: u64,
+        holes: DevicePtr,
+        out: DevicePtr,
+    },
 }
 
 /// One received chunk with an entropy-coded section.

@@ -214,12 +214,24 @@ fn gpu_sync_captured_as_frames_applies_on_a_cpu_receiver() {
     );
 }
 
-/// CPU-made syncs (several frames each, a GPU-decodable codec) through a replay link into a
-/// GPU receiver; a corrupted frame is refused and leaves the version held.
+/// CPU-made syncs (several frames each, every codec the GPU decodes: the CPU sender's own
+/// default `auto` among them) through a replay link into a GPU receiver; a corrupted frame is
+/// refused and leaves the version held. The scripted densities fill whole chunks (`all`:
+/// the tiny slots at 60 %) and leave few holes (`holes` from 60 %).
 #[test]
 fn cpu_made_syncs_apply_on_a_gpu_receiver() {
     let Some(gpu) = gpu() else { return };
-    for codec in ["gaps+ulp", "abs32+raw", "bitmap+raw", "abs32+ulp"] {
+    for codec in [
+        "auto",
+        "gaps+ulp",
+        "abs32+raw",
+        "bitmap+raw",
+        "abs32+ulp",
+        "all+raw",
+        "all+ulp",
+        "holes+raw",
+        "holes+ulp",
+    ] {
         let mut rng = Rng(0xbb67_ae85);
         let mut host = initial(&mut rng);
         let config = FlushConfig {
@@ -296,7 +308,7 @@ fn cpu_made_syncs_apply_on_a_gpu_receiver() {
     let mut rng = Rng(3);
     let mut host = initial(&mut rng);
     let config = FlushConfig {
-        codec: CodecChoice::Fixed(PosCodec::Holes, deltacast::ValCodec::Raw),
+        codec: CodecChoice::Fixed(PosCodec::ContextGaps, deltacast::ValCodec::Raw),
         ..FlushConfig::default()
     };
     let mut sender = Sender::new(table(), config).expect("cpu sender");
@@ -333,7 +345,7 @@ fn cpu_made_syncs_apply_on_a_gpu_receiver() {
         .expect("the seed")
         .expect("a sync");
     // SAFETY: the default stream.
-    let err = unsafe { rx.receive(0, None) }.expect_err("holes are not decoded on the GPU");
+    let err = unsafe { rx.receive(0, None) }.expect_err("ctxgaps is not decoded on the GPU");
     assert!(err.to_string().contains("not decoded on the GPU"), "{err}");
     assert_eq!(&download(&gpu, &bufs, &seeded), &seeded, "nothing written");
 }

@@ -115,6 +115,7 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dc_code_write",
             "dc_code_dirs",
             "dc_gaps_decode",
+            "dc_holes_complement",
             "dc_ulp_decode",
         ],
     ),

@@ -52,7 +52,26 @@ struct KDecodeChunk {
     pos_out: u64,
     val_out: u64,
     width: u32,
-    gaps: u32,
+    /// POS_ABS32, POS_GAPS or POS_ALL of kernels/entropy.cu.
+    positions: u32,
+}
+
+const POS_ABS32: u32 = 0;
+const POS_GAPS: u32 = 1;
+const POS_ALL: u32 = 2;
+
+/// A `holes` chunk: its decoded holes (sorted, `holes_count` of them) turned into the
+/// `count` positions of its changes at `out` (kernels/entropy.cu, `dc_holes_complement`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KHolesChunk {
+    holes: u64,
+    out: u64,
+    holes_count: u64,
+    range: u64,
+    count: u64,
+    /// The kernel chunk that decoded the holes: skipped when it failed.
+    chunk: u64,
 }
 
 /// Device memory the entropy coder keeps between sizing and writing (and reuses across
@@ -332,15 +351,16 @@ impl Gpu {
         guarded(|| {
             self.bind()?;
             scratch.sized = None;
-            let nc = inputs.len() as u64;
-            if nc == 0 {
+            if inputs.is_empty() {
                 return Ok(Vec::new());
             }
             let mut bad: Vec<ChunkError> = Vec::new();
+            // The kernels' chunks: one per input, but two for a `holes` input with ulp values
+            // (its holes' gaps, then its values over the complement); `owner` maps them back.
             let mut table = Vec::with_capacity(inputs.len());
-            let (block0, nb) = blocks_of(inputs.iter().map(|c| c.count));
-            for (i, (c, &b0)) in inputs.iter().zip(&block0).enumerate() {
-                let blocks = c.count.div_ceil(BLOCK);
+            let mut owner = Vec::with_capacity(inputs.len());
+            let mut holes = Vec::new();
+            for (i, c) in inputs.iter().enumerate() {
                 let arg =
                     |why: &str| CudaError::InvalidArgument(format!("decode chunk {i}: {why}"));
                 if c.count == 0 || c.count > c.range || c.range > u32::MAX as u64 {
@@ -355,57 +375,117 @@ impl Gpu {
                 if !matches!(c.width, 1 | 2 | 4) || c.held % c.width as u64 != 0 {
                     return Err(arg("width or alignment of the slot"));
                 }
-                let (pos_sec, pos_len, pos_out, gaps) = match c.positions {
-                    DecodePositions::Gaps { section, len, out } => (section, len, out, 1),
-                    DecodePositions::Abs32 { section, len } => (section, len, 0, 0),
-                };
-                if pos_sec % 4 != 0 || pos_out % 4 != 0 {
-                    return Err(arg("misaligned position section or output"));
-                }
                 let (val_sec, val_len, val_out) = c.values.unwrap_or((0, 0, 0));
                 if val_sec % 4 != 0 || val_out % c.width as u64 != 0 {
                     return Err(arg("misaligned value section or output"));
                 }
-                if gaps == 0 && val_sec == 0 {
-                    return Err(arg("nothing to decode"));
-                }
-                // Lengths the directories need: a chunk that lacks them is refused here.
-                let short_pos = if gaps == 1 {
-                    pos_len < GAPS_DIR * blocks
-                } else {
-                    pos_len != 4 * c.count
+                let entry = |pos_sec, pos_len, pos_out, positions, count, values: bool| {
+                    let (val_sec, val_len, val_out) = if values {
+                        (val_sec, val_len, val_out)
+                    } else {
+                        (0, 0, 0)
+                    };
+                    KDecodeChunk {
+                        pos_sec,
+                        pos_len,
+                        val_sec,
+                        val_len,
+                        held: c.held,
+                        start: c.start,
+                        range: c.range,
+                        count,
+                        block0: 0,
+                        pos_out,
+                        val_out,
+                        width: c.width as u32,
+                        positions,
+                    }
                 };
-                if short_pos || (val_sec != 0 && val_len < ULP_DIR * blocks) {
-                    bad.push(ChunkError {
-                        chunk: i,
-                        reason: "a section is shorter than its directory",
-                    });
+                let mut parts = Vec::with_capacity(2);
+                match c.positions {
+                    DecodePositions::Gaps { section, len, out } => {
+                        parts.push(entry(section, len, out, POS_GAPS, c.count, true))
+                    }
+                    DecodePositions::Abs32 { section, len } => {
+                        parts.push(entry(section, len, 0, POS_ABS32, c.count, true))
+                    }
+                    DecodePositions::All => {
+                        if c.count != c.range {
+                            return Err(arg("all positions need count == range"));
+                        }
+                        parts.push(entry(0, 0, 0, POS_ALL, c.count, true))
+                    }
+                    DecodePositions::Holes {
+                        section,
+                        len,
+                        holes: at,
+                        out,
+                    } => {
+                        let nh = c.range - c.count;
+                        if nh == 0 {
+                            return Err(arg("holes positions need a hole (else all)"));
+                        }
+                        if at % 4 != 0 {
+                            return Err(arg("misaligned holes output"));
+                        }
+                        parts.push(entry(section, len, at, POS_GAPS, nh, false));
+                        holes.push(KHolesChunk {
+                            holes: at,
+                            out,
+                            holes_count: nh,
+                            range: c.range,
+                            count: c.count,
+                            chunk: table.len() as u64,
+                        });
+                        if val_sec != 0 {
+                            parts.push(entry(out, 4 * c.count, 0, POS_ABS32, c.count, true));
+                        }
+                    }
                 }
-                table.push(KDecodeChunk {
-                    pos_sec,
-                    pos_len,
-                    val_sec,
-                    val_len,
-                    held: c.held,
-                    start: c.start,
-                    range: c.range,
-                    count: c.count,
-                    block0: b0,
-                    pos_out,
-                    val_out,
-                    width: c.width as u32,
-                    gaps,
-                });
+                for k in parts {
+                    if k.pos_sec % 4 != 0 || k.pos_out % 4 != 0 {
+                        return Err(arg("misaligned position section or output"));
+                    }
+                    if k.positions != POS_GAPS && k.val_sec == 0 {
+                        return Err(arg("nothing to decode"));
+                    }
+                    // Lengths the directories need: a chunk that lacks them is refused here.
+                    let blocks = k.count.div_ceil(BLOCK);
+                    let short_pos = match k.positions {
+                        POS_GAPS => k.pos_len < GAPS_DIR * blocks,
+                        POS_ABS32 => k.pos_len != 4 * k.count,
+                        _ => false,
+                    };
+                    if short_pos || (k.val_sec != 0 && k.val_len < ULP_DIR * blocks) {
+                        bad.push(ChunkError {
+                            chunk: i,
+                            reason: "a section is shorter than its directory",
+                        });
+                    }
+                    table.push(k);
+                    owner.push(i);
+                }
             }
             if !bad.is_empty() {
+                bad.dedup_by_key(|e| e.chunk);
                 return Ok(bad);
             }
+            let nc = table.len() as u64;
+            let (block0, nb) = blocks_of(table.iter().map(|k| k.count));
+            for (k, &b0) in table.iter_mut().zip(&block0) {
+                k.block0 = b0;
+            }
             let lay = Layout::new(nc, nb, std::mem::size_of::<KDecodeChunk>() as u64);
-            let base = self.code_scratch(scratch, lay.len)?;
-            let counts: Vec<u64> = inputs.iter().map(|c| c.count).collect();
+            let holes_at = lay.len.next_multiple_of(8);
+            let holes_len = holes.len() as u64 * std::mem::size_of::<KHolesChunk>() as u64;
+            let base = self.code_scratch(scratch, holes_at + holes_len)?;
+            let counts: Vec<u64> = table.iter().map(|k| k.count).collect();
             self.upload_typed(base + lay.table, &table)?;
             self.upload_typed(base + lay.block0, &block0)?;
             self.upload_typed(base + lay.counts, &counts)?;
+            if !holes.is_empty() {
+                self.upload_typed(base + holes_at, &holes)?;
+            }
             // SAFETY: inside the scratch region.
             unsafe { cu::memset_d8_async(base + lay.errors, 0, (nc * 4) as usize, self.stream) }
                 .map_err(drv("cuMemsetD8"))?;
@@ -428,21 +508,22 @@ impl Gpu {
             {
                 let blocks = c.count.div_ceil(BLOCK);
                 let exact = |len: u64, dir: u64, bits: u64| len == dir * blocks + bits.div_ceil(8);
-                let lengths_ok = (c.gaps == 0 || exact(c.pos_len, GAPS_DIR, t[0]))
+                let lengths_ok = (c.positions != POS_GAPS || exact(c.pos_len, GAPS_DIR, t[0]))
                     && (c.val_sec == 0 || exact(c.val_len, ULP_DIR, t[1]));
                 if code != 0 {
                     bad.push(ChunkError {
-                        chunk: i,
+                        chunk: owner[i],
                         reason: apply_error_reason(code),
                     });
                 } else if !lengths_ok {
                     bad.push(ChunkError {
-                        chunk: i,
+                        chunk: owner[i],
                         reason: "a code stream's length differs from its directory's bit counts",
                     });
                 }
             }
             if !bad.is_empty() {
+                bad.dedup_by_key(|e| e.chunk);
                 return Ok(bad);
             }
             self.launch_per_block(
@@ -452,6 +533,20 @@ impl Gpu {
                 nb,
                 &[lay.gbits, lay.gk, lay.goff, lay.errors],
             )?;
+            if !holes.is_empty() {
+                let n = holes.len() as u64;
+                self.step("dc_holes_complement", || {
+                    self.launch(
+                        "dc_holes_complement",
+                        n.min(MAX_GRID),
+                        256,
+                        Args::new()
+                            .push(base + holes_at)
+                            .push(n)
+                            .push(base + lay.errors),
+                    )
+                })?;
+            }
             self.launch_per_block(
                 "dc_ulp_decode",
                 base,
@@ -460,15 +555,17 @@ impl Gpu {
                 &[lay.ubits, lay.ukc, lay.uoff, lay.errors],
             )?;
             let codes: Vec<u32> = self.download_typed(base + lay.errors, nc as usize)?;
-            Ok(codes
+            let mut bad: Vec<ChunkError> = codes
                 .iter()
-                .enumerate()
-                .filter(|(_, &c)| c != 0)
-                .map(|(chunk, &c)| ChunkError {
+                .zip(&owner)
+                .filter(|(&c, _)| c != 0)
+                .map(|(&c, &chunk)| ChunkError {
                     chunk,
                     reason: apply_error_reason(c),
                 })
-                .collect())
+                .collect();
+            bad.dedup_by_key(|e| e.chunk);
+            Ok(bad)
         })
     }
 

@@ -79,8 +79,11 @@ pub(crate) fn section_bounds(positions: PosCodec, count: u64, range: u64) -> (u6
             7 * blocks + (count - blocks).div_ceil(8),
             7 * blocks + (count - blocks) * 6,
         ),
+        // The gaps of the unchanged elements; none: an empty section.
+        PosCodec::Holes if count >= range => (0, 0),
+        PosCodec::Holes => section_bounds(PosCodec::Gaps, range - count, range),
         // Not decoded on the GPU: refused before any length is looked at.
-        PosCodec::Holes | PosCodec::Context | PosCodec::ContextGaps => (u64::MAX, 0),
+        PosCodec::Context | PosCodec::ContextGaps => (u64::MAX, 0),
     }
 }
 

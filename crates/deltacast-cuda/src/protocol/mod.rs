@@ -563,7 +563,12 @@ fn check_delta_entries(stage: &Stage, table: &TableLimits) -> Result<()> {
         };
         if !matches!(
             c.pos_codec,
-            PosCodec::Abs32 | PosCodec::Gaps | PosCodec::Bitmap | PosCodec::Steps
+            PosCodec::All
+                | PosCodec::Abs32
+                | PosCodec::Gaps
+                | PosCodec::Bitmap
+                | PosCodec::Holes
+                | PosCodec::Steps
         ) {
             return Err(fail(&format!(
                 "position codec {} is not decoded on the GPU",
@@ -573,8 +578,11 @@ fn check_delta_entries(stage: &Stage, table: &TableLimits) -> Result<()> {
         if c.val_codec == ValCodec::Context {
             return Err(fail("value codec ctx is not decoded on the GPU"));
         }
+        if c.pos_codec == PosCodec::All && c.count != c.range {
+            return Err(fail("all positions with fewer changes than elements"));
+        }
         if c.val_codec == ValCodec::Ulp && c.pos_codec == PosCodec::Bitmap {
-            return Err(fail("ulp values need listed positions (abs32 or gaps)"));
+            return Err(fail("ulp values need listed positions (all, abs32, gaps or holes)"));
         }
         // (`steps` comes only with `esc` values: ChunkEntry::decode checked the pair.)
         let steppable = table.steppable.get(c.slot as usize).copied();

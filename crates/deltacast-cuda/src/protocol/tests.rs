@@ -472,11 +472,19 @@ fn manifests_out_of_bounds_are_refused() {
             "ulp on a bitmap",
             Box::new(|e| e[1].val_codec = ValCodec::Ulp),
         ),
-        ("holes", Box::new(|e| e[2].pos_codec = PosCodec::Holes)),
+        // 10 holes cannot take 400 bytes (9 to 61); the same count as gaps can (control below).
         (
-            "all in a delta",
+            "holes length",
+            Box::new(|e| {
+                e[2].pos_codec = PosCodec::Holes;
+                e[2].count = 2990;
+            }),
+        ),
+        (
+            "all with unchanged elements",
             Box::new(|e| e[3].pos_codec = PosCodec::All),
         ),
+        ("ctxgaps", Box::new(|e| e[2].pos_codec = PosCodec::ContextGaps)),
     ];
     for (what, mutate) in cases {
         let mut bad = s.clone();
@@ -488,6 +496,15 @@ fn manifests_out_of_bounds_are_refused() {
     }
     let good = s.encode_manifest();
     assert!(decode_stage(s.header, &good[..good.len() - 1], &t).is_err());
+    // Controls: the same records made valid are accepted (holes of 1000 unchanged elements
+    // in 400 bytes; gaps of 2990 changes in 400 bytes).
+    let accepted = |mutate: &dyn Fn(&mut Vec<ChunkEntry>)| {
+        let mut ok = s.clone();
+        mutate(&mut ok.entries);
+        decode_stage(s.header, &ok.encode_manifest(), &t).is_ok()
+    };
+    assert!(accepted(&|e| e[2].pos_codec = PosCodec::Holes));
+    assert!(accepted(&|e| e[2].count = 2990));
 }
 
 /// Two ranks' chunk records, each with offsets into its own sections, rebased by the first

@@ -484,9 +484,15 @@ impl GpuReceiver {
         let mut stage_at = Vec::with_capacity(stage.entries.len());
         for c in &stage.entries {
             stage_at.push((pos_stage, val_stage));
-            // 16-aligned, so the decoders can write whole vectors.
-            if c.pos_codec == PosCodec::Gaps {
-                pos_stage += (c.count * 4).next_multiple_of(16);
+            // 16-aligned, so the decoders can write whole vectors. Holes take their own
+            // decoded holes and then the changes' positions.
+            match c.pos_codec {
+                PosCodec::Gaps => pos_stage += (c.count * 4).next_multiple_of(16),
+                PosCodec::Holes if c.count < c.range => {
+                    pos_stage += ((c.range - c.count) * 4).next_multiple_of(16)
+                        + (c.count * 4).next_multiple_of(16)
+                }
+                _ => {}
             }
             if c.val_codec == ValCodec::Ulp {
                 val_stage += (c.count * width(c)).next_multiple_of(16);
@@ -505,8 +511,18 @@ impl GpuReceiver {
             let w = t.dtype.width() as u64;
             let wire_pos = pptr + stage.position_offset(c);
             let wire_val = vptr + stage.value_offset(c);
-            // decode_stage lets only abs32, gaps, bitmap and steps through.
+            // decode_stage lets only all, abs32, gaps, bitmap, holes and steps through.
+            // Holes without a hole (an empty section, checked by its bounds) are all.
+            let holes = (c.pos_codec == PosCodec::Holes && c.count < c.range).then(|| {
+                let at = sp + ps;
+                (at, at + ((c.range - c.count) * 4).next_multiple_of(16))
+            });
             let (positions, pos_section, pos_len) = match c.pos_codec {
+                PosCodec::All => (ApplyPositions::All, wire_pos, 0),
+                PosCodec::Holes => match holes {
+                    Some((_, out)) => (ApplyPositions::Abs32, out, c.count * 4),
+                    None => (ApplyPositions::All, wire_pos, 0),
+                },
                 PosCodec::Bitmap => (ApplyPositions::Bitmap, wire_pos, c.pos_len),
                 PosCodec::Steps => (ApplyPositions::Steps, wire_pos, c.pos_len),
                 PosCodec::Gaps => (ApplyPositions::Abs32, sp + ps, c.count * 4),
@@ -517,7 +533,7 @@ impl GpuReceiver {
                 ValCodec::Escaped => (wire_val, c.val_len, ApplyValues::Escaped),
                 ValCodec::Ulp => (sv + vs, c.count * w, ApplyValues::Raw),
             };
-            if c.pos_codec == PosCodec::Gaps || c.val_codec == ValCodec::Ulp {
+            if c.pos_codec == PosCodec::Gaps || holes.is_some() || c.val_codec == ValCodec::Ulp {
                 decode_chunk.push(k);
                 decode.push(DecodeInput {
                     held: t.ptr,
@@ -531,6 +547,16 @@ impl GpuReceiver {
                             section: wire_pos,
                             len: c.pos_len,
                             out: sp + ps,
+                        },
+                        PosCodec::All => DecodePositions::All,
+                        PosCodec::Holes => match holes {
+                            Some((at, out)) => DecodePositions::Holes {
+                                section: wire_pos,
+                                len: c.pos_len,
+                                holes: at,
+                                out,
+                            },
+                            None => DecodePositions::All,
                         },
                         _ => DecodePositions::Abs32 {
                             section: wire_pos,
