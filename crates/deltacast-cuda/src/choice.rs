@@ -251,23 +251,33 @@ impl CostModel {
         fixed + link * wire + work * changes + ELEMENT_WORK_MS[c] * elements as f64
     }
 
-    /// The delta codec for the next sync's diffs (which form they take, whether they keep
-    /// old bits), among those `allowed` (in order of preference on ties), for a sync of
-    /// `elements` elements expected to change about `expected` of them. The fastest
-    /// predicted; now and then a measured one predicted within [`PROBE_WITHIN`] of it.
-    pub fn codec(&mut self, allowed: &[DeltaCodec], expected: u64, elements: u64) -> DeltaCodec {
+    /// The delta codec predicted fastest among those `allowed` (in order of preference on
+    /// ties) for a sync of `elements` elements expected to change about `expected` of them:
+    /// what the choice between whole and delta weighs, before any stage is diffed.
+    pub fn best(&self, allowed: &[DeltaCodec], expected: u64, elements: u64) -> DeltaCodec {
         let Some(&first) = allowed.first() else {
             return DeltaCodec::Plain;
         };
-        if allowed.len() == 1 {
-            return first;
+        let n = expected as f64;
+        let time = |c: DeltaCodec| self.delta_ms(c, n, elements);
+        allowed
+            .iter()
+            .copied()
+            .fold(first, |b, c| if time(c) < time(b) { c } else { b })
+    }
+
+    /// The delta codec for the diffs of a sync that diffs at least one stage (which form they
+    /// take, whether they keep old bits): [`CostModel::best`], or a probe — once, a codec
+    /// never measured predicted within [`PROBE_UNMEASURED_WITHIN`]; now and then, a measured
+    /// one predicted within [`PROBE_WITHIN`]. Called only for syncs that diff, so that a probe
+    /// is not spent on one sent whole.
+    pub fn codec(&mut self, allowed: &[DeltaCodec], expected: u64, elements: u64) -> DeltaCodec {
+        let best = self.best(allowed, expected, elements);
+        if allowed.len() <= 1 {
+            return best;
         }
         let n = expected as f64;
         let time = |c: DeltaCodec| self.delta_ms(c, n, elements);
-        let best = allowed
-            .iter()
-            .copied()
-            .fold(first, |b, c| if time(c) < time(b) { c } else { b });
         let floor = time(best).max(f64::MIN_POSITIVE);
         let untried = allowed
             .iter()
@@ -571,6 +581,54 @@ mod tests {
         let before = m.report().dense_ms_per_gb;
         steps(&mut m, 40.0, 2.0, 60_000_000, 140_000_000);
         assert_eq!(m.report().dense_ms_per_gb, before);
+    }
+
+    #[test]
+    fn a_sync_sent_whole_does_not_spend_the_probe_of_an_unmeasured_codec() {
+        // 1xH100 over CUDA IPC, 0.5B at lr 1e-5, 2026-12-07 16:20 UTC (the cost model of
+        // 39cd04c; docs/data/gpu-sync/whole-spends-probe-1xh100/): seed 10.4 ms; the first
+        // delta (24.7 %) in the steps code, 11.05 ms; then two syncs went whole. The plain
+        // codec's one probe was spent on the first of them (asked for before the whole
+        // choice), so plain deltas were never tried and every later step took the steps code.
+        let elems = 494_032_768u64;
+        let mut m = CostModel::default();
+        m.record(&SyncCosts {
+            time_ms: 10.23,
+            dense_bytes: 988_091_120,
+            ..Default::default()
+        });
+        m.record(&SyncCosts {
+            time_ms: 11.05,
+            diff_ms: 2.45,
+            diffed_bytes: 2 * elems,
+            delta: Some(DeltaCodec::Steps),
+            delta_changes: 122_000_000,
+            delta_bytes: Some(173_530_000),
+            delta_map_bytes: elems.div_ceil(4),
+            ..Default::default()
+        });
+        let all = DeltaCodec::ALL;
+        // The sender's order: whole or delta by the best codec; a probe only for a sync that
+        // diffs.
+        let sync = |m: &mut CostModel, expected: u64| -> Option<DeltaCodec> {
+            let best = m.best(&all, expected, elems);
+            let whole = m.dense_before_diff((2 * elems, elems), 1, expected, best);
+            (!whole).then(|| m.codec(&all, expected, elems))
+        };
+        // At 24.7 % expected the sync goes whole, twice (as it did), and keeps the probe.
+        assert_eq!(sync(&mut m, 122_000_000), None);
+        m.record(&SyncCosts {
+            time_ms: 9.8,
+            dense_bytes: 988_091_120,
+            ..Default::default()
+        });
+        // At 14.7 % it diffs: plain, never measured and predicted within 2x, is tried.
+        assert_eq!(sync(&mut m, 72_400_000), Some(DeltaCodec::Plain));
+        // `best` alone never spends it.
+        for _ in 0..3 {
+            let _ = m.best(&all, 72_400_000, elems);
+        }
+        assert_eq!(m.report().measured, [0, 0, 1]);
     }
 
     #[test]

@@ -320,12 +320,18 @@ impl GpuSender {
         }
         self.estimate_unknown_densities()?;
         let expected = self.last_changed.iter().flatten().sum::<u64>();
-        let codec = self
-            .costs
-            .codec(&allowed, expected, self.table.total_elements());
-        let whole = (0..self.stages.len())
-            .map(|s| self.whole_before_diff(s, codec))
+        let elements = self.table.total_elements();
+        // Whole or delta by the fastest codec; a probe of another only where a stage is
+        // diffed (a sync sent whole would spend it for nothing).
+        let best = self.costs.best(&allowed, expected, elements);
+        let whole: Vec<bool> = (0..self.stages.len())
+            .map(|s| self.whole_before_diff(s, best))
             .collect();
+        let codec = if whole.iter().all(|&w| w) {
+            best
+        } else {
+            self.costs.codec(&allowed, expected, elements)
+        };
         let mut run = SyncRun {
             version: self.version + 1,
             codec,
