@@ -120,25 +120,24 @@ def gpu_density():
 
 
 def gpu_density_steps():
-    """The one-GPU bench with the steps code among the choices (1×H100, 2026-12-07): each timed
-    step's deltacast time and wire bytes as a share of the same step's full copy, labelled with
-    what went (P plain delta, S steps code, W whole). Run 6 at the three learning rates, and
-    run 5's lr 6e-5, where the steps code went at 36–48 %."""
+    """The one-GPU bench with every codec among the choices (1×H100, 2026-12-07 16:13 UTC): each
+    timed step's deltacast time and wire bytes as a share of the same step's full copy,
+    labelled with what went (P plain delta, E entropy codecs, S steps code, W whole)."""
     groups, time, wire = [], [], []
-    runs = [("run6", ""), ("run6", "_lr1e-05"), ("run6", "_lr6e-05"), ("run5", "_lr6e-05")]
-    for run_dir, lr in runs:
-        path = DATA / f"gpu-sync/steps-code-1xh100/{run_dir}/gpu_sync_0.5b_ipc{lr}_onegpu.json"
+    for lr in ("", "_lr1e-05", "_lr6e-05"):
+        path = DATA / f"gpu-sync/whole-spends-probe-1xh100/gpu_sync_0.5b_ipc{lr}_onegpu.json"
         run = json.load(path.open())
         full = {r["step"]: r for r in run["rows"] if r["method"] == "full" and r["step"] > 0}
         for r in run["rows"]:
             if r["method"] == "deltacast" and r["step"] in full:
-                how = "W" if r["kind"] == "dense" else "S" if r.get("steps") else "P"
+                how = ("W" if r["kind"] == "dense" else "S" if r.get("steps")
+                       else "E" if r.get("entropy") else "P")
                 groups.append(f"{100 * r['changed_ratio']:.0f}% {how}")
                 time.append(r["time_ms"] / full[r["step"]]["time_ms"])
                 wire.append(r["wire_bytes"] / full[r["step"]]["wire_bytes"])
     bars(IMG / "gpu-density-steps.svg",
          "0.5B on one H100 over CUDA IPC, defaults: deltacast ÷ full copy per step "
-         "(P plain, S steps, W whole)",
+         "(P plain, E entropy, S steps, W whole)",
          "÷ the full copy", groups, [("time", time), ("wire bytes", wire)], ref=1.0)
 
 
