@@ -139,6 +139,11 @@ def main() -> int:
             sync()
             r["gpu_ms"] = (time.perf_counter() - t3) * 1e3
             assert [g["kind"] for g in got] == ["delta"], got
+            # Where the receiver's time went (its own phases: wait, manifest, payload, decode,
+            # apply, ack), and the frames' count.
+            r["gpu_phases_ms"] = got[0].get("phases_ms", {})
+            r["gpu_receiver_ms"] = got[0].get("time_ms")
+            r["frames"] = len(frames)
         t3 = time.perf_counter()
         patch(changes)
         sync()
@@ -154,7 +159,10 @@ def main() -> int:
                 f"host stage {r['stage_ms']:.0f} ms + commit {r['commit_ms']:.1f} ms, "
                 if rx is not None else ""
             )
-            gpu = f"gpu receiver {r['gpu_ms']:.1f} ms, " if grx is not None else ""
+            gpu = ""
+            if grx is not None:
+                parts = ", ".join(f"{k} {v:.1f}" for k, v in r["gpu_phases_ms"].items())
+                gpu = f"gpu receiver {r['gpu_ms']:.1f} ms ({r['frames']} frames; {parts}), "
             print(
                 f"step {step}: {changed / 1e6:.2f} M changed: deltacast {host}{gpu}"
                 f"({r['frame_bytes'] / 1e6:.1f} MB; trainer's encode {r['encode_ms']:.0f} ms), "
@@ -168,7 +176,11 @@ def main() -> int:
         for n, p in reload.items():
             if not torch.equal(p.view(torch.int16), sets[k][n].view(torch.int16)):
                 raise SystemExit(f"{k} differs from the HF truth in {n}")
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "step"}
+    med = {
+        k: statistics.median(r[k] for r in rows)
+        for k, v in rows[0].items()
+        if k != "step" and isinstance(v, (int, float))
+    }
     if rx is not None:
         whole = med["stage_ms"] + med["commit_ms"]
         print(

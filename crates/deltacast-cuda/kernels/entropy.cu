@@ -23,6 +23,7 @@
 //                        CPU decoder
 //   dc_holes_complement  one CUDA block per holes chunk: its decoded holes (gaps of the
 //                        unchanged elements) turned into its changes' positions
+//   dc_bitmap_list       one CUDA block per bitmap chunk with ulp values: its positions listed
 //   dc_ulp_decode        one thread per block: new bits from the bits held and the steps
 
 #define CODE_BLOCK 1024u
@@ -578,6 +579,51 @@ extern "C" __global__ void dc_holes_complement(const HolesChunk* __restrict__ ch
             const u64 hi = i == c.holes_count ? c.range : min((u64)h[i], c.range);
             for (u64 p = lo; p < hi; ++p)
                 if (p >= i && p - i < c.count) out[p - i] = (u32)p;
+        }
+    }
+}
+
+// A bitmap chunk with ulp values: its set bits listed as relative positions at `out` (the
+// ulp decoder reads each change's old bits there). Bits past the range are dropped and at most
+// `count` positions written; the apply checks the bitmap itself (range, count) and refuses the
+// chunk when they disagree.
+struct ListChunk {
+    u64 bitmap;  // 4-byte aligned, ceil(range / 8) bytes
+    u64 out;
+    u64 range;
+    u64 count;
+};
+
+// One CUDA block per chunk: a round reads one word per thread and scans their counts across
+// the block, so each thread writes its word's positions at its prefix.
+extern "C" __global__ void __launch_bounds__(256) dc_bitmap_list(const ListChunk* __restrict__ chunks, u64 n) {
+    __shared__ u32 scan_scratch[32];
+    for (u64 ci = blockIdx.x; ci < n; ci += gridDim.x) {
+        const ListChunk c = chunks[ci];
+        const u8* b = (const u8*)c.bitmap;
+        u32* out = (u32*)c.out;
+        const u64 nbytes = (c.range + 7) >> 3, nwords = (nbytes + 3) >> 2;
+        u64 base = 0;
+        for (u64 w0 = 0; w0 < nwords; w0 += blockDim.x) {
+            const u64 wi = w0 + threadIdx.x;
+            u32 word = 0;
+            if (wi < nwords) {
+                if (wi * 4 + 4 <= nbytes) {
+                    word = *(const u32*)(b + wi * 4);
+                } else {
+                    for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)b[q] << (8 * (q - wi * 4));
+                }
+                const u64 bit0 = wi * 32;
+                if (bit0 + 32 > c.range) word &= (1u << (u32)(c.range - bit0)) - 1u;  // 1..31 valid
+            }
+            u32 total;
+            u32 j = dc_block_exclusive_scan((u32)__popc(word), scan_scratch, &total);
+            while (word) {
+                const u64 k = base + j++;
+                if (k < c.count) out[k] = (u32)(wi * 32 + __ffs(word) - 1);
+                word &= word - 1;
+            }
+            base += total;
         }
     }
 }

@@ -597,6 +597,13 @@ pub enum DecodePositions {
         holes: DevicePtr,
         out: DevicePtr,
     },
+    /// A bitmap section of `ceil(range / 8)` bytes (applied as it is): its set bits are
+    /// listed into `out` (`count` u32) for the ulp decoder.
+    Bitmap {
+        section: DevicePtr,
+        len: u64,
+        out: DevicePtr,
+    },
 }
 
 /// One received chunk with an entropy-coded section.

@@ -227,6 +227,7 @@ fn cpu_made_syncs_apply_on_a_gpu_receiver() {
         "abs32+raw",
         "bitmap+raw",
         "abs32+ulp",
+        "bitmap+ulp",
         "all+raw",
         "all+ulp",
         "holes+raw",

@@ -116,6 +116,7 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dc_code_dirs",
             "dc_gaps_decode",
             "dc_holes_complement",
+            "dc_bitmap_list",
             "dc_ulp_decode",
         ],
     ),

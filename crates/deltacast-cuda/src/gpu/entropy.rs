@@ -74,6 +74,17 @@ struct KHolesChunk {
     chunk: u64,
 }
 
+/// A bitmap chunk with ulp values: its set bits listed at `out` (kernels/entropy.cu,
+/// `dc_bitmap_list`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KListChunk {
+    bitmap: u64,
+    out: u64,
+    range: u64,
+    count: u64,
+}
+
 /// Device memory the entropy coder keeps between sizing and writing (and reuses across
 /// syncs, so a sync allocates nothing once it has seen its largest delta).
 pub struct CodeScratch {
@@ -360,6 +371,7 @@ impl Gpu {
             let mut table = Vec::with_capacity(inputs.len());
             let mut owner = Vec::with_capacity(inputs.len());
             let mut holes = Vec::new();
+            let mut lists = Vec::new();
             for (i, c) in inputs.iter().enumerate() {
                 let arg =
                     |why: &str| CudaError::InvalidArgument(format!("decode chunk {i}: {why}"));
@@ -441,6 +453,18 @@ impl Gpu {
                             parts.push(entry(out, 4 * c.count, 0, POS_ABS32, c.count, true));
                         }
                     }
+                    DecodePositions::Bitmap { section, len, out } => {
+                        if section % 4 != 0 || out % 4 != 0 || len != c.range.div_ceil(8) {
+                            return Err(arg("bitmap section misaligned or not ceil(range / 8) bytes"));
+                        }
+                        lists.push(KListChunk {
+                            bitmap: section,
+                            out,
+                            range: c.range,
+                            count: c.count,
+                        });
+                        parts.push(entry(out, 4 * c.count, 0, POS_ABS32, c.count, true));
+                    }
                 }
                 for k in parts {
                     if k.pos_sec % 4 != 0 || k.pos_out % 4 != 0 {
@@ -477,14 +501,18 @@ impl Gpu {
             }
             let lay = Layout::new(nc, nb, std::mem::size_of::<KDecodeChunk>() as u64);
             let holes_at = lay.len.next_multiple_of(8);
-            let holes_len = holes.len() as u64 * std::mem::size_of::<KHolesChunk>() as u64;
-            let base = self.code_scratch(scratch, holes_at + holes_len)?;
+            let lists_at = holes_at + holes.len() as u64 * std::mem::size_of::<KHolesChunk>() as u64;
+            let lists_len = lists.len() as u64 * std::mem::size_of::<KListChunk>() as u64;
+            let base = self.code_scratch(scratch, lists_at + lists_len)?;
             let counts: Vec<u64> = table.iter().map(|k| k.count).collect();
             self.upload_typed(base + lay.table, &table)?;
             self.upload_typed(base + lay.block0, &block0)?;
             self.upload_typed(base + lay.counts, &counts)?;
             if !holes.is_empty() {
                 self.upload_typed(base + holes_at, &holes)?;
+            }
+            if !lists.is_empty() {
+                self.upload_typed(base + lists_at, &lists)?;
             }
             // SAFETY: inside the scratch region.
             unsafe { cu::memset_d8_async(base + lay.errors, 0, (nc * 4) as usize, self.stream) }
@@ -544,6 +572,17 @@ impl Gpu {
                             .push(base + holes_at)
                             .push(n)
                             .push(base + lay.errors),
+                    )
+                })?;
+            }
+            if !lists.is_empty() {
+                let n = lists.len() as u64;
+                self.step("dc_bitmap_list", || {
+                    self.launch(
+                        "dc_bitmap_list",
+                        n.min(MAX_GRID),
+                        256,
+                        Args::new().push(base + lists_at).push(n),
                     )
                 })?;
             }

@@ -581,9 +581,6 @@ fn check_delta_entries(stage: &Stage, table: &TableLimits) -> Result<()> {
         if c.pos_codec == PosCodec::All && c.count != c.range {
             return Err(fail("all positions with fewer changes than elements"));
         }
-        if c.val_codec == ValCodec::Ulp && c.pos_codec == PosCodec::Bitmap {
-            return Err(fail("ulp values need listed positions (all, abs32, gaps or holes)"));
-        }
         // (`steps` comes only with `esc` values: ChunkEntry::decode checked the pair.)
         let steppable = table.steppable.get(c.slot as usize).copied();
         if c.pos_codec == PosCodec::Steps && steppable != Some(true) {

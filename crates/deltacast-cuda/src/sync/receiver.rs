@@ -492,6 +492,10 @@ impl GpuReceiver {
                     pos_stage += ((c.range - c.count) * 4).next_multiple_of(16)
                         + (c.count * 4).next_multiple_of(16)
                 }
+                // The ulp decoder reads the bitmap's positions as a list.
+                PosCodec::Bitmap if c.val_codec == ValCodec::Ulp => {
+                    pos_stage += (c.count * 4).next_multiple_of(16)
+                }
                 _ => {}
             }
             if c.val_codec == ValCodec::Ulp {
@@ -549,6 +553,11 @@ impl GpuReceiver {
                             out: sp + ps,
                         },
                         PosCodec::All => DecodePositions::All,
+                        PosCodec::Bitmap => DecodePositions::Bitmap {
+                            section: wire_pos,
+                            len: c.pos_len,
+                            out: sp + ps,
+                        },
                         PosCodec::Holes => match holes {
                             Some((at, out)) => DecodePositions::Holes {
                                 section: wire_pos,
