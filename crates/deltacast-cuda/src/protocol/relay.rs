@@ -202,18 +202,30 @@ fn restage(frames: &[wire::Frame]) -> Result<Vec<Vec<u8>>> {
     }
     digests.sort_by_key(|d| d.slot);
     chunks.sort_by_key(|(e, _, _)| (e.slot, e.start));
-    let mut positions = Vec::new();
-    let mut values = Vec::new();
-    let mut sections = Vec::with_capacity(chunks.len());
+    // A delta's sections are joined into one positions and one values part; a whole
+    // stage's parts are its chunks' values, one each (its records' offsets as a delta's).
+    let delta = h0.kind == FrameKind::Delta;
+    let (pos_len, val_len) = chunks.iter().fold((0usize, 0usize), |(p, v), (_, ps, vs)| {
+        (p.next_multiple_of(8) + ps.len(), v.next_multiple_of(8) + vs.len())
+    });
+    let mut positions = Vec::with_capacity(pos_len);
+    let mut values = Vec::with_capacity(if delta { val_len } else { 0 });
+    let mut sections = Vec::with_capacity(if delta { 0 } else { chunks.len() });
     let mut records = Vec::with_capacity(chunks.len());
+    let mut val_at = 0usize;
     for (mut e, p, v) in chunks {
         positions.resize(positions.len().next_multiple_of(8), 0);
-        values.resize(values.len().next_multiple_of(8), 0);
+        val_at = val_at.next_multiple_of(8);
         e.pos_offset = positions.len() as u64;
-        e.val_offset = values.len() as u64;
+        e.val_offset = val_at as u64;
         positions.extend_from_slice(p);
-        values.extend_from_slice(v);
-        sections.push(v.to_vec());
+        if delta {
+            values.resize(val_at, 0);
+            values.extend_from_slice(v);
+        } else {
+            sections.push(v.to_vec());
+        }
+        val_at += v.len();
         records.push(e);
     }
     let first_slot = digests.first().map_or(0, |d| d.slot);
@@ -226,7 +238,7 @@ fn restage(frames: &[wire::Frame]) -> Result<Vec<Vec<u8>>> {
         first_slot,
         &pairs,
         records,
-        (positions.len() as u64, values.len() as u64),
+        (positions.len() as u64, val_at as u64),
     )?;
     let mut parts = vec![stage.encode_header().to_vec(), stage.encode_manifest()];
     match stage.kind() {
