@@ -120,12 +120,15 @@ def gpu_density():
 
 
 def gpu_density_steps():
-    """The one-GPU bench with every codec among the choices (1×H100, 2026-12-07 16:13 UTC): each
-    timed step's deltacast time and wire bytes as a share of the same step's full copy,
-    labelled with what went (P plain delta, E entropy codecs, S steps code, W whole)."""
+    """The one-GPU bench with every codec among the choices (1×H100, 2026-12-07): each timed
+    step's deltacast time and wire bytes as a share of the same step's full copy, labelled with
+    what went (P plain delta, E entropy codecs, S steps code, W whole). lr 1e-6 and 1e-5 from
+    the run with the probe fix, lr 6e-5 from the run before it (the same choices there)."""
     groups, time, wire = [], [], []
-    for lr in ("", "_lr1e-05", "_lr6e-05"):
-        path = DATA / f"gpu-sync/whole-spends-probe-1xh100/gpu_sync_0.5b_ipc{lr}_onegpu.json"
+    runs = [("probe-when-diffed-1xh100", ""), ("probe-when-diffed-1xh100", "_lr1e-05"),
+            ("whole-spends-probe-1xh100", "_lr6e-05")]
+    for run_dir, lr in runs:
+        path = DATA / f"gpu-sync/{run_dir}/gpu_sync_0.5b_ipc{lr}_onegpu.json"
         run = json.load(path.open())
         full = {r["step"]: r for r in run["rows"] if r["method"] == "full" and r["step"] > 0}
         for r in run["rows"]:
