@@ -455,7 +455,9 @@ impl Gpu {
                     }
                     DecodePositions::Bitmap { section, len, out } => {
                         if section % 4 != 0 || out % 4 != 0 || len != c.range.div_ceil(8) {
-                            return Err(arg("bitmap section misaligned or not ceil(range / 8) bytes"));
+                            return Err(arg(
+                                "bitmap section misaligned or not ceil(range / 8) bytes",
+                            ));
                         }
                         lists.push(KListChunk {
                             bitmap: section,
@@ -501,7 +503,8 @@ impl Gpu {
             }
             let lay = Layout::new(nc, nb, std::mem::size_of::<KDecodeChunk>() as u64);
             let holes_at = lay.len.next_multiple_of(8);
-            let lists_at = holes_at + holes.len() as u64 * std::mem::size_of::<KHolesChunk>() as u64;
+            let lists_at =
+                holes_at + holes.len() as u64 * std::mem::size_of::<KHolesChunk>() as u64;
             let lists_len = lists.len() as u64 * std::mem::size_of::<KListChunk>() as u64;
             let base = self.code_scratch(scratch, lists_at + lists_len)?;
             let counts: Vec<u64> = table.iter().map(|k| k.count).collect();

@@ -206,7 +206,10 @@ fn restage(frames: &[wire::Frame]) -> Result<Vec<Vec<u8>>> {
     // stage's parts are its chunks' values, one each (its records' offsets as a delta's).
     let delta = h0.kind == FrameKind::Delta;
     let (pos_len, val_len) = chunks.iter().fold((0usize, 0usize), |(p, v), (_, ps, vs)| {
-        (p.next_multiple_of(8) + ps.len(), v.next_multiple_of(8) + vs.len())
+        (
+            p.next_multiple_of(8) + ps.len(),
+            v.next_multiple_of(8) + vs.len(),
+        )
     });
     let mut positions = Vec::with_capacity(pos_len);
     let mut values = Vec::with_capacity(if delta { val_len } else { 0 });

@@ -479,7 +479,10 @@ fn manifests_out_of_bounds_are_refused() {
             "all with unchanged elements",
             Box::new(|e| e[3].pos_codec = PosCodec::All),
         ),
-        ("ctxgaps", Box::new(|e| e[2].pos_codec = PosCodec::ContextGaps)),
+        (
+            "ctxgaps",
+            Box::new(|e| e[2].pos_codec = PosCodec::ContextGaps),
+        ),
     ];
     for (what, mutate) in cases {
         let mut bad = s.clone();
@@ -510,8 +513,18 @@ fn manifests_out_of_bounds_are_refused() {
             (0, 100),
             (0, val_len),
         );
-        let s = Stage::delta(7, 0xabc, 0, 1, 0, &[(1, 2), (3, 4)], vec![chunk], 100, val_len)
-            .expect("stage");
+        let s = Stage::delta(
+            7,
+            0xabc,
+            0,
+            1,
+            0,
+            &[(1, 2), (3, 4)],
+            vec![chunk],
+            100,
+            val_len,
+        )
+        .expect("stage");
         decode_stage(s.header, &s.encode_manifest(), &t)
     };
     assert!(bitmap_ulp(700).is_ok());
