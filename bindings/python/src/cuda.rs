@@ -422,7 +422,7 @@ impl AnyComm<'_> {
                 })
                 .map_err(cuda_to_py)?;
                 c.taken = true;
-                Ok((gpu, FrameLink::replay(link_gpu, c.queue.reader()).into()))
+                Ok((gpu, FrameLink::replay_queue(link_gpu, c.queue.clone()).into()))
             }
         }
     }

@@ -29,7 +29,7 @@ enum End {
     },
     /// Receiver: the parts of the next sync read from `source`, in order.
     Replay {
-        source: Mutex<Box<dyn Read + Send>>,
+        source: Mutex<Box<dyn FrameSource>>,
         parts: std::collections::VecDeque<Vec<u8>>,
         /// The last ack this receiver gave (1: it refused).
         refused: bool,
@@ -65,10 +65,20 @@ impl FrameLink {
     /// A receiver's end: each sync is read from `source` (frames back to back, as `.dcast`
     /// files hold them); the end of the stream reads as the sender's close.
     pub fn replay(gpu: Gpu, source: impl Read + Send + 'static) -> FrameLink {
+        FrameLink::replay_from(gpu, Box::new(ReadFrames(source)))
+    }
+
+    /// A receiver's end reading the frames pushed to `queue` (each handed over whole, not
+    /// copied again).
+    pub fn replay_queue(gpu: Gpu, queue: FrameQueue) -> FrameLink {
+        FrameLink::replay_from(gpu, Box::new(queue))
+    }
+
+    fn replay_from(gpu: Gpu, source: Box<dyn FrameSource>) -> FrameLink {
         FrameLink {
             gpu,
             end: End::Replay {
-                source: Mutex::new(Box::new(source)),
+                source: Mutex::new(source),
                 parts: Default::default(),
                 refused: false,
             },
@@ -121,7 +131,7 @@ impl FrameLink {
             End::Replay { source, parts, .. } => {
                 if parts.is_empty() {
                     let source = source.get_mut().unwrap_or_else(|p| p.into_inner());
-                    *parts = read_sync(source)?.into();
+                    *parts = read_sync(source.as_mut())?.into();
                 }
                 let part = parts.pop_front().unwrap_or_default();
                 if part.len() != len {
@@ -174,40 +184,87 @@ impl FrameLink {
     }
 }
 
+/// Where a replay link's frames come from: whole frames, one at a time, `None` at a clean end
+/// of the stream.
+trait FrameSource: Send {
+    fn next_frame(&mut self) -> Result<Option<Vec<u8>>>;
+}
+
+/// Frames read back to back from a byte stream (a file, a socket).
+struct ReadFrames<R>(R);
+
+impl<R: Read + Send> FrameSource for ReadFrames<R> {
+    fn next_frame(&mut self) -> Result<Option<Vec<u8>>> {
+        read_frame(&mut self.0)
+    }
+}
+
+/// The next frame of `source`, read as far as the stream holds it (never sized by its claim
+/// alone); `None` at a clean end.
+fn read_frame(source: &mut dyn Read) -> Result<Option<Vec<u8>>> {
+    let mut head = [0u8; wire::HEADER_LEN];
+    if !read_exact_or_end(source, &mut head)? {
+        return Ok(None);
+    }
+    let header =
+        wire::FrameHeader::decode(&head).map_err(|e| CudaError::Protocol(e.to_string()))?;
+    let mut frame = head.to_vec();
+    let rest = header.frame_len - wire::HEADER_LEN as u64;
+    let got = source
+        .take(rest)
+        .read_to_end(&mut frame)
+        .map_err(io("read"))?;
+    if got as u64 != rest {
+        return Err(CudaError::Protocol(format!(
+            "a frame of {} bytes cut short at {}",
+            header.frame_len,
+            frame.len()
+        )));
+    }
+    Ok(Some(frame))
+}
+
+impl FrameSource for FrameQueue {
+    /// A buffer pushed whole and holding exactly one frame is handed over as it is; anything
+    /// else (several frames in one push, a frame split over pushes) is read as a stream.
+    fn next_frame(&mut self) -> Result<Option<Vec<u8>>> {
+        {
+            let mut frames = self.lock();
+            while frames.front().is_some_and(|f| f.get_ref().is_empty()) {
+                frames.pop_front();
+            }
+            let whole = frames.front().is_some_and(|f| {
+                let b = f.get_ref();
+                f.position() == 0
+                    && b.len() >= wire::HEADER_LEN
+                    && wire::FrameHeader::decode(&b[..wire::HEADER_LEN])
+                        .is_ok_and(|h| h.frame_len == b.len() as u64)
+            });
+            if whole {
+                return Ok(frames.pop_front().map(Cursor::into_inner));
+            }
+        }
+        read_frame(&mut self.reader())
+    }
+}
+
 /// Reads the frames of the next sync (through its `FINAL` frame) and cuts them into device
 /// parts; at the end of the stream, a close.
-fn read_sync(source: &mut dyn Read) -> Result<Vec<Vec<u8>>> {
+fn read_sync(source: &mut dyn FrameSource) -> Result<Vec<Vec<u8>>> {
     let mut frames: Vec<Vec<u8>> = Vec::new();
     loop {
-        let mut head = [0u8; wire::HEADER_LEN];
-        match read_exact_or_end(source, &mut head)? {
-            false if frames.is_empty() => {
+        let Some(frame) = source.next_frame()? else {
+            if frames.is_empty() {
                 return Ok(vec![close_header()]);
             }
-            false => {
-                return Err(CudaError::Protocol(
-                    "the frames end in the middle of a sync".into(),
-                ))
-            }
-            true => {}
-        }
-        let header =
-            wire::FrameHeader::decode(&head).map_err(|e| CudaError::Protocol(e.to_string()))?;
-        let mut frame = head.to_vec();
-        let rest = header.frame_len - wire::HEADER_LEN as u64;
-        // A frame is read as far as the stream holds it, never sized by its claim alone.
-        let got = (&mut *source)
-            .take(rest)
-            .read_to_end(&mut frame)
-            .map_err(io("read"))?;
-        if got as u64 != rest {
-            return Err(CudaError::Protocol(format!(
-                "a frame of {} bytes cut short at {}",
-                header.frame_len,
-                frame.len()
-            )));
-        }
-        let last = header.is_final;
+            return Err(CudaError::Protocol(
+                "the frames end in the middle of a sync".into(),
+            ));
+        };
+        // (next_frame decoded the header: the length is its own.)
+        let last = wire::FrameHeader::decode(&frame[..wire::HEADER_LEN])
+            .map_err(|e| CudaError::Protocol(e.to_string()))?
+            .is_final;
         frames.push(frame);
         if last {
             break;
@@ -297,6 +354,74 @@ impl Read for QueueReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use deltacast::{DType, FlushConfig, Sender, SlotInfo, SlotTable};
+
+    /// Three syncs of a CPU sender (a seed, then two deltas), each a list of frames.
+    fn syncs() -> Vec<Vec<Vec<u8>>> {
+        let table = SlotTable::new(vec![
+            SlotInfo::new("a", DType::BF16, vec![5000]),
+            SlotInfo::new("b", DType::F32, vec![3, 7]),
+        ])
+        .unwrap();
+        let config = FlushConfig {
+            bucket_size: deltacast::flush::MIN_BUCKET_SIZE,
+            ..FlushConfig::default()
+        };
+        let mut sender = Sender::new(table, config).unwrap();
+        let mut a: Vec<u8> = (0..10_000).map(|i| (i * 7 % 251) as u8).collect();
+        let mut b: Vec<u8> = (0..84).map(|i| i as u8).collect();
+        let mut out = Vec::new();
+        for step in 0..3 {
+            a[step * 100] ^= 1;
+            b[step * 4] ^= 1;
+            let mut frames = Vec::new();
+            sender
+                .sync(&[&a, &b], |f| {
+                    frames.push(f.to_vec());
+                    Ok(())
+                })
+                .unwrap();
+            out.push(frames);
+        }
+        out
+    }
+
+    #[test]
+    fn a_queue_hands_over_whole_frames_and_reads_the_rest_as_a_stream() {
+        let syncs = syncs();
+        let all: Vec<Vec<u8>> = syncs.iter().flatten().cloned().collect();
+        let stream: Vec<u8> = all.concat();
+        // The parts a byte stream of the same frames gives: the reference.
+        let mut reader = ReadFrames(Cursor::new(stream.clone()));
+        let want: Vec<Vec<Vec<u8>>> = (0..syncs.len())
+            .map(|_| read_sync(&mut reader).unwrap())
+            .collect();
+        // Pushed one frame per push; as one push of everything; cut at odd places.
+        let cuts: [&dyn Fn() -> Vec<Vec<u8>>; 3] =
+            [&|| all.clone(), &|| vec![stream.clone()], &|| {
+                stream.chunks(977).map(<[u8]>::to_vec).collect()
+            }];
+        for cut in cuts {
+            let mut q = FrameQueue::default();
+            for piece in cut() {
+                q.push(piece);
+            }
+            for w in &want {
+                assert_eq!(&read_sync(&mut q).unwrap(), w);
+            }
+            // The end of what was pushed reads as a close.
+            assert_eq!(read_sync(&mut q).unwrap(), vec![close_header()]);
+        }
+        // A sync whose last frame never comes is refused; so is a frame cut short.
+        let mut q = FrameQueue::default();
+        q.push(syncs[0][0].clone());
+        if syncs[0].len() == 1 {
+            let f = &syncs[0][0];
+            q.clear();
+            q.push(f[..f.len() - 1].to_vec());
+        }
+        assert!(read_sync(&mut q).is_err());
+    }
 
     #[test]
     fn the_queue_reads_what_was_pushed_in_order_then_the_end() {
