@@ -422,7 +422,10 @@ impl AnyComm<'_> {
                 })
                 .map_err(cuda_to_py)?;
                 c.taken = true;
-                Ok((gpu, FrameLink::replay_queue(link_gpu, c.queue.clone()).into()))
+                Ok((
+                    gpu,
+                    FrameLink::replay_queue(link_gpu, c.queue.clone()).into(),
+                ))
             }
         }
     }
