@@ -81,17 +81,9 @@ __device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scrat
             const u64 wi = w0 + threadIdx.x;
             u32 word = 0;
             if (wi < nwords) {
-                if (wi * 4 + 4 <= nbytes) {
-                    word = *(const u32*)(b + wi * 4);
-                } else {
-                    for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)b[q] << (8 * (q - wi * 4));
-                }
-                const u64 bit0 = wi * 32;
-                if (bit0 + 32 > c.range) {
-                    const u32 valid = (u32)(c.range - bit0);  // 1..31 here
-                    const u32 keep = (1u << valid) - 1u;
-                    if (word & ~keep) { dc_flag(err, ERR_OUT_OF_RANGE); word &= keep; }
-                }
+                bool stray;
+                word = dc_map_word(b, nbytes, c.range, wi, 1, &stray);
+                if (stray) dc_flag(err, ERR_OUT_OF_RANGE);
             }
             u32 total;
             // The scan starts with a barrier: every thread is done reading the last round's
@@ -138,17 +130,9 @@ __device__ __forceinline__ void dc_steps_walk(const ApplyChunk& c, u32* scan_scr
         const u64 wi = w0 + threadIdx.x;
         u32 word = 0;
         if (wi < nwords) {
-            if (wi * 4 + 4 <= nbytes) {
-                word = *(const u32*)(map + wi * 4);
-            } else {
-                for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)map[q] << (8 * (q - wi * 4));
-            }
-            const u64 elem0 = wi * 16;
-            if (elem0 + 16 > c.range) {
-                const u32 valid = (u32)(c.range - elem0);  // 1..15 here
-                const u32 keep = (1u << (2 * valid)) - 1u;
-                if (word & ~keep) { dc_flag(err, ERR_OUT_OF_RANGE); word &= keep; }
-            }
+            bool stray;
+            word = dc_map_word(map, nbytes, c.range, wi, 2, &stray);
+            if (stray) dc_flag(err, ERR_OUT_OF_RANGE);
         }
         u32 nz = (word | (word >> 1)) & 0x55555555u;
         const u32 es = word & (word >> 1) & 0x55555555u;

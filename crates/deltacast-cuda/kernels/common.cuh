@@ -103,6 +103,29 @@ __device__ __forceinline__ T dc_block_exclusive_scan(T v, T* scratch, T* total) 
     return before + incl - v;
 }
 
+// Word `wi` (32 bits) of a map of `bits` (1 or 2) bits per element over `range` elements,
+// `nbytes` bytes long (4-byte aligned; its last word may be partial): the bits at or past the
+// range cleared, and *stray set when any of them was set. The bitmap and steps walks read
+// their maps through it.
+__device__ __forceinline__ u32 dc_map_word(const u8* map, u64 nbytes, u64 range, u64 wi, u32 bits,
+                                           bool* stray) {
+    u32 word = 0;
+    if (wi * 4 + 4 <= nbytes) {
+        word = *(const u32*)(map + wi * 4);
+    } else {
+        for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)map[q] << (8 * (q - wi * 4));
+    }
+    const u32 per = 32 / bits;
+    const u64 elem0 = wi * per;
+    *stray = false;
+    if (elem0 + per > range) {
+        const u32 keep = (1u << (bits * (u32)(range - elem0))) - 1u;  // 1..per-1 elements valid
+        *stray = (word & ~keep) != 0;
+        word &= keep;
+    }
+    return word;
+}
+
 // 16-byte vectors of elements (the diff kernels).
 // Bit e set when element e of the 16 bytes differs.
 __device__ __forceinline__ u32 dc_change_mask(uint4 a, uint4 b, u32 w) {

@@ -607,15 +607,8 @@ extern "C" __global__ void __launch_bounds__(256) dc_bitmap_list(const ListChunk
         for (u64 w0 = 0; w0 < nwords; w0 += blockDim.x) {
             const u64 wi = w0 + threadIdx.x;
             u32 word = 0;
-            if (wi < nwords) {
-                if (wi * 4 + 4 <= nbytes) {
-                    word = *(const u32*)(b + wi * 4);
-                } else {
-                    for (u64 q = wi * 4; q < nbytes; ++q) word |= (u32)b[q] << (8 * (q - wi * 4));
-                }
-                const u64 bit0 = wi * 32;
-                if (bit0 + 32 > c.range) word &= (1u << (u32)(c.range - bit0)) - 1u;  // 1..31 valid
-            }
+            bool stray;  // (the apply flags it)
+            if (wi < nwords) word = dc_map_word(b, nbytes, c.range, wi, 1, &stray);
             u32 total;
             u32 j = dc_block_exclusive_scan((u32)__popc(word), scan_scratch, &total);
             while (word) {

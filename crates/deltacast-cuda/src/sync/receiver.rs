@@ -489,8 +489,7 @@ impl GpuReceiver {
             match c.pos_codec {
                 PosCodec::Gaps => pos_stage += (c.count * 4).next_multiple_of(16),
                 PosCodec::Holes if c.count < c.range => {
-                    pos_stage += ((c.range - c.count) * 4).next_multiple_of(16)
-                        + (c.count * 4).next_multiple_of(16)
+                    pos_stage += holes_area(c) + (c.count * 4).next_multiple_of(16)
                 }
                 // The ulp decoder reads the bitmap's positions as a list.
                 PosCodec::Bitmap if c.val_codec == ValCodec::Ulp => {
@@ -519,7 +518,7 @@ impl GpuReceiver {
             // Holes without a hole (an empty section, checked by its bounds) are all.
             let holes = (c.pos_codec == PosCodec::Holes && c.count < c.range).then(|| {
                 let at = sp + ps;
-                (at, at + ((c.range - c.count) * 4).next_multiple_of(16))
+                (at, at + holes_area(c))
             });
             let (positions, pos_section, pos_len) = match c.pos_codec {
                 PosCodec::All => (ApplyPositions::All, wire_pos, 0),
@@ -771,6 +770,12 @@ impl GpuReceiver {
 }
 
 /// The sync admitted at its first stage: a stage is applied only after that.
+/// The staging a holes chunk's decoded holes take (16-aligned, as the decoders write whole
+/// vectors); its changes' positions follow.
+fn holes_area(c: &ChunkEntry) -> u64 {
+    ((c.range - c.count) * 4).next_multiple_of(16)
+}
+
 fn admitted(pending: &mut Option<Pending>) -> Result<&mut Pending> {
     pending
         .as_mut()
