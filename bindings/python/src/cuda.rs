@@ -817,6 +817,37 @@ impl NativeGpuReceiver {
         self.inner.staging_bytes()
     }
 
+    /// Stage, then commit: `receive` checks and acks a sync whole, writing nothing, until
+    /// `commit` (see `deltacast.cuda.GpuReceiver`).
+    fn set_commit_on_demand(&mut self, on: bool) {
+        self.inner.set_commit_on_demand(on);
+    }
+
+    #[getter]
+    fn commits_on_demand(&self) -> bool {
+        self.inner.commits_on_demand()
+    }
+
+    /// Whether a verified sync waits for `commit`.
+    #[getter]
+    fn awaits_commit(&self) -> bool {
+        self.inner.awaits_commit()
+    }
+
+    /// Writes the verified sync that waits (after `stream`'s work); its report, with the
+    /// commit's time.
+    fn commit<'py>(&mut self, py: Python<'py>, stream: u64) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &mut self.inner;
+        // SAFETY: `stream` is torch's current stream of this device (the wrapper's promise).
+        let r = py.detach(|| unsafe { inner.commit(stream) }).py()?;
+        report_dict(py, &r)
+    }
+
+    /// Drops the verified sync that waits; the version held stays.
+    fn abort_sync(&mut self) {
+        self.inner.abort_sync();
+    }
+
     /// Recomputes the digests of the weights held; raises `DigestMismatchError` when they were
     /// changed behind the receiver's back (it then needs a seed).
     fn verify(&mut self, py: Python<'_>) -> PyResult<()> {

@@ -114,6 +114,72 @@ def test_host_frames_land_in_the_engines_fused_parameters_bit_for_bit():
         assert rx.version == version + 1
 
 
+def test_stage_then_commit_leaves_the_engine_serving_until_the_commit():
+    """Commit on demand, frame by frame as the engine adapters feed it: a sync's last frame
+    verifies it with the weights untouched; ``commit`` writes it bit for bit; a sync dropped
+    after its check leaves the weights and the version, and the next delta is refused (its base
+    was never held) until a seed."""
+    from deltacast.integrations.gpu_layout_receiver import GpuLayoutReceiver
+
+    torch = require_gpu()
+    lay = _layout("qwen2.5-0.5b-tp1-r0")
+    rng = np.random.default_rng(43)
+    truth = {s: rng.integers(0, 1 << 16, size=shape, dtype=np.uint16) for s, shape in lay.slots.items()}
+    table = dc.SlotTable([(s, "bf16", list(shape)) for s, shape in lay.slots.items()])
+    params = {n: torch.zeros(p.shape, dtype=torch.bfloat16, device="cuda") for n, p in lay.params.items()}
+    sender = dc.Sender(table)
+    rx = GpuLayoutReceiver(table, lay, params, commit_on_demand=True)
+    assert rx.commit_on_demand
+
+    def stage(frames):
+        before = {n: p.clone() for n, p in params.items()}
+        version = rx.version
+        out = [r for r in (rx.receive(f) for f in frames) if r is not None]
+        assert len(out) == 1 and rx.awaits_commit and not rx.is_staging
+        assert _same(torch, params, before) == [], "staged only"
+        assert rx.version == version
+        with pytest.raises(RuntimeError, match="waits for commit"):
+            rx.receive(frames[0])
+        return out[0]
+
+    staged = stage(sender.sync(truth).frames)
+    assert staged["kind"] == "seed"
+    done = rx.commit()
+    assert (done["kind"], done["version"]) == ("seed", staged["version"])
+    assert not rx.awaits_commit and rx.version == staged["version"]
+    assert _same(torch, params, _oracle(torch, lay, truth)) == []
+    for step in range(3):
+        _step(rng, truth)
+        staged = stage(sender.sync(truth).frames)
+        assert staged["kind"] == "delta" and staged["changed"] > 0
+        rx.commit()
+        assert _same(torch, params, _oracle(torch, lay, truth)) == [], step
+    rx.verify()
+
+    # Checked, then dropped: nothing written, the version held stays.
+    before = {n: p.clone() for n, p in params.items()}
+    version = rx.version
+    _step(rng, truth)
+    stage(sender.sync(truth).frames)
+    rx.abort_sync()
+    assert not rx.awaits_commit and rx.version == version
+    assert _same(torch, params, before) == []
+    rx.verify()
+    # The sender counts the dropped sync as held: its next delta is refused here.
+    _step(rng, truth)
+    frames = sender.sync(truth).frames
+    with pytest.raises(dc.DeltacastError):
+        for f in frames:
+            rx.receive(f)
+    assert not rx.awaits_commit and not rx.is_staging
+    assert _same(torch, params, before) == []
+    # A seed brings it back.
+    seed = dc.Sender(table)
+    stage(seed.sync(truth).frames)
+    rx.commit()
+    assert _same(torch, params, _oracle(torch, lay, truth)) == []
+
+
 def test_a_layout_whose_slots_land_in_pieces_is_refused_with_the_slots_name():
     from deltacast.integrations.gpu_layout_receiver import GpuLayoutReceiver, slot_views
 
@@ -125,3 +191,22 @@ def test_a_layout_whose_slots_land_in_pieces_is_refused_with_the_slots_name():
         GpuLayoutReceiver(table, lay, params)
     with pytest.raises(L.LayoutError, match="use LayoutReceiver"):
         slot_views(lay, params)
+
+
+def test_the_engine_adapters_get_the_gpu_receiver_at_tp1_on_a_gpu(monkeypatch):
+    """``engine_receiver`` (what the vLLM and SGLang adapters call) gives the GPU receiver for
+    CUDA parameters at TP 1, committing on demand when asked, and the host one when told."""
+    from deltacast.integrations.engine_receiver import LayoutReceiver
+    from deltacast.integrations.gpu_layout_receiver import GpuLayoutReceiver, engine_receiver
+
+    torch = require_gpu()
+    lay = _layout("qwen2.5-0.5b-tp1-r0")
+    table = dc.SlotTable([(s, "bf16", list(shape)) for s, shape in lay.slots.items()])
+    params = {n: torch.zeros(p.shape, dtype=torch.bfloat16, device="cuda") for n, p in lay.params.items()}
+    monkeypatch.delenv("DELTACAST_ENGINE_RECEIVER", raising=False)
+    rx = engine_receiver(table, lay, params, commit_on_demand=True)
+    assert type(rx) is GpuLayoutReceiver and rx.commit_on_demand
+    monkeypatch.setenv("DELTACAST_ENGINE_RECEIVER", "gpu")
+    assert type(engine_receiver(table, lay, params)) is GpuLayoutReceiver
+    monkeypatch.setenv("DELTACAST_ENGINE_RECEIVER", "host")
+    assert type(engine_receiver(table, lay, params)) is LayoutReceiver

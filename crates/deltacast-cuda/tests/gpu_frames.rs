@@ -350,3 +350,121 @@ fn cpu_made_syncs_apply_on_a_gpu_receiver() {
     assert!(err.to_string().contains("not decoded on the GPU"), "{err}");
     assert_eq!(&download(&gpu, &bufs, &seeded), &seeded, "nothing written");
 }
+
+/// Commit on demand: each CPU-made sync is received, checked and acked with the tensors
+/// untouched; the commit writes it, bit for bit; an aborted sync leaves the version held and
+/// the sync after it is refused (its base was never held). Frames of 64 KiB and a seed make
+/// stages of every kind (delta, dense and whole, several per sync).
+#[test]
+fn cpu_made_syncs_stage_then_commit_on_a_gpu_receiver() {
+    let Some(gpu) = gpu() else { return };
+    for codec in ["auto", "bitmap+raw"] {
+        let mut rng = Rng(0x3c6e_f372);
+        let mut host = initial(&mut rng);
+        let config = FlushConfig {
+            bucket_size: 64 << 10,
+            codec: CodecChoice::parse(codec).expect("codec"),
+            ..FlushConfig::default()
+        };
+        let mut sender = Sender::new(table(), config).expect("cpu sender");
+        let mut stream = Vec::new();
+        let mut truth = Vec::new();
+        // Every scripted step, then one more to abort and one after it.
+        for (k, &density) in std::iter::once(&0.0)
+            .chain(STEPS)
+            .chain(&[0.02, 0.02])
+            .enumerate()
+        {
+            if k > 0 {
+                step(&mut rng, &mut host, density);
+            }
+            let views: Vec<&[u8]> = host.iter().map(Vec::as_slice).collect();
+            sender
+                .sync(&views, |f| {
+                    stream.extend_from_slice(&f);
+                    Ok(())
+                })
+                .expect("cpu sync");
+            truth.push(host.clone());
+        }
+        let zeros: Vec<Vec<u8>> = host.iter().map(|h| vec![0u8; h.len()]).collect();
+        let bufs = upload(&gpu, &zeros);
+        let link = FrameLink::replay(Gpu::new(0).expect("gpu"), std::io::Cursor::new(stream));
+        // SAFETY: the buffers outlive the receiver and hold each tensor's bytes.
+        let mut rx = unsafe {
+            GpuReceiver::new(
+                Gpu::new(0).expect("gpu"),
+                link,
+                tensors(&bufs),
+                0,
+                Duration::from_secs(60),
+            )
+        }
+        .expect("receiver");
+        rx.set_commit_on_demand(true);
+        // SAFETY: the default stream.
+        let nothing = unsafe { rx.commit(0) };
+        assert!(nothing.is_err(), "{codec}: a commit with no sync waiting");
+        let committed = truth.len() - 2;
+        let mut held = zeros.clone();
+        for (k, want) in truth.iter().enumerate().take(committed) {
+            // SAFETY: the default stream.
+            let r = unsafe { rx.receive(0, None) }
+                .unwrap_or_else(|e| panic!("{codec}, sync {k}: {e}"))
+                .expect("a sync, not the end");
+            assert_eq!(r.version, k as u64 + 1);
+            assert!(rx.awaits_commit(), "{codec}, sync {k}");
+            assert_eq!(
+                &download(&gpu, &bufs, &held),
+                &held,
+                "{codec}, sync {k}: staged only"
+            );
+            let was = (k > 0).then_some(k as u64);
+            assert_eq!(
+                rx.version(),
+                was,
+                "{codec}, sync {k}: the version held until the commit"
+            );
+            rx.verify()
+                .unwrap_or_else(|e| panic!("{codec}, sync {k}: {e}"));
+            // No second sync while one waits (the link is not read).
+            // SAFETY: the default stream.
+            assert!(unsafe { rx.receive(0, None) }.is_err(), "{codec}, sync {k}");
+            // SAFETY: the default stream.
+            let c = unsafe { rx.commit(0) }.unwrap_or_else(|e| panic!("{codec}, sync {k}: {e}"));
+            assert_eq!((c.version, c.changed), (r.version, r.changed));
+            assert!(!rx.awaits_commit());
+            assert_eq!(rx.version(), Some(k as u64 + 1));
+            assert_eq!(&download(&gpu, &bufs, want), want, "{codec}, sync {k}");
+            rx.verify()
+                .unwrap_or_else(|e| panic!("{codec}, sync {k}: {e}"));
+            held = want.clone();
+        }
+        // Staged, then dropped: nothing written, the version held stays.
+        // SAFETY: the default stream.
+        unsafe { rx.receive(0, None) }
+            .expect("the sync to drop")
+            .expect("a sync");
+        rx.abort_sync();
+        assert!(!rx.awaits_commit());
+        assert_eq!(rx.version(), Some(committed as u64), "{codec}");
+        assert_eq!(
+            &download(&gpu, &bufs, &held),
+            &held,
+            "{codec}: nothing written"
+        );
+        rx.verify().expect("the bits held");
+        // The next delta starts from the dropped version: refused, nothing written.
+        // SAFETY: the default stream.
+        let refused = unsafe { rx.receive(0, None) };
+        assert!(refused.is_err(), "{codec}: a delta from a version not held");
+        assert!(!rx.awaits_commit());
+        assert_eq!(
+            &download(&gpu, &bufs, &held),
+            &held,
+            "{codec}: nothing written"
+        );
+        // SAFETY: the default stream.
+        assert!(matches!(unsafe { rx.receive(0, None) }, Ok(None)));
+    }
+}

@@ -247,6 +247,11 @@ impl Pending {
     pub fn is_clobbered(&self) -> bool {
         self.clobbered
     }
+
+    /// Whether every slot's digest was settled (what [`HeldState::commit`] requires).
+    pub fn is_complete(&self) -> bool {
+        self.settled.iter().all(|&s| s)
+    }
 }
 
 #[cfg(test)]

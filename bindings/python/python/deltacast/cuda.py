@@ -508,12 +508,45 @@ class GpuReceiver:
         device: Optional[int] = None,
         root: int = 0,
         timeout_s: float = 300.0,
+        commit_on_demand: bool = False,
     ):
         self.device = comm.device if device is None else int(device)
         named = [(n, getattr(t, "data", t)) for n, t in named_tensors]
         specs, self._tensors = _specs(named, self.device)
         self._names = [name for name, _ in named]
         self._native = _native.NativeGpuReceiver(comm, specs, root, timeout_s)
+        self._native.set_commit_on_demand(bool(commit_on_demand))
+
+    @property
+    def commit_on_demand(self) -> bool:
+        """Stage, then commit: with this on, ``receive()`` receives, checks and acks a sync
+        whole (every digest settled against the sender's) but writes nothing, so the tensors
+        keep serving the version held; ``commit()`` writes it (the only part that needs
+        readers paused) and ``abort_sync()`` drops it. Seeds and dense stages then need staging
+        the size of their tensors. Call ``commit()`` or ``abort_sync()`` before the next
+        ``receive()``; a sender waits for its receivers' acks, not their commits."""
+        return self._native.commits_on_demand
+
+    @commit_on_demand.setter
+    def commit_on_demand(self, on: bool) -> None:
+        self._native.set_commit_on_demand(bool(on))
+
+    @property
+    def awaits_commit(self) -> bool:
+        """Whether a verified sync waits for ``commit()``."""
+        return self._native.awaits_commit
+
+    def commit(self) -> dict:
+        """Writes the verified sync that waits into the tensors (after the work queued on
+        torch's current stream) and takes its version; the receive's report with the commit's
+        own ``time_ms``. A device error part way puts the old bits back (the version held
+        stays, or, when it cannot, none is held and a seed must follow) and raises."""
+        return self._native.commit(_stream(self.device))
+
+    def abort_sync(self) -> None:
+        """Drops the verified sync that waits; nothing was written, the version held stays.
+        Its sender had the ack: its next delta is refused here and it reseeds."""
+        self._native.abort_sync()
 
     def receive(self, idle_timeout_s: Optional[float] = None) -> Optional[dict]:
         """Blocks for the next sync and applies it; ``None`` when the sender closed. Raises a

@@ -291,3 +291,32 @@ def test_layout_receiver_refuses_a_table_the_engine_cannot_hold():
     ):
         with pytest.raises(L.LayoutError, match=match):
             LayoutReceiver(deltacast.SlotTable(bad), lay, params)
+
+
+def test_the_engine_receiver_is_the_host_one_where_the_gpu_one_cannot_serve(monkeypatch):
+    """``engine_receiver`` (what the vLLM and SGLang adapters call): parameters on the CPU or a
+    TP rank get ``LayoutReceiver``, and ``DELTACAST_ENGINE_RECEIVER=gpu`` refuses them with the
+    reason. (The GPU choice itself is tested on the device: test_cuda_engine.py.)"""
+    import deltacast
+    from deltacast.integrations.engine_receiver import LayoutReceiver
+    from deltacast.integrations.gpu_layout_receiver import engine_receiver
+
+    table = deltacast.SlotTable([(n, "bf16", s) for n, s in HF.items()])
+    for rank, world, why in ((0, 1, "parameters on \\['cpu'\\]"), (1, 2, "rank 1 of 2")):
+        lay = L.learn_layout(Toy(rank, world), HF, rank=rank, world=world)
+        params = dict(Toy(rank, world, dtype=torch.bfloat16).named_parameters())
+        for want in ("auto", "host"):
+            monkeypatch.setenv("DELTACAST_ENGINE_RECEIVER", want)
+            if world > 1:
+                # The host receiver, which asks for the TP group.
+                with pytest.raises(L.LayoutError, match="needs its TP group"):
+                    engine_receiver(table, lay, params)
+                continue
+            rx = engine_receiver(table, lay, params, commit_on_demand=True)
+            assert type(rx) is LayoutReceiver and rx.commit_on_demand
+        monkeypatch.setenv("DELTACAST_ENGINE_RECEIVER", "gpu")
+        with pytest.raises(L.LayoutError, match=why):
+            engine_receiver(table, lay, params)
+    monkeypatch.setenv("DELTACAST_ENGINE_RECEIVER", "fast")
+    with pytest.raises(ValueError, match="auto, host or gpu"):
+        engine_receiver(table, lay, params)

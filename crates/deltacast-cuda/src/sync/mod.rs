@@ -453,7 +453,7 @@ pub(crate) fn u64s(bytes: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-fn ms(since: Instant) -> f64 {
+pub(crate) fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 

@@ -18,10 +18,13 @@ use super::{
 use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{decode_header, decode_stage, Stage, TableLimits, HEADER_BYTES};
+mod commit;
+
 use crate::{
     journal_layout, ApplyInput, ApplyPositions, ApplyValues, CodeScratch, DecodeInput,
     DecodePositions, DeviceBuffer, DevicePtr, Gpu, DECODE_SLACK,
 };
+use commit::{Later, Verified};
 
 /// A receiver's buffers for one stage index of a sync (kept for the whole sync: an applied
 /// stage may have to be undone from them).
@@ -68,8 +71,19 @@ enum Applied {
     },
 }
 
+/// Where a sync's checked stages go: into the tensors as each is checked (`receive`), or
+/// kept for [`GpuReceiver::commit`] (commit on demand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Landing {
+    Now,
+    Later,
+}
+
 /// What a receiver gathers over the stages of one sync.
 struct Incoming {
+    landing: Landing,
+    /// The checked stages not yet written (`Landing::Later`).
+    later: Vec<Later>,
     /// The first refusal; later stages are received and dropped.
     failure: Option<CudaError>,
     /// The sync admitted at its first stage (its digests settled stage by stage, and whether
@@ -99,6 +113,10 @@ pub struct GpuReceiver {
     held: HeldState,
     header: DeviceBuffer,
     manifest: Growable,
+    /// Whether a verified sync waits for [`commit`](Self::commit) instead of landing.
+    commit_on_demand: bool,
+    /// The verified sync that waits.
+    verified: Option<Verified>,
     /// Per stage index.
     stages: Vec<StageBuffers>,
     /// Where the stages after a refusal are received (and dropped).
@@ -136,6 +154,8 @@ impl GpuReceiver {
         Ok(GpuReceiver {
             header: gpu.alloc(HEADER_BYTES)?,
             status: gpu.alloc(8)?,
+            commit_on_demand: false,
+            verified: None,
             manifest: Growable::new(),
             stages: Vec::new(),
             discard: Growable::new(),
@@ -167,7 +187,8 @@ impl GpuReceiver {
 
     /// Device bytes this receiver holds besides the tensors it was given (its receive
     /// buffers per stage, sized by the largest delta seen, with the journals of staged
-    /// syncs; seeds and dense stages land in the tensors).
+    /// syncs; seeds and dense stages land in the tensors, or, committing on demand, in
+    /// staging of their size).
     pub fn staging_bytes(&self) -> u64 {
         (HEADER_BYTES + 8) as u64
             + self.manifest.len()
@@ -177,6 +198,8 @@ impl GpuReceiver {
     }
 
     /// Receives and applies the next sync, stage by stage; `None` when the sender closed.
+    /// With [`set_commit_on_demand`](Self::set_commit_on_demand) on, it receives, checks and
+    /// acks the sync whole but writes nothing: the sync waits for [`commit`](Self::commit).
     /// `idle_timeout` bounds the wait for the sync to start (default: forever, as a training
     /// step may be long); after it the communicator is aborted. A refused sync (digest, base
     /// version, checks, in any stage) is undone, acked as refused, and returns the error: the
@@ -190,12 +213,24 @@ impl GpuReceiver {
         wait_stream: u64,
         idle_timeout: Option<Duration>,
     ) -> Result<Option<GpuSyncReport>> {
+        if self.verified.is_some() {
+            return Err(CudaError::InvalidArgument(
+                "a verified sync waits for commit or abort_sync".into(),
+            ));
+        }
         let started = Instant::now();
         let mut mark = started;
         let mut phases = Phases::new();
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
+        let landing = if self.commit_on_demand {
+            Landing::Later
+        } else {
+            Landing::Now
+        };
         let mut got = Incoming {
+            landing,
+            later: Vec::new(),
             failure: None,
             pending: None,
             applied: Vec::new(),
@@ -229,6 +264,9 @@ impl GpuReceiver {
                 }
                 Some(e)
             }
+            (None, Some(pending)) if landing == Landing::Later => self
+                .await_commit(pending, std::mem::take(&mut got.later))
+                .err(),
             (None, Some(pending)) => self.held.commit(&self.table, pending).err().map(Into::into),
             (None, None) => Some(CudaError::Protocol("a sync that was never admitted".into())),
         };
@@ -247,7 +285,7 @@ impl GpuReceiver {
         if let Some(e) = refused {
             return Err(e);
         }
-        Ok(Some(GpuSyncReport {
+        let report = GpuSyncReport {
             kind: if got.any_delta {
                 FrameKind::Delta
             } else {
@@ -266,7 +304,11 @@ impl GpuReceiver {
             dense_stages: got.dense_stages,
             phases: phases.finish("receiver"),
             choice: None,
-        }))
+        };
+        if let Some(v) = &mut self.verified {
+            v.report = Some(report.clone());
+        }
+        Ok(Some(report))
     }
 
     /// Receives the stages of one sync, applying each (or, after a refusal, dropping it);
@@ -408,7 +450,16 @@ impl GpuReceiver {
 
     /// Undoes the stages applied during this sync, last first.
     fn undo(&mut self, got: &mut Incoming) {
-        while let Some(a) = got.applied.pop() {
+        if !self.undo_applied(&mut got.applied) {
+            // The tensors are in an unknown state.
+            got.pending.iter_mut().for_each(Pending::clobber);
+        }
+    }
+
+    /// Puts back what `applied` overwrote, last first; whether all of it was put back.
+    fn undo_applied(&mut self, applied: &mut Vec<Applied>) -> bool {
+        let mut all = true;
+        while let Some(a) = applied.pop() {
             // SAFETY: the chunks and journals of this sync's stages; their buffers are kept
             // until the sync ends; each saved copy holds its tensor's bytes.
             let undone = unsafe {
@@ -419,14 +470,9 @@ impl GpuReceiver {
                     }),
                 }
             };
-            if undone.is_err() {
-                // The tensors are in an unknown state.
-                got.pending.iter_mut().for_each(Pending::clobber);
-            }
+            all &= undone.is_ok();
         }
-        if self.gpu.synchronize().is_err() {
-            got.pending.iter_mut().for_each(Pending::clobber);
-        }
+        all && self.gpu.synchronize().is_ok()
     }
 
     fn apply_delta(
@@ -635,6 +681,12 @@ impl GpuReceiver {
             let computed = self.held.digests()[slot].wrapping_add(check.digest_change[slot]);
             pending.settle(&self.table, d.slot, computed, d.new)?;
         }
+        got.changed += stage.entries.iter().map(|c| c.count).sum::<u64>();
+        got.any_delta = true;
+        if got.landing == Landing::Later {
+            got.later.push(Later::Delta { index, inputs });
+            return Ok(());
+        }
         // The last stage is never undone; the others keep what they overwrite.
         let journaled = !stage.is_last();
         // SAFETY: as the check above, every chunk checked clean; the journal is sized by its
@@ -658,10 +710,7 @@ impl GpuReceiver {
             // leaves no version held.
             pending.clobber();
         }
-        scattered?;
-        got.changed += stage.entries.iter().map(|c| c.count).sum::<u64>();
-        got.any_delta = true;
-        Ok(())
+        scattered
     }
 
     /// The delta or dense stage's base: per slot of the stage, the digest it starts from is
@@ -703,7 +752,33 @@ impl GpuReceiver {
                 return Err(e);
             }
         }
-        if stage.kind() == FrameKind::Dense && !stage.is_last() {
+        // Where each tensor's new bytes land: the tensor, or (landing later) its place in
+        // the stage's staging, the stage's tensors laid end to end.
+        let mut lands: Vec<DevicePtr> = self.tensors[slots.clone()].iter().map(|t| t.ptr).collect();
+        if got.landing == Landing::Later {
+            let index = stage.index() as usize;
+            while self.stages.len() <= index {
+                self.stages.push(StageBuffers::new());
+            }
+            let bytes: u64 = self.tensors[slots.clone()].iter().map(|t| t.nbytes()).sum();
+            let staged = match self.stages[index].values.at_least(&self.gpu, bytes) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.discard_stage(stage)?;
+                    return Err(e);
+                }
+            };
+            let mut at = staged;
+            for (land, t) in lands.iter_mut().zip(&self.tensors[slots.clone()]) {
+                *land = at;
+                at += t.nbytes();
+            }
+            got.later.push(Later::Whole {
+                index,
+                slots: slots.clone(),
+                staged,
+            });
+        } else if stage.kind() == FrameKind::Dense && !stage.is_last() {
             let index = stage.index() as usize;
             while self.stages.len() <= index {
                 self.stages.push(StageBuffers::new());
@@ -725,26 +800,25 @@ impl GpuReceiver {
             .iter()
             .map(|e| {
                 let t = &self.tensors[e.slot as usize];
-                let dst = t.ptr + e.start * t.dtype.width() as u64;
+                let dst = lands[e.slot as usize - slots.start] + e.start * t.dtype.width() as u64;
                 (dst, dst, e.val_len)
             })
             .collect();
         // SAFETY: decode_stage checked that the entries tile their slots, so each lies
-        // inside its tensor, valid for nbytes (the caller's promise at construction).
+        // inside its tensor, valid for nbytes (the caller's promise at construction), or
+        // inside the tensor's place in the staging, sized by the same bytes.
         unsafe {
             self.comm
                 .broadcast_many(&segments, self.root, stream, self.timeout)?
         };
         let done = self.gpu.record_done()?;
         self.comm.wait(done, self.timeout, "the tensors")?;
-        // SAFETY: our tensors (constructor contract).
-        let digests = unsafe {
-            self.gpu.digest(&digest_inputs(
-                &self.tensors,
-                slots.clone(),
-                Bf16Rule::default(),
-            ))?
-        };
+        let mut inputs = digest_inputs(&self.tensors, slots.clone(), Bf16Rule::default());
+        for (input, &land) in inputs.iter_mut().zip(&lands) {
+            input.ptr = land;
+        }
+        // SAFETY: our tensors (constructor contract), or the staging sized for them above.
+        let digests = unsafe { self.gpu.digest(&inputs)? };
         let pending = admitted(&mut got.pending)?;
         for (d, &actual) in stage.digests.iter().zip(&digests) {
             pending.settle(&self.table, d.slot, actual, d.new)?;

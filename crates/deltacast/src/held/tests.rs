@@ -253,3 +253,21 @@ fn verify_loses_the_state_on_a_mismatch() {
         "lose drops the version, not the record"
     );
 }
+
+#[test]
+fn a_sync_is_complete_once_every_slot_settled() {
+    let t = table();
+    let held = held_at(5);
+    let mut p = held.begin(FrameKind::Delta, 6).expect("begin");
+    assert!(!p.is_complete());
+    p.settle(&t, 1, 9, 9).expect("settle b");
+    assert!(!p.is_complete(), "slot a is not settled");
+    // What commit refuses, is_complete says beforehand.
+    let mut early = held.clone();
+    assert!(early.commit(&t, p.clone()).is_err());
+    p.settle(&t, 0, 8, 8).expect("settle a");
+    assert!(p.is_complete());
+    let mut h = held.clone();
+    assert_eq!(h.commit(&t, p).expect("commit"), 6);
+    assert_eq!(h.digests(), &[8, 9]);
+}

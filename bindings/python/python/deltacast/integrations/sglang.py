@@ -15,12 +15,14 @@ deltacast data, not weights (``named_tensors`` builds them):
 
 Per model object (cached on it as ``_deltacast``): this rank's engine layout, learned once from
 the model's own ``load_weights`` on a float32 copy (cached on disk under
-``$DELTACAST_LAYOUT_CACHE``), and a ``LayoutReceiver``. A sync is written into the model only
+``$DELTACAST_LAYOUT_CACHE``), and a receiver: at TP 1 with the model on a GPU a
+``GpuLayoutReceiver`` (decode and apply on the GPU), else a ``LayoutReceiver`` (host decode;
+``gpu_layout_receiver.engine_receiver`` chooses). A sync is written into the model only
 once it verified, all or nothing; a refusal raises deltacast's error (the weights are as they
 were). The first sync after the receiver starts (a new or restarted worker) must be a seed.
 
-CPU only for now (the probe model is built on the CPU; the parameters are written from host
-memory). Every TP worker must get the same calls: the ranks agree on each frame."""
+The probe model is built on the CPU. Every TP worker must get the same calls: the ranks agree
+on each frame."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import json
 from typing import Any, Iterable, Sequence
 
 from .engine_receiver import LayoutReceiver, slot_table, table_entries
+from .gpu_layout_receiver import GpuLayoutReceiver, engine_receiver
 from .layout import EngineLayout, cached_layout, learn_layout
 
 SLOTS = "deltacast.slots"
@@ -69,7 +72,7 @@ def _learn(model: Any, shapes: dict[str, tuple[int, ...]], rank: int, world: int
     return learn_layout(probe, shapes, rank=rank, world=world)
 
 
-def _start(model: Any, entries: list) -> LayoutReceiver:
+def _start(model: Any, entries: list) -> LayoutReceiver | GpuLayoutReceiver:
     import hashlib
 
     import sglang
@@ -95,10 +98,10 @@ def _start(model: Any, entries: list) -> LayoutReceiver:
     layout, _ = cached_layout(key, lambda: _learn(model, shapes, rank, world))
     # The TP ranks check each sync together (digest parts summed over the gloo CPU group).
     group = get_tp_group().cpu_group if world > 1 else None
-    return LayoutReceiver(table, layout, dict(model.named_parameters()), group=group)
+    return engine_receiver(table, layout, dict(model.named_parameters()), group=group)
 
 
-def receiver_of(model: Any) -> LayoutReceiver | None:
+def receiver_of(model: Any) -> LayoutReceiver | GpuLayoutReceiver | None:
     """The model's deltacast receiver, if a call made one."""
     return getattr(model, _STATE, None)
 

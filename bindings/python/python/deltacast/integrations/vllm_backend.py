@@ -23,8 +23,10 @@ Lifecycle, in each worker (every tensor-parallel rank gets the same calls):
 
 The changes are checked by the TP group together (all or nothing across it) and written
 straight into the model's parameters: O(changed elements) per sync, no copy of the checkpoint.
-CPU only for now: the probe model is built on the CPU and the writes come from host memory;
-the GPU path is the CUDA receiver's (later)."""
+The probe model for the layout is built on the CPU. At TP 1 with the model on a GPU (and a GPU
+build of deltacast) each sync is decoded, checked and committed on the GPU
+(``GpuLayoutReceiver``); otherwise, and in TP groups, it is decoded on the host and written from
+there (``LayoutReceiver``); ``gpu_layout_receiver.engine_receiver`` chooses."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from vllm.distributed.weight_transfer.base import (
 
 from .._errors import IncompleteSyncError
 from .engine_receiver import LayoutReceiver, frames_of, slot_table, table_entries
+from .gpu_layout_receiver import GpuLayoutReceiver, engine_receiver
 from .layout import EngineLayout, cached_layout, learn_layout
 
 
@@ -76,7 +79,7 @@ class DeltacastWeightTransferEngine(WeightTransferEngine[DeltacastInitInfo, Delt
 
     def __init__(self, config: Any, vllm_config: Any, device: Any, model: Any) -> None:
         super().__init__(config, vllm_config, device, model)
-        self.receiver: LayoutReceiver | None = None
+        self.receiver: LayoutReceiver | GpuLayoutReceiver | None = None
         self.layout_from_cache: bool | None = None
         self.outcomes: list[Any] = []
         self._active = False
@@ -134,7 +137,7 @@ class DeltacastWeightTransferEngine(WeightTransferEngine[DeltacastInitInfo, Delt
 
             # The TP ranks check each sync together (digest parts summed over gloo).
             group = get_tp_group().cpu_group
-        self.receiver = LayoutReceiver(
+        self.receiver = engine_receiver(
             table,
             layout,
             dict(self.model.named_parameters()),
