@@ -194,7 +194,7 @@ fn sharded_receiver_process() {
         *b = u8::from_str_radix(&uid_hex[2 * i..2 * i + 2], 16).expect("uid hex");
     }
     let (got_tx, got_rx) = mpsc::channel::<StepReport>();
-    receive_steps(LinkSpec::Nccl(uid), script_named(script), got_tx);
+    receive_steps(LinkSpec::Nccl(uid), script_named(script), got_tx, false);
     write_steps(&dir, got_rx);
 }
 
@@ -295,6 +295,7 @@ fn run_sharded_over(
                     RECEIVER_ENV,
                     &spec,
                     steps,
+                    false,
                     got_tx,
                 )
             });
@@ -310,6 +311,7 @@ fn run_sharded_over(
                     IPC_RECEIVER_ENV,
                     &spec,
                     steps,
+                    false,
                     got_tx,
                 )
             });

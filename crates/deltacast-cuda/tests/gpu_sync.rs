@@ -99,6 +99,18 @@ fn ipc_link_two_processes_on_one_gpu_stay_bit_identical() {
     let names: Vec<&str> = staged.iter().map(|k| k.0.as_str()).collect();
     assert!(names[10].starts_with("refused"), "{names:?}");
     assert_eq!(names[11], "seed/1");
+    // The same in seven stages, the receiver committing on demand: each sync checked and
+    // acked with its tensors untouched, then written by the commit (dense stages and seeds
+    // from staging); the same outcomes.
+    let (committed, _) = run_script_landing(
+        small(),
+        SnapshotPlace::Device,
+        EntropyMode::On,
+        1,
+        STEPS_STAGED,
+        true,
+    );
+    assert_eq!(committed, staged);
     // The default staging (four 64 MiB slots): each broadcast is one piece.
     let (kinds, _) = run_script_over(
         LinkSpec::Ipc(free_address(), 4, 64 << 20),
@@ -250,6 +262,18 @@ fn run_script_over(
     stage_bytes: u64,
     steps: &'static [(f64, Before)],
 ) -> (Vec<(String, String)>, Vec<u64>) {
+    run_script_landing(link, place, entropy, stage_bytes, steps, false)
+}
+
+/// [`run_script_over`], the receiver committing on demand when `commit_on_demand`.
+fn run_script_landing(
+    link: LinkSpec,
+    place: SnapshotPlace,
+    entropy: EntropyMode,
+    stage_bytes: u64,
+    steps: &'static [(f64, Before)],
+    commit_on_demand: bool,
+) -> (Vec<(String, String)>, Vec<u64>) {
     let (truth_tx, truth_rx) = mpsc::channel::<StepReport>();
     let (got_tx, got_rx) = mpsc::channel::<StepReport>();
 
@@ -319,7 +343,7 @@ fn run_script_over(
     let receiver = match &link {
         LinkSpec::Nccl(_) => {
             let link = link.clone();
-            std::thread::spawn(move || receive_steps(link, steps, got_tx))
+            std::thread::spawn(move || receive_steps(link, steps, got_tx, commit_on_demand))
         }
         LinkSpec::Ipc(address, slots, slot_bytes) => {
             let spec = format!("{address}:{slots}:{slot_bytes}");
@@ -329,6 +353,7 @@ fn run_script_over(
                     IPC_RECEIVER_ENV,
                     &spec,
                     steps,
+                    commit_on_demand,
                     got_tx,
                 )
             })

@@ -206,16 +206,24 @@ pub fn ipc_receiver_process() {
     );
     let steps = script_named(script);
     let (got_tx, got_rx) = mpsc::channel::<StepReport>();
-    receive_steps(link, steps, got_tx);
+    receive_steps(link, steps, got_tx, commits_on_demand(script));
     write_steps(std::path::Path::new(dir), got_rx);
 }
 
+/// A script's name, with `+commit` when its receiver commits on demand.
 pub fn script_named(name: &str) -> &'static [(f64, Before)] {
-    if name == "staged" {
+    if name.trim_end_matches(COMMIT) == "staged" {
         STEPS_STAGED
     } else {
         STEPS
     }
+}
+
+/// The suffix of a script's name whose receiver commits on demand.
+const COMMIT: &str = "+commit";
+
+pub fn commits_on_demand(name: &str) -> bool {
+    name.ends_with(COMMIT)
 }
 
 pub fn script_name(steps: &'static [(f64, Before)]) -> &'static str {
@@ -245,8 +253,14 @@ pub fn receiver_process(
     env: &str,
     spec: &str,
     steps: &'static [(f64, Before)],
+    commit_on_demand: bool,
     got_tx: mpsc::Sender<StepReport>,
 ) {
+    let script = format!(
+        "{}{}",
+        script_name(steps),
+        if commit_on_demand { COMMIT } else { "" }
+    );
     let dir = std::env::temp_dir().join(format!(
         "deltacast-{test}-{}-{}",
         std::process::id(),
@@ -256,10 +270,7 @@ pub fn receiver_process(
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let child = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .env(
-            env,
-            format!("{spec}:{}:{}", script_name(steps), dir.display()),
-        )
+        .env(env, format!("{spec}:{script}:{}", dir.display()))
         .status()
         .expect("receiver process");
     assert!(child.success(), "the receiver process failed: {child}");
@@ -278,11 +289,13 @@ pub fn receiver_process(
 
 /// The receiver's side of a script: rank 1 of `uid` on GPU 1, root 0; before each step it
 /// does what the step says (tampers), then receives, and sends the step, its tensors' bytes
-/// and outcome to `got_tx`; returns when the sender closes.
+/// and outcome to `got_tx`; returns when the sender closes. Committing on demand, it checks
+/// that each received sync left the tensors as they were until its commit.
 pub fn receive_steps(
     link: LinkSpec,
     steps: &'static [(f64, Before)],
     got_tx: mpsc::Sender<StepReport>,
+    commit_on_demand: bool,
 ) {
     let gpu = Gpu::new(link.receiver_gpu()).expect("receiver's gpu");
     gpu.make_current().expect("current");
@@ -297,6 +310,7 @@ pub fn receive_steps(
     let tensors = as_tensors(&bufs);
     let mut r = unsafe { GpuReceiver::new(gpu, comm, tensors, 0, Duration::from_secs(60)) }
         .expect("receiver");
+    r.set_commit_on_demand(commit_on_demand);
     let read = |r: &GpuReceiver| -> Vec<Vec<u8>> {
         bufs.iter()
             .map(|b| unsafe { r.gpu().download(b.ptr(), b.len()) }.expect("download"))
@@ -323,7 +337,18 @@ pub fn receive_steps(
             );
             assert_eq!(r.version(), None, "a tampered receiver holds no version");
         }
+        let held = commit_on_demand.then(|| read(&r));
         let outcome = match unsafe { r.receive(0, Some(Duration::from_secs(60))) } {
+            Ok(Some(rep)) if commit_on_demand => {
+                assert!(r.awaits_commit(), "step {step}");
+                assert!(
+                    held == Some(read(&r)),
+                    "step {step}: written before the commit"
+                );
+                let done = unsafe { r.commit(0) }.expect("commit");
+                assert_eq!((done.version, done.changed), (rep.version, rep.changed));
+                outcome(&rep)
+            }
             Ok(Some(rep)) => outcome(&rep),
             Ok(None) => break,
             Err(e) => format!("error: {e}"),
