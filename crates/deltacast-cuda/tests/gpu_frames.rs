@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::{mutate, Rng};
 use deltacast::wire::{split_frames, FrameKind};
-use deltacast::{CodecChoice, DType, FlushConfig, PosCodec, Receiver, Sender, SlotInfo, SlotTable};
+use deltacast::{CodecChoice, DType, FlushConfig, Receiver, Sender, SlotInfo, SlotTable};
 use deltacast_cuda::frame_link::FrameLink;
 use deltacast_cuda::sync::{GpuReceiver, GpuSender, GpuSenderConfig, GpuTensor};
 use deltacast_cuda::{DeviceBuffer, Gpu};
@@ -218,6 +218,65 @@ fn gpu_sync_captured_as_frames_applies_on_a_cpu_receiver() {
 /// default `auto` among them) through a replay link into a GPU receiver; a corrupted frame is
 /// refused and leaves the version held. The scripted densities fill whole chunks (`all`:
 /// the tiny slots at 60 %) and leave few holes (`holes` from 60 %).
+/// A CPU `Sender`'s syncs, back to back in one stream.
+struct CpuSyncs {
+    stream: Vec<u8>,
+    /// The host bytes after each sync.
+    truth: Vec<Vec<Vec<u8>>>,
+    /// The sender and the host bytes, to go on.
+    sender: Sender,
+    host: Vec<Vec<u8>>,
+}
+
+/// The syncs of `densities` (a seed first) in 64 KiB frames of `codec`.
+fn cpu_syncs(rng: &mut Rng, codec: &str, densities: &[f64]) -> CpuSyncs {
+    let mut host = initial(rng);
+    let config = FlushConfig {
+        bucket_size: 64 << 10,
+        codec: CodecChoice::parse(codec).expect("codec"),
+        ..FlushConfig::default()
+    };
+    let mut sender = Sender::new(table(), config).expect("cpu sender");
+    let mut stream = Vec::new();
+    let mut truth = Vec::new();
+    for (k, &density) in std::iter::once(&0.0).chain(densities).enumerate() {
+        if k > 0 {
+            step(rng, &mut host, density);
+        }
+        let views: Vec<&[u8]> = host.iter().map(Vec::as_slice).collect();
+        sender
+            .sync(&views, |f| {
+                stream.extend_from_slice(&f);
+                Ok(())
+            })
+            .expect("cpu sync");
+        truth.push(host.clone());
+    }
+    CpuSyncs {
+        stream,
+        truth,
+        sender,
+        host,
+    }
+}
+
+/// A `GpuReceiver` into `bufs` that reads its syncs from `stream`.
+fn replay_receiver(bufs: &[DeviceBuffer], stream: Vec<u8>) -> GpuReceiver {
+    let link = FrameLink::replay(Gpu::new(0).expect("gpu"), std::io::Cursor::new(stream));
+    // SAFETY: the buffers outlive the receiver (the callers drop it first) and hold each
+    // tensor's bytes.
+    unsafe {
+        GpuReceiver::new(
+            Gpu::new(0).expect("gpu"),
+            link,
+            tensors(bufs),
+            0,
+            Duration::from_secs(60),
+        )
+    }
+    .expect("receiver")
+}
+
 #[test]
 fn cpu_made_syncs_apply_on_a_gpu_receiver() {
     let Some(gpu) = gpu() else { return };
@@ -234,30 +293,13 @@ fn cpu_made_syncs_apply_on_a_gpu_receiver() {
         "holes+ulp",
     ] {
         let mut rng = Rng(0xbb67_ae85);
-        let mut host = initial(&mut rng);
-        let config = FlushConfig {
-            bucket_size: 64 << 10,
-            codec: CodecChoice::parse(codec).expect("codec"),
-            ..FlushConfig::default()
-        };
-        let mut sender = Sender::new(table(), config).expect("cpu sender");
-        let mut stream = Vec::new();
-        let mut truth = Vec::new();
-        let mut syncs = 0;
-        for (k, &density) in std::iter::once(&0.0).chain(STEPS).enumerate() {
-            if k > 0 {
-                step(&mut rng, &mut host, density);
-            }
-            let views: Vec<&[u8]> = host.iter().map(Vec::as_slice).collect();
-            sender
-                .sync(&views, |f| {
-                    stream.extend_from_slice(&f);
-                    Ok(())
-                })
-                .expect("cpu sync");
-            truth.push(host.clone());
-            syncs += 1;
-        }
+        let CpuSyncs {
+            mut stream,
+            truth,
+            mut sender,
+            mut host,
+        } = cpu_syncs(&mut rng, codec, STEPS);
+        let syncs = truth.len();
         // A last sync whose one frame is corrupted in transit.
         step(&mut rng, &mut host, 0.01);
         let views: Vec<&[u8]> = host.iter().map(Vec::as_slice).collect();
@@ -275,18 +317,7 @@ fn cpu_made_syncs_apply_on_a_gpu_receiver() {
         }
         let zeros: Vec<Vec<u8>> = host.iter().map(|h| vec![0u8; h.len()]).collect();
         let bufs = upload(&gpu, &zeros);
-        let link = FrameLink::replay(Gpu::new(0).expect("gpu"), std::io::Cursor::new(stream));
-        // SAFETY: the buffers outlive the receiver and hold each tensor's bytes.
-        let mut rx = unsafe {
-            GpuReceiver::new(
-                Gpu::new(0).expect("gpu"),
-                link,
-                tensors(&bufs),
-                0,
-                Duration::from_secs(60),
-            )
-        }
-        .expect("receiver");
+        let mut rx = replay_receiver(&bufs, stream);
         for (k, want) in truth.iter().enumerate().take(syncs) {
             // SAFETY: the default stream.
             let r = unsafe { rx.receive(0, None) }
@@ -307,40 +338,16 @@ fn cpu_made_syncs_apply_on_a_gpu_receiver() {
     }
     // A codec the GPU does not decode is refused by name, before anything is written.
     let mut rng = Rng(3);
-    let mut host = initial(&mut rng);
-    let config = FlushConfig {
-        codec: CodecChoice::Fixed(PosCodec::ContextGaps, deltacast::ValCodec::Raw),
-        ..FlushConfig::default()
-    };
-    let mut sender = Sender::new(table(), config).expect("cpu sender");
-    let mut stream = Vec::new();
-    let seeded = host.clone();
-    for k in 0..2 {
-        if k > 0 {
-            step(&mut rng, &mut host, 0.5);
-        }
-        let views: Vec<&[u8]> = host.iter().map(Vec::as_slice).collect();
-        sender
-            .sync(&views, |f| {
-                stream.extend_from_slice(&f);
-                Ok(())
-            })
-            .expect("cpu sync");
-    }
+    let CpuSyncs {
+        stream,
+        truth,
+        host,
+        ..
+    } = cpu_syncs(&mut rng, "ctxgaps+raw", &[0.5]);
+    let seeded = &truth[0];
     let zeros: Vec<Vec<u8>> = host.iter().map(|h| vec![0u8; h.len()]).collect();
     let bufs = upload(&gpu, &zeros);
-    let link = FrameLink::replay(Gpu::new(0).expect("gpu"), std::io::Cursor::new(stream));
-    // SAFETY: the buffers outlive the receiver and hold each tensor's bytes.
-    let mut rx = unsafe {
-        GpuReceiver::new(
-            Gpu::new(0).expect("gpu"),
-            link,
-            tensors(&bufs),
-            0,
-            Duration::from_secs(60),
-        )
-    }
-    .expect("receiver");
+    let mut rx = replay_receiver(&bufs, stream);
     // SAFETY: the default stream.
     unsafe { rx.receive(0, None) }
         .expect("the seed")
@@ -348,7 +355,7 @@ fn cpu_made_syncs_apply_on_a_gpu_receiver() {
     // SAFETY: the default stream.
     let err = unsafe { rx.receive(0, None) }.expect_err("ctxgaps is not decoded on the GPU");
     assert!(err.to_string().contains("not decoded on the GPU"), "{err}");
-    assert_eq!(&download(&gpu, &bufs, &seeded), &seeded, "nothing written");
+    assert_eq!(&download(&gpu, &bufs, seeded), seeded, "nothing written");
 }
 
 /// Commit on demand: each CPU-made sync is received, checked and acked with the tensors
@@ -360,47 +367,17 @@ fn cpu_made_syncs_stage_then_commit_on_a_gpu_receiver() {
     let Some(gpu) = gpu() else { return };
     for codec in ["auto", "bitmap+raw"] {
         let mut rng = Rng(0x3c6e_f372);
-        let mut host = initial(&mut rng);
-        let config = FlushConfig {
-            bucket_size: 64 << 10,
-            codec: CodecChoice::parse(codec).expect("codec"),
-            ..FlushConfig::default()
-        };
-        let mut sender = Sender::new(table(), config).expect("cpu sender");
-        let mut stream = Vec::new();
-        let mut truth = Vec::new();
         // Every scripted step, then one more to abort and one after it.
-        for (k, &density) in std::iter::once(&0.0)
-            .chain(STEPS)
-            .chain(&[0.02, 0.02])
-            .enumerate()
-        {
-            if k > 0 {
-                step(&mut rng, &mut host, density);
-            }
-            let views: Vec<&[u8]> = host.iter().map(Vec::as_slice).collect();
-            sender
-                .sync(&views, |f| {
-                    stream.extend_from_slice(&f);
-                    Ok(())
-                })
-                .expect("cpu sync");
-            truth.push(host.clone());
-        }
+        let densities: Vec<f64> = STEPS.iter().copied().chain([0.02, 0.02]).collect();
+        let CpuSyncs {
+            stream,
+            truth,
+            host,
+            ..
+        } = cpu_syncs(&mut rng, codec, &densities);
         let zeros: Vec<Vec<u8>> = host.iter().map(|h| vec![0u8; h.len()]).collect();
         let bufs = upload(&gpu, &zeros);
-        let link = FrameLink::replay(Gpu::new(0).expect("gpu"), std::io::Cursor::new(stream));
-        // SAFETY: the buffers outlive the receiver and hold each tensor's bytes.
-        let mut rx = unsafe {
-            GpuReceiver::new(
-                Gpu::new(0).expect("gpu"),
-                link,
-                tensors(&bufs),
-                0,
-                Duration::from_secs(60),
-            )
-        }
-        .expect("receiver");
+        let mut rx = replay_receiver(&bufs, stream);
         rx.set_commit_on_demand(true);
         // SAFETY: the default stream.
         let nothing = unsafe { rx.commit(0) };
