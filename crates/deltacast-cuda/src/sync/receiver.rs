@@ -753,14 +753,14 @@ impl GpuReceiver {
             }
         }
         // Where each tensor's new bytes land: the tensor, or (landing later) its place in
-        // the stage's staging, the stage's tensors laid end to end.
+        // the stage's staging.
         let mut lands: Vec<DevicePtr> = self.tensors[slots.clone()].iter().map(|t| t.ptr).collect();
         if got.landing == Landing::Later {
             let index = stage.index() as usize;
             while self.stages.len() <= index {
                 self.stages.push(StageBuffers::new());
             }
-            let bytes: u64 = self.tensors[slots.clone()].iter().map(|t| t.nbytes()).sum();
+            let (offsets, bytes) = staged_layout(&self.tensors[slots.clone()]);
             let staged = match self.stages[index].values.at_least(&self.gpu, bytes) {
                 Ok(p) => p,
                 Err(e) => {
@@ -768,15 +768,13 @@ impl GpuReceiver {
                     return Err(e);
                 }
             };
-            let mut at = staged;
-            for (land, t) in lands.iter_mut().zip(&self.tensors[slots.clone()]) {
-                *land = at;
-                at += t.nbytes();
+            for (land, off) in lands.iter_mut().zip(offsets) {
+                *land = staged + off;
             }
             got.later.push(Later::Whole {
                 index,
                 slots: slots.clone(),
-                staged,
+                staged: lands.clone(),
             });
         } else if stage.kind() == FrameKind::Dense && !stage.is_last() {
             let index = stage.index() as usize;
@@ -843,7 +841,22 @@ impl GpuReceiver {
     }
 }
 
-/// The sync admitted at its first stage: a stage is applied only after that.
+/// Where a whole stage's tensors wait in its staging when it lands later: each at an offset
+/// aligned for the digest kernel's widest loads; the bytes in all.
+fn staged_layout(tensors: &[GpuTensor]) -> (Vec<u64>, u64) {
+    const ALIGN: u64 = 256;
+    let mut at = 0u64;
+    let offsets = tensors
+        .iter()
+        .map(|t| {
+            let off = at;
+            at = (at + t.nbytes()).next_multiple_of(ALIGN);
+            off
+        })
+        .collect();
+    (offsets, at)
+}
+
 /// The staging a holes chunk's decoded holes take (16-aligned, as the decoders write whole
 /// vectors); its changes' positions follow.
 fn holes_area(c: &ChunkEntry) -> u64 {
@@ -854,4 +867,38 @@ fn admitted(pending: &mut Option<Pending>) -> Result<&mut Pending> {
     pending
         .as_mut()
         .ok_or_else(|| CudaError::Protocol("a stage of a sync that was not admitted".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_tensors_start_aligned_and_do_not_overlap() {
+        let t = |dtype: deltacast::DType, n: u64| GpuTensor {
+            name: String::new(),
+            dtype,
+            shape: vec![n],
+            ptr: 0,
+            source: dtype,
+        };
+        use deltacast::DType::{BF16, F32, F8E4M3};
+        let tensors = [
+            t(BF16, 300_009),
+            t(BF16, 0),
+            t(F8E4M3, 7),
+            t(F32, 12_289),
+            t(BF16, 1),
+        ];
+        let (offsets, total) = staged_layout(&tensors);
+        for (k, (off, t)) in offsets.iter().zip(&tensors).enumerate() {
+            assert_eq!(off % 256, 0, "tensor {k}");
+            let end = off + t.nbytes();
+            assert!(end <= total, "tensor {k}");
+            if let Some(next) = offsets.get(k + 1) {
+                assert!(end <= *next, "tensor {k} overlaps the next");
+            }
+        }
+        assert_eq!(staged_layout(&[]), (Vec::new(), 0));
+    }
 }

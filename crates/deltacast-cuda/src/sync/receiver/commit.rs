@@ -20,11 +20,11 @@ pub(super) enum Later {
         index: usize,
         inputs: Vec<ApplyInput>,
     },
-    /// A seed or dense stage: the new bytes of tensors `slots`, end to end at `staged`.
+    /// A seed or dense stage: the new bytes of each tensor of `slots`, at `staged`.
     Whole {
         index: usize,
         slots: Range<usize>,
-        staged: DevicePtr,
+        staged: Vec<DevicePtr>,
     },
 }
 
@@ -178,16 +178,16 @@ impl GpuReceiver {
             (Later::Whole { slots, staged, .. }, journal) => {
                 let mut saved = Vec::new();
                 let mut at = 0u64;
-                for t in &self.tensors[slots.clone()] {
+                for (t, &from) in self.tensors[slots.clone()].iter().zip(staged) {
                     let len = t.nbytes() as usize;
-                    // SAFETY: per this function's contract; the journal and the staging
-                    // hold the stage's tensors end to end.
+                    // SAFETY: per this function's contract; the journal holds the stage's
+                    // tensors end to end, the staging each at its place.
                     unsafe {
                         if let Some(j) = journal {
                             self.gpu.copy_device(j + at, t.ptr, len)?;
                             saved.push((t.ptr, j + at, t.nbytes()));
                         }
-                        self.gpu.copy_device(t.ptr, staged + at, len)?;
+                        self.gpu.copy_device(t.ptr, from, len)?;
                     }
                     at += t.nbytes();
                 }
