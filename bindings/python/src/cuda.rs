@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use pyo3::IntoPyObjectExt;
 
-use crate::arrays::frame_bytes;
+use crate::arrays::{frame_bytes, RawView};
 use crate::errors::{invalid, raise, to_py};
 use crate::values::table_hash_hex;
 
@@ -329,6 +329,25 @@ impl IpcComm {
     }
 }
 
+/// A frame pushed from Python and read in place: its object stays referenced until the frame
+/// is dropped (after its sync was read, without the GIL: the reference is then released at
+/// the next acquisition, as pyo3 does for any `Py` dropped so).
+struct HeldFrame {
+    _owner: Py<PyAny>,
+    view: RawView,
+}
+
+// SAFETY: the view is of a `bytes` object's buffer or a read-only array's, which nobody writes
+// and which stays valid while `_owner` references it; it is only read, from any thread.
+unsafe impl Send for HeldFrame {}
+
+impl AsRef<[u8]> for HeldFrame {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: as for `Send` above: live while `self` is, never written.
+        unsafe { self.view.bytes() }
+    }
+}
+
 /// A link whose other end is the frames you hand it (`push`): a `GpuReceiver` made on it
 /// applies syncs that arrived as frames on the host (from a CPU `Sender`, a socket, a sync
 /// file) on its GPU, decoding them there. Each `receive()` reads one sync, through its
@@ -353,11 +372,25 @@ impl FrameFeed {
     }
 
     /// Appends one frame (bytes, a uint8 numpy array or buffer) after those pushed before.
+    /// `bytes` and read-only arrays are read in place when received (kept referenced until
+    /// then); anything else is copied now.
     fn push(&self, frame: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (_held, view) = frame_bytes(frame)?;
-        // SAFETY: `_held` keeps the frame alive while it is copied; it is only read.
-        let data = unsafe { view.bytes() }.to_vec();
-        self.queue.push(data);
+        let (held, view) = frame_bytes(frame)?;
+        let fixed = held.is_instance_of::<PyBytes>()
+            || !held
+                .getattr("flags")
+                .and_then(|f| f.getattr("writeable"))
+                .and_then(|w| w.extract::<bool>())
+                .unwrap_or(true);
+        if fixed {
+            self.queue.push(HeldFrame {
+                _owner: held.unbind(),
+                view,
+            });
+        } else {
+            // SAFETY: `held` keeps the frame alive while it is copied; it is only read.
+            self.queue.push(unsafe { view.bytes() }.to_vec());
+        }
         Ok(())
     }
 

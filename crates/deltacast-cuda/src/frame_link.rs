@@ -17,7 +17,7 @@ use cudarc::driver::sys;
 use deltacast::wire;
 
 use crate::error::{CudaError, Result};
-use crate::protocol::{device_parts, FrameAssembler};
+use crate::protocol::{device_parts_reusing, FrameAssembler};
 use crate::wait::{event_done, poll, Deadline};
 use crate::{DevicePtr, Gpu};
 
@@ -31,6 +31,8 @@ enum End {
     Replay {
         source: Mutex<Box<dyn FrameSource>>,
         parts: std::collections::VecDeque<Vec<u8>>,
+        /// Parts copied to the device, whose memory the next sync's parts reuse.
+        spare: Vec<Vec<u8>>,
         /// The last ack this receiver gave (1: it refused).
         refused: bool,
     },
@@ -80,6 +82,7 @@ impl FrameLink {
             end: End::Replay {
                 source: Mutex::new(source),
                 parts: Default::default(),
+                spare: Vec::new(),
                 refused: false,
             },
         }
@@ -128,10 +131,15 @@ impl FrameLink {
                 }
                 Ok(())
             }
-            End::Replay { source, parts, .. } => {
+            End::Replay {
+                source,
+                parts,
+                spare,
+                ..
+            } => {
                 if parts.is_empty() {
                     let source = source.get_mut().unwrap_or_else(|p| p.into_inner());
-                    *parts = read_sync(source.as_mut())?.into();
+                    *parts = read_sync(source.as_mut(), spare)?.into();
                 }
                 let part = parts.pop_front().unwrap_or_default();
                 if part.len() != len {
@@ -143,7 +151,9 @@ impl FrameLink {
                     )));
                 }
                 // SAFETY: per this function's contract; ordered after `stream` above.
-                unsafe { self.gpu.copy_to_device(dst, &part) }
+                unsafe { self.gpu.copy_to_device(dst, &part)? };
+                keep_spare(spare, part);
+                Ok(())
             }
         }
     }
@@ -184,18 +194,48 @@ impl FrameLink {
     }
 }
 
+/// How many parts' buffers a replay link keeps for the next sync (a delta's positions and
+/// values, with room to spare).
+const SPARE_PARTS: usize = 4;
+
+/// Keeps `part`'s memory for the next sync's parts: the largest few buffers.
+fn keep_spare(spare: &mut Vec<Vec<u8>>, part: Vec<u8>) {
+    spare.push(part);
+    if spare.len() > SPARE_PARTS {
+        if let Some(i) = (0..spare.len()).min_by_key(|&i| spare[i].capacity()) {
+            spare.swap_remove(i);
+        }
+    }
+}
+
+/// One frame's bytes: owned, or kept in place by whoever handed them over (a Python `bytes`
+/// object), read without a copy.
+pub struct FrameBytes(Box<dyn AsRef<[u8]> + Send>);
+
+impl FrameBytes {
+    pub fn new(bytes: impl AsRef<[u8]> + Send + 'static) -> FrameBytes {
+        FrameBytes(Box::new(bytes))
+    }
+}
+
+impl AsRef<[u8]> for FrameBytes {
+    fn as_ref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
 /// Where a replay link's frames come from: whole frames, one at a time, `None` at a clean end
 /// of the stream.
 trait FrameSource: Send {
-    fn next_frame(&mut self) -> Result<Option<Vec<u8>>>;
+    fn next_frame(&mut self) -> Result<Option<FrameBytes>>;
 }
 
 /// Frames read back to back from a byte stream (a file, a socket).
 struct ReadFrames<R>(R);
 
 impl<R: Read + Send> FrameSource for ReadFrames<R> {
-    fn next_frame(&mut self) -> Result<Option<Vec<u8>>> {
-        read_frame(&mut self.0)
+    fn next_frame(&mut self) -> Result<Option<FrameBytes>> {
+        Ok(read_frame(&mut self.0)?.map(FrameBytes::new))
     }
 }
 
@@ -227,14 +267,17 @@ fn read_frame(source: &mut dyn Read) -> Result<Option<Vec<u8>>> {
 impl FrameSource for FrameQueue {
     /// A buffer pushed whole and holding exactly one frame is handed over as it is; anything
     /// else (several frames in one push, a frame split over pushes) is read as a stream.
-    fn next_frame(&mut self) -> Result<Option<Vec<u8>>> {
+    fn next_frame(&mut self) -> Result<Option<FrameBytes>> {
         {
             let mut frames = self.lock();
-            while frames.front().is_some_and(|f| f.get_ref().is_empty()) {
+            while frames
+                .front()
+                .is_some_and(|f| f.get_ref().as_ref().is_empty())
+            {
                 frames.pop_front();
             }
             let whole = frames.front().is_some_and(|f| {
-                let b = f.get_ref();
+                let b = f.get_ref().as_ref();
                 f.position() == 0
                     && b.len() >= wire::HEADER_LEN
                     && wire::FrameHeader::decode(&b[..wire::HEADER_LEN])
@@ -244,14 +287,14 @@ impl FrameSource for FrameQueue {
                 return Ok(frames.pop_front().map(Cursor::into_inner));
             }
         }
-        read_frame(&mut self.reader())
+        Ok(read_frame(&mut self.reader())?.map(FrameBytes::new))
     }
 }
 
 /// Reads the frames of the next sync (through its `FINAL` frame) and cuts them into device
-/// parts; at the end of the stream, a close.
-fn read_sync(source: &mut dyn FrameSource) -> Result<Vec<Vec<u8>>> {
-    let mut frames: Vec<Vec<u8>> = Vec::new();
+/// parts (reusing `spare`'s buffers); at the end of the stream, a close.
+fn read_sync(source: &mut dyn FrameSource, spare: &mut Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    let mut frames: Vec<FrameBytes> = Vec::new();
     loop {
         let Some(frame) = source.next_frame()? else {
             if frames.is_empty() {
@@ -262,7 +305,7 @@ fn read_sync(source: &mut dyn FrameSource) -> Result<Vec<Vec<u8>>> {
             ));
         };
         // (next_frame decoded the header: the length is its own.)
-        let last = wire::FrameHeader::decode(&frame[..wire::HEADER_LEN])
+        let last = wire::FrameHeader::decode(&frame.as_ref()[..wire::HEADER_LEN])
             .map_err(|e| CudaError::Protocol(e.to_string()))?
             .is_final;
         frames.push(frame);
@@ -270,8 +313,8 @@ fn read_sync(source: &mut dyn FrameSource) -> Result<Vec<Vec<u8>>> {
             break;
         }
     }
-    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-    device_parts(&refs)
+    let refs: Vec<&[u8]> = frames.iter().map(AsRef::as_ref).collect();
+    device_parts_reusing(&refs, spare)
 }
 
 /// Fills `buf`, or returns `false` at a clean end of the stream (nothing read).
@@ -303,20 +346,21 @@ fn close_header() -> Vec<u8> {
 /// end of the stream (until more are pushed).
 #[derive(Clone, Default)]
 pub struct FrameQueue {
-    frames: Arc<Mutex<VecDeque<Cursor<Vec<u8>>>>>,
+    frames: Arc<Mutex<VecDeque<Cursor<FrameBytes>>>>,
 }
 
 impl FrameQueue {
-    /// Appends one frame after those pushed before.
-    pub fn push(&self, frame: Vec<u8>) {
-        self.lock().push_back(Cursor::new(frame));
+    /// Appends one frame after those pushed before (owned, or any bytes kept alive until
+    /// read: they are read in place).
+    pub fn push(&self, frame: impl AsRef<[u8]> + Send + 'static) {
+        self.lock().push_back(Cursor::new(FrameBytes::new(frame)));
     }
 
     /// Bytes pushed and not yet read.
     pub fn pending_bytes(&self) -> u64 {
         self.lock()
             .iter()
-            .map(|f| f.get_ref().len() as u64 - f.position())
+            .map(|f| f.get_ref().as_ref().len() as u64 - f.position())
             .sum()
     }
 
@@ -330,7 +374,7 @@ impl FrameQueue {
         QueueReader(self.clone())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Cursor<Vec<u8>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Cursor<FrameBytes>>> {
         self.frames.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -394,23 +438,29 @@ mod tests {
         // The parts a byte stream of the same frames gives: the reference.
         let mut reader = ReadFrames(Cursor::new(stream.clone()));
         let want: Vec<Vec<Vec<u8>>> = (0..syncs.len())
-            .map(|_| read_sync(&mut reader).unwrap())
+            .map(|_| read_sync(&mut reader, &mut Vec::new()).unwrap())
             .collect();
         // Pushed one frame per push; as one push of everything; cut at odd places.
         let cuts: [&dyn Fn() -> Vec<Vec<u8>>; 3] =
             [&|| all.clone(), &|| vec![stream.clone()], &|| {
                 stream.chunks(977).map(<[u8]>::to_vec).collect()
             }];
+        // The parts' buffers go back for the next sync's, as the link gives them back: what
+        // a reused buffer held before does not show.
+        let mut spare = vec![vec![0xa5; 1 << 16]];
         for cut in cuts {
             let mut q = FrameQueue::default();
             for piece in cut() {
                 q.push(piece);
             }
             for w in &want {
-                assert_eq!(&read_sync(&mut q).unwrap(), w);
+                let got = read_sync(&mut q, &mut spare).unwrap();
+                assert_eq!(&got, w);
+                got.into_iter().for_each(|p| keep_spare(&mut spare, p));
+                assert!(spare.len() <= SPARE_PARTS);
             }
             // The end of what was pushed reads as a close.
-            assert_eq!(read_sync(&mut q).unwrap(), vec![close_header()]);
+            assert_eq!(read_sync(&mut q, &mut spare).unwrap(), vec![close_header()]);
         }
         // A sync whose last frame never comes is refused; so is a frame cut short.
         let mut q = FrameQueue::default();
@@ -420,7 +470,7 @@ mod tests {
             q.clear();
             q.push(f[..f.len() - 1].to_vec());
         }
-        assert!(read_sync(&mut q).is_err());
+        assert!(read_sync(&mut q, &mut spare).is_err());
     }
 
     #[test]
@@ -431,7 +481,7 @@ mod tests {
         assert_eq!(r.read_to_end(&mut out).unwrap(), 0);
         q.push(vec![1, 2, 3]);
         q.push(Vec::new());
-        q.push((0..=255).collect());
+        q.push((0..=255).collect::<Vec<u8>>());
         assert_eq!(q.pending_bytes(), 259);
         let mut two = [0u8; 2];
         r.read_exact(&mut two).unwrap();

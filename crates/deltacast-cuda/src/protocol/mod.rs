@@ -42,7 +42,7 @@ mod tests;
 pub(crate) use limits::check_gather;
 pub use limits::{check_shard_runs, choose_sections, ChunkChoice, TableLimits};
 use limits::{section_bounds, value_bounds};
-pub use relay::{device_parts, FrameAssembler};
+pub use relay::{device_parts, device_parts_reusing, FrameAssembler};
 
 /// Bytes of a stage's header: the core's frame header.
 pub const HEADER_BYTES: usize = HEADER_LEN;

@@ -151,6 +151,13 @@ fn close_frame(header: FrameHeader) -> Result<Vec<u8>> {
 /// a GPU sender made it, and goes frame by frame. A GPU receiver checks the rest (its table,
 /// the codecs it decodes).
 pub fn device_parts(frames: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+    device_parts_reusing(frames, &mut Vec::new())
+}
+
+/// [`device_parts`], the joined position and value parts written into buffers taken from
+/// `spare` (parts given back there after use keep their memory: a sync of a few hundred MB
+/// then costs a copy, not fresh pages to fault in).
+pub fn device_parts_reusing(frames: &[&[u8]], spare: &mut Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
     let parsed: Vec<wire::Frame> = frames
         .iter()
         .map(|f| wire::parse_frame(f).map_err(core))
@@ -159,7 +166,7 @@ pub fn device_parts(frames: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
         return Err(bad("a sync of no frames".into()));
     };
     if parsed.iter().all(|f| f.header.kind == first.header.kind) {
-        return restage(&parsed);
+        return restage(&parsed, spare);
     }
     let mut parts = Vec::new();
     for f in &parsed {
@@ -183,8 +190,17 @@ pub fn device_parts(frames: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
     Ok(parts)
 }
 
+/// An empty buffer from `spare` with room for `len` bytes (the largest there, or a new one).
+fn buffer(spare: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
+    let largest = (0..spare.len()).max_by_key(|&i| spare[i].capacity());
+    let mut b = largest.map(|i| spare.swap_remove(i)).unwrap_or_default();
+    b.clear();
+    b.reserve(len);
+    b
+}
+
 /// Frames of one kind as the parts of one stage of every slot they name.
-fn restage(frames: &[wire::Frame]) -> Result<Vec<Vec<u8>>> {
+fn restage(frames: &[wire::Frame], spare: &mut Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
     let h0 = frames[0].header;
     if h0.kind == FrameKind::Close {
         return Ok(vec![h0.encode().to_vec()]);
@@ -211,8 +227,12 @@ fn restage(frames: &[wire::Frame]) -> Result<Vec<Vec<u8>>> {
             v.next_multiple_of(8) + vs.len(),
         )
     });
-    let mut positions = Vec::with_capacity(pos_len);
-    let mut values = Vec::with_capacity(if delta { val_len } else { 0 });
+    let mut positions = buffer(spare, pos_len);
+    let mut values = if delta {
+        buffer(spare, val_len)
+    } else {
+        Vec::new()
+    };
     let mut sections = Vec::with_capacity(if delta { 0 } else { chunks.len() });
     let mut records = Vec::with_capacity(chunks.len());
     let mut val_at = 0usize;
