@@ -270,17 +270,12 @@ impl GpuReceiver {
             (None, Some(pending)) => self.held.commit(&self.table, pending).err().map(Into::into),
             (None, None) => Some(CudaError::Protocol("a sync that was never admitted".into())),
         };
-        // The ack: 1 when this receiver refused.
-        let stream = self.gpu.stream_handle();
-        // SAFETY: our status word.
-        unsafe {
-            self.gpu.memset(self.status.ptr(), 0, 8)?;
-            self.gpu
-                .memset(self.status.ptr(), refused.is_some() as u8, 1)?;
-            self.comm.all_reduce_max_u64(self.status.ptr(), 1, stream)?;
+        // The ack: 1 when this receiver refused. A verified sync waiting for its commit
+        // whose ack fails is dropped: the caller sees the error, and nothing is written.
+        if let Err(e) = self.ack(refused.is_some()) {
+            self.abort_sync();
+            return Err(e);
         }
-        let done = self.gpu.record_done()?;
-        self.comm.wait(done, self.timeout, "the ack")?;
         phases.lap("ack", &mut mark);
         if let Some(e) = refused {
             return Err(e);
@@ -309,6 +304,19 @@ impl GpuReceiver {
             v.report = Some(report.clone());
         }
         Ok(Some(report))
+    }
+
+    /// Sends this receiver's ack (1: it refused) and waits for the link to complete it.
+    fn ack(&mut self, refused: bool) -> Result<()> {
+        let stream = self.gpu.stream_handle();
+        // SAFETY: our status word.
+        unsafe {
+            self.gpu.memset(self.status.ptr(), 0, 8)?;
+            self.gpu.memset(self.status.ptr(), refused as u8, 1)?;
+            self.comm.all_reduce_max_u64(self.status.ptr(), 1, stream)?;
+        }
+        let done = self.gpu.record_done()?;
+        self.comm.wait(done, self.timeout, "the ack")
     }
 
     /// Receives the stages of one sync, applying each (or, after a refusal, dropping it);
