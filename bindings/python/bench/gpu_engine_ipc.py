@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -34,37 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_layout_apply as G  # noqa: E402  (its layout JSON helpers and the patch way)
+from gpu_engine_sync import changes_of, truth_of  # noqa: E402  (the same changes, seeded)
 from gpu_sync import free_port  # noqa: E402
-
-
-def layout_of(a):
-    from deltacast.integrations import layout as L
-
-    raw = json.loads(Path(a.layout).read_text())
-    if a.experts:
-        raw = G.expand_experts(raw, a.experts)
-    return L.EngineLayout.from_json(G.repeat_layers(raw, a.layers))
-
-
-def truth_of(lay) -> dict:
-    """The HF checkpoint's bits, the same in both processes."""
-    gen = torch.Generator().manual_seed(3)
-    return {
-        s: torch.randn(shape, generator=gen).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-        for s, shape in lay.slots.items()
-    }
-
-
-def changes_of(lay, rng, frac: float) -> list:
-    """One step's changes, ``(slot, int64 positions, bf16 values)`` on the host, in slot order."""
-    out = []
-    for s, shape in lay.slots.items():
-        n = math.prod(shape)
-        k = max(1, int(round(n * frac)))
-        pos = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
-        vals = torch.from_numpy(rng.standard_normal(k).astype(np.float32)).to(torch.bfloat16)
-        out.append((s, torch.from_numpy(pos), vals))
-    return out
 
 
 def trainer(a, address: str, secret: str, results, go) -> None:
@@ -72,7 +42,7 @@ def trainer(a, address: str, secret: str, results, go) -> None:
     engine says go, so that nothing of the trainer's runs during the engine's timings)."""
     import deltacast.cuda as dcc
 
-    lay = layout_of(a)
+    lay = G.load_layout(a.layout, a.layers, a.experts)
     truth = truth_of(lay)
     hf = {
         s: torch.from_numpy(t.view(np.int16)).view(torch.bfloat16).cuda() for s, t in truth.items()
@@ -85,7 +55,7 @@ def trainer(a, address: str, secret: str, results, go) -> None:
     for step in range(a.steps + 1):
         go.get(timeout=600)
         for s, pos, vals in changes_of(lay, rng, a.frac):
-            hf[s].view(-1).index_copy_(0, pos.cuda(), vals.cuda())
+            hf[s].view(-1).index_copy_(0, torch.from_numpy(pos).cuda(), vals.cuda())
         torch.cuda.synchronize()
         results.put((step, sender.sync()))
     sender.close()
@@ -110,7 +80,7 @@ def main() -> int:
         print("SKIPPED: no CUDA device", flush=True)
         return 0
     dev = torch.device("cuda", 0)
-    lay = layout_of(a)
+    lay = G.load_layout(a.layout, a.layers, a.experts)
     truth = truth_of(lay)
     table = deltacast.SlotTable([(s, "bf16", list(shape)) for s, shape in lay.slots.items()])
     sets = {
@@ -141,8 +111,8 @@ def main() -> int:
         for step in range(a.steps + 1):  # step 0 warms up
             changes = changes_of(lay, rng, a.frac)
             for s, pos, vals in changes:
-                truth[s].reshape(-1)[pos.numpy()] = vals.view(torch.int16).numpy().view(np.uint16)
-            on_gpu = [(s, pos.to(dev), vals.to(dev)) for s, pos, vals in changes]
+                truth[s].reshape(-1)[pos] = vals.view(torch.int16).numpy().view(np.uint16)
+            on_gpu = [(s, torch.from_numpy(pos).to(dev), vals.to(dev)) for s, pos, vals in changes]
             torch.cuda.synchronize()
             go.put(step)
             got = rx.receive()

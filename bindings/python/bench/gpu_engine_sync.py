@@ -39,9 +39,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_layout_apply as G  # noqa: E402  (its layout JSON helpers and the patch way)
 
 
+def truth_of(lay) -> dict:
+    """The HF checkpoint's bits (uint16 per slot), the same from run to run."""
+    gen = torch.Generator().manual_seed(3)
+    return {
+        s: torch.randn(shape, generator=gen).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        for s, shape in lay.slots.items()
+    }
+
+
+def changes_of(lay, rng, frac: float) -> list:
+    """One step's changes: per slot, ``frac`` of its elements at random positions (sorted
+    int64) with new finite BF16 values, in slot order."""
+    out = []
+    for s, shape in lay.slots.items():
+        n = math.prod(shape)
+        k = max(1, int(round(n * frac)))
+        pos = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+        vals = torch.from_numpy(rng.standard_normal(k).astype(np.float32)).to(torch.bfloat16)
+        out.append((s, pos, vals))
+    return out
+
+
 def main() -> int:
     import deltacast
-    from deltacast.integrations import layout as L, layout_apply as A
+    from deltacast.integrations import layout_apply as A
     from deltacast.integrations.engine_receiver import LayoutReceiver
 
     ap = argparse.ArgumentParser()
@@ -62,16 +84,9 @@ def main() -> int:
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
-    raw = json.loads(Path(a.layout).read_text())
-    if a.experts:
-        raw = G.expand_experts(raw, a.experts)
-    lay = L.EngineLayout.from_json(G.repeat_layers(raw, a.layers))
+    lay = G.load_layout(a.layout, a.layers, a.experts)
     rng = np.random.default_rng(3)
-    gen = torch.Generator().manual_seed(3)
-    truth = {
-        s: torch.randn(shape, generator=gen).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-        for s, shape in lay.slots.items()
-    }
+    truth = truth_of(lay)
     table = deltacast.SlotTable([(s, "bf16", list(shape)) for s, shape in lay.slots.items()])
     use = set(a.receivers.split(","))
     if not use or not use <= {"host", "gpu"}:
@@ -116,14 +131,10 @@ def main() -> int:
     rows = []
     for step in range(a.steps + 1):  # step 0 warms up
         changes, changed = [], 0
-        for s, shape in lay.slots.items():
-            n = math.prod(shape)
-            k = max(1, int(round(n * a.frac)))
-            pos = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int32)
-            vals = torch.from_numpy(rng.standard_normal(k).astype(np.float32)).to(torch.bfloat16)
+        for s, pos, vals in changes_of(lay, rng, a.frac):
             truth[s].reshape(-1)[pos] = vals.view(torch.int16).numpy().view(np.uint16)
-            changes.append((s, torch.from_numpy(pos), vals))
-            changed += k
+            changes.append((s, torch.from_numpy(pos.astype(np.int32)), vals))
+            changed += len(pos)
         t0 = time.perf_counter()
         frames = sender.sync(truth).frames
         t1 = time.perf_counter()

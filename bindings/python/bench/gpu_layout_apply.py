@@ -124,6 +124,15 @@ def expand_experts(d: dict, experts: int) -> dict:
     return {**d, "slots": slots, "params": params}
 
 
+def load_layout(path: str, layers: int, experts: int | None = None) -> L.EngineLayout:
+    """The layout JSON at ``path``, its layer 0 repeated for ``layers`` layers (and laid out for
+    ``experts`` experts per layer, when given)."""
+    raw = json.loads(Path(path).read_text())
+    if experts:
+        raw = expand_experts(raw, experts)
+    return L.EngineLayout.from_json(repeat_layers(raw, layers))
+
+
 def patch_way(lay, by_slot: dict, params: dict, changes, dev) -> None:
     """The checkpoint-patch way: per touched HF tensor a full-size NaN tensor on the GPU gets the
     changed values, then the engine's loader copies its non-NaN elements (a masked copy per
@@ -169,10 +178,7 @@ def main() -> int:
     a = ap.parse_args()
     dev = torch.device(a.device)
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
-    raw = json.loads(Path(a.layout).read_text())
-    if a.experts:
-        raw = expand_experts(raw, a.experts)
-    lay = L.EngineLayout.from_json(repeat_layers(raw, a.layers))
+    lay = load_layout(a.layout, a.layers, a.experts)
     rng = np.random.default_rng(7)
     gen = torch.Generator(device=dev).manual_seed(7)
 
