@@ -190,10 +190,15 @@ pub fn device_parts_reusing(frames: &[&[u8]], spare: &mut Vec<Vec<u8>>) -> Resul
     Ok(parts)
 }
 
-/// An empty buffer from `spare` with room for `len` bytes (the largest there, or a new one).
+/// An empty buffer from `spare` with room for `len` bytes: the smallest there that holds
+/// them (so a sync's small part does not take the buffer its large part needs), else the
+/// largest, grown; else a new one.
 fn buffer(spare: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
-    let largest = (0..spare.len()).max_by_key(|&i| spare[i].capacity());
-    let mut b = largest.map(|i| spare.swap_remove(i)).unwrap_or_default();
+    let fits = (0..spare.len())
+        .filter(|&i| spare[i].capacity() >= len)
+        .min_by_key(|&i| spare[i].capacity());
+    let pick = fits.or_else(|| (0..spare.len()).max_by_key(|&i| spare[i].capacity()));
+    let mut b = pick.map(|i| spare.swap_remove(i)).unwrap_or_default();
     b.clear();
     b.reserve(len);
     b
@@ -269,4 +274,24 @@ fn restage(frames: &[wire::Frame], spare: &mut Vec<Vec<u8>>) -> Result<Vec<Vec<u
         _ => parts.extend(sections),
     }
     Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::buffer;
+
+    #[test]
+    fn a_part_takes_the_smallest_spare_buffer_that_holds_it() {
+        let mut spare = vec![Vec::with_capacity(10_000), vec![7u8; 100]];
+        let small = buffer(&mut spare, 50);
+        assert!(small.is_empty() && small.capacity() >= 50 && small.capacity() < 10_000);
+        assert_eq!(spare.len(), 1, "the large buffer stays for the large part");
+        let large = buffer(&mut spare, 20_000);
+        assert!(large.is_empty() && large.capacity() >= 20_000);
+        assert!(spare.is_empty());
+        assert!(
+            buffer(&mut spare, 3).capacity() >= 3,
+            "none spare: a new one"
+        );
+    }
 }
