@@ -69,12 +69,7 @@ def main() -> int:
     from deltacast.integrations.gpu_layout_receiver import slot_views
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("layout")
-    ap.add_argument("layers", type=int)
-    ap.add_argument("--experts", type=int)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--frac", type=float, default=0.015)
-    ap.add_argument("--out")
+    G.shape_args(ap, steps=4)
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device", flush=True)

@@ -67,14 +67,9 @@ def main() -> int:
     from deltacast.integrations.engine_receiver import LayoutReceiver
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("layout")
-    ap.add_argument("layers", type=int)
-    ap.add_argument("--experts", type=int)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--frac", type=float, default=0.015)
+    G.shape_args(ap, steps=4)
     ap.add_argument("--receivers", default="host,gpu",
                     help="which deltacast receivers run: host (LayoutReceiver), gpu (GpuLayoutReceiver)")
-    ap.add_argument("--out")
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script, no figures")
     a = ap.parse_args()
     dev = torch.device(a.device)

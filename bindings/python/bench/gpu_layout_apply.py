@@ -124,6 +124,17 @@ def expand_experts(d: dict, experts: int) -> dict:
     return {**d, "slots": slots, "params": params}
 
 
+def shape_args(ap: argparse.ArgumentParser, steps: int) -> None:
+    """The arguments every engine bench takes: the layout, how many layers and experts it is
+    laid out for, the steps and the fraction changed per step, the JSON out."""
+    ap.add_argument("layout")
+    ap.add_argument("layers", type=int)
+    ap.add_argument("--experts", type=int, help="an MoE layout with this many experts per layer")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--frac", type=float, default=0.015)
+    ap.add_argument("--out")
+
+
 def load_layout(path: str, layers: int, experts: int | None = None) -> L.EngineLayout:
     """The layout JSON at ``path``, its layer 0 repeated for ``layers`` layers (and laid out for
     ``experts`` experts per layer, when given)."""
@@ -167,12 +178,7 @@ def timed(f) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("layout")
-    ap.add_argument("layers", type=int)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--frac", type=float, default=0.015)
-    ap.add_argument("--experts", type=int, help="an MoE layout with this many experts per layer")
-    ap.add_argument("--out")
+    shape_args(ap, steps=6)
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script, no figures")
     ap.add_argument("--profile", action="store_true", help="torch.profiler table of one commit")
     a = ap.parse_args()
