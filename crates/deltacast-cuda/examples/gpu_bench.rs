@@ -779,7 +779,9 @@ fn entropy_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
 
 /// `gpu_bench steps [GIB] [DENSITY...]`: see the module docs.
 fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
-    use deltacast_cuda::{steps_map_layout, ApplyInput, ApplyPositions, ApplyValues, StepsOutput};
+    use deltacast_cuda::{
+        map_layout, ApplyInput, ApplyPositions, ApplyValues, DiffOutput, MapCode, MapOutput,
+    };
     let gib: f64 = args.first().map_or(Ok(1.0), |s| s.parse())?;
     let densities: Vec<f64> = if args.len() > 1 {
         args[1..]
@@ -793,6 +795,7 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     println!("device: {} ({} SMs)", gpu.name(), gpu.sm_count());
     for kernel in [
         "dc_diff_steps",
+        "dc_diff_bitmap",
         "dc_diff_direct",
         "dc_apply_check",
         "dc_apply_scatter",
@@ -817,8 +820,10 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         digest: Some((digest_d.ptr(), 0)),
         f32_source: None,
     };
-    let map_d = gpu.alloc(steps_map_layout(&[input]).1 as usize)?;
+    let map_d = gpu.alloc(map_layout(&[input], MapCode::Steps).1 as usize)?;
     let esc_d = gpu.alloc(bytes)?;
+    // The listing diff's output, for the bitmap rows' comparison.
+    let pos_d = gpu.alloc(8 * numel as usize)?;
     let wall = |f: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error>>| {
         let t = Instant::now();
         f()?;
@@ -837,7 +842,10 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Result<Vec<_>, _>>()?,
     );
     println!("device copy of {bytes} bytes: {copy_ms:.3} ms (wall, median of 5)");
-    println!("density  cell  chunks  changes  escapes  diff_kernel_ms  check_ms  scatter_ms  (copy {copy_ms:.3} ms)");
+    println!(
+        "code    density  cell  chunks  changes  escapes  diff_kernel_ms  check_ms  scatter_ms  \
+         (copy {copy_ms:.3} ms; bitmap rows: + listing diff and its bitmap encoding, ms)"
+    );
     for &density in &densities {
         let mut cur = vec![0u8; bytes];
         let thresh = (density * (1u64 << 32) as f64) as u64;
@@ -863,7 +871,12 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         });
         // SAFETY: `cur_d` holds `bytes`.
         unsafe { gpu.copy_to_device(cur_d.ptr(), &cur)? };
-        for cell in [1u64 << 16, 1 << 20] {
+        for (code, cell) in [
+            (MapCode::Steps, 1u64 << 16),
+            (MapCode::Steps, 1 << 20),
+            (MapCode::Bitmap, 1 << 20),
+        ] {
+            let bits = code.bits();
             let (mut diffs, mut checks, mut scatters) = (vec![], vec![], vec![]);
             let (mut chunks, mut changes, mut escapes) = (0, 0, 0);
             for rep in 0..4 {
@@ -874,14 +887,15 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                     gpu.memset(digest_d.ptr(), 0, 8)?;
                 }
                 gpu.synchronize()?;
-                let out = StepsOutput {
+                let out = MapOutput {
+                    code,
                     map: map_d.ptr(),
                     escapes: esc_d.ptr(),
                     capacity: numel,
                     cell_elems: cell,
                 };
                 // SAFETY: the buffers above, sized for the tensor.
-                let res = unsafe { gpu.diff_steps(&[input], &out)? };
+                let res = unsafe { gpu.diff_map(&[input], &out)? };
                 let r = &res.tensors[0];
                 let mut inputs = Vec::new();
                 let mut g = r.escape0;
@@ -889,6 +903,10 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                     let start = c as u64 * res.cell_elems;
                     let range = res.cell_elems.min(numel - start);
                     if cl.changes > 0 {
+                        let (positions, values) = match code {
+                            MapCode::Steps => (ApplyPositions::Steps, ApplyValues::Escaped),
+                            MapCode::Bitmap => (ApplyPositions::Bitmap, ApplyValues::Raw),
+                        };
                         inputs.push(ApplyInput {
                             dst: held_d.ptr(),
                             slot_numel: numel,
@@ -897,12 +915,12 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                             start,
                             range,
                             count: cl.changes as u64,
-                            positions: ApplyPositions::Steps,
-                            pos_section: map_d.ptr() + r.map_offset + start / 4,
-                            pos_len: range.div_ceil(4),
+                            positions,
+                            pos_section: map_d.ptr() + r.map_offset + start * bits / 8,
+                            pos_len: (range * bits).div_ceil(8),
                             val_section: esc_d.ptr() + 2 * g,
                             val_len: 2 * cl.escapes as u64,
-                            values: ApplyValues::Escaped,
+                            values,
                         });
                     }
                     g += cl.escapes as u64;
@@ -930,8 +948,55 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             if held != cur {
                 return Err(format!("density {density}, cell {cell}: applied bits differ").into());
             }
+            // What a dense plain delta cost before the bitmap diff: the listing diff (its
+            // one-pass form) and the bitmap encoding of its positions.
+            let listing = if code == MapCode::Bitmap {
+                let (mut lists, mut encodes) = (vec![], vec![]);
+                for _ in 0..3 {
+                    // SAFETY: every buffer holds `bytes` (the digest word 8).
+                    unsafe {
+                        gpu.copy_device(snap_d.ptr(), old_d.ptr(), bytes)?;
+                        gpu.memset(digest_d.ptr(), 0, 8)?;
+                    }
+                    let out = DiffOutput {
+                        positions: pos_d.ptr(),
+                        new_values: esc_d.ptr(),
+                        old_values: None,
+                        capacity: numel,
+                        expected: Some(changes),
+                    };
+                    // SAFETY: the buffers above, sized for the tensor.
+                    let res = unsafe { gpu.diff_batch(&[input], &out)? };
+                    let inputs = [EncodeInput {
+                        change_offset: 0,
+                        change_count: res.found,
+                        first_index: 0,
+                        numel,
+                    }];
+                    let encode_ms = wall(&mut || {
+                        // SAFETY: `map_d` holds a bitmap of every element, positions all
+                        // the changes.
+                        unsafe {
+                            gpu.encode_positions(
+                                pos_d.ptr(),
+                                &inputs,
+                                cell,
+                                None,
+                                Some(map_d.ptr()),
+                            )?
+                        };
+                        Ok(())
+                    })?;
+                    lists.push(res.kernel_ms);
+                    encodes.push(encode_ms);
+                }
+                format!("  {:.3}  {:.3}", median(lists), median(encodes))
+            } else {
+                String::new()
+            };
             println!(
-                "{density:.3}  {cell}  {chunks}  {changes}  {escapes}  {:.3}  {:.3}  {:.3}",
+                "{:6}  {density:.3}  {cell}  {chunks}  {changes}  {escapes}  {:.3}  {:.3}  {:.3}{listing}",
+                format!("{code:?}").to_lowercase(),
                 median(diffs),
                 median(checks),
                 median(scatters)

@@ -736,17 +736,21 @@ dc_diff_place(const DiffTensor* __restrict__ tensors, const u32* __restrict__ ti
     }
 }
 
-// The steps diff (dc_diff_steps): a dense stage written straight in the steps + esc code
-// (docs/codecs.md) in one pass. Each tensor's 2-bit codes go to a map of fixed place (element
-// e at byte e / 4 of the tensor's map), so a tile writes its codes without knowing what the
-// tiles before it found; only the escapes (changes other than one step) are compacted, in
-// element order, at the place a decoupled look-back over the tiles' escape counts gives. The
-// snapshot is refreshed, the digest change added and each grid cell's changes and escapes
-// counted (a tile lies inside one cell: cells are whole tiles). Escapes past `capacity`:
-// nothing of the tile's escapes or digest is written (the host sends the stage whole; the
-// snapshot is current all the same).
+// The map diffs (dc_diff_steps, dc_diff_bitmap): a dense stage written straight in a code of
+// fixed size per element, in one pass. dc_diff_steps writes the steps + esc code
+// (docs/codecs.md): 2 bits an element, escapes the changes other than one step;
+// dc_diff_bitmap writes bitmap + raw: 1 bit an element, every change "escaped" (its new bits
+// are the raw values). Each tensor's codes go to a map of fixed place (element e at bit
+// BITS * e of the tensor's map), so a tile writes its codes without knowing what the tiles
+// before it found; only the escapes are compacted, in element order, at the place a
+// decoupled look-back over the tiles' escape counts gives. The snapshot is refreshed, the
+// digest change added and each grid cell's changes and escapes counted (a tile lies inside
+// one cell: cells are whole tiles). Escapes past `capacity`: nothing of the tile's escapes or
+// digest is written (the host sends the stage whole; the snapshot is current all the same).
+// Dense steps want the bitmap form over the listing diff: it writes 1 bit an element instead
+// of 8 bytes of position a change, and needs no encoding pass after it.
 struct StepsTensor {
-    u64 map;    // element e's code at byte e / 4 (4-aligned, room for every vector's codes)
+    u64 map;    // element e's code at bit BITS * e (16-aligned, room for every vector's codes)
     u64 cell0;  // index of the tensor's first cell in `cells`
 };
 
@@ -787,7 +791,32 @@ __device__ __forceinline__ u32 dc_step_codes(uint4 s, uint4 c) {
     return out;
 }
 
-template <u32 W>
+// The map code of one vector, BITS (1 or 2) per element in element order.
+template <u32 W, u32 BITS>
+__device__ __forceinline__ u32 dc_map_codes(uint4 s, uint4 c) {
+    return BITS == 2 ? dc_step_codes<W>(s, c) : dc_change_mask(c, s, W);
+}
+
+// Stores one vector's codes at byte `off` of the tensor (`off` < its bytes). A vector's
+// codes are 32 * BITS / 16 / W bits: whole bytes but for the bitmap of 4-byte elements (4
+// bits), where the even lane of each pair writes both vectors' (adjacent: lanes 2k and 2k + 1
+// read consecutive vectors). Every lane must call it (the pairs shuffle).
+template <u32 W, u32 BITS>
+__device__ __forceinline__ void dc_store_codes(u8* map, u64 off, u32 c, bool inside) {
+    if (BITS == 1 && W == 4) {
+        const u32 odd = __shfl_down_sync(DC_FULL_MASK, c, 1);
+        if (inside && (threadIdx.x & 1) == 0) map[off / 32] = (u8)(c | odd << 4);
+        return;
+    }
+    if (!inside) return;
+    u8* at = map + off / W * BITS / 8;
+    constexpr u32 bits = 16 / W * BITS;
+    if (bits == 32) *(u32*)at = c;
+    else if (bits == 16) *(u16*)at = (u16)c;
+    else *at = (u8)c;
+}
+
+template <u32 W, u32 BITS>
 __device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ tensors,
                                               const StepsTensor* __restrict__ steps,
                                               const u32* __restrict__ tile_tensor,
@@ -822,20 +851,15 @@ __device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ ten
     for (u32 p = 0; p < DIFF_PACKS; ++p) packed[p] = 0;
 #pragma unroll
     for (u32 i = 0; i < DIFF_ITEMS; ++i) {
-        const u32 c = dc_step_codes<W>(sv[i], cv[i]);
+        const u32 c = dc_map_codes<W, BITS>(sv[i], cv[i]);
         codes[i] = c;
-        const u32 nz = (c | (c >> 1)) & 0x55555555u;
-        const u32 es = c & (c >> 1) & 0x55555555u;
+        const u32 nz = BITS == 2 ? (c | (c >> 1)) & 0x55555555u : c;
+        const u32 es = BITS == 2 ? c & (c >> 1) & 0x55555555u : c;
         changed += __popc(nz);
         packed[i / 4] |= (u64)__popc(es) << (16 * (i % 4));
         // The codes of the vector, at its place in the map (none past the tensor's end).
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-        if (off < T.nbytes) {
-            u8* at = (u8*)S.map + off / W / 4;
-            if (W == 1) *(u32*)at = c;
-            else if (W == 2) *(u16*)at = (u16)c;
-            else *at = (u8)c;
-        }
+        dc_store_codes<W, BITS>((u8*)S.map, off, c, off < T.nbytes);
     }
     u64 excl[DIFF_PACKS], rows[DIFF_PACKS];
     u32 tile_escapes = 0;
@@ -863,16 +887,16 @@ __device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ ten
         const bool whole = vec && off + 16 <= T.nbytes;
         if (whole) *(uint4*)(snap_w + off) = cvi;
         const u64 elem0 = off / W;
-        u32 nz = (c | (c >> 1)) & 0x55555555u;
+        u32 nz = BITS == 2 ? (c | (c >> 1)) & 0x55555555u : c;
         while (nz) {
             const u32 bit = __ffs(nz) - 1;
             nz &= nz - 1;
-            const u32 e = bit >> 1;
+            const u32 e = BITS == 2 ? bit >> 1 : bit;
             const u32 nb = dc_extract(cvi, e, W);
             const u32 ob = dc_extract(svi, e, W);
             if (!whole) dc_store_bits(snap_w, elem0 + e, W, nb);
             if (!fits) continue;
-            if (((c >> bit) & 3u) == 3u) dc_store_bits(esc_out, g++, W, nb);
+            if (BITS == 1 || ((c >> bit) & 3u) == 3u) dc_store_bits(esc_out, g++, W, nb);
             if (T.digest_out) {
                 const u64 index = T.first_index + elem0 + e;
                 dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
@@ -889,15 +913,35 @@ __device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ ten
     }
 }
 
+template <u32 BITS>
+__device__ __forceinline__ void dc_map_diff(const DiffTensor* __restrict__ tensors,
+                                            const StepsTensor* __restrict__ steps,
+                                            const u32* __restrict__ tile_tensor,
+                                            u64* __restrict__ status, u64 capacity,
+                                            u8* __restrict__ esc_out, u32* __restrict__ cells,
+                                            u64 cell_elems) {
+    const u32 w = tensors[tile_tensor[blockIdx.x]].width;
+    if (w == 2)
+        dc_steps_tile<2, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
+                               cell_elems);
+    else if (w == 4)
+        dc_steps_tile<4, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
+                               cell_elems);
+    else
+        dc_steps_tile<1, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
+                               cell_elems);
+}
+
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
 dc_diff_steps(const DiffTensor* __restrict__ tensors, const StepsTensor* __restrict__ steps,
               const u32* __restrict__ tile_tensor, u64* __restrict__ status, u64 capacity,
               u8* __restrict__ esc_out, u32* __restrict__ cells, u64 cell_elems) {
-    const u32 w = tensors[tile_tensor[blockIdx.x]].width;
-    if (w == 2)
-        dc_steps_tile<2>(tensors, steps, tile_tensor, status, capacity, esc_out, cells, cell_elems);
-    else if (w == 4)
-        dc_steps_tile<4>(tensors, steps, tile_tensor, status, capacity, esc_out, cells, cell_elems);
-    else
-        dc_steps_tile<1>(tensors, steps, tile_tensor, status, capacity, esc_out, cells, cell_elems);
+    dc_map_diff<2>(tensors, steps, tile_tensor, status, capacity, esc_out, cells, cell_elems);
+}
+
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
+dc_diff_bitmap(const DiffTensor* __restrict__ tensors, const StepsTensor* __restrict__ steps,
+               const u32* __restrict__ tile_tensor, u64* __restrict__ status, u64 capacity,
+               u8* __restrict__ esc_out, u32* __restrict__ cells, u64 cell_elems) {
+    dc_map_diff<1>(tensors, steps, tile_tensor, status, capacity, esc_out, cells, cell_elems);
 }

@@ -335,13 +335,35 @@ impl DiffResult {
     }
 }
 
-/// Where a steps diff ([`Gpu::diff_steps`]) writes a stage in the steps + esc code
-/// (docs/codecs.md): every tensor's 2-bit codes in the map region at the offsets of
-/// [`steps_map_layout`], the escapes' new bits compacted in order (change `g` of the stage's
-/// escapes at byte `g * width` of `escapes`, tensors ordered by width as in [`DiffOutput`]).
+/// The code a map diff ([`Gpu::diff_map`]) writes: a fixed number of bits per element in a
+/// map of fixed place, plus the "escaped" changes' new bits compacted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepsOutput {
-    /// `steps_map_layout(..).1` bytes.
+pub enum MapCode {
+    /// steps + esc (docs/codecs.md): 2 bits an element; changes other than one step escape.
+    Steps,
+    /// bitmap + raw: 1 bit an element; every change's new bits are the raw values. What a
+    /// dense plain delta wants: no positions listed, no encoding pass after the diff.
+    Bitmap,
+}
+
+impl MapCode {
+    /// Bits of the map per element.
+    pub fn bits(self) -> u64 {
+        match self {
+            MapCode::Steps => 2,
+            MapCode::Bitmap => 1,
+        }
+    }
+}
+
+/// Where a map diff ([`Gpu::diff_map`]) writes a stage in `code`: every tensor's codes in the
+/// map region at the offsets of [`map_layout`], the escapes' new bits compacted in order
+/// (change `g` of the stage's escapes at byte `g * width` of `escapes`, tensors ordered by
+/// width as in [`DiffOutput`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapOutput {
+    pub code: MapCode,
+    /// `map_layout(.., code).1` bytes.
     pub map: DevicePtr,
     /// `capacity * largest width in the batch` bytes.
     pub escapes: DevicePtr,
@@ -352,45 +374,47 @@ pub struct StepsOutput {
     pub cell_elems: u64,
 }
 
-/// Byte offset of each tensor's map in a steps diff's map region (16-aligned, room for the
+/// Byte offset of each tensor's map in a map diff's map region (16-aligned, room for the
 /// codes of every 16-byte vector of the tensor), and the region's length.
-pub fn steps_map_layout(inputs: &[DiffInput]) -> (Vec<u64>, u64) {
+pub fn map_layout(inputs: &[DiffInput], code: MapCode) -> (Vec<u64>, u64) {
     let mut at = 0u64;
     let offsets = inputs
         .iter()
         .map(|t| {
             let off = at;
             let vectors = (t.numel * t.width as u64).div_ceil(16);
-            at += (vectors * 4 / t.width as u64).next_multiple_of(16);
+            let elements = vectors * 16 / t.width as u64;
+            at += (elements * code.bits()).div_ceil(8).next_multiple_of(16);
             off
         })
         .collect();
     (offsets, at)
 }
 
-/// Changes and escapes of one chunk-sized cell of a steps diff.
+/// Changes and escapes of one chunk-sized cell of a map diff.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StepsCell {
+pub struct MapCell {
     pub changes: u32,
     pub escapes: u32,
 }
 
-/// What a steps diff found in one tensor.
+/// What a map diff found in one tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct StepsTensorResult {
+pub struct MapTensorResult {
     /// Byte offset of its map in the map region.
     pub map_offset: u64,
     pub changes: u64,
     /// Index of its first escape in the stage's escapes (its bits at `escape0 * width`).
     pub escape0: u64,
     /// Its cells in order, each `cell_elems` elements (the last what remains).
-    pub cells: Vec<StepsCell>,
+    pub cells: Vec<MapCell>,
 }
 
-/// The result of [`Gpu::diff_steps`], tensors in input order.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct StepsDiff {
-    pub tensors: Vec<StepsTensorResult>,
+/// The result of [`Gpu::diff_map`], tensors in input order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapDiff {
+    pub code: MapCode,
+    pub tensors: Vec<MapTensorResult>,
     pub found: u64,
     pub escapes: u64,
     /// Elements per cell, as the diff rounded them.
@@ -399,7 +423,7 @@ pub struct StepsDiff {
     pub kernel_ms: f32,
 }
 
-impl StepsDiff {
+impl MapDiff {
     /// Whether every escape was written (else nothing of the stage's codes may be sent: the
     /// snapshots are current, the digest words are not).
     pub fn is_complete(&self, capacity: u64) -> bool {

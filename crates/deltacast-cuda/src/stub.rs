@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use crate::error::{CudaError, Result, NOT_BUILT};
 use crate::{
     ApplyCheck, ApplyInput, ChunkError, CodeChunk, CodePlace, CodeSizes, DecodeInput, DevicePtr,
-    DiffInput, DiffOutput, DiffResult, DigestInput, EncodeInput, GridChunk, StepsDiff, StepsOutput,
+    DiffInput, DiffOutput, DiffResult, DigestInput, EncodeInput, GridChunk, MapDiff, MapOutput,
     UpdateInput,
 };
 
@@ -284,7 +284,7 @@ impl Gpu {
         match self.never {}
     }
 
-    pub unsafe fn diff_steps(&self, inputs: &[DiffInput], out: &StepsOutput) -> Result<StepsDiff> {
+    pub unsafe fn diff_map(&self, inputs: &[DiffInput], out: &MapOutput) -> Result<MapDiff> {
         match self.never {}
     }
 

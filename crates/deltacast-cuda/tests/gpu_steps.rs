@@ -1,5 +1,5 @@
-//! The steps diff (`Gpu::diff_steps`) against the steps + esc code written out from its spec
-//! here (docs/codecs.md), and a stage of its chunks decoded by the core's CPU receiver.
+//! The map diffs (`Gpu::diff_map`: steps + esc, and bitmap + raw) against their codes written
+//! out from the spec here (docs/codecs.md).
 //!
 //! Built without the `cuda` feature, every test is `ignored` with its reason; built with
 //! it, a missing GPU fails the test (`scripts/gpu-tests.sh`).
@@ -9,15 +9,19 @@ mod kernel_cases;
 use deltacast::digest::{change, slot_salt};
 use deltacast::dtype::{load_bits, to_ordered};
 use deltacast::Bf16Rule;
-use deltacast_cuda::{steps_map_layout, DiffInput, Gpu, StepsOutput};
+use deltacast_cuda::{map_layout, DiffInput, Gpu, MapCode, MapOutput};
 use deltacast_testkit::Rng;
 use kernel_cases::*;
 
 /// The code of one element from its spec: 0 unchanged, 1 one step up, 2 one step down in
-/// the ordered-integer view modulo 2^nb, 3 any other change.
-fn code(old: u32, new: u32, width: usize) -> u8 {
+/// the ordered-integer view modulo 2^nb, 3 any other change (escaped); in a bitmap, every
+/// change is 3 (its map bit set, its bits among the raw values).
+fn code(map: MapCode, old: u32, new: u32, width: usize) -> u8 {
     if old == new {
         return 0;
+    }
+    if map == MapCode::Bitmap {
+        return 3;
     }
     let d = to_ordered(new, width).wrapping_sub(to_ordered(old, width)) & mask(width);
     if d == 1 {
@@ -39,9 +43,16 @@ struct Case {
     f32_source: bool,
 }
 
-/// One steps diff over `cases` with room for `capacity_frac` of the escapes; checks every
-/// map byte, escape, cell count, the refreshed snapshot and the digest words.
-fn run(gpu: &Gpu, rng: &mut Rng, cases: &[Case], cell_elems: u64, capacity_frac: f64) {
+/// One map diff in `map_code` over `cases` with room for `capacity_frac` of the escapes;
+/// checks every map byte, escape, cell count, the refreshed snapshot and the digest words.
+fn run(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    map_code: MapCode,
+    cases: &[Case],
+    cell_elems: u64,
+    capacity_frac: f64,
+) {
     let rule = Bf16Rule::default();
     let (mut olds, mut srcs, mut news, mut offsets) = (vec![], vec![], vec![], vec![]);
     let (mut snap_total, mut cur_total) = (0usize, 0usize);
@@ -110,7 +121,7 @@ fn run(gpu: &Gpu, rng: &mut Rng, cases: &[Case], cell_elems: u64, capacity_frac:
         let (mut codes, mut esc, mut d) = (vec![], vec![], 0u64);
         for i in 0..inp.numel as usize {
             let (o, n) = (load_bits(&olds[k], w, i), load_bits(&news[k], w, i));
-            let c = code(o, n, w);
+            let c = code(map_code, o, n, w);
             codes.push(c);
             if c == 3 {
                 esc.extend_from_slice(&n.to_le_bytes()[..w]);
@@ -129,17 +140,19 @@ fn run(gpu: &Gpu, rng: &mut Rng, cases: &[Case], cell_elems: u64, capacity_frac:
         .map(|(e, i)| e.len() / i.width)
         .sum();
     let capacity = ((total_escapes as f64 * capacity_frac) as u64).max(1);
-    let (map_offsets, map_len) = steps_map_layout(&inputs);
+    let (map_offsets, map_len) = map_layout(&inputs, map_code);
     let map = gpu.alloc(map_len.max(4) as usize).unwrap();
     let escapes = gpu.alloc((capacity * 4) as usize).unwrap();
-    let out = StepsOutput {
+    let out = MapOutput {
+        code: map_code,
         map: map.ptr(),
         escapes: escapes.ptr(),
         capacity,
         cell_elems,
     };
     // SAFETY: every pointer is inside the buffers above.
-    let res = unsafe { gpu.diff_steps(&inputs, &out) }.unwrap();
+    let res = unsafe { gpu.diff_map(&inputs, &out) }.unwrap();
+    assert_eq!(res.code, map_code);
     assert_eq!(res.escapes as usize, total_escapes);
     let g_map = dl(gpu, map.ptr(), map_len as usize);
     let g_esc = dl(gpu, escapes.ptr(), (capacity * 4) as usize);
@@ -148,7 +161,7 @@ fn run(gpu: &Gpu, rng: &mut Rng, cases: &[Case], cell_elems: u64, capacity_frac:
     for (k, inp) in inputs.iter().enumerate() {
         let w = inp.width;
         let what = format!(
-            "tensor {k} (numel {}, width {w}, density {}, misaligned {}, fp32 {})",
+            "{map_code:?} tensor {k} (numel {}, width {w}, density {}, misaligned {}, fp32 {})",
             inp.numel, cases[k].density, cases[k].misalign, cases[k].f32_source
         );
         // The snapshot is current, whatever the capacity.
@@ -162,13 +175,23 @@ fn run(gpu: &Gpu, rng: &mut Rng, cases: &[Case], cell_elems: u64, capacity_frac:
         assert_eq!(r.map_offset, map_offsets[k], "{what}");
         let changes = want_codes[k].iter().filter(|&&c| c != 0).count();
         assert_eq!(r.changes as usize, changes, "{what}: changes");
+        let bits = map_code.bits() as usize;
         for (i, &c) in want_codes[k].iter().enumerate() {
-            let byte = g_map[(r.map_offset + i as u64 / 4) as usize];
-            assert_eq!(
-                (byte >> (2 * (i % 4))) & 3,
-                c,
-                "{what}: code of element {i}"
-            );
+            let byte = g_map[r.map_offset as usize + i * bits / 8];
+            let got = (byte >> (bits * i % 8)) & ((1 << bits) - 1);
+            let want = if map_code == MapCode::Bitmap {
+                u8::from(c != 0)
+            } else {
+                c
+            };
+            assert_eq!(got, want, "{what}: code of element {i}");
+        }
+        // Past the last element, up to the end of its map byte: zero (a bitmap section's
+        // last byte has no bit set past its range).
+        let end = inp.numel as usize * bits;
+        if !end.is_multiple_of(8) {
+            let byte = g_map[r.map_offset as usize + end / 8];
+            assert_eq!(byte >> (end % 8), 0, "{what}: bits past the end");
         }
         // Per cell: its changes and escapes.
         assert_eq!(
@@ -228,12 +251,18 @@ fn edge_cases() -> Vec<Case> {
 
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
-fn steps_diff_matches_the_spec() {
+fn map_diffs_match_the_spec() {
+    for map_code in [MapCode::Steps, MapCode::Bitmap] {
+        map_diff_matches_the_spec(map_code);
+    }
+}
+
+fn map_diff_matches_the_spec(map_code: MapCode) {
     let gpu = gpu();
     let mut rng = Rng(0x5_7e95);
     // Cells of one tile and of several (rounded up to whole tiles by the diff).
     for cell_elems in [1u64, 40_000, 1 << 20] {
-        run(&gpu, &mut rng, &edge_cases(), cell_elems, 1.0);
+        run(&gpu, &mut rng, map_code, &edge_cases(), cell_elems, 1.0);
     }
     // A large tensor at half changed, with smaller ones around it.
     let big = vec![
@@ -259,12 +288,12 @@ fn steps_diff_matches_the_spec() {
             f32_source: true,
         },
     ];
-    run(&gpu, &mut rng, &big, 1 << 20, 1.0);
+    run(&gpu, &mut rng, map_code, &big, 1 << 20, 1.0);
 }
 
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
-fn steps_diff_past_its_capacity_refreshes_and_says_so() {
+fn map_diffs_past_their_capacity_refresh_and_say_so() {
     let gpu = gpu();
     let mut rng = Rng(77);
     let cases: Vec<Case> = (0..4)
@@ -278,5 +307,7 @@ fn steps_diff_past_its_capacity_refreshes_and_says_so() {
         .collect();
     // Room for half the escapes: the result says incomplete; the codes, counts and the
     // snapshot are still whole (checked in `run`).
-    run(&gpu, &mut rng, &cases, 1 << 16, 0.5);
+    for map_code in [MapCode::Steps, MapCode::Bitmap] {
+        run(&gpu, &mut rng, map_code, &cases, 1 << 16, 0.5);
+    }
 }

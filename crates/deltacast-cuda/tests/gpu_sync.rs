@@ -123,6 +123,40 @@ fn ipc_link_two_processes_on_one_gpu_stay_bit_identical() {
 }
 
 #[test]
+fn ipc_link_dense_plain_steps_stay_bit_identical() {
+    // Plain deltas only, 10-22 % changed: after the first, each step is diffed straight into
+    // bitmap + raw (every width: the f8, f16, bf16 and f32 slots, the empty and odd-sized
+    // ones), a sparse step among them; a tamper refused, the reseed. Then the same with the
+    // receiver committing on demand.
+    let _serial = serial();
+    need_one_gpu();
+    let link = || LinkSpec::Ipc(free_address(), 3, 4096);
+    let (kinds, _) = run_script_over(
+        link(),
+        SnapshotPlace::Device,
+        EntropyMode::Off,
+        0,
+        STEPS_DENSE,
+    );
+    let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
+    assert_eq!(names[0], "seed/1");
+    for step in [1, 2, 3, 4, 5, 6, 9] {
+        assert_eq!(names[step], "delta/1", "step {step}: {names:?}");
+    }
+    assert!(names[7].starts_with("refused"), "{names:?}");
+    assert_eq!(names[8], "seed/1", "{names:?}");
+    let (committed, _) = run_script_landing(
+        link(),
+        SnapshotPlace::Device,
+        EntropyMode::Off,
+        0,
+        STEPS_DENSE,
+        true,
+    );
+    assert_eq!(committed, kinds);
+}
+
+#[test]
 fn pinned_host_snapshot_refuses_lent_snapshots() {
     let _serial = serial();
     need_two_gpus();

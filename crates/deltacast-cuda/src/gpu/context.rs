@@ -93,6 +93,7 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dc_diff_resident_direct",
             "dc_diff_finish_direct",
             "dc_diff_steps",
+            "dc_diff_bitmap",
         ],
     ),
     ("encode", &["dc_encode_cells", "dc_encode_place"]),

@@ -14,8 +14,8 @@ use super::context::{Args, MAX_GRID, THREADS};
 use super::driver::{drv, guarded};
 use crate::error::{CudaError, Result};
 use crate::{
-    convert_word, steps_map_layout, DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult,
-    StepsCell, StepsDiff, StepsOutput, StepsTensorResult, ONE_PASS_ABOVE,
+    convert_word, map_layout, DevicePtr, DiffInput, DiffOutput, DiffResult, DiffTensorResult,
+    MapCell, MapCode, MapDiff, MapOutput, MapTensorResult, ONE_PASS_ABOVE,
 };
 
 const DIFF_THREADS: u32 = 256;
@@ -237,35 +237,39 @@ impl Gpu {
         })
     }
 
-    /// Diffs many tensors straight into the steps + esc code (kernels/diff.cu,
-    /// `dc_diff_steps`), in one pass: each tensor's 2-bit codes into its map, the escapes'
-    /// new bits compacted, the snapshot refreshed, the digest updates added, and the changes
-    /// and escapes of every cell counted. Synchronises once, at the end. When the escapes
-    /// pass `out.capacity` (`!is_complete`), the snapshots are current but the digest words
-    /// are not: recompute them.
+    /// Diffs many tensors straight into `out.code` (kernels/diff.cu, `dc_diff_steps` or
+    /// `dc_diff_bitmap`), in one pass: each tensor's codes into its map, the escapes' new bits
+    /// compacted, the snapshot refreshed, the digest updates added, and the changes and
+    /// escapes of every cell counted. Synchronises once, at the end. When the escapes pass
+    /// `out.capacity` (`!is_complete`), the snapshots are current but the digest words are
+    /// not: recompute them.
     ///
     /// # Safety
-    /// As [`Gpu::diff_batch`]; `out.map` valid for `steps_map_layout(inputs).1` bytes and
+    /// As [`Gpu::diff_batch`]; `out.map` valid for `map_layout(inputs, out.code).1` bytes and
     /// `out.escapes` for `out.capacity` escapes of the widest tensor.
-    pub unsafe fn diff_steps(&self, inputs: &[DiffInput], out: &StepsOutput) -> Result<StepsDiff> {
+    pub unsafe fn diff_map(&self, inputs: &[DiffInput], out: &MapOutput) -> Result<MapDiff> {
         guarded(|| {
             self.bind()?;
             let n = inputs.len();
             let tile_bytes = self.tuning.tile_bytes();
             let cell_elems = out.cell_elems.max(1).next_multiple_of(tile_bytes);
             if n == 0 {
-                return Ok(StepsDiff {
+                return Ok(MapDiff {
+                    code: out.code,
+                    tensors: Vec::new(),
+                    found: 0,
+                    escapes: 0,
                     cell_elems,
-                    ..StepsDiff::default()
+                    kernel_ms: 0.0,
                 });
             }
             if !out.map.is_multiple_of(4) {
                 return Err(CudaError::InvalidArgument(
-                    "steps map not 4-byte aligned".into(),
+                    "diff map not 4-byte aligned".into(),
                 ));
             }
             let (order, table, tiles) = diff_table(inputs, tile_bytes)?;
-            let (map_offsets, _) = steps_map_layout(inputs);
+            let (map_offsets, _) = map_layout(inputs, out.code);
             // Cells per tensor, numbered in the kernel's (width) order.
             let mut steps = Vec::with_capacity(n);
             let mut cell_base = vec![0u64; n];
@@ -295,7 +299,10 @@ impl Gpu {
             let start = self.start_diff(base, n, tiles, base + tensor_of_off, base + status_off)?;
             if tiles > 0 {
                 self.launch(
-                    "dc_diff_steps",
+                    match out.code {
+                        MapCode::Steps => "dc_diff_steps",
+                        MapCode::Bitmap => "dc_diff_bitmap",
+                    },
                     tiles,
                     DIFF_THREADS,
                     Args::new()
@@ -316,20 +323,20 @@ impl Gpu {
             // SAFETY: both events were recorded and the stream synchronised.
             let kernel_ms = unsafe { cu::event::elapsed(start, self.events.1) }
                 .map_err(drv("cuEventElapsedTime"))?;
-            let mut tensors = vec![StepsTensorResult::default(); n];
+            let mut tensors = vec![MapTensorResult::default(); n];
             let (mut found, mut escapes) = (0u64, 0u64);
             for &i in &order {
                 let c0 = cell_base[i] as usize;
                 let count = inputs[i].numel.div_ceil(cell_elems) as usize;
-                let list: Vec<StepsCell> = raw[2 * c0..2 * (c0 + count)]
+                let list: Vec<MapCell> = raw[2 * c0..2 * (c0 + count)]
                     .chunks_exact(2)
-                    .map(|p| StepsCell {
+                    .map(|p| MapCell {
                         changes: p[0],
                         escapes: p[1],
                     })
                     .collect();
                 let changes: u64 = list.iter().map(|c| c.changes as u64).sum();
-                tensors[i] = StepsTensorResult {
+                tensors[i] = MapTensorResult {
                     map_offset: map_offsets[i],
                     changes,
                     escape0: escapes,
@@ -342,7 +349,8 @@ impl Gpu {
                     .map(|c| c.escapes as u64)
                     .sum::<u64>();
             }
-            Ok(StepsDiff {
+            Ok(MapDiff {
+                code: out.code,
                 tensors,
                 found,
                 escapes,

@@ -10,7 +10,7 @@ use deltacast::wire::ChunkEntry;
 use crate::protocol::{choose_sections, ChunkChoice};
 use crate::{
     ApplyPositions, CodeChunk, CodePlace, CodeScratch, CodeValues, DevicePtr, DiffResult,
-    EncodeInput, Gpu, GridChunk, StepsDiff,
+    EncodeInput, Gpu, GridChunk, MapCode, MapDiff,
 };
 
 /// Where a diff wrote a stage's changes.
@@ -233,14 +233,16 @@ pub(super) unsafe fn write_chunks(
     Ok((pptr, vptr))
 }
 
-/// A steps diff's chunks (docs/codecs.md, "steps + esc"): one per cell with changes, its map
-/// section where the diff wrote it in the map region and its escapes where the diff compacted
-/// them in the value region, so that both regions go as they are. Returns the records and
-/// the bytes of each region they use.
-pub(super) fn steps_chunks(
-    diff: &StepsDiff,
-    tensors: &[StageTensor],
-) -> (Vec<ChunkEntry>, u64, u64) {
+/// A map diff's chunks: one per cell with changes, its map section where the diff wrote it
+/// in the map region and its escapes where the diff compacted them in the value region, so
+/// that both regions go as they are. steps + esc (docs/codecs.md, "steps + esc"), or bitmap +
+/// raw (every change escaped). Returns the records and the bytes of each region they use.
+pub(super) fn map_chunks(diff: &MapDiff, tensors: &[StageTensor]) -> (Vec<ChunkEntry>, u64, u64) {
+    let (pos_codec, val_codec) = match diff.code {
+        MapCode::Steps => (PosCodec::Steps, ValCodec::Escaped),
+        MapCode::Bitmap => (PosCodec::Bitmap, ValCodec::Raw),
+    };
+    let bits = diff.code.bits();
     let mut records = Vec::new();
     let (mut pos_end, mut val_end) = (0u64, 0u64);
     for (t, r) in tensors.iter().zip(&diff.tensors) {
@@ -251,12 +253,13 @@ pub(super) fn steps_chunks(
             let range = diff.cell_elems.min(t.numel - start);
             let escapes = cell.escapes as u64;
             if cell.changes > 0 {
-                let pos_offset = r.map_offset + start / 4;
-                let pos_len = range.div_ceil(4);
+                // Cells are whole diff tiles: each starts on a whole byte of the map.
+                let pos_offset = r.map_offset + start * bits / 8;
+                let pos_len = (range * bits).div_ceil(8);
                 records.push(ChunkEntry {
                     slot: t.slot,
-                    pos_codec: PosCodec::Steps,
-                    val_codec: ValCodec::Escaped,
+                    pos_codec,
+                    val_codec,
                     start: t.first_index + start,
                     range,
                     count: cell.changes as u64,
@@ -277,8 +280,8 @@ pub(super) fn steps_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{steps_map_layout, DiffInput, StepsCell, StepsTensorResult};
-    use deltacast::codec::{decode_positions, decode_steps_values};
+    use crate::{map_layout, DiffInput, MapCell, MapTensorResult};
+    use deltacast::codec::{decode_positions, decode_steps_values, decode_values};
     use deltacast::dtype::{load_bits, to_ordered};
     use deltacast_testkit::Rng;
 
@@ -299,13 +302,22 @@ mod tests {
     }
 
     #[test]
-    fn steps_chunks_name_the_sections_a_steps_diff_writes() {
-        // What dc_diff_steps leaves for a stage of tensors of every width (not in width
-        // order): each tensor's codes in the map region at its `steps_map_layout` offset, the
-        // escapes compacted tensor after tensor in width order (change g at g * width), the
-        // cells' counts. The chunks must name exactly those sections, and the core decode
-        // them to the new bits.
-        let mut rng = Rng(0x57e9);
+    fn map_chunks_name_the_sections_a_steps_diff_writes() {
+        map_chunks_name_the_sections(MapCode::Steps, 0x57e9);
+    }
+
+    #[test]
+    fn map_chunks_name_the_sections_a_bitmap_diff_writes() {
+        map_chunks_name_the_sections(MapCode::Bitmap, 0xb17a);
+    }
+
+    /// What dc_diff_steps / dc_diff_bitmap leave for a stage of tensors of every width (not
+    /// in width order): each tensor's codes in the map region at its `map_layout` offset, the
+    /// escapes compacted tensor after tensor in width order (change g at g * width), the
+    /// cells' counts. The chunks must name exactly those sections, and the core decode them
+    /// to the new bits.
+    fn map_chunks_name_the_sections(map_code: MapCode, seed: u64) {
+        let mut rng = Rng(seed);
         let cell = 16_384u64;
         let shapes = [
             (40_000u64, 2usize),
@@ -336,7 +348,7 @@ mod tests {
                 f32_source: None,
             })
             .collect();
-        let (map_offsets, map_len) = steps_map_layout(&inputs);
+        let (map_offsets, map_len) = map_layout(&inputs, map_code);
         let mut map = vec![0u8; map_len as usize];
         let (mut olds, mut news) = (vec![], vec![]);
         let mut codes: Vec<Vec<u8>> = vec![];
@@ -359,7 +371,11 @@ mod tests {
             codes.push(
                 old.iter()
                     .zip(&new)
-                    .map(|(&o, &n)| code(o, n, t.width))
+                    .map(|(&o, &n)| match map_code {
+                        MapCode::Steps => code(o, n, t.width),
+                        // Changed: 3, "escaped" (its bits are the raw values).
+                        MapCode::Bitmap => 3 * u8::from(o != n),
+                    })
                     .collect(),
             );
             olds.push(old);
@@ -369,14 +385,21 @@ mod tests {
         let mut order: Vec<usize> = (0..tensors.len()).collect();
         order.sort_by_key(|&i| tensors[i].width);
         let mut escapes = vec![0u8; 4 * tensors.iter().map(|t| t.numel as usize).sum::<usize>()];
-        let mut results = vec![StepsTensorResult::default(); tensors.len()];
+        let mut results = vec![MapTensorResult::default(); tensors.len()];
         let mut g = 0u64;
         for &i in &order {
             let (t, c) = (&tensors[i], &codes[i]);
             let escape0 = g;
             for (e, &k) in c.iter().enumerate() {
-                let at = (map_offsets[i] + e as u64 / 4) as usize;
-                map[at] |= k << (2 * (e % 4));
+                let e64 = e as u64;
+                match map_code {
+                    MapCode::Steps => {
+                        map[(map_offsets[i] + e64 / 4) as usize] |= k << (2 * (e % 4))
+                    }
+                    MapCode::Bitmap => {
+                        map[(map_offsets[i] + e64 / 8) as usize] |= u8::from(k != 0) << (e % 8)
+                    }
+                }
                 if k == 3 {
                     let w = t.width;
                     let bytes = news[i][e].to_le_bytes();
@@ -386,26 +409,27 @@ mod tests {
             }
             let cells = c
                 .chunks(cell as usize)
-                .map(|part| StepsCell {
+                .map(|part| MapCell {
                     changes: part.iter().filter(|&&k| k != 0).count() as u32,
                     escapes: part.iter().filter(|&&k| k == 3).count() as u32,
                 })
                 .collect();
-            results[i] = StepsTensorResult {
+            results[i] = MapTensorResult {
                 map_offset: map_offsets[i],
                 changes: c.iter().filter(|&&k| k != 0).count() as u64,
                 escape0,
                 cells,
             };
         }
-        let diff = StepsDiff {
+        let diff = MapDiff {
+            code: map_code,
             found: results.iter().map(|r| r.changes).sum(),
             escapes: g,
             tensors: results,
             cell_elems: cell,
             kernel_ms: 0.0,
         };
-        let (records, pos_bytes, val_bytes) = steps_chunks(&diff, &tensors);
+        let (records, pos_bytes, val_bytes) = map_chunks(&diff, &tensors);
         assert!(pos_bytes <= map_len && pos_bytes % 4 == 0);
         let mut seen: Vec<Vec<bool>> = tensors
             .iter()
@@ -414,10 +438,11 @@ mod tests {
         for r in &records {
             let i = (r.slot - 3) as usize;
             let w = tensors[i].width;
-            assert_eq!(
-                (r.pos_codec, r.val_codec),
-                (PosCodec::Steps, ValCodec::Escaped)
-            );
+            let codecs = match map_code {
+                MapCode::Steps => (PosCodec::Steps, ValCodec::Escaped),
+                MapCode::Bitmap => (PosCodec::Bitmap, ValCodec::Raw),
+            };
+            assert_eq!((r.pos_codec, r.val_codec), codecs);
             assert!(
                 r.pos_offset % 4 == 0 && r.val_offset % w as u64 == 0,
                 "{r:?}"
@@ -426,21 +451,18 @@ mod tests {
             let sec = &map[r.pos_offset as usize..(r.pos_offset + r.pos_len) as usize];
             let esc = &escapes[r.val_offset as usize..(r.val_offset + r.val_len) as usize];
             let mut rel = Vec::new();
-            decode_positions(
-                PosCodec::Steps,
-                sec,
-                r.count as u32,
-                r.range as u32,
-                &mut rel,
-            )
-            .unwrap_or_else(|e| panic!("{r:?}: {e}"));
+            decode_positions(r.pos_codec, sec, r.count as u32, r.range as u32, &mut rel)
+                .unwrap_or_else(|e| panic!("{r:?}: {e}"));
             let old: Vec<u8> = rel
                 .iter()
                 .flat_map(|&p| olds[i][(r.start + p as u64) as usize].to_le_bytes()[..w].to_vec())
                 .collect();
             let mut got = Vec::new();
-            decode_steps_values(w, sec, r.range as u32, esc, &old, &mut got)
-                .unwrap_or_else(|e| panic!("{r:?}: {e}"));
+            match map_code {
+                MapCode::Steps => decode_steps_values(w, sec, r.range as u32, esc, &old, &mut got),
+                MapCode::Bitmap => decode_values(r.val_codec, w, esc, &old, &mut got),
+            }
+            .unwrap_or_else(|e| panic!("{r:?}: {e}"));
             for (k, &p) in rel.iter().enumerate() {
                 let e = (r.start + p as u64) as usize;
                 assert_eq!(

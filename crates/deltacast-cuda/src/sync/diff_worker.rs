@@ -6,19 +6,20 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use super::settings::SnapshotPlace;
 use super::wall_ms;
 use crate::error::{CudaError, Result};
-use crate::{DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent, StepsDiff, StepsOutput};
+use crate::{DiffInput, DiffOutput, DiffResult, Gpu, GpuEvent, MapDiff, MapOutput};
 
-/// What a stage's diff writes: its changes listed (positions and bits), or the steps code.
+/// What a stage's diff writes: its changes listed (positions and bits), or a map code
+/// (steps, or a bitmap of the changes).
 #[derive(Debug, Clone, Copy)]
 pub(super) enum DiffTarget {
     List(DiffOutput),
-    Steps(StepsOutput),
+    Map(MapOutput),
 }
 
 /// A stage's diff, as its target had it.
 pub(super) enum Diffed {
     List(DiffResult),
-    Steps(StepsDiff),
+    Map(MapDiff),
 }
 
 /// One listing diff of a stage, with the snapshot where `place` says.
@@ -40,10 +41,10 @@ pub(super) unsafe fn run_list_diff(
     }
 }
 
-/// One diff of a stage into `out` (the steps code only with device snapshots).
+/// One diff of a stage into `out` (the map codes only with device snapshots).
 ///
 /// # Safety
-/// As [`Gpu::diff_batch`] and [`Gpu::diff_steps`].
+/// As [`Gpu::diff_batch`] and [`Gpu::diff_map`].
 unsafe fn run_diff(
     gpu: &Gpu,
     place: SnapshotPlace,
@@ -54,11 +55,11 @@ unsafe fn run_diff(
     unsafe {
         match (out, place) {
             (DiffTarget::List(out), _) => run_list_diff(gpu, place, inputs, out).map(Diffed::List),
-            (DiffTarget::Steps(out), SnapshotPlace::Device) => {
-                gpu.diff_steps(inputs, out).map(Diffed::Steps)
+            (DiffTarget::Map(out), SnapshotPlace::Device) => {
+                gpu.diff_map(inputs, out).map(Diffed::Map)
             }
-            (DiffTarget::Steps(_), SnapshotPlace::PinnedHost) => Err(CudaError::InvalidArgument(
-                "the steps diff needs the snapshot in device memory".into(),
+            (DiffTarget::Map(_), SnapshotPlace::PinnedHost) => Err(CudaError::InvalidArgument(
+                "the map diffs need the snapshot in device memory".into(),
             )),
         }
     }

@@ -11,7 +11,7 @@ use deltacast::plan::plan_stages;
 use deltacast::wire::FrameKind;
 use deltacast::{SlotTable, WeightSender};
 
-use super::chunks::{plan_chunks, steps_chunks, write_chunks, StageChanges, StageTensor};
+use super::chunks::{map_chunks, plan_chunks, write_chunks, StageChanges, StageTensor};
 use super::diff_worker::{DiffJob, DiffTarget, DiffWorker, Diffed};
 use super::settings::{EntropyMode, GpuSenderConfig, Snapshot, SnapshotPlace};
 use super::stage_set::StageSet;
@@ -26,7 +26,7 @@ use crate::link::Link;
 use crate::protocol::{Stage, HEADER_BYTES};
 use crate::{
     Bf16Rule, CodeScratch, DeviceBuffer, DevicePtr, DiffInput, DiffOutput, DiffResult, DigestInput,
-    Gpu, GpuEvent, GpuStream, StepsDiff, StepsOutput,
+    Gpu, GpuEvent, GpuStream, MapCode, MapDiff, MapOutput, ONE_PASS_ABOVE,
 };
 
 /// Elements of a steps chunk. A GPU receiver applies each chunk with one block of threads,
@@ -34,6 +34,12 @@ use crate::{
 /// enough that no block walks long after the others; the manifest costs 64 bytes per chunk
 /// against the 16 KiB of its map.
 const STEPS_CELL_ELEMS: u64 = 1 << 16;
+
+/// Above this share of a stage's elements changed at its last sync, a plain delta is diffed
+/// straight into bitmap + raw (MapCode::Bitmap: one bit an element, nothing to encode after
+/// the diff) instead of listing 8-byte positions and encoding them: where the listing diff
+/// goes to its one-pass form, and a bitmap is no larger than abs32 positions (1/32).
+const BITMAP_ABOVE: f64 = ONE_PASS_ABOVE;
 
 /// One delta sync in progress (sender): what its stages share and add up.
 struct SyncRun {
@@ -66,8 +72,10 @@ pub struct GpuSender {
     needs_seed: bool,
     /// Changes one stage's delta buffers hold.
     capacity: u64,
-    /// Whether stages may go in the steps code: every slot a float, the snapshots on the
-    /// device, and every stage's map fits a set's position buffer.
+    /// Whether stages may be diffed into a map code: the snapshots on the device, and every
+    /// stage's steps map fits a set's position buffer.
+    maps_ok: bool,
+    /// Whether stages may go in the steps code: `maps_ok` and every slot a float.
     steps_ok: bool,
     stages: Vec<Range<usize>>,
     sets: Vec<StageSet>,
@@ -181,12 +189,13 @@ impl GpuSender {
             .map(|_| StageSet::new(&gpu, capacity, max_width, entropy))
             .collect::<Result<Vec<_>>>()?;
         let n = tensors.len();
-        let steps_ok = config.snapshot == SnapshotPlace::Device
-            && tensors.iter().all(|t| t.dtype.ulp_codable())
+        let maps_ok = config.snapshot == SnapshotPlace::Device
             && sets
                 .first()
-                .is_some_and(|set| set.holds_steps_maps(&tensors, &stages));
+                .is_some_and(|set| set.holds_maps(&tensors, &stages));
+        let steps_ok = maps_ok && tensors.iter().all(|t| t.dtype.ulp_codable());
         Ok(GpuSender {
+            maps_ok,
             steps_ok,
             diff_worker: DiffWorker::start(Arc::clone(&diff_gpu))?,
             diff_gpu,
@@ -412,7 +421,7 @@ impl GpuSender {
                 run.phases.lap("diff", &mut run.mark);
                 match diff? {
                     Diffed::List(diff) => self.send_stage(s, &diff, run)?,
-                    Diffed::Steps(diff) => self.send_steps_stage(s, &diff, run)?,
+                    Diffed::Map(diff) => self.send_map_stage(s, &diff, run)?,
                 }
             }
             let next = s + nsets;
@@ -445,13 +454,20 @@ impl GpuSender {
     ) -> Result<()> {
         let (inputs, list) = self.diff_args(s, codec.entropy());
         let bufs = &self.sets[s % self.sets.len()];
-        let out = match codec {
-            DeltaCodec::Steps => DiffTarget::Steps(StepsOutput {
+        let map = |code, cell_elems| {
+            DiffTarget::Map(MapOutput {
+                code,
                 map: bufs.positions.ptr(),
                 escapes: bufs.values.ptr(),
                 capacity: self.capacity,
-                cell_elems: STEPS_CELL_ELEMS,
-            }),
+                cell_elems,
+            })
+        };
+        let out = match codec {
+            DeltaCodec::Steps => map(MapCode::Steps, STEPS_CELL_ELEMS),
+            DeltaCodec::Plain if self.dense_plain(s) => {
+                map(MapCode::Bitmap, self.config.chunk_elems)
+            }
             _ => DiffTarget::List(list),
         };
         self.diff_worker.submit(DiffJob {
@@ -492,6 +508,17 @@ impl GpuSender {
             expected: self.last_changed[s],
         };
         (inputs, out)
+    }
+
+    /// Whether stage `s`'s plain delta is diffed into a bitmap (see [`BITMAP_ABOVE`]): when
+    /// its last sync changed more than that share of its elements.
+    fn dense_plain(&self, s: usize) -> bool {
+        let elements: u64 = self.stages[s]
+            .clone()
+            .map(|i| self.tensors[i].numel())
+            .sum();
+        self.maps_ok
+            && self.last_changed[s].is_some_and(|n| n as f64 > BITMAP_ABOVE * elements as f64)
     }
 
     /// Encodes stage `s` from its diff and starts its broadcasts (delta, or whole when that
@@ -553,10 +580,10 @@ impl GpuSender {
         self.send_delta_stage(s, plan.records, regions, diff.found, 0, run)
     }
 
-    /// Sends stage `s` from its steps diff: its maps and escapes as the diff wrote them, or
+    /// Sends stage `s` from its map diff: its maps and escapes as the diff wrote them, or
     /// whole when that is predicted faster or the escapes did not fit; `after` gets the
     /// stage's new digests.
-    fn send_steps_stage(&mut self, s: usize, diff: &StepsDiff, run: &mut SyncRun) -> Result<()> {
+    fn send_map_stage(&mut self, s: usize, diff: &MapDiff, run: &mut SyncRun) -> Result<()> {
         let set = s % self.sets.len();
         self.begin_diffed_stage(s, diff.kernel_ms, diff.found, run)?;
         if !diff.is_complete(self.capacity) {
@@ -565,9 +592,13 @@ impl GpuSender {
             return self.send_stage_whole_refreshed(s, run);
         }
         self.take_stage_digests(s, run)?;
-        let (records, pos_bytes, value_bytes) = steps_chunks(diff, &self.stage_tensors(s));
+        let (records, pos_bytes, value_bytes) = map_chunks(diff, &self.stage_tensors(s));
         let wire = self.delta_wire(s, records.len(), pos_bytes + value_bytes);
-        if self.whole_after_diff(s, diff.found, wire, DeltaCodec::Steps) {
+        let codec = match diff.code {
+            MapCode::Steps => DeltaCodec::Steps,
+            MapCode::Bitmap => DeltaCodec::Plain,
+        };
+        if self.whole_after_diff(s, diff.found, wire, codec) {
             return self.send_stage_whole(s, run, "encode");
         }
         let bufs = &self.sets[set];
@@ -575,7 +606,13 @@ impl GpuSender {
             (bufs.positions.ptr(), pos_bytes),
             (bufs.values.ptr(), value_bytes),
         ];
-        self.send_delta_stage(s, records, regions, diff.found, pos_bytes, run)
+        // The cost model counts the steps maps per element; a plain delta's bytes, bitmaps
+        // or not, per change.
+        let map_bytes = match diff.code {
+            MapCode::Steps => pos_bytes,
+            MapCode::Bitmap => 0,
+        };
+        self.send_delta_stage(s, records, regions, diff.found, map_bytes, run)
     }
 
     /// What every diffed stage starts with: its set free (the encoder writes it, the

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use super::{GpuTensor, Growable};
 use crate::error::Result;
 use crate::protocol::HEADER_BYTES;
-use crate::{steps_map_layout, DeviceBuffer, DiffInput, Gpu, GpuEvent, DECODE_SLACK};
+use crate::{map_layout, DeviceBuffer, DiffInput, Gpu, GpuEvent, MapCode, DECODE_SLACK};
 
 /// One set of a sender's delta buffers. A stage uses a set from its diff until its
 /// broadcasts complete; with two sets the next stage's diff writes the other while they run.
 pub(super) struct StageSet {
     /// The diff's output: u64 positions, new bits, and old bits (entropy codecs only); a
-    /// steps diff's maps in `positions` and its escapes in `values`.
+    /// map diff's maps in `positions` and its escapes in `values`.
     pub(super) positions: DeviceBuffer,
     pub(super) values: DeviceBuffer,
     pub(super) old_values: Option<DeviceBuffer>,
@@ -58,9 +58,9 @@ impl StageSet {
             + self.manifest.len()
     }
 
-    /// Whether the position buffer holds the steps maps of every stage (so that the steps
-    /// diff may write there).
-    pub(super) fn holds_steps_maps(&self, tensors: &[GpuTensor], stages: &[Range<usize>]) -> bool {
+    /// Whether the position buffer holds the steps maps of every stage (so that the map
+    /// diffs may write there: a bitmap is half a steps map).
+    pub(super) fn holds_maps(&self, tensors: &[GpuTensor], stages: &[Range<usize>]) -> bool {
         stages.iter().all(|r| {
             let inputs: Vec<DiffInput> = tensors[r.clone()]
                 .iter()
@@ -74,7 +74,7 @@ impl StageSet {
                     f32_source: None,
                 })
                 .collect();
-            steps_map_layout(&inputs).1 <= self.positions.len() as u64
+            map_layout(&inputs, MapCode::Steps).1 <= self.positions.len() as u64
         })
     }
 }

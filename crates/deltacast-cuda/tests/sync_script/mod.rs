@@ -161,6 +161,21 @@ pub const STEPS_STAGED: &[(f64, Before)] = &[
     (0.01, Before::Nothing),      // the sender reseeds
     (0.003, Before::Nothing),
 ];
+/// Dense steps for a plain-only sender: after a step past the sender's bitmap threshold (4 %)
+/// the next is diffed straight into bitmap + raw, whatever it holds (a sparse one too), a
+/// tampered one among them; the first, and the one after the sparse step, list positions.
+pub const STEPS_DENSE: &[(f64, Before)] = &[
+    (0.1, Before::Nothing),
+    (0.15, Before::Nothing),
+    (0.2, Before::Nothing),
+    (0.01, Before::Nothing),
+    (0.01, Before::Nothing),
+    (0.12, Before::Nothing),
+    (0.22, Before::Tamper), // refused by the receiver
+    (0.1, Before::Nothing), // the sender reseeds
+    (0.15, Before::Nothing),
+];
+
 pub fn initial_tensors(rng: &mut Rng) -> Vec<Vec<u8>> {
     SHAPES
         .iter()
@@ -212,10 +227,10 @@ pub fn ipc_receiver_process() {
 
 /// A script's name, with `+commit` when its receiver commits on demand.
 pub fn script_named(name: &str) -> &'static [(f64, Before)] {
-    if name.trim_end_matches(COMMIT) == "staged" {
-        STEPS_STAGED
-    } else {
-        STEPS
+    match name.trim_end_matches(COMMIT) {
+        "staged" => STEPS_STAGED,
+        "dense" => STEPS_DENSE,
+        _ => STEPS,
     }
 }
 
@@ -229,6 +244,8 @@ pub fn commits_on_demand(name: &str) -> bool {
 pub fn script_name(steps: &'static [(f64, Before)]) -> &'static str {
     if steps == STEPS_STAGED {
         "staged"
+    } else if steps == STEPS_DENSE {
+        "dense"
     } else {
         "plain"
     }
