@@ -73,34 +73,23 @@ __device__ __forceinline__ void dc_for_each(const ApplyChunk& c, u32* scan_scrat
         // (Each thread walking its own word's bits instead left lanes idle as words ran out,
         // and put a warp's accesses 32 elements apart.)
         __shared__ u16 s_list[APPLY_THREADS * 32];
-        const u8* b = (const u8*)c.pos;
-        const u64 nbytes = (c.range + 7) >> 3;
-        const u64 nwords = (nbytes + 3) >> 2;
-        u64 base = 0;  // set bits in earlier rounds
-        for (u64 w0 = 0; w0 < nwords; w0 += blockDim.x) {
-            const u64 wi = w0 + threadIdx.x;
-            u32 word = 0;
-            if (wi < nwords) {
-                bool stray;
-                word = dc_map_word(b, nbytes, c.range, wi, 1, &stray);
-                if (stray) dc_flag(err, ERR_OUT_OF_RANGE);
-            }
-            u32 total;
-            // The scan starts with a barrier: every thread is done reading the last round's
-            // list before it is overwritten below.
-            u32 j = dc_block_exclusive_scan((u32)__popc(word), scan_scratch, &total);
-            while (word) {
-                s_list[j++] = (u16)(threadIdx.x * 32 + __ffs(word) - 1);
-                word &= word - 1;
-            }
-            __syncthreads();
-            for (u32 i = threadIdx.x; i < total; i += blockDim.x) {
-                const u64 k = base + i;
-                if (k < c.count) f(k, w0 * 32 + s_list[i]);
-            }
-            base += total;
-        }
-        if (threadIdx.x == 0 && base != c.count) dc_flag(err, ERR_BITMAP_COUNT);
+        bool stray = false;
+        const u64 listed = dc_bitmap_rounds(
+            (const u8*)c.pos, c.range, scan_scratch, &stray,
+            [&](u64 wi, u32 word, u32 j, u32 total, u64 base) {
+                while (word) {
+                    s_list[j++] = (u16)(threadIdx.x * 32 + __ffs(word) - 1);
+                    word &= word - 1;
+                }
+                __syncthreads();
+                const u64 w0 = wi - threadIdx.x;
+                for (u32 i = threadIdx.x; i < total; i += blockDim.x) {
+                    const u64 k = base + i;
+                    if (k < c.count) f(k, w0 * 32 + s_list[i]);
+                }
+            });
+        if (stray) dc_flag(err, ERR_OUT_OF_RANGE);
+        if (threadIdx.x == 0 && listed != c.count) dc_flag(err, ERR_BITMAP_COUNT);
     }
 }
 

@@ -126,6 +126,36 @@ __device__ __forceinline__ u32 dc_map_word(const u8* map, u64 nbytes, u64 range,
     return word;
 }
 
+// A bitmap section (ceil(range / 8) bytes, bit i of byte i / 8 for element i) walked by a
+// block, one round of blockDim.x u32 words at a time: every thread reads one word (0 past the
+// section) and the block scans the words' set-bit counts, then calls
+// round(wi, word, before, total, base): the word's index and bits (past `range` dropped), the
+// set bits of the round before it, the round's total, and the set bits of earlier rounds.
+// Every thread of the block must call it (the scans synchronise the block, the first before
+// anything is written, so a round may reuse shared memory the last one read). Returns the set
+// bits in all; *stray is set in a thread that found a bit past `range`.
+template <class Round>
+__device__ __forceinline__ u64 dc_bitmap_rounds(const u8* b, u64 range, u32* scan_scratch,
+                                                bool* stray, Round round) {
+    const u64 nbytes = (range + 7) >> 3;
+    const u64 nwords = (nbytes + 3) >> 2;
+    u64 base = 0;
+    for (u64 w0 = 0; w0 < nwords; w0 += blockDim.x) {
+        const u64 wi = w0 + threadIdx.x;
+        u32 word = 0;
+        if (wi < nwords) {
+            bool past;
+            word = dc_map_word(b, nbytes, range, wi, 1, &past);
+            *stray |= past;
+        }
+        u32 total;
+        const u32 before = dc_block_exclusive_scan((u32)__popc(word), scan_scratch, &total);
+        round(wi, word, before, total, base);
+        base += total;
+    }
+    return base;
+}
+
 // 16-byte vectors of elements (the diff kernels).
 // Bit e set when element e of the 16 bytes differs.
 __device__ __forceinline__ u32 dc_change_mask(uint4 a, uint4 b, u32 w) {

@@ -594,30 +594,22 @@ struct ListChunk {
     u64 count;
 };
 
-// One CUDA block per chunk: a round reads one word per thread and scans their counts across
-// the block, so each thread writes its word's positions at its prefix.
+// One CUDA block per chunk, walking its bitmap as the apply does (dc_bitmap_rounds): each
+// thread writes its word's positions at its prefix.
 extern "C" __global__ void __launch_bounds__(256) dc_bitmap_list(const ListChunk* __restrict__ chunks, u64 n) {
     __shared__ u32 scan_scratch[32];
     for (u64 ci = blockIdx.x; ci < n; ci += gridDim.x) {
         const ListChunk c = chunks[ci];
-        const u8* b = (const u8*)c.bitmap;
         u32* out = (u32*)c.out;
-        const u64 nbytes = (c.range + 7) >> 3, nwords = (nbytes + 3) >> 2;
-        u64 base = 0;
-        for (u64 w0 = 0; w0 < nwords; w0 += blockDim.x) {
-            const u64 wi = w0 + threadIdx.x;
-            u32 word = 0;
-            bool stray;  // (the apply flags it)
-            if (wi < nwords) word = dc_map_word(b, nbytes, c.range, wi, 1, &stray);
-            u32 total;
-            u32 j = dc_block_exclusive_scan((u32)__popc(word), scan_scratch, &total);
-            while (word) {
-                const u64 k = base + j++;
-                if (k < c.count) out[k] = (u32)(wi * 32 + __ffs(word) - 1);
-                word &= word - 1;
-            }
-            base += total;
-        }
+        bool stray = false;  // (the apply flags it)
+        dc_bitmap_rounds((const u8*)c.bitmap, c.range, scan_scratch, &stray,
+                         [&](u64 wi, u32 word, u32 j, u32, u64 base) {
+                             while (word) {
+                                 const u64 k = base + j++;
+                                 if (k < c.count) out[k] = (u32)(wi * 32 + __ffs(word) - 1);
+                                 word &= word - 1;
+                             }
+                         });
     }
 }
 
