@@ -688,6 +688,7 @@ def run_rank(rank: int, args, port: int):
                         "steps": info.get("steps"),
                         "stages": info.get("stages"),
                         "dense_stages": info.get("dense_stages"),
+                        "bitmap_stages": info.get("bitmap_stages"),
                         "phases_ms": info.get("phases_ms"),
                         "choice": info.get("choice")})
             if info.get("changed") is not None:
@@ -770,7 +771,8 @@ def run_rank(rank: int, args, port: int):
             if use_dc:
                 how = rc.get("kind")
                 how = f"{how}, steps code" if rc.get("steps") else \
-                    f"{how}, entropy codecs" if rc.get("entropy") else how
+                    f"{how}, entropy codecs" if rc.get("entropy") else \
+                    f"{how}, bitmap diff" if rc.get("bitmap_stages") else how
                 dc_txt = (f"{rc['time_ms']:.1f} ms ({how}, "
                           f"{fmt_bytes(rc.get('wire_bytes'))})" if rc.get("time_ms") is not None
                           else f"ERROR {rc.get('error')}")

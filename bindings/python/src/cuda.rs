@@ -497,6 +497,7 @@ fn report_dict<'py>(py: Python<'py>, r: &GpuSyncReport) -> PyResult<Bound<'py, P
     d.set_item("steps", r.steps)?;
     d.set_item("stages", r.stages)?;
     d.set_item("dense_stages", r.dense_stages)?;
+    d.set_item("bitmap_stages", r.bitmap_stages)?;
     let phases = PyDict::new(py);
     for (name, ms) in &r.phases {
         phases.set_item(*name, *ms)?;

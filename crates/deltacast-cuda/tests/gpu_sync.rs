@@ -131,13 +131,21 @@ fn ipc_link_dense_plain_steps_stay_bit_identical() {
     let _serial = serial();
     need_one_gpu();
     let link = || LinkSpec::Ipc(free_address(), 3, 4096);
-    let (kinds, _) = run_script_over(
+    let (kinds, _, bitmap) = run_script_counted(
         link(),
         SnapshotPlace::Device,
         EntropyMode::Off,
         0,
         STEPS_DENSE,
+        false,
     );
+    // After a step of 10-20 %: a bitmap diff (the 1 % one too); after a 1 % step: listed.
+    for step in [2, 3, 4] {
+        assert_eq!(bitmap[step], 1, "step {step}: {bitmap:?}");
+    }
+    for step in [5, 6] {
+        assert_eq!(bitmap[step], 0, "step {step}: {bitmap:?}");
+    }
     let names: Vec<&str> = kinds.iter().map(|k| k.0.as_str()).collect();
     assert_eq!(names[0], "seed/1");
     for step in [1, 2, 3, 4, 5, 6, 9] {
@@ -308,6 +316,21 @@ fn run_script_landing(
     steps: &'static [(f64, Before)],
     commit_on_demand: bool,
 ) -> (Vec<(String, String)>, Vec<u64>) {
+    let (kinds, payloads, _) =
+        run_script_counted(link, place, entropy, stage_bytes, steps, commit_on_demand);
+    (kinds, payloads)
+}
+
+/// [`run_script_landing`], also returning each step's stages diffed into bitmap + raw (the
+/// sender's report; 0 for a refused step).
+fn run_script_counted(
+    link: LinkSpec,
+    place: SnapshotPlace,
+    entropy: EntropyMode,
+    stage_bytes: u64,
+    steps: &'static [(f64, Before)],
+    commit_on_demand: bool,
+) -> (Vec<(String, String)>, Vec<u64>, Vec<u32>) {
     let (truth_tx, truth_rx) = mpsc::channel::<StepReport>();
     let (got_tx, got_rx) = mpsc::channel::<StepReport>();
 
@@ -347,6 +370,7 @@ fn run_script_landing(
         }
         let report = unsafe { s.seed(0) }.expect("seed");
         let mut payloads = vec![report.payload_bytes];
+        let mut bitmap_stages = vec![report.bitmap_stages];
         truth_tx.send((0, host.clone(), outcome(&report))).unwrap();
         for (step, &(density, before)) in steps.iter().enumerate() {
             next_step(&mut rng, &mut host, density, before);
@@ -358,10 +382,12 @@ fn run_script_landing(
             let outcome = match unsafe { s.sync(0) } {
                 Ok(r) => {
                     payloads.push(r.payload_bytes);
+                    bitmap_stages.push(r.bitmap_stages);
                     outcome(&r)
                 }
                 Err(CudaError::ReceiverRefused(n)) => {
                     payloads.push(0);
+                    bitmap_stages.push(0);
                     format!("refused by {n}")
                 }
                 Err(e) => panic!("step {}: {e}", step + 1),
@@ -371,7 +397,7 @@ fn run_script_landing(
         s.close().expect("close");
         drop(s);
         drop(bufs);
-        payloads
+        (payloads, bitmap_stages)
     });
 
     let receiver = match &link {
@@ -395,8 +421,8 @@ fn run_script_landing(
     };
 
     let kinds = compare_steps(steps, &truth_rx, &got_rx);
-    let payloads = sender.join().expect("sender thread");
+    let (payloads, bitmap_stages) = sender.join().expect("sender thread");
     receiver.join().expect("receiver thread");
-    eprintln!("kinds per step ({link:?}, {place:?} snapshot, entropy {entropy:?}): {kinds:?}, payload bytes {payloads:?}");
-    (kinds, payloads)
+    eprintln!("kinds per step ({link:?}, {place:?} snapshot, entropy {entropy:?}): {kinds:?}, payload bytes {payloads:?}, bitmap stages {bitmap_stages:?}");
+    (kinds, payloads, bitmap_stages)
 }

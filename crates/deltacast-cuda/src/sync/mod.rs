@@ -169,6 +169,8 @@ pub struct GpuSyncReport {
     /// Stages of the sync, and how many of them were sent whole.
     pub stages: u32,
     pub dense_stages: u32,
+    /// Delta stages diffed straight into bitmap + raw (senders; 0 for receivers).
+    pub bitmap_stages: u32,
     /// Wall time of each phase summed over the stages, in order of first appearance (sender:
     /// diff, encode, send, ack; receiver: wait, manifest, payload, decode, apply, ack), in
     /// milliseconds. On the sender the broadcasts overlap the next stage's diff, so the
@@ -195,6 +197,7 @@ impl GpuSyncReport {
             steps: false,
             stages: 1,
             dense_stages: 1,
+            bitmap_stages: 0,
             phases: Vec::new(),
             choice: None,
         }
@@ -209,6 +212,7 @@ struct SendTotals {
     chunks: u64,
     diff_ms: f64,
     dense_stages: u32,
+    bitmap_stages: u32,
     /// Bytes of tensor diffed, bytes sent whole, and the delta stages' wire bytes and changes
     /// (for the cost model).
     diffed_bytes: u64,
@@ -261,6 +265,7 @@ impl SendTotals {
             steps: codec == DeltaCodec::Steps && self.delta_map_bytes > 0,
             stages,
             dense_stages: self.dense_stages,
+            bitmap_stages: self.bitmap_stages,
             phases,
             choice: None,
         }

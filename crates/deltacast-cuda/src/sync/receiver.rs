@@ -297,6 +297,7 @@ impl GpuReceiver {
             steps: got.steps,
             stages: last.count(),
             dense_stages: got.dense_stages,
+            bitmap_stages: 0,
             phases: phases.finish("receiver"),
             choice: None,
         };

@@ -610,7 +610,10 @@ impl GpuSender {
         // or not, per change.
         let map_bytes = match diff.code {
             MapCode::Steps => pos_bytes,
-            MapCode::Bitmap => 0,
+            MapCode::Bitmap => {
+                run.totals.bitmap_stages += 1;
+                0
+            }
         };
         self.send_delta_stage(s, records, regions, diff.found, map_bytes, run)
     }
