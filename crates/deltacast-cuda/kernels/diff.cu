@@ -945,3 +945,161 @@ dc_diff_bitmap(const DiffTensor* __restrict__ tensors, const StepsTensor* __rest
                u8* __restrict__ esc_out, u32* __restrict__ cells, u64 cell_elems) {
     dc_map_diff<1>(tensors, steps, tile_tensor, status, capacity, esc_out, cells, cell_elems);
 }
+
+// The bitmap diff in passes (dc_diff_bitmap_mark, dc_diff_scan_tiles / _groups,
+// dc_diff_bitmap_gather): the same output as dc_diff_bitmap, with no tile ever waiting for
+// another. The mark pass compares each tile (the listing diff's prefetch ahead of it), writes
+// its map bits, refreshes its snapshot, adds its digest change and counts it and its cell;
+// the scan gives each tile its place; the gather pass reads each tile's map again and its
+// changed elements from the refreshed snapshot (the new bits now) and writes them compacted
+// in element order. A tile whose changes would pass `capacity` writes none (the host then
+// sends the stage whole and recomputes the digests).
+template <u32 W>
+__device__ __forceinline__ void dc_bitmap_mark_tile(const DiffTensor* __restrict__ tensors,
+                                                    const StepsTensor* __restrict__ steps,
+                                                    const u32* __restrict__ tile_tensor,
+                                                    u32* __restrict__ tile_counts,
+                                                    u32* __restrict__ cells, u64 cell_elems) {
+    __shared__ u64 s_sum[32];
+    const u64 tile = blockIdx.x;
+    const u32 tt = tile_tensor[tile];
+    const DiffTensor T = tensors[tt];
+    const StepsTensor S = steps[tt];
+    const bool vec = T.aligned16 != 0;
+    const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
+    uint4 cv[DIFF_ITEMS], sv[DIFF_ITEMS];
+#pragma unroll
+    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+        cv[i] = dc_load_cur16<false>(T, off, vec);
+        sv[i] = dc_load16<false>((const u8*)T.snap, off, T.nbytes, vec);
+    }
+    if (DIFF_PREFETCH > 0) dc_diff_prefetch(tensors, tile_tensor, tile + DIFF_PREFETCH);
+    u8* snap_w = (u8*)T.snap;
+    u32 changed = 0;
+    u64 dsum = 0;
+#pragma unroll
+    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+        u32 m = dc_change_mask(cv[i], sv[i], W);
+        dc_store_codes<W, 1>((u8*)S.map, off, m, off < T.nbytes);
+        changed += __popc(m);
+        if (m == 0) continue;
+        const bool whole = vec && off + 16 <= T.nbytes;
+        if (whole) *(uint4*)(snap_w + off) = cv[i];
+        const u64 elem0 = off / W;
+        while (m) {
+            const u32 e = __ffs(m) - 1;
+            m &= m - 1;
+            const u32 nb = dc_extract(cv[i], e, W);
+            if (!whole) dc_store_bits(snap_w, elem0 + e, W, nb);
+            if (T.digest_out) {
+                const u64 index = T.first_index + elem0 + e;
+                dsum += dc_element_hash(T.salt, index, nb) -
+                        dc_element_hash(T.salt, index, dc_extract(sv[i], e, W));
+            }
+        }
+    }
+    const u64 sum = dc_block_sum(dsum, s_sum);
+    const u64 total = dc_block_sum(changed, s_sum);
+    if (threadIdx.x == 0) {
+        tile_counts[tile] = (u32)total;
+        if (T.digest_out && sum != 0) atomicAdd((u64*)T.digest_out, sum);
+        if (total) {
+            const u64 cell = S.cell0 + byte0 / W / cell_elems;
+            atomicAdd(&cells[2 * cell], (u32)total);
+            atomicAdd(&cells[2 * cell + 1], (u32)total);
+        }
+    }
+}
+
+// The map bits of the vector at byte `off` of the tensor (`off` < its bytes), as
+// dc_store_codes<W, 1> wrote them.
+template <u32 W>
+__device__ __forceinline__ u32 dc_load_bitmap_codes(const u8* map, u64 off) {
+    if (W == 1) return *(const u16*)(map + off / 8);
+    if (W == 2) return map[off / 16];
+    return (map[off / 32] >> (4 * ((off / 16) & 1))) & 0xfu;
+}
+
+template <u32 W>
+__device__ __forceinline__ void dc_bitmap_gather_tile(const DiffTensor* __restrict__ tensors,
+                                                      const StepsTensor* __restrict__ steps,
+                                                      const u32* __restrict__ tile_tensor,
+                                                      const u32* __restrict__ tile_counts,
+                                                      const u32* __restrict__ tile_offsets,
+                                                      const u64* __restrict__ group_sums,
+                                                      u64 num_tiles, u64 capacity,
+                                                      u8* __restrict__ esc_out) {
+    __shared__ u64 s_scan[32];
+    const u64 tile = blockIdx.x;
+    const u32 count = tile_counts[tile];
+    const u64 first = dc_diff_prefix(tile_offsets, group_sums, num_tiles, tile);
+    if (count == 0 || first + count > capacity) return;  // uniform
+    const u32 tt = tile_tensor[tile];
+    const DiffTensor T = tensors[tt];
+    const u8* map = (const u8*)steps[tt].map;
+    const bool vec = T.aligned16 != 0;
+    const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
+    u32 codes[DIFF_ITEMS];
+    u64 packed[DIFF_PACKS];
+#pragma unroll
+    for (u32 p = 0; p < DIFF_PACKS; ++p) packed[p] = 0;
+#pragma unroll
+    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+        codes[i] = off < T.nbytes ? dc_load_bitmap_codes<W>(map, off) : 0;
+        packed[i / 4] |= (u64)__popc(codes[i]) << (16 * (i % 4));
+    }
+    // Element order is item-major (vector i * DIFF_THREADS + thread): each item's counts are a
+    // 16-bit field of the packed words, scanned across the block at once.
+    u64 excl[DIFF_PACKS], rows[DIFF_PACKS];
+#pragma unroll
+    for (u32 p = 0; p < DIFF_PACKS; ++p) excl[p] = dc_block_exclusive_scan(packed[p], s_scan, &rows[p]);
+    u32 row_base = 0;
+#pragma unroll
+    for (u32 i = 0; i < DIFF_ITEMS; ++i) {
+        const u32 p = i / 4, f = 16 * (i % 4);
+        u64 g = first + row_base + ((excl[p] >> f) & 0xffffu);
+        row_base += (u32)(rows[p] >> f) & 0xffffu;
+        u32 m = codes[i];
+        if (m == 0) continue;
+        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
+        const uint4 nv = dc_load16<false>((const u8*)T.snap, off, T.nbytes, vec);
+        while (m) {
+            const u32 e = __ffs(m) - 1;
+            m &= m - 1;
+            dc_store_bits(esc_out, g++, W, dc_extract(nv, e, W));
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
+dc_diff_bitmap_mark(const DiffTensor* __restrict__ tensors, const StepsTensor* __restrict__ steps,
+                    const u32* __restrict__ tile_tensor, u32* __restrict__ tile_counts,
+                    u32* __restrict__ cells, u64 cell_elems) {
+    const u32 w = tensors[tile_tensor[blockIdx.x]].width;
+    if (w == 2)
+        dc_bitmap_mark_tile<2>(tensors, steps, tile_tensor, tile_counts, cells, cell_elems);
+    else if (w == 4)
+        dc_bitmap_mark_tile<4>(tensors, steps, tile_tensor, tile_counts, cells, cell_elems);
+    else
+        dc_bitmap_mark_tile<1>(tensors, steps, tile_tensor, tile_counts, cells, cell_elems);
+}
+
+extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)
+dc_diff_bitmap_gather(const DiffTensor* __restrict__ tensors, const StepsTensor* __restrict__ steps,
+                      const u32* __restrict__ tile_tensor, const u32* __restrict__ tile_counts,
+                      const u32* __restrict__ tile_offsets, const u64* __restrict__ group_sums,
+                      u64 num_tiles, u64 capacity, u8* __restrict__ esc_out) {
+    const u32 w = tensors[tile_tensor[blockIdx.x]].width;
+    if (w == 2)
+        dc_bitmap_gather_tile<2>(tensors, steps, tile_tensor, tile_counts, tile_offsets,
+                                 group_sums, num_tiles, capacity, esc_out);
+    else if (w == 4)
+        dc_bitmap_gather_tile<4>(tensors, steps, tile_tensor, tile_counts, tile_offsets,
+                                 group_sums, num_tiles, capacity, esc_out);
+    else
+        dc_bitmap_gather_tile<1>(tensors, steps, tile_tensor, tile_counts, tile_offsets,
+                                 group_sums, num_tiles, capacity, esc_out);
+}
