@@ -796,8 +796,6 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     for kernel in [
         "dc_diff_steps",
         "dc_diff_bitmap",
-        "dc_diff_bitmap_mark",
-        "dc_diff_bitmap_gather",
         "dc_diff_direct",
         "dc_apply_check",
         "dc_apply_scatter",
@@ -873,11 +871,10 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         });
         // SAFETY: `cur_d` holds `bytes`.
         unsafe { gpu.copy_to_device(cur_d.ptr(), &cur)? };
-        for (code, cell, in_passes) in [
-            (MapCode::Steps, 1u64 << 16, false),
-            (MapCode::Steps, 1 << 20, false),
-            (MapCode::Bitmap, 1 << 20, false),
-            (MapCode::Bitmap, 1 << 20, true),
+        for (code, cell) in [
+            (MapCode::Steps, 1u64 << 16),
+            (MapCode::Steps, 1 << 20),
+            (MapCode::Bitmap, 1 << 20),
         ] {
             let bits = code.bits();
             let (mut diffs, mut checks, mut scatters) = (vec![], vec![], vec![]);
@@ -896,7 +893,6 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                     escapes: esc_d.ptr(),
                     capacity: numel,
                     cell_elems: cell,
-                    in_passes,
                 };
                 // SAFETY: the buffers above, sized for the tensor.
                 let res = unsafe { gpu.diff_map(&[input], &out)? };
@@ -954,7 +950,7 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             }
             // What a dense plain delta cost before the bitmap diff: the listing diff (its
             // one-pass form) and the bitmap encoding of its positions.
-            let listing = if code == MapCode::Bitmap && !in_passes {
+            let listing = if code == MapCode::Bitmap {
                 let (mut lists, mut encodes) = (vec![], vec![]);
                 for _ in 0..3 {
                     // SAFETY: every buffer holds `bytes` (the digest word 8).
@@ -999,12 +995,8 @@ fn steps_bench(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                 String::new()
             };
             println!(
-                "{:13}  {density:.3}  {cell}  {chunks}  {changes}  {escapes}  {:.3}  {:.3}  {:.3}{listing}",
-                format!(
-                    "{}{}",
-                    format!("{code:?}").to_lowercase(),
-                    if in_passes { " passes" } else { "" }
-                ),
+                "{:6}  {density:.3}  {cell}  {chunks}  {changes}  {escapes}  {:.3}  {:.3}  {:.3}{listing}",
+                format!("{code:?}").to_lowercase(),
                 median(diffs),
                 median(checks),
                 median(scatters)

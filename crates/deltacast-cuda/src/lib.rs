@@ -372,10 +372,6 @@ pub struct MapOutput {
     /// Elements of each chunk (the last of a tensor may be shorter); rounded up to whole
     /// diff tiles by the diff.
     pub cell_elems: u64,
-    /// A bitmap only: diff in passes (mark, scan, gather: no tile waits for another, each
-    /// tile's changed elements read a second time) instead of one pass whose tiles find their
-    /// place by a look-back over the tiles before them. The same output either way.
-    pub in_passes: bool,
 }
 
 /// Byte offset of each tensor's map in a map diff's map region (16-aligned, room for the

@@ -43,20 +43,12 @@ struct Case {
     f32_source: bool,
 }
 
-/// The map codes and forms of the diff: steps, and bitmap in one pass and in passes.
-const FORMS: [(MapCode, bool); 3] = [
-    (MapCode::Steps, false),
-    (MapCode::Bitmap, false),
-    (MapCode::Bitmap, true),
-];
-
-/// One map diff in `map_code` (in passes when `in_passes`) over `cases` with room for
-/// `capacity_frac` of the escapes; checks every map byte, escape, cell count, the refreshed
-/// snapshot and the digest words.
+/// One map diff in `map_code` over `cases` with room for `capacity_frac` of the escapes;
+/// checks every map byte, escape, cell count, the refreshed snapshot and the digest words.
 fn run(
     gpu: &Gpu,
     rng: &mut Rng,
-    (map_code, in_passes): (MapCode, bool),
+    map_code: MapCode,
     cases: &[Case],
     cell_elems: u64,
     capacity_frac: f64,
@@ -157,7 +149,6 @@ fn run(
         escapes: escapes.ptr(),
         capacity,
         cell_elems,
-        in_passes,
     };
     // SAFETY: every pointer is inside the buffers above.
     let res = unsafe { gpu.diff_map(&inputs, &out) }.unwrap();
@@ -170,7 +161,7 @@ fn run(
     for (k, inp) in inputs.iter().enumerate() {
         let w = inp.width;
         let what = format!(
-            "{map_code:?} (passes {in_passes}) tensor {k} (numel {}, width {w}, density {}, misaligned {}, fp32 {})",
+            "{map_code:?} tensor {k} (numel {}, width {w}, density {}, misaligned {}, fp32 {})",
             inp.numel, cases[k].density, cases[k].misalign, cases[k].f32_source
         );
         // The snapshot is current, whatever the capacity.
@@ -261,17 +252,17 @@ fn edge_cases() -> Vec<Case> {
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
 fn map_diffs_match_the_spec() {
-    for form in FORMS {
-        map_diff_matches_the_spec(form);
+    for map_code in [MapCode::Steps, MapCode::Bitmap] {
+        map_diff_matches_the_spec(map_code);
     }
 }
 
-fn map_diff_matches_the_spec(form: (MapCode, bool)) {
+fn map_diff_matches_the_spec(map_code: MapCode) {
     let gpu = gpu();
     let mut rng = Rng(0x5_7e95);
     // Cells of one tile and of several (rounded up to whole tiles by the diff).
     for cell_elems in [1u64, 40_000, 1 << 20] {
-        run(&gpu, &mut rng, form, &edge_cases(), cell_elems, 1.0);
+        run(&gpu, &mut rng, map_code, &edge_cases(), cell_elems, 1.0);
     }
     // A large tensor at half changed, with smaller ones around it.
     let big = vec![
@@ -297,7 +288,7 @@ fn map_diff_matches_the_spec(form: (MapCode, bool)) {
             f32_source: true,
         },
     ];
-    run(&gpu, &mut rng, form, &big, 1 << 20, 1.0);
+    run(&gpu, &mut rng, map_code, &big, 1 << 20, 1.0);
 }
 
 #[test]
@@ -316,7 +307,7 @@ fn map_diffs_past_their_capacity_refresh_and_say_so() {
         .collect();
     // Room for half the escapes: the result says incomplete; the codes, counts and the
     // snapshot are still whole (checked in `run`).
-    for form in FORMS {
-        run(&gpu, &mut rng, form, &cases, 1 << 16, 0.5);
+    for map_code in [MapCode::Steps, MapCode::Bitmap] {
+        run(&gpu, &mut rng, map_code, &cases, 1 << 16, 0.5);
     }
 }

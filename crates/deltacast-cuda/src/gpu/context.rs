@@ -94,8 +94,6 @@ const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dc_diff_finish_direct",
             "dc_diff_steps",
             "dc_diff_bitmap",
-            "dc_diff_bitmap_mark",
-            "dc_diff_bitmap_gather",
         ],
     ),
     ("encode", &["dc_encode_cells", "dc_encode_place"]),

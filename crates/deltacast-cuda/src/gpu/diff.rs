@@ -283,25 +283,12 @@ impl Gpu {
                 cells += inputs[i].numel.div_ceil(cell_elems);
             }
             // Scratch: [table n*64][steps n*16][tile tensors tiles*4][status tiles*8]
-            //          [cells cells*8], each 8-aligned; in passes (a bitmap, see
-            //          `MapOutput::in_passes`) [tile counts][tile offsets][group sums] instead
-            //          of the status words.
-            let passes = out.code == MapCode::Bitmap && out.in_passes;
-            let groups = tiles.div_ceil(DIFF_GROUP);
+            //          [cells cells*8], each 8-aligned.
             let table_len = (n * std::mem::size_of::<KDiffTensor>()) as u64;
             let steps_off = table_len;
             let tensor_of_off = steps_off + (n * std::mem::size_of::<KStepsTensor>()) as u64;
             let status_off = tensor_of_off + (tiles * 4).next_multiple_of(8);
-            let (counts_off, offsets_off, groups_off) = (
-                status_off,
-                status_off + (tiles * 4).next_multiple_of(8),
-                status_off + 2 * (tiles * 4).next_multiple_of(8),
-            );
-            let cells_off = if passes {
-                groups_off + (groups + 1) * 8
-            } else {
-                status_off + tiles * 8
-            };
+            let cells_off = status_off + tiles * 8;
             let len = cells_off + cells * 8;
             let (_guard, base) = self.scratch(len as usize)?;
             self.upload_typed(base, &table)?;
@@ -309,53 +296,8 @@ impl Gpu {
             // SAFETY: inside the scratch region.
             unsafe { cu::memset_d8_async(base + cells_off, 0, (cells * 8) as usize, self.stream) }
                 .map_err(drv("cuMemsetD8"))?;
-            let status = if passes { 0 } else { base + status_off };
-            let start = self.start_diff(base, n, tiles, base + tensor_of_off, status)?;
-            if tiles > 0 && passes {
-                self.launch(
-                    "dc_diff_bitmap_mark",
-                    tiles,
-                    DIFF_THREADS,
-                    Args::new()
-                        .push(base)
-                        .push(base + steps_off)
-                        .push(base + tensor_of_off)
-                        .push(base + counts_off)
-                        .push(base + cells_off)
-                        .push(cell_elems),
-                )?;
-                self.launch(
-                    "dc_diff_scan_tiles",
-                    groups,
-                    DIFF_THREADS,
-                    Args::new()
-                        .push(base + counts_off)
-                        .push(tiles)
-                        .push(base + offsets_off)
-                        .push(base + groups_off),
-                )?;
-                self.launch(
-                    "dc_diff_scan_groups",
-                    1,
-                    1024,
-                    Args::new().push(base + groups_off).push(groups),
-                )?;
-                self.launch(
-                    "dc_diff_bitmap_gather",
-                    tiles,
-                    DIFF_THREADS,
-                    Args::new()
-                        .push(base)
-                        .push(base + steps_off)
-                        .push(base + tensor_of_off)
-                        .push(base + counts_off)
-                        .push(base + offsets_off)
-                        .push(base + groups_off)
-                        .push(tiles)
-                        .push(out.capacity)
-                        .push(out.escapes),
-                )?;
-            } else if tiles > 0 {
+            let start = self.start_diff(base, n, tiles, base + tensor_of_off, base + status_off)?;
+            if tiles > 0 {
                 self.launch(
                     match out.code {
                         MapCode::Steps => "dc_diff_steps",

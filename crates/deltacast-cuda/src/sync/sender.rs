@@ -41,9 +41,6 @@ const STEPS_CELL_ELEMS: u64 = 1 << 16;
 /// goes to its one-pass form, and a bitmap is no larger than abs32 positions (1/32).
 const BITMAP_ABOVE: f64 = ONE_PASS_ABOVE;
 
-/// Whether the bitmap diff runs in passes (`MapOutput::in_passes`) or in one pass.
-const BITMAP_IN_PASSES: bool = false;
-
 /// One delta sync in progress (sender): what its stages share and add up.
 struct SyncRun {
     version: u64,
@@ -464,7 +461,6 @@ impl GpuSender {
                 escapes: bufs.values.ptr(),
                 capacity: self.capacity,
                 cell_elems,
-                in_passes: BITMAP_IN_PASSES,
             })
         };
         let out = match codec {
