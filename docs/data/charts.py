@@ -120,27 +120,26 @@ def gpu_density():
 
 
 def gpu_density_steps():
-    """The one-GPU bench with every codec among the choices (1×H100, 2026-12-07): each timed
-    step's deltacast time and wire bytes as a share of the same step's full copy, labelled with
-    what went (P plain delta, E entropy codecs, S steps code, W whole). lr 1e-6 and 1e-5 from
-    the run with the probe fix, lr 6e-5 from the run before it (the same choices there)."""
+    """The one-GPU bench with every codec among the choices (1×H100, 2026-12-07 22:14 UTC,
+    a7f34c5): each timed step's deltacast time and wire bytes as a share of the same step's
+    full copy, labelled with what went (P plain delta, B plain delta diffed straight into
+    bitmap + raw, E entropy codecs, S steps code, W whole)."""
     groups, time, wire = [], [], []
-    runs = [("probe-when-diffed-1xh100", ""), ("probe-when-diffed-1xh100", "_lr1e-05"),
-            ("whole-spends-probe-1xh100", "_lr6e-05")]
-    for run_dir, lr in runs:
-        path = DATA / f"gpu-sync/{run_dir}/gpu_sync_0.5b_ipc{lr}_onegpu.json"
+    for lr in ("", "_lr1e-05", "_lr6e-05"):
+        path = DATA / f"gpu-sync/bitmap-diff-1xh100/gpu_sync_0.5b_ipc{lr}_onegpu.json"
         run = json.load(path.open())
         full = {r["step"]: r for r in run["rows"] if r["method"] == "full" and r["step"] > 0}
         for r in run["rows"]:
             if r["method"] == "deltacast" and r["step"] in full:
                 how = ("W" if r["kind"] == "dense" else "S" if r.get("steps")
-                       else "E" if r.get("entropy") else "P")
+                       else "E" if r.get("entropy") else "B" if r.get("bitmap_stages")
+                       else "P")
                 groups.append(f"{100 * r['changed_ratio']:.0f}% {how}")
                 time.append(r["time_ms"] / full[r["step"]]["time_ms"])
                 wire.append(r["wire_bytes"] / full[r["step"]]["wire_bytes"])
     bars(IMG / "gpu-density-steps.svg",
          "0.5B on one H100 over CUDA IPC, defaults: deltacast ÷ full copy per step "
-         "(P plain, E entropy, S steps, W whole)",
+         "(P plain, B bitmap diff, E entropy, S steps, W whole)",
          "÷ the full copy", groups, [("time", time), ("wire bytes", wire)], ref=1.0)
 
 
