@@ -817,7 +817,7 @@ __device__ __forceinline__ void dc_store_codes(u8* map, u64 off, u32 c, bool ins
 }
 
 template <u32 W, u32 BITS>
-__device__ __forceinline__ void dc_steps_tile(const DiffTensor* __restrict__ tensors,
+__device__ __forceinline__ void dc_map_tile(const DiffTensor* __restrict__ tensors,
                                               const StepsTensor* __restrict__ steps,
                                               const u32* __restrict__ tile_tensor,
                                               u64* __restrict__ status, u64 capacity,
@@ -922,13 +922,13 @@ __device__ __forceinline__ void dc_map_diff(const DiffTensor* __restrict__ tenso
                                             u64 cell_elems) {
     const u32 w = tensors[tile_tensor[blockIdx.x]].width;
     if (w == 2)
-        dc_steps_tile<2, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
+        dc_map_tile<2, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
                                cell_elems);
     else if (w == 4)
-        dc_steps_tile<4, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
+        dc_map_tile<4, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
                                cell_elems);
     else
-        dc_steps_tile<1, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
+        dc_map_tile<1, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
                                cell_elems);
 }
 
