@@ -22,7 +22,6 @@ must be equal, and at the end equal to the HF truth written whole through the la
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_layout_apply as G  # noqa: E402  (its layout JSON helpers and the patch way)
-from gpu_engine_sync import changes_of, truth_of  # noqa: E402  (the same changes, seeded)
+from gpu_engine_sync import changes_of, truth_of, write_out  # noqa: E402  (shared with it)
 from gpu_sync import free_port  # noqa: E402
 
 
@@ -169,12 +168,7 @@ def main() -> int:
         flush=True,
     )
     if a.out:
-        Path(a.out).write_text(json.dumps({
-            "layout": Path(a.layout).name, "layers": a.layers, "experts": a.experts,
-            "frac": a.frac, "device": name, "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "seed": seed, "median": med, "rows": rows,
-        }, indent=1, default=str))
+        write_out(a, name, seed=seed, median=med, rows=rows)
     return 0
 
 

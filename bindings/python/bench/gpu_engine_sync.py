@@ -61,6 +61,15 @@ def changes_of(lay, rng, frac: float) -> list:
     return out
 
 
+def write_out(a, device: str, **fields) -> None:
+    """The run's JSON at `a.out`: the shape and machine, then the bench's own `fields`."""
+    Path(a.out).write_text(json.dumps({
+        "layout": Path(a.layout).name, "layers": a.layers, "experts": a.experts,
+        "frac": a.frac, "device": device, "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **fields,
+    }, indent=1, default=str))
+
+
 def main() -> int:
     import deltacast
     from deltacast.integrations import layout_apply as A
@@ -226,12 +235,7 @@ def main() -> int:
         flush=True,
     )
     if a.out:
-        Path(a.out).write_text(json.dumps({
-            "layout": Path(a.layout).name, "layers": a.layers, "experts": a.experts,
-            "frac": a.frac, "receivers": a.receivers, "device": name, "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed_s": seed_s,
-            "median": med, "rows": rows,
-        }, indent=1))
+        write_out(a, name, receivers=a.receivers, seed_s=seed_s, median=med, rows=rows)
     return 0
 
 

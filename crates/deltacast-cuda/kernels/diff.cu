@@ -797,6 +797,12 @@ __device__ __forceinline__ u32 dc_map_codes(uint4 s, uint4 c) {
     return BITS == 2 ? dc_step_codes<W>(s, c) : dc_change_mask(c, s, W);
 }
 
+// The changed elements of a vector's map code: one bit each, at bit BITS * e.
+template <u32 BITS>
+__device__ __forceinline__ u32 dc_map_changed(u32 c) {
+    return BITS == 2 ? (c | (c >> 1)) & 0x55555555u : c;
+}
+
 // Stores one vector's codes at byte `off` of the tensor (`off` < its bytes). A vector's
 // codes are 32 * BITS / 16 / W bits: whole bytes but for the bitmap of 4-byte elements (4
 // bits), where the even lane of each pair writes both vectors' (adjacent: lanes 2k and 2k + 1
@@ -818,11 +824,11 @@ __device__ __forceinline__ void dc_store_codes(u8* map, u64 off, u32 c, bool ins
 
 template <u32 W, u32 BITS>
 __device__ __forceinline__ void dc_map_tile(const DiffTensor* __restrict__ tensors,
-                                              const StepsTensor* __restrict__ steps,
-                                              const u32* __restrict__ tile_tensor,
-                                              u64* __restrict__ status, u64 capacity,
-                                              u8* __restrict__ esc_out, u32* __restrict__ cells,
-                                              u64 cell_elems) {
+                                            const StepsTensor* __restrict__ steps,
+                                            const u32* __restrict__ tile_tensor,
+                                            u64* __restrict__ status, u64 capacity,
+                                            u8* __restrict__ esc_out, u32* __restrict__ cells,
+                                            u64 cell_elems) {
     __shared__ u64 s_scan[32];
     __shared__ u64 s_sum[32];
     const u64 tile = blockIdx.x;
@@ -853,7 +859,7 @@ __device__ __forceinline__ void dc_map_tile(const DiffTensor* __restrict__ tenso
     for (u32 i = 0; i < DIFF_ITEMS; ++i) {
         const u32 c = dc_map_codes<W, BITS>(sv[i], cv[i]);
         codes[i] = c;
-        const u32 nz = BITS == 2 ? (c | (c >> 1)) & 0x55555555u : c;
+        const u32 nz = dc_map_changed<BITS>(c);
         const u32 es = BITS == 2 ? c & (c >> 1) & 0x55555555u : c;
         changed += __popc(nz);
         packed[i / 4] |= (u64)__popc(es) << (16 * (i % 4));
@@ -887,7 +893,7 @@ __device__ __forceinline__ void dc_map_tile(const DiffTensor* __restrict__ tenso
         const bool whole = vec && off + 16 <= T.nbytes;
         if (whole) *(uint4*)(snap_w + off) = cvi;
         const u64 elem0 = off / W;
-        u32 nz = BITS == 2 ? (c | (c >> 1)) & 0x55555555u : c;
+        u32 nz = dc_map_changed<BITS>(c);
         while (nz) {
             const u32 bit = __ffs(nz) - 1;
             nz &= nz - 1;
@@ -923,13 +929,13 @@ __device__ __forceinline__ void dc_map_diff(const DiffTensor* __restrict__ tenso
     const u32 w = tensors[tile_tensor[blockIdx.x]].width;
     if (w == 2)
         dc_map_tile<2, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
-                               cell_elems);
+                             cell_elems);
     else if (w == 4)
         dc_map_tile<4, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
-                               cell_elems);
+                             cell_elems);
     else
         dc_map_tile<1, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
-                               cell_elems);
+                             cell_elems);
 }
 
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)

@@ -513,12 +513,8 @@ impl GpuSender {
     /// Whether stage `s`'s plain delta is diffed into a bitmap (see [`BITMAP_ABOVE`]): when
     /// its last sync changed more than that share of its elements.
     fn dense_plain(&self, s: usize) -> bool {
-        let elements: u64 = self.stages[s]
-            .clone()
-            .map(|i| self.tensors[i].numel())
-            .sum();
-        self.maps_ok
-            && self.last_changed[s].is_some_and(|n| n as f64 > BITMAP_ABOVE * elements as f64)
+        let elements = self.stage_elements(s) as f64;
+        self.maps_ok && self.last_changed[s].is_some_and(|n| n as f64 > BITMAP_ABOVE * elements)
     }
 
     /// Encodes stage `s` from its diff and starts its broadcasts (delta, or whole when that
@@ -610,11 +606,11 @@ impl GpuSender {
         // or not, per change.
         let map_bytes = match diff.code {
             MapCode::Steps => pos_bytes,
-            MapCode::Bitmap => {
-                run.totals.bitmap_stages += 1;
-                0
-            }
+            MapCode::Bitmap => 0,
         };
+        if diff.code == MapCode::Bitmap {
+            run.totals.bitmap_stages += 1;
+        }
         self.send_delta_stage(s, records, regions, diff.found, map_bytes, run)
     }
 
@@ -680,6 +676,13 @@ impl GpuSender {
         self.tensors[self.stages[s].clone()]
             .iter()
             .map(|t| t.nbytes())
+            .sum()
+    }
+
+    fn stage_elements(&self, s: usize) -> u64 {
+        self.tensors[self.stages[s].clone()]
+            .iter()
+            .map(|t| t.numel())
             .sum()
     }
 

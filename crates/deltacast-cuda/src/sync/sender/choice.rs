@@ -24,12 +24,11 @@ impl GpuSender {
         let Some(expected) = self.last_changed[s] else {
             return false;
         };
-        let bytes: u64 = self.tensors[range.clone()].iter().map(|t| t.nbytes()).sum();
-        let elements: u64 = self.tensors[range.clone()].iter().map(|t| t.numel()).sum();
+        let sizes = (self.stage_bytes(s), self.stage_elements(s));
         !self.any_pinned(range)
             && self
                 .costs
-                .dense_before_diff((bytes, elements), self.stages.len(), expected, codec)
+                .dense_before_diff(sizes, self.stages.len(), expected, codec)
     }
 
     /// Stages with no count yet (the first delta after a seed) get an estimate from a sample
@@ -66,7 +65,7 @@ impl GpuSender {
                 .by_ref()
                 .take(range.len())
                 .fold((0u64, 0u64), |(a, b), (x, y)| (a + x, b + y));
-            let numel: u64 = self.tensors[range].iter().map(|t| t.numel()).sum();
+            let numel = self.stage_elements(s);
             if seen > 0 {
                 self.last_changed[s] =
                     Some((changed as u128 * numel as u128 / seen as u128) as u64);
@@ -100,11 +99,12 @@ impl GpuSender {
         let slots = self.stages[s].len();
         let whole = (HEADER_BYTES + slots * (SLOT_RECORD_BYTES + CHUNK_RECORD_BYTES)) as u64
             + self.stage_bytes(s);
-        let elements = self.tensors[self.stages[s].clone()]
-            .iter()
-            .map(|t| t.numel())
-            .sum();
-        self.costs
-            .dense_after_diff((whole, elements), self.stages.len(), found, wire, codec)
+        self.costs.dense_after_diff(
+            (whole, self.stage_elements(s)),
+            self.stages.len(),
+            found,
+            wire,
+            codec,
+        )
     }
 }
