@@ -41,10 +41,14 @@
 // `current` over the snapshot and recomputes the digests (the sync then sends the tensors whole).
 
 // Tuning knobs (the host passes -D to NVRTC): DIFF_ITEMS 16-byte vectors per thread and per
-// array (tile = 256 * 16 * DIFF_ITEMS bytes, DIFF_ITEMS at most 8: positions inside a tile
-// are u16), DIFF_MINBLOCKS the occupancy asked of the register allocator.
+// array (tile = 256 * 16 * DIFF_ITEMS bytes, DIFF_ITEMS at most 4: the map diffs stash a
+// tile's changed vectors in shared memory), DIFF_MINBLOCKS the occupancy asked of the
+// register allocator.
 #ifndef DIFF_ITEMS
 #define DIFF_ITEMS 4
+#endif
+#if DIFF_ITEMS > 4
+#error "DIFF_ITEMS at most 4"
 #endif
 #ifndef DIFF_MINBLOCKS
 #define DIFF_MINBLOCKS 4
@@ -63,7 +67,7 @@
 #ifndef DIFF_PREFETCH
 #define DIFF_PREFETCH 264
 #endif
-// DIFF_STASH 1 (with DIFF_RELOAD, DIFF_ITEMS <= 4): each warp keeps its changed vectors (both
+// DIFF_STASH 1 (with DIFF_RELOAD): each warp keeps its changed vectors (both
 // arrays) in shared memory, listed in order, and the write phase reads them there instead of
 // again from L2 (pass 1 is bound by L2 traffic once the prefetch keeps DRAM busy).
 #ifndef DIFF_STASH
@@ -184,6 +188,42 @@ __device__ __forceinline__ void dc_store_status(u64* p, u64 v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// The scan of a tile's counts per vector, packed four items (16-bit fields: at most 16 a
+// vector, 4096 a row of the tile) to a word: `incl` the lane's inclusive prefix in its warp,
+// `warp_excl` the warps' before it, `rows` each row's total over the tile. Returns the tile's
+// total. One __syncthreads; `s_warp_tot` holds a word per pack and warp.
+__device__ __forceinline__ u32 dc_tile_scan(const u64 (&packed)[DIFF_PACKS], u64 (&incl)[DIFF_PACKS],
+                                            u64 (&warp_excl)[DIFF_PACKS], u64 (&rows)[DIFF_PACKS],
+                                            u64 (*s_warp_tot)[DIFF_THREADS / 32]) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (u32 p = 0; p < DIFF_PACKS; ++p) {
+        incl[p] = packed[p];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u64 n = __shfl_up_sync(DC_FULL_MASK, incl[p], o);
+            if (lane >= (u32)o) incl[p] += n;
+        }
+        if (lane == 31) s_warp_tot[p][warp] = incl[p];
+    }
+    __syncthreads();
+    u32 total = 0;
+#pragma unroll
+    for (u32 p = 0; p < DIFF_PACKS; ++p) {
+        warp_excl[p] = 0;
+        rows[p] = 0;
+#pragma unroll
+        for (u32 k = 0; k < DIFF_THREADS / 32; ++k) {
+            const u64 t = s_warp_tot[p][k];
+            if (k < warp) warp_excl[p] += t;
+            rows[p] += t;
+        }
+#pragma unroll
+        for (u32 f = 0; f < 4; ++f) total += (u32)(rows[p] >> (16 * f)) & 0xffffu;
+    }
+    return total;
+}
+
 // Decoupled look-back, by warp 0: publishes the tile's count, adds up the counts of the tiles
 // behind it (32 at a time) until one has published its inclusive prefix, publishes its own
 // prefix. Returns the changes before the tile, in every thread of the block.
@@ -294,34 +334,8 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
             listed += __popc(has);
         }
     }
-    // Warp inclusive scan of the packed counts (each field stays below 2^16: at most 32*16).
-    u64 incl[DIFF_PACKS];
-#pragma unroll
-    for (u32 p = 0; p < DIFF_PACKS; ++p) {
-        incl[p] = packed[p];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u64 n = __shfl_up_sync(DC_FULL_MASK, incl[p], o);
-            if (lane >= (u32)o) incl[p] += n;
-        }
-        if (lane == 31) s_warp_tot[p][warp] = incl[p];
-    }
-    __syncthreads();
-    u64 warp_excl[DIFF_PACKS], rows[DIFF_PACKS];  // this warp's prefix per row; row totals
-    u32 tile_total = 0;
-#pragma unroll
-    for (u32 p = 0; p < DIFF_PACKS; ++p) {
-        warp_excl[p] = 0;
-        rows[p] = 0;
-#pragma unroll
-        for (u32 k = 0; k < DIFF_THREADS / 32; ++k) {
-            const u64 t = s_warp_tot[p][k];
-            if (k < warp) warp_excl[p] += t;
-            rows[p] += t;
-        }
-#pragma unroll
-        for (u32 f = 0; f < 4; ++f) tile_total += (u32)(rows[p] >> (16 * f)) & 0xffffu;
-    }
+    u64 incl[DIFF_PACKS], warp_excl[DIFF_PACKS], rows[DIFF_PACKS];
+    const u32 tile_total = dc_tile_scan(packed, incl, warp_excl, rows, s_warp_tot);
     if (!DIRECT && threadIdx.x == 0) tile_counts[tile] = tile_total;
     const u64 before = DIRECT ? dc_diff_lookback(D.status, tile, tile_total) : 0;
 
@@ -430,7 +444,7 @@ __device__ __forceinline__ void dc_diff_device_snapshot(const DiffTensor* __rest
                                                         u32* __restrict__ tile_counts,
                                                         u8* __restrict__ slots, u32 want_old,
                                                         const DiffDirect& D) {
-#if DIFF_STASH && DIFF_RELOAD && DIFF_ITEMS <= 4
+#if DIFF_STASH && DIFF_RELOAD
     __shared__ uint4 s_stash[2 * DIFF_THREADS * DIFF_ITEMS];
     dc_diff_tile_at_width<true, (DIFF_PREFETCH > 0), true, DIRECT>(
         tensors, tile_tensor, tile_counts, slots, want_old, s_stash, D);
@@ -822,24 +836,40 @@ __device__ __forceinline__ void dc_store_codes(u8* map, u64 off, u32 c, bool ins
     else *at = (u8)c;
 }
 
+// Shared memory of a map-diff block, declared once per kernel (not per width).
+struct MapShared {
+    uint4* stash;  // each warp's changed vectors, current then snapshot (as dc_diff_tile's)
+    u16* list;     // each warp's changes of one item: MAP_LIST entries
+};
+// A warp's changes of one item: at most 16 a vector (width 1).
+#define MAP_LIST (32 * 16)
+
 template <u32 W, u32 BITS>
 __device__ __forceinline__ void dc_map_tile(const DiffTensor* __restrict__ tensors,
                                             const StepsTensor* __restrict__ steps,
                                             const u32* __restrict__ tile_tensor,
                                             u64* __restrict__ status, u64 capacity,
                                             u8* __restrict__ esc_out, u32* __restrict__ cells,
-                                            u64 cell_elems) {
-    __shared__ u64 s_scan[32];
-    __shared__ u64 s_sum[32];
+                                            u64 cell_elems, const MapShared& sh) {
+    __shared__ u64 s_warp_tot[DIFF_PACKS][DIFF_THREADS / 32];
+    __shared__ u32 s_warp_changed[DIFF_THREADS / 32];
+    __shared__ u64 s_digest[DIFF_THREADS / 32];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 lanes_below = (1u << lane) - 1u;
     const u64 tile = blockIdx.x;
     const u32 tt = tile_tensor[tile];
     const DiffTensor T = tensors[tt];
     const StepsTensor S = steps[tt];
     const bool vec = T.aligned16 != 0;
     const u64 byte0 = (tile - T.tile_begin) * DIFF_TILE_BYTES;
-    // Both arrays are read once here, kept in L2, and the changed vectors read again from
-    // there to be written: only the codes stay in registers across the look-back (what keeps
-    // enough blocks resident to stream, as the listing diff's DIFF_RELOAD).
+    uint4* stash_cur = sh.stash + warp * (DIFF_ITEMS * 32);
+    uint4* stash_snap = stash_cur + DIFF_THREADS * DIFF_ITEMS;
+    u16* list = sh.list + warp * MAP_LIST;
+    u8* snap_w = (u8*)T.snap;
+
+    // Phase 1: codes into the map; every changed vector refreshed in the snapshot at once and
+    // stashed (both sides) for phase 3, so that only the codes stay in registers across the
+    // look-back and nothing is read twice from memory.
     uint4 cv[DIFF_ITEMS], sv[DIFF_ITEMS];
 #pragma unroll
     for (u32 i = 0; i < DIFF_ITEMS; ++i) {
@@ -848,11 +878,11 @@ __device__ __forceinline__ void dc_map_tile(const DiffTensor* __restrict__ tenso
         sv[i] = dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec);
     }
     if (DIFF_PREFETCH > 0) dc_diff_prefetch(tensors, tile_tensor, tile + DIFF_PREFETCH);
-    // Codes, 2 bits an element; escape counts per item, 16 bits each (at most 16 a vector,
-    // 4096 a row of the tile), four items to a word.
+    // Escape counts per item, 16 bits each (at most 16 a vector, 4096 a row of the tile),
+    // four items to a word; the place of item i's vector in the warp's stash, 8 bits each.
     u32 codes[DIFF_ITEMS];
     u64 packed[DIFF_PACKS];
-    u32 changed = 0;
+    u32 changed = 0, stash_at = 0, stashed = 0;
 #pragma unroll
     for (u32 p = 0; p < DIFF_PACKS; ++p) packed[p] = 0;
 #pragma unroll
@@ -863,59 +893,107 @@ __device__ __forceinline__ void dc_map_tile(const DiffTensor* __restrict__ tenso
         const u32 es = BITS == 2 ? c & (c >> 1) & 0x55555555u : c;
         changed += __popc(nz);
         packed[i / 4] |= (u64)__popc(es) << (16 * (i % 4));
-        // The codes of the vector, at its place in the map (none past the tensor's end).
         const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
         dc_store_codes<W, BITS>((u8*)S.map, off, c, off < T.nbytes);
+        const u32 has = __ballot_sync(DC_FULL_MASK, c != 0);
+        if (c != 0) {
+            const u32 at = stashed + __popc(has & lanes_below);
+            stash_cur[at] = cv[i];
+            stash_snap[at] = sv[i];
+            stash_at |= at << (8 * i);
+            // The whole vector (its unchanged elements equal the snapshot's already), or
+            // element by element at a tensor's ragged end.
+            if (vec && off + 16 <= T.nbytes) {
+                *(uint4*)(snap_w + off) = cv[i];
+            } else {
+                for (u32 m = nz; m; m &= m - 1) {
+                    const u32 e = (__ffs(m) - 1) / BITS;
+                    dc_store_bits(snap_w, off / W + e, W, dc_extract(cv[i], e, W));
+                }
+            }
+        }
+        stashed += __popc(has);
     }
-    u64 excl[DIFF_PACKS], rows[DIFF_PACKS];
-    u32 tile_escapes = 0;
+
+    // Phase 2: the warps' escape counts scanned; the tile's counts into its cell; its place
+    // in the escapes by the look-back.
+    const u64 warp_changed = dc_warp_sum(changed);
+    if (lane == 0) s_warp_changed[warp] = (u32)warp_changed;  // read after the scan's sync
+    u64 incl[DIFF_PACKS], warp_excl[DIFF_PACKS], rows[DIFF_PACKS];
+    const u32 tile_escapes = dc_tile_scan(packed, incl, warp_excl, rows, s_warp_tot);
+    u32 tile_changed = 0;
 #pragma unroll
-    for (u32 p = 0; p < DIFF_PACKS; ++p) {
-        excl[p] = dc_block_exclusive_scan(packed[p], s_scan, &rows[p]);
-#pragma unroll
-        for (u32 f = 0; f < 4; ++f) tile_escapes += (u32)(rows[p] >> (16 * f)) & 0xffffu;
+    for (u32 k = 0; k < DIFF_THREADS / 32; ++k) tile_changed += s_warp_changed[k];
+    if (threadIdx.x == 0) {
+        const u64 cell = S.cell0 + byte0 / W / cell_elems;
+        if (tile_changed) atomicAdd(&cells[2 * cell], tile_changed);
+        if (tile_escapes) atomicAdd(&cells[2 * cell + 1], tile_escapes);
     }
     const u64 before = dc_diff_lookback(status, tile, tile_escapes);
-    const bool fits = before + tile_escapes <= capacity;  // uniform
-    u8* snap_w = (u8*)T.snap;
+    // Escapes past the capacity: nothing of the tile's escapes or digest is written.
+    if (before + tile_escapes > capacity || tile_changed == 0) return;  // uniform
+
+    // Phase 3, item by item: each lane lists its changes in the warp's list (element order),
+    // then the warp's lanes take them 32 at a time, so that the work per change (the two
+    // element hashes, the escape's store) is spread evenly and the stores are coalesced.
     u64 dsum = 0;
     u32 row_base = 0;
 #pragma unroll
     for (u32 i = 0; i < DIFF_ITEMS; ++i) {
         const u32 p = i / 4, f = 16 * (i % 4);
-        u64 g = before + row_base + ((excl[p] >> f) & 0xffffu);
+        const u64 esc0 = before + row_base + ((warp_excl[p] >> f) & 0xffffu);
         row_base += (u32)(rows[p] >> f) & 0xffffu;
-        u32 c = codes[i];
-        if (c == 0) continue;
-        const u64 off = byte0 + ((u64)i * DIFF_THREADS + threadIdx.x) * 16;
-        const uint4 cvi = dc_load_cur16<true>(T, off, vec);
-        const uint4 svi = dc_load16<true>((const u8*)T.snap, off, T.nbytes, vec);
-        const bool whole = vec && off + 16 <= T.nbytes;
-        if (whole) *(uint4*)(snap_w + off) = cvi;
-        const u64 elem0 = off / W;
-        u32 nz = dc_map_changed<BITS>(c);
-        while (nz) {
-            const u32 bit = __ffs(nz) - 1;
-            nz &= nz - 1;
-            const u32 e = BITS == 2 ? bit >> 1 : bit;
-            const u32 nb = dc_extract(cvi, e, W);
-            const u32 ob = dc_extract(svi, e, W);
-            if (!whole) dc_store_bits(snap_w, elem0 + e, W, nb);
-            if (!fits) continue;
-            if (BITS == 1 || ((c >> bit) & 3u) == 3u) dc_store_bits(esc_out, g++, W, nb);
-            if (T.digest_out) {
-                const u64 index = T.first_index + elem0 + e;
-                dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
-            }
+        const u32 c = codes[i];
+        const u32 nz = dc_map_changed<BITS>(c);
+        u32 first = __popc(nz);  // this lane's first place in the list, once scanned
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 n = __shfl_up_sync(DC_FULL_MASK, first, o);
+            if (lane >= (u32)o) first += n;
         }
+        const u32 listed = __shfl_sync(DC_FULL_MASK, first, 31);
+        first -= __popc(nz);
+        if (listed == 0) continue;  // uniform in the warp
+        // Entry: bit 9 escaped, bits 4-8 the lane, bits 0-3 the element of its vector.
+        for (u32 m = nz, k = first; m; m &= m - 1, ++k) {
+            const u32 bit = __ffs(m) - 1;
+            const u32 esc = BITS == 1 || ((c >> bit) & 3u) == 3u;
+            list[k] = (u16)(esc << 9 | lane << 4 | bit / BITS);
+        }
+        __syncwarp();
+        u64 esc_at = esc0;
+        for (u32 j0 = 0; j0 < listed; j0 += 32) {
+            const u32 j = j0 + lane;
+            const bool live = j < listed;
+            const u32 entry = live ? list[j] : 0;
+            const u32 src = (entry >> 4) & 31u, e = entry & 15u;
+            const bool esc = live && (entry >> 9) != 0;
+            const u32 at = (__shfl_sync(DC_FULL_MASK, stash_at, src) >> (8 * i)) & 0xffu;
+            const u32 escs = __ballot_sync(DC_FULL_MASK, esc);
+            if (live) {
+                const u32 nb = dc_load_bits((const u8*)(stash_cur + at), e, W);
+                if (esc) dc_store_bits(esc_out, esc_at + __popc(escs & lanes_below), W, nb);
+                if (T.digest_out) {
+                    const u32 ob = dc_load_bits((const u8*)(stash_snap + at), e, W);
+                    const u64 vec_i = (u64)i * DIFF_THREADS + warp * 32 + src;
+                    const u64 index = T.first_index + (byte0 + vec_i * 16) / W + e;
+                    dsum += dc_element_hash(T.salt, index, nb) - dc_element_hash(T.salt, index, ob);
+                }
+            }
+            esc_at += __popc(escs);
+        }
+        __syncwarp();  // the list is written again by the next item
     }
-    const u64 sum = dc_block_sum(dsum, s_sum);
-    const u64 tile_changed = dc_block_sum(changed, s_sum);
-    if (threadIdx.x == 0) {
-        if (fits && T.digest_out && sum != 0) atomicAdd((u64*)T.digest_out, sum);
-        const u64 cell = S.cell0 + byte0 / W / cell_elems;
-        if (tile_changed) atomicAdd(&cells[2 * cell], (u32)tile_changed);
-        if (tile_escapes) atomicAdd(&cells[2 * cell + 1], tile_escapes);
+    if (T.digest_out) {  // uniform
+        dsum = dc_warp_sum(dsum);
+        if (lane == 0) s_digest[warp] = dsum;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u64 sum = 0;
+#pragma unroll
+            for (u32 k = 0; k < DIFF_THREADS / 32; ++k) sum += s_digest[k];
+            if (sum != 0) atomicAdd((u64*)T.digest_out, sum);
+        }
     }
 }
 
@@ -926,16 +1004,19 @@ __device__ __forceinline__ void dc_map_diff(const DiffTensor* __restrict__ tenso
                                             u64* __restrict__ status, u64 capacity,
                                             u8* __restrict__ esc_out, u32* __restrict__ cells,
                                             u64 cell_elems) {
+    __shared__ uint4 s_stash[2 * DIFF_THREADS * DIFF_ITEMS];
+    __shared__ u16 s_list[DIFF_THREADS / 32 * MAP_LIST];
+    const MapShared sh{s_stash, s_list};
     const u32 w = tensors[tile_tensor[blockIdx.x]].width;
     if (w == 2)
         dc_map_tile<2, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
-                             cell_elems);
+                             cell_elems, sh);
     else if (w == 4)
         dc_map_tile<4, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
-                             cell_elems);
+                             cell_elems, sh);
     else
         dc_map_tile<1, BITS>(tensors, steps, tile_tensor, status, capacity, esc_out, cells,
-                             cell_elems);
+                             cell_elems, sh);
 }
 
 extern "C" __global__ void __launch_bounds__(DIFF_THREADS, DIFF_MINBLOCKS)

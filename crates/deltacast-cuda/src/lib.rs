@@ -118,8 +118,8 @@ pub fn kernel_program(name: &str) -> Option<String> {
 /// (benches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DiffTuning {
-    /// 16-byte vectors per thread and array: a tile is `256 * 16 * items` bytes (1..=8:
-    /// positions inside a tile are u16).
+    /// 16-byte vectors per thread and array: a tile is `256 * 16 * items` bytes (1..=4: the
+    /// map diffs stash a tile's changed vectors in shared memory).
     pub items: u32,
     /// Blocks per multiprocessor asked of the register allocator (`__launch_bounds__`).
     pub min_blocks: u32,
@@ -131,7 +131,7 @@ pub struct DiffTuning {
     /// the diff's share of a device copy, while four times as far lowers it below no prefetch
     /// (docs/data/gpu-diff/README.md, "Figures behind the code").
     pub prefetch: u32,
-    /// With `reload` and at most 4 items: the write phase reads each warp's changed vectors
+    /// With `reload`: the write phase reads each warp's changed vectors
     /// from shared memory, stashed there as they were compared, instead of again from L2,
     /// which raises the diff's share of a device copy (docs/data/gpu-diff/README.md, "Figures
     /// behind the code").
@@ -175,16 +175,16 @@ impl DiffTuning {
 
     /// Checks every knob's range.
     pub fn validate(&self) -> Result<()> {
-        if (1..=8).contains(&self.items)
+        if (1..=4).contains(&self.items)
             && (1..=8).contains(&self.min_blocks)
             && self.prefetch <= 8192
-            && (!self.stash || (self.reload && self.items <= 4))
+            && (!self.stash || self.reload)
         {
             Ok(())
         } else {
             Err(CudaError::InvalidArgument(format!(
-                "diff tuning {self:?}: items and min_blocks must lie in 1..=8, prefetch in \
-                 0..=8192; stash needs reload and at most 4 items"
+                "diff tuning {self:?}: items must lie in 1..=4, min_blocks in 1..=8, prefetch \
+                 in 0..=8192; stash needs reload"
             )))
         }
     }
@@ -227,7 +227,7 @@ impl DiffTuning {
                 .unwrap_or(DiffTuning::default().prefetch),
             // Without the field: on wherever it applies, as in the default.
             stash: match rest.get(1) {
-                None => reload && items <= 4,
+                None => reload,
                 Some(0) => false,
                 Some(1) => true,
                 Some(_) => return Err(bad()),
@@ -682,7 +682,6 @@ mod tests {
         assert_eq!(DiffTuning::parse("4,4,1,8192").unwrap().prefetch, 8192);
         assert!(DiffTuning::parse("4,4,1,264,1").unwrap().stash);
         assert!(!DiffTuning::parse("4,4,1,264,0").unwrap().stash);
-        assert!(!DiffTuning::parse("8,2,1").unwrap().stash);
         assert!(!DiffTuning::parse("4,4,0,264").unwrap().stash);
         assert!(DiffTuning::parse("4,4,1,264,1,1").unwrap().direct);
         assert!(!DiffTuning::parse("4,4,1,264,1,0").unwrap().direct);
@@ -695,6 +694,7 @@ mod tests {
             "4,4",
             "4,4,2",
             "9,4,1",
+            "5,4,1",
             "0,4,1",
             "4,0,1",
             "4,9,1",

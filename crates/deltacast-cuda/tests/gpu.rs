@@ -391,7 +391,7 @@ fn diff_matches_cpu_at_other_tunings() {
     for text in [
         "4,4,1,0",
         "4,4,1,1",
-        "8,2,1,3",
+        "3,2,1,3",
         "2,8,1,528",
         "1,8,0,0",
         "4,4,1,264,0",
@@ -399,7 +399,7 @@ fn diff_matches_cpu_at_other_tunings() {
         "4,4,1,264,1,0",
         "4,4,1,264,1,1",
         "2,8,1,3,1,1",
-        "8,2,1,3,0,1",
+        "3,2,1,3,0,1",
         "1,8,0,0,0,1",
     ] {
         let tuning = DiffTuning::parse(text).unwrap();
