@@ -305,27 +305,70 @@ impl CostModel {
         best
     }
 
-    /// Whether a stage of `bytes` bytes and `elements` elements, one of `stages`, whose last
-    /// sync changed `expected` elements is predicted to go faster whole than diffed and sent
-    /// as a `codec` delta.
-    pub fn dense_before_diff(
+    /// A stage's predicted time as a `codec` delta, its diff included, over its time sent
+    /// whole, for a stage of `bytes` bytes and `elements` elements, one of `stages`, whose last
+    /// sync changed `expected` elements: at 1 or more it goes whole. None while the link or
+    /// the diff is unmeasured, or for a stage too small for the model: it is diffed.
+    pub fn delta_over_whole(
         &self,
         (bytes, elements): (u64, u64),
         stages: usize,
         expected: u64,
         codec: DeltaCodec,
-    ) -> bool {
+    ) -> Option<f64> {
         let (Some(link), Some(diff)) = (self.link_ms_per_byte, self.diff_ms_per_byte) else {
-            return false;
+            return None;
         };
         if bytes < MODEL_MIN_BYTES {
-            return false;
+            return None;
         }
         let (fixed, per) = self.delta_rates(codec);
         let b = bytes as f64;
         let map = link * codec.map_bytes(elements) as f64
             + ELEMENT_WORK_MS[codec as usize] * elements as f64;
-        link * b <= diff * b + fixed / stages.max(1) as f64 + map + per * expected as f64
+        let delta = diff * b + fixed / stages.max(1) as f64 + map + per * expected as f64;
+        let whole = link * b;
+        Some(if whole > 0.0 {
+            delta / whole
+        } else {
+            f64::INFINITY
+        })
+    }
+
+    /// Whether such a stage is predicted to go faster whole than diffed and sent as a
+    /// `codec` delta.
+    pub fn dense_before_diff(
+        &self,
+        sizes: (u64, u64),
+        stages: usize,
+        expected: u64,
+        codec: DeltaCodec,
+    ) -> bool {
+        self.delta_over_whole(sizes, stages, expected, codec)
+            .is_some_and(|r| r >= 1.0)
+    }
+
+    /// For a sync predicted whole at every stage: the codec to diff it with instead, once, if
+    /// one of `candidates` (a codec, its lowest [`CostModel::delta_over_whole`] over the
+    /// stages) was never measured nor probed on this link and is predicted within
+    /// [`PROBE_UNMEASURED_WITHIN`] of whole. Its prediction is priors alone, and priors can
+    /// keep a codec that would beat whole from ever being tried (steps of ~50 % changed went
+    /// whole at 0.7x the full copy while the steps code was never measured).
+    pub fn probe_instead_of_whole(
+        &mut self,
+        candidates: &[(DeltaCodec, f64)],
+    ) -> Option<DeltaCodec> {
+        let (pick, _) = candidates
+            .iter()
+            .copied()
+            .filter(|&(c, r)| {
+                self.work[c as usize].count == 0
+                    && !self.probed_unmeasured[c as usize]
+                    && r <= PROBE_UNMEASURED_WITHIN
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1))?;
+        self.probed_unmeasured[pick as usize] = true;
+        Some(pick)
     }
 
     /// Whether a diffed stage of `bytes` bytes and `elements` elements, one of `stages`, with
@@ -584,12 +627,12 @@ mod tests {
     }
 
     #[test]
-    fn a_sync_sent_whole_does_not_spend_the_probe_of_an_unmeasured_codec() {
+    fn a_sync_predicted_whole_tries_an_unmeasured_codec_once() {
         // 1xH100 over CUDA IPC, 0.5B at lr 1e-5, 2026-12-07 16:20 UTC (the cost model of
         // 39cd04c; docs/data/gpu-sync/whole-spends-probe-1xh100/): seed 10.4 ms; the first
-        // delta (24.7 %) in the steps code, 11.05 ms; then two syncs went whole. The plain
-        // codec's one probe was spent on the first of them (asked for before the whole
-        // choice), so plain deltas were never tried and every later step took the steps code.
+        // delta (24.7 %) in the steps code, 11.05 ms; then two syncs went whole, and plain
+        // deltas, never measured, were never tried. At lr 6e-5 (2026-12-08, ~50 % changed)
+        // every step after the first went whole the same way, the steps code never measured.
         let elems = 494_032_768u64;
         let mut m = CostModel::default();
         m.record(&SyncCosts {
@@ -608,27 +651,70 @@ mod tests {
             ..Default::default()
         });
         let all = DeltaCodec::ALL;
-        // The sender's order: whole or delta by the best codec; a probe only for a sync that
-        // diffs.
+        // The sender's order: whole or delta by the best codec; a sync predicted whole
+        // throughout tries a codec never measured (predicted within 2x of whole) instead.
         let sync = |m: &mut CostModel, expected: u64| -> Option<DeltaCodec> {
             let best = m.best(&all, expected, elems);
-            let whole = m.dense_before_diff((2 * elems, elems), 1, expected, best);
-            (!whole).then(|| m.codec(&all, expected, elems))
+            let sizes = (2 * elems, elems);
+            if m.dense_before_diff(sizes, 1, expected, best) {
+                let candidates: Vec<(DeltaCodec, f64)> = all
+                    .iter()
+                    .filter_map(|&c| m.delta_over_whole(sizes, 1, expected, c).map(|r| (c, r)))
+                    .collect();
+                return m.probe_instead_of_whole(&candidates);
+            }
+            Some(m.codec(&all, expected, elems))
         };
-        // At 24.7 % expected the sync goes whole, twice (as it did), and keeps the probe.
+        // At 24.7 % expected the model says whole, but plain was never measured: tried.
+        let first = sync(&mut m, 122_000_000);
+        assert_eq!(first, Some(DeltaCodec::Plain));
+        // Once each: the next such sync tries the entropy codecs, never measured either;
+        // then, nothing left untried, the syncs go whole.
+        assert_eq!(sync(&mut m, 122_000_000), Some(DeltaCodec::Entropy));
         assert_eq!(sync(&mut m, 122_000_000), None);
-        m.record(&SyncCosts {
-            time_ms: 9.8,
-            dense_bytes: 988_091_120,
-            ..Default::default()
-        });
-        // At 14.7 % it diffs: plain, never measured and predicted within 2x, is tried.
-        assert_eq!(sync(&mut m, 72_400_000), Some(DeltaCodec::Plain));
-        // `best` alone never spends it.
+        // `best` and the whole choice never spend a probe of their own.
         for _ in 0..3 {
             let _ = m.best(&all, 72_400_000, elems);
         }
         assert_eq!(m.report().measured, [0, 0, 1]);
+        // The try's measurement (a bitmap delta: 6.6 ms, 237 MB for 88 M changes) teaches
+        // the model that plain beats whole there.
+        m.record(&SyncCosts {
+            time_ms: 6.6,
+            diff_ms: 1.74,
+            diffed_bytes: 2 * elems,
+            delta: Some(DeltaCodec::Plain),
+            delta_changes: 87_700_000,
+            delta_bytes: Some(237_200_000),
+            ..Default::default()
+        });
+        assert_eq!(m.report().measured, [1, 0, 1]);
+        assert!(sync(&mut m, 87_700_000).is_some());
+    }
+
+    #[test]
+    fn an_unmeasured_codec_predicted_far_from_whole_is_not_tried() {
+        // A fast link (the seed at 2 ms a GB) and everything changed: every delta codec is
+        // predicted more than twice whole, so nothing is tried and the probes stay.
+        let mut m = seed(2.0);
+        m.record(&SyncCosts {
+            time_ms: 4.0,
+            diff_ms: 1.0,
+            diffed_bytes: GB,
+            delta: Some(DeltaCodec::Plain),
+            delta_changes: 1_000_000,
+            delta_bytes: Some(3_000_000),
+            ..Default::default()
+        });
+        let sizes = (GB, GB / 2);
+        let candidates: Vec<(DeltaCodec, f64)> = DeltaCodec::ALL
+            .iter()
+            .filter_map(|&c| m.delta_over_whole(sizes, 1, GB / 2, c).map(|r| (c, r)))
+            .collect();
+        assert!(candidates
+            .iter()
+            .all(|&(c, r)| r > PROBE_UNMEASURED_WITHIN || c == DeltaCodec::Plain));
+        assert_eq!(m.probe_instead_of_whole(&candidates), None);
     }
 
     #[test]

@@ -16,19 +16,23 @@ use crate::protocol::{CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};
 const DENSITY_SAMPLE_EVERY: u64 = 16;
 
 impl GpuSender {
-    /// Whether stage `s` is predicted cheaper sent whole than diffed (from its changes at the
-    /// last sync); never for a stage with a snapshot in host memory (the one-pass refresh
-    /// writes element by element, which PCIe does not do well).
-    pub(super) fn whole_before_diff(&self, s: usize, codec: DeltaCodec) -> bool {
-        let range = self.stages[s].clone();
-        let Some(expected) = self.last_changed[s] else {
-            return false;
-        };
+    /// Stage `s`'s predicted time as a `codec` delta over its time whole (from its changes at
+    /// the last sync; [`crate::choice::CostModel::delta_over_whole`]). None: it is diffed
+    /// whatever the model says, as is every stage with a snapshot in host memory (the
+    /// one-pass refresh writes element by element, which PCIe does not do well).
+    pub(super) fn delta_over_whole(&self, s: usize, codec: DeltaCodec) -> Option<f64> {
+        let expected = self.last_changed[s]?;
+        if self.any_pinned(self.stages[s].clone()) {
+            return None;
+        }
         let sizes = (self.stage_bytes(s), self.stage_elements(s));
-        !self.any_pinned(range)
-            && self
-                .costs
-                .dense_before_diff(sizes, self.stages.len(), expected, codec)
+        self.costs
+            .delta_over_whole(sizes, self.stages.len(), expected, codec)
+    }
+
+    /// Whether stage `s` is predicted cheaper sent whole than diffed.
+    pub(super) fn whole_before_diff(&self, s: usize, codec: DeltaCodec) -> bool {
+        self.delta_over_whole(s, codec).is_some_and(|r| r >= 1.0)
     }
 
     /// Stages with no count yet (the first delta after a seed) get an estimate from a sample
