@@ -120,13 +120,13 @@ def gpu_density():
 
 
 def gpu_density_steps():
-    """The one-GPU bench with every codec among the choices (1×H100, 2026-12-07 22:14 UTC,
-    a7f34c5): each timed step's deltacast time and wire bytes as a share of the same step's
+    """The one-GPU bench with every codec among the choices (1×H100, 2026-12-08 00:20 UTC,
+    the map diffs of aa88ecc): each timed step's deltacast time and wire bytes as a share of the same step's
     full copy, labelled with what went (P plain delta, B plain delta diffed straight into
     bitmap + raw, E entropy codecs, S steps code, W whole)."""
     groups, time, wire = [], [], []
     for lr in ("", "_lr1e-05", "_lr6e-05"):
-        path = DATA / f"gpu-sync/bitmap-diff-1xh100/gpu_sync_0.5b_ipc{lr}_onegpu.json"
+        path = DATA / f"gpu-sync/map-diff-balanced-1xh100/bench/gpu_sync_0.5b_ipc{lr}_onegpu.json"
         run = json.load(path.open())
         full = {r["step"]: r for r in run["rows"] if r["method"] == "full" and r["step"] > 0}
         for r in run["rows"]:
