@@ -262,6 +262,20 @@ __device__ __forceinline__ u64 dc_diff_lookback(u64* __restrict__ status, u64 ti
     return s_before;
 }
 
+// Adds a tile's digest changes (`dsum`, each thread's) to its tensor's digest word with one
+// atomic; every thread of the block calls it (one __syncthreads); `scratch` one word per warp.
+__device__ __forceinline__ void dc_diff_digest_add(u64 dsum, u64* scratch, u64 digest_out) {
+    dsum = dc_warp_sum(dsum);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = dsum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 sum = 0;
+#pragma unroll
+        for (u32 k = 0; k < DIFF_THREADS / 32; ++k) sum += scratch[k];
+        if (sum != 0) atomicAdd((u64*)digest_out, sum);
+    }
+}
+
 // Where the one-pass form writes (pass 3's arguments).
 struct DiffDirect {
     u64* status;  // one word per tile, zeroed by dc_diff_tile_tensor
@@ -405,17 +419,8 @@ __device__ __forceinline__ void dc_diff_tile(const DiffTensor* __restrict__ tens
             ++g;
         }
     }
-    if (DIRECT && T.digest_out && fits && tile_total != 0) {  // uniform
-        dsum = dc_warp_sum(dsum);
-        if (lane == 0) s_digest[warp] = dsum;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            u64 sum = 0;
-#pragma unroll
-            for (u32 k = 0; k < DIFF_THREADS / 32; ++k) sum += s_digest[k];
-            if (sum != 0) atomicAdd((u64*)T.digest_out, sum);
-        }
-    }
+    if (DIRECT && T.digest_out && fits && tile_total != 0)  // uniform
+        dc_diff_digest_add(dsum, s_digest, T.digest_out);
 }
 
 // Pass 1 for the block's tile, at its tensor's width.
@@ -984,17 +989,7 @@ __device__ __forceinline__ void dc_map_tile(const DiffTensor* __restrict__ tenso
         }
         __syncwarp();  // the list is written again by the next item
     }
-    if (T.digest_out) {  // uniform
-        dsum = dc_warp_sum(dsum);
-        if (lane == 0) s_digest[warp] = dsum;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            u64 sum = 0;
-#pragma unroll
-            for (u32 k = 0; k < DIFF_THREADS / 32; ++k) sum += s_digest[k];
-            if (sum != 0) atomicAdd((u64*)T.digest_out, sum);
-        }
-    }
+    if (T.digest_out) dc_diff_digest_add(dsum, s_digest, T.digest_out);  // uniform
 }
 
 template <u32 BITS>
