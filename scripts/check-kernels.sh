@@ -11,7 +11,10 @@
 # the GPU machine (scripts/gpu-tests.sh).
 #
 # Env: NVRTC_VERSION (default 13.0.88, the CUDA of the project's H200 machines),
-#      KERNEL_ARCHS (default "compute_90"), CARGO_TARGET_DIR (as cargo).
+#      KERNEL_ARCHS (default "compute_90"), CARGO_TARGET_DIR (as cargo),
+#      KERNEL_RESOURCES=1: also assemble the PTX for sm_90 with ptxas from NVIDIA's nvcc wheel
+#      (installed into the same venv when asked) and print each kernel's registers, stack, spill
+#      stores and shared memory, what the GPU machine reports, with no GPU (then stop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +41,29 @@ export DELTACAST_NVRTC_PATH=$PWD/$LIB
 export LD_LIBRARY_PATH=$PWD/$(dirname "$LIB")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 echo "== compiling kernels for $KERNEL_ARCHS"
+if [ "${KERNEL_RESOURCES:-0}" = 1 ]; then
+    if ! ls "$VENV"/lib/python*/site-packages/nvidia/cu*/bin/ptxas >/dev/null 2>&1; then
+        echo "== installing nvidia-cuda-nvcc==$NVRTC_VERSION into $VENV (for ptxas)"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            "nvidia-cuda-nvcc==$NVRTC_VERSION"
+    fi
+    PTXAS=$(find "$VENV" -path '*/bin/ptxas' | head -n 1)
+    PTX_DIR=$(mktemp -d)
+    KERNEL_PTX_DIR=$PTX_DIR cargo run --quiet --release -p deltacast-cuda --features cuda \
+        --example check_kernels -- compute_90
+    for ptx in "$PTX_DIR"/*.ptx; do
+        echo "== $(basename "$ptx" .compute_90.ptx).cu on sm_90 (ptxas -v)"
+        "$PTXAS" -arch=sm_90 -v "$ptx" -o /dev/null 2>&1 | awk '
+            /Compiling entry function/ { name = $7; gsub(/\047/, "", name) }
+            /spill stores/ { spill = $1 " bytes stack, " $5 " bytes spill stores" }
+            /Used [0-9]+ registers/ {
+                smem = "0"; for (i = 1; i <= NF; i++) if ($i == "smem") smem = $(i - 2) " bytes smem"
+                printf "  %-28s %3d registers, %s, %s\n", name, $5, spill, smem
+            }'
+    done
+    rm -rf "$PTX_DIR"
+    exit 0
+fi
 # shellcheck disable=SC2086
 cargo run --quiet --release -p deltacast-cuda --features cuda --example check_kernels -- $KERNEL_ARCHS
 
