@@ -20,7 +20,7 @@ use super::{
     check_tensors, digest_inputs, ms, slot_table, u64s, GpuSyncReport, GpuTensor, Phases,
     SendTotals,
 };
-use crate::choice::{CostModel, DeltaCodec, SyncCosts, PROBE_UNMEASURED_WITHIN};
+use crate::choice::{CostModel, DeltaCodec, SyncCosts};
 use crate::error::{CudaError, Result};
 use crate::link::Link;
 use crate::protocol::{Stage, HEADER_BYTES};
@@ -319,51 +319,7 @@ impl GpuSender {
         self.needs_seed = true;
         // SAFETY: per this function's contract.
         unsafe { self.gpu.wait_for_stream(wait_stream)? };
-        let mut allowed = match self.config.entropy {
-            EntropyMode::Off => vec![DeltaCodec::Plain],
-            EntropyMode::On => vec![DeltaCodec::Entropy],
-            EntropyMode::Auto => vec![DeltaCodec::Plain, DeltaCodec::Entropy],
-        };
-        if self.steps_ok && self.config.entropy == EntropyMode::Auto {
-            allowed.push(DeltaCodec::Steps);
-        }
-        self.estimate_unknown_densities()?;
-        let expected = self.last_changed.iter().flatten().sum::<u64>();
-        let elements = self.table.total_elements();
-        // Whole or delta by the fastest codec; a probe of another only where a stage is
-        // diffed (a sync sent whole would spend it for nothing).
-        let best = self.costs.best(&allowed, expected, elements);
-        let stages = self.stages.len();
-        let mut whole: Vec<bool> = (0..stages)
-            .map(|s| self.whole_before_diff(s, best))
-            .collect();
-        let codec = if whole.iter().all(|&w| w) {
-            // Whole throughout, unless a codec never measured here is predicted close: then
-            // the stages so predicted try it, once.
-            let candidates: Vec<(DeltaCodec, f64)> = allowed
-                .iter()
-                .filter_map(|&c| {
-                    (0..stages)
-                        .filter_map(|s| self.delta_over_whole(s, c))
-                        .min_by(f64::total_cmp)
-                        .map(|r| (c, r))
-                })
-                .collect();
-            match self.costs.probe_instead_of_whole(&candidates) {
-                Some(c) => {
-                    whole = (0..stages)
-                        .map(|s| {
-                            self.delta_over_whole(s, c)
-                                .is_none_or(|r| r > PROBE_UNMEASURED_WITHIN)
-                        })
-                        .collect();
-                    c
-                }
-                None => best,
-            }
-        } else {
-            self.costs.codec(&allowed, expected, elements)
-        };
+        let (whole, codec) = self.plan_sync()?;
         let mut run = SyncRun {
             version: self.version + 1,
             codec,

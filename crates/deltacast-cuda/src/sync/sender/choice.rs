@@ -6,8 +6,9 @@ use std::ops::Range;
 
 use super::super::digest_inputs;
 use super::super::settings::Snapshot;
+use super::super::EntropyMode;
 use super::GpuSender;
-use crate::choice::DeltaCodec;
+use crate::choice::{DeltaCodec, PROBE_UNMEASURED_WITHIN};
 use crate::error::Result;
 use crate::protocol::{CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};
 
@@ -16,6 +17,54 @@ use crate::protocol::{CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};
 const DENSITY_SAMPLE_EVERY: u64 = 16;
 
 impl GpuSender {
+    /// Per stage whether it goes whole, and the delta codec of the stages diffed: whole or
+    /// delta by the fastest codec allowed; a probe of another only where a stage is diffed
+    /// (a sync sent whole would spend it for nothing), or, when every stage is predicted
+    /// whole, a codec never measured here that is predicted close, tried once by the stages
+    /// so predicted.
+    pub(super) fn plan_sync(&mut self) -> Result<(Vec<bool>, DeltaCodec)> {
+        let mut allowed = match self.config.entropy {
+            EntropyMode::Off => vec![DeltaCodec::Plain],
+            EntropyMode::On => vec![DeltaCodec::Entropy],
+            EntropyMode::Auto => vec![DeltaCodec::Plain, DeltaCodec::Entropy],
+        };
+        if self.steps_ok && self.config.entropy == EntropyMode::Auto {
+            allowed.push(DeltaCodec::Steps);
+        }
+        self.estimate_unknown_densities()?;
+        let expected = self.last_changed.iter().flatten().sum::<u64>();
+        let elements = self.table.total_elements();
+        let best = self.costs.best(&allowed, expected, elements);
+        let stages = self.stages.len();
+        let whole: Vec<bool> = (0..stages)
+            .map(|s| self.whole_before_diff(s, best))
+            .collect();
+        if !whole.iter().all(|&w| w) {
+            return Ok((whole, self.costs.codec(&allowed, expected, elements)));
+        }
+        let candidates: Vec<(DeltaCodec, f64)> = allowed
+            .iter()
+            .filter_map(|&c| {
+                (0..stages)
+                    .filter_map(|s| self.delta_over_whole(s, c))
+                    .min_by(f64::total_cmp)
+                    .map(|r| (c, r))
+            })
+            .collect();
+        Ok(match self.costs.probe_instead_of_whole(&candidates) {
+            Some(c) => {
+                let whole = (0..stages)
+                    .map(|s| {
+                        self.delta_over_whole(s, c)
+                            .is_none_or(|r| r > PROBE_UNMEASURED_WITHIN)
+                    })
+                    .collect();
+                (whole, c)
+            }
+            None => (whole, best),
+        })
+    }
+
     /// Stage `s`'s predicted time as a `codec` delta over its time whole (from its changes at
     /// the last sync; [`crate::choice::CostModel::delta_over_whole`]). None: it is diffed
     /// whatever the model says, as is every stage with a snapshot in host memory (the
