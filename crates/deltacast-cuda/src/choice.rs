@@ -225,6 +225,11 @@ fn smooth(slot: &mut Option<f64>, x: f64) {
     }
 }
 
+/// What the plan of a sync knows of one stage: its (bytes, elements) and the elements its
+/// last sync changed; None for a stage diffed whatever the model says (no count yet, or a
+/// snapshot in host memory).
+pub type StageOutlook = Option<((u64, u64), u64)>;
+
 impl CostModel {
     fn link(&self) -> f64 {
         self.link_ms_per_byte.unwrap_or(0.0)
@@ -348,27 +353,56 @@ impl CostModel {
             .is_some_and(|r| r >= 1.0)
     }
 
-    /// For a sync predicted whole at every stage: the codec to diff it with instead, once, if
-    /// one of `candidates` (a codec, its lowest [`CostModel::delta_over_whole`] over the
-    /// stages) was never measured nor probed on this link and is predicted within
-    /// [`PROBE_UNMEASURED_WITHIN`] of whole. Its prediction is priors alone, and priors can
-    /// keep a codec that would beat whole from ever being tried (steps of ~50 % changed went
-    /// whole at 0.7x the full copy while the steps code was never measured).
-    pub fn probe_instead_of_whole(
+    /// The plan of a sync expected to change `expected` of its `elements` elements: per stage
+    /// whether it goes whole, and the delta codec of the stages diffed. Whole or delta by the
+    /// fastest `allowed` codec, a probe of another only where a stage is diffed
+    /// ([`CostModel::codec`]: a sync sent whole would spend it for nothing). When every stage
+    /// is predicted whole, a codec never measured nor probed on this link and predicted within
+    /// [`PROBE_UNMEASURED_WITHIN`] of whole on some stage is tried, once, by the stages so
+    /// predicted: its prediction is priors alone, and priors can keep a codec that beats
+    /// whole from ever being tried (steps of ~50 % changed went whole at 0.7x the full copy
+    /// while the steps code was never measured).
+    pub fn plan(
         &mut self,
-        candidates: &[(DeltaCodec, f64)],
-    ) -> Option<DeltaCodec> {
-        let (pick, _) = candidates
+        allowed: &[DeltaCodec],
+        expected: u64,
+        elements: u64,
+        stages: &[StageOutlook],
+    ) -> (Vec<bool>, DeltaCodec) {
+        let n = stages.len();
+        let ratio = |m: &Self, c: DeltaCodec, s: &StageOutlook| {
+            s.and_then(|(sizes, changed)| m.delta_over_whole(sizes, n, changed, c))
+        };
+        let best = self.best(allowed, expected, elements);
+        let whole: Vec<bool> = stages
+            .iter()
+            .map(|s| ratio(self, best, s).is_some_and(|r| r >= 1.0))
+            .collect();
+        if !whole.iter().all(|&w| w) {
+            return (whole, self.codec(allowed, expected, elements));
+        }
+        let untried = allowed
             .iter()
             .copied()
-            .filter(|&(c, r)| {
-                self.work[c as usize].count == 0
-                    && !self.probed_unmeasured[c as usize]
-                    && r <= PROBE_UNMEASURED_WITHIN
+            .filter(|&c| self.work[c as usize].count == 0 && !self.probed_unmeasured[c as usize])
+            .filter_map(|c| {
+                stages
+                    .iter()
+                    .filter_map(|s| ratio(self, c, s))
+                    .min_by(f64::total_cmp)
+                    .filter(|&r| r <= PROBE_UNMEASURED_WITHIN)
+                    .map(|r| (c, r))
             })
-            .min_by(|a, b| a.1.total_cmp(&b.1))?;
-        self.probed_unmeasured[pick as usize] = true;
-        Some(pick)
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((probe, _)) = untried else {
+            return (whole, best);
+        };
+        self.probed_unmeasured[probe as usize] = true;
+        let whole = stages
+            .iter()
+            .map(|s| ratio(self, probe, s).is_none_or(|r| r > PROBE_UNMEASURED_WITHIN))
+            .collect();
+        (whole, probe)
     }
 
     /// Whether a diffed stage of `bytes` bytes and `elements` elements, one of `stages`, with
@@ -651,19 +685,15 @@ mod tests {
             ..Default::default()
         });
         let all = DeltaCodec::ALL;
-        // The sender's order: whole or delta by the best codec; a sync predicted whole
-        // throughout tries a codec never measured (predicted within 2x of whole) instead.
+        // The sender's plan of a one-stage sync: the codec when it diffs.
         let sync = |m: &mut CostModel, expected: u64| -> Option<DeltaCodec> {
-            let best = m.best(&all, expected, elems);
-            let sizes = (2 * elems, elems);
-            if m.dense_before_diff(sizes, 1, expected, best) {
-                let candidates: Vec<(DeltaCodec, f64)> = all
-                    .iter()
-                    .filter_map(|&c| m.delta_over_whole(sizes, 1, expected, c).map(|r| (c, r)))
-                    .collect();
-                return m.probe_instead_of_whole(&candidates);
-            }
-            Some(m.codec(&all, expected, elems))
+            let (whole, codec) = m.plan(
+                &all,
+                expected,
+                elems,
+                &[Some(((2 * elems, elems), expected))],
+            );
+            (!whole[0]).then_some(codec)
         };
         // At 24.7 % expected the model says whole, but plain was never measured: tried.
         let first = sync(&mut m, 122_000_000);
@@ -714,7 +744,9 @@ mod tests {
         assert!(candidates
             .iter()
             .all(|&(c, r)| r > PROBE_UNMEASURED_WITHIN || c == DeltaCodec::Plain));
-        assert_eq!(m.probe_instead_of_whole(&candidates), None);
+        let (whole, _) = m.plan(&DeltaCodec::ALL, GB / 2, GB / 2, &[Some((sizes, GB / 2))]);
+        assert_eq!(whole, [true]);
+        assert_eq!(m.probed_unmeasured, [false; 3]);
     }
 
     #[test]

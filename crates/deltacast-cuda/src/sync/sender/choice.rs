@@ -8,7 +8,7 @@ use super::super::digest_inputs;
 use super::super::settings::Snapshot;
 use super::super::EntropyMode;
 use super::GpuSender;
-use crate::choice::{DeltaCodec, PROBE_UNMEASURED_WITHIN};
+use crate::choice::{DeltaCodec, StageOutlook};
 use crate::error::Result;
 use crate::protocol::{CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};
 
@@ -17,11 +17,10 @@ use crate::protocol::{CHUNK_RECORD_BYTES, HEADER_BYTES, SLOT_RECORD_BYTES};
 const DENSITY_SAMPLE_EVERY: u64 = 16;
 
 impl GpuSender {
-    /// Per stage whether it goes whole, and the delta codec of the stages diffed: whole or
-    /// delta by the fastest codec allowed; a probe of another only where a stage is diffed
-    /// (a sync sent whole would spend it for nothing), or, when every stage is predicted
-    /// whole, a codec never measured here that is predicted close, tried once by the stages
-    /// so predicted.
+    /// Per stage whether it goes whole, and the delta codec of the stages diffed
+    /// ([`crate::choice::CostModel::plan`]), from each stage's changes at the last sync. A
+    /// stage with a snapshot in host memory is always diffed (the one-pass refresh writes
+    /// element by element, which PCIe does not do well).
     pub(super) fn plan_sync(&mut self) -> Result<(Vec<bool>, DeltaCodec)> {
         let mut allowed = match self.config.entropy {
             EntropyMode::Off => vec![DeltaCodec::Plain],
@@ -33,55 +32,15 @@ impl GpuSender {
         }
         self.estimate_unknown_densities()?;
         let expected = self.last_changed.iter().flatten().sum::<u64>();
-        let elements = self.table.total_elements();
-        let best = self.costs.best(&allowed, expected, elements);
-        let stages = self.stages.len();
-        let whole: Vec<bool> = (0..stages)
-            .map(|s| self.whole_before_diff(s, best))
-            .collect();
-        if !whole.iter().all(|&w| w) {
-            return Ok((whole, self.costs.codec(&allowed, expected, elements)));
-        }
-        let candidates: Vec<(DeltaCodec, f64)> = allowed
-            .iter()
-            .filter_map(|&c| {
-                (0..stages)
-                    .filter_map(|s| self.delta_over_whole(s, c))
-                    .min_by(f64::total_cmp)
-                    .map(|r| (c, r))
+        let outlook: Vec<StageOutlook> = (0..self.stages.len())
+            .map(|s| {
+                let changed = self.last_changed[s]?;
+                (!self.any_pinned(self.stages[s].clone()))
+                    .then(|| ((self.stage_bytes(s), self.stage_elements(s)), changed))
             })
             .collect();
-        Ok(match self.costs.probe_instead_of_whole(&candidates) {
-            Some(c) => {
-                let whole = (0..stages)
-                    .map(|s| {
-                        self.delta_over_whole(s, c)
-                            .is_none_or(|r| r > PROBE_UNMEASURED_WITHIN)
-                    })
-                    .collect();
-                (whole, c)
-            }
-            None => (whole, best),
-        })
-    }
-
-    /// Stage `s`'s predicted time as a `codec` delta over its time whole (from its changes at
-    /// the last sync; [`crate::choice::CostModel::delta_over_whole`]). None: it is diffed
-    /// whatever the model says, as is every stage with a snapshot in host memory (the
-    /// one-pass refresh writes element by element, which PCIe does not do well).
-    pub(super) fn delta_over_whole(&self, s: usize, codec: DeltaCodec) -> Option<f64> {
-        let expected = self.last_changed[s]?;
-        if self.any_pinned(self.stages[s].clone()) {
-            return None;
-        }
-        let sizes = (self.stage_bytes(s), self.stage_elements(s));
-        self.costs
-            .delta_over_whole(sizes, self.stages.len(), expected, codec)
-    }
-
-    /// Whether stage `s` is predicted cheaper sent whole than diffed.
-    pub(super) fn whole_before_diff(&self, s: usize, codec: DeltaCodec) -> bool {
-        self.delta_over_whole(s, codec).is_some_and(|r| r >= 1.0)
+        let elements = self.table.total_elements();
+        Ok(self.costs.plan(&allowed, expected, elements, &outlook))
     }
 
     /// Stages with no count yet (the first delta after a seed) get an estimate from a sample
