@@ -11,7 +11,7 @@
 //! codecs) and the decode of what it chose, against a held range whose unchanged elements take
 //! exponents from the chunk's own old values; `cgpos_*`, `rcpos_*` and `cval_*` the `ctxgaps`
 //! positions, the `ctx` positions and the `ctx` values alone (`cg_over_rc_bytes`: the two
-//! position codecs' bytes). `steps_enc` / `steps_dec` time the `steps+esc`
+//! position codecs' bytes; `cgpos` alone, when named, times only the first). `steps_enc` / `steps_dec` time the `steps+esc`
 //! pair (fixed) and `steps_size` prints its bytes over those of `auto`'s choice. `auto`
 //! encodes into buffers reused from round to round, as the sender does; `auto_fresh` (only when
 //! named) into fresh ones each round, page faults included.
@@ -150,7 +150,11 @@ fn main() {
             });
             line += &format!(" auto_fresh={:.0}", rate(t));
         }
-        if want("ctx") {
+        if only == Some("cgpos") {
+            let held: Vec<(Vec<u8>, Vec<u8>)> = all.iter().map(held_range).collect();
+            let (te, td, _) = context_positions(PosCodec::ContextGaps, &all, &held, rounds);
+            line += &format!(" cgpos_enc={:.1} cgpos_dec={:.1}", rate(te), rate(td));
+        } else if want("ctx") {
             line += &context_rates(&all, rounds);
         }
         if want("steps") {

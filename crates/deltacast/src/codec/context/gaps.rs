@@ -84,19 +84,14 @@ fn exponent(bits: u32, nb: u32) -> u32 {
     (bits >> (nb - 9)) & 0xFF
 }
 
-/// Per block of 64 elements: the three bits of each element's class as planes, and which
-/// elements of the block are in the range.
-type Planes = Vec<[u64; 4]>;
-
-/// Buffers kept per thread from chunk to chunk: a fresh plane array per chunk cost page
-/// faults worth ~13 % of the codec's time at 1 % changed (`perf` of `codec_ab`).
+/// Buffers kept per thread from chunk to chunk (a fresh one per chunk costs page faults).
 #[derive(Default)]
 struct Scratch {
-    planes: Planes,
-    changed: Vec<u64>,
-    by_class: Vec<Vec<u32>>,
+    gaps: members::ClassGaps,
     remainders: Vec<(u64, u32)>,
     coded: Vec<u8>,
+    /// The decoder's member index of each change inside its class, class after class.
+    targets: Vec<u32>,
 }
 
 thread_local! {
@@ -108,120 +103,16 @@ thread_local! {
 fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     let mut s = SCRATCH.with(|c| c.take());
     let r = f(&mut s);
-    // Kept for the next chunk only while small (a chunk of 2^20 elements needs 512 KiB of
-    // planes): a huge chunk's buffers are not held by the thread afterwards.
-    if s.planes.len() <= KEEP_BLOCKS {
+    // Kept for the next chunk only while small: a huge chunk's buffers are not held by the
+    // thread afterwards.
+    if s.targets.capacity().max(s.gaps.classes.capacity()) <= KEEP_CHANGES {
         SCRATCH.with(|c| c.set(s));
     }
     r
 }
 
-/// Blocks of planes a thread keeps between chunks: chunks of up to 2^24 elements (8 MiB).
-const KEEP_BLOCKS: usize = 1 << 18;
-
-/// Members of class `class` in a block.
-#[inline(always)]
-fn members(p: &[u64; 4], class: u8) -> u64 {
-    // Bit j of the class clear: the plane's complement (xor with all ones), without a branch.
-    let flip = |j: u32| (class as u64 >> j & 1).wrapping_sub(1);
-    (p[0] ^ flip(0)) & (p[1] ^ flip(1)) & (p[2] ^ flip(2)) & p[3]
-}
-
-/// The planes of the old bits `held` (`range · width` bytes).
-fn planes(width: usize, held: &[u8], map: &ClassMap, out: &mut Planes) {
-    out.clear();
-    out.resize((held.len() / width).div_ceil(64), [0; 4]);
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if width == 2 && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present (checked just above).
-        done = unsafe { x86::planes_bf16(held, map, out) };
-    }
-    planes_scalar(width, held, map, done, &mut out[done..]);
-}
-
-/// The planes of blocks `first ..` of `held` into `out`, one element at a time.
-fn planes_scalar(width: usize, held: &[u8], map: &ClassMap, first: usize, out: &mut [[u64; 4]]) {
-    let n = held.len() / width;
-    let nb = 8 * width as u32;
-    for (b, p) in (first..).zip(out.iter_mut()) {
-        let start = b * 64;
-        let end = (start + 64).min(n);
-        let mut w = [0u64; 4];
-        for i in start..end {
-            let c = map.class(exponent(load_bits(held, width, i), nb)) as u64;
-            let bit = (i - start) as u32;
-            w[0] |= (c & 1) << bit;
-            w[1] |= (c >> 1 & 1) << bit;
-            w[2] |= (c >> 2 & 1) << bit;
-        }
-        w[3] = if end - start == 64 {
-            u64::MAX
-        } else {
-            mask((end - start) as u32)
-        };
-        *p = w;
-    }
-}
-
-/// Sets element `i`'s class in the planes.
-fn set_class(p: &mut Planes, i: usize, class: u8) {
-    let w = &mut p[i / 64];
-    let bit = 1u64 << (i % 64);
-    for (j, plane) in w.iter_mut().take(3).enumerate() {
-        if class >> j & 1 == 1 {
-            *plane |= bit;
-        } else {
-            *plane &= !bit;
-        }
-    }
-}
-
-/// Moves a walk through `class` past `gap` members, from `avail` (the members of block `blk`
-/// not yet passed): the block holding the next member, its members not yet passed, and how
-/// many of them to pass; `None` when the planes end first.
-#[inline(always)]
-fn advance(
-    p: &[[u64; 4]],
-    class: u8,
-    mut blk: usize,
-    mut avail: u64,
-    mut gap: u64,
-) -> Option<(usize, u64, u64)> {
-    loop {
-        let here = avail.count_ones() as u64;
-        if gap < here {
-            return Some((blk, avail, gap));
-        }
-        gap -= here;
-        blk += 1;
-        avail = members(p.get(blk)?, class);
-    }
-}
-
-/// The index of the `g`-th (from 0) set bit of `v`; `g < v.count_ones()`.
-#[inline(always)]
-fn select(mut v: u64, mut g: u32) -> u32 {
-    let mut at = 0;
-    for half in [32u32, 16, 8] {
-        let low = (v & mask(half)).count_ones();
-        if g >= low {
-            g -= low;
-            v >>= half;
-            at += half;
-        }
-    }
-    for _ in 0..g {
-        v &= v - 1;
-    }
-    at + v.trailing_zeros()
-}
-
-/// The members of a block after bit `bit` (cleared up to and including it).
-#[inline(always)]
-fn after_bit(v: u64, bit: u32) -> u64 {
-    v & !(u64::MAX >> (63 - bit))
-}
+/// Changes a thread's scratch keeps room for between chunks.
+const KEEP_CHANGES: usize = 1 << 22;
 
 /// The Golomb parameter for `k` changes among `n` members: Gallager and Van Voorhis's
 /// optimum for geometric gaps. The encoder's choice only; it travels in the section.
@@ -414,18 +305,9 @@ fn encode_with(
     s: &mut Scratch,
     out: &mut Vec<u8>,
 ) {
-    let nb = 8 * width as u32;
-    let p = &mut s.planes;
-    planes(width, after, map, p);
-    let by_class = &mut s.by_class;
-    by_class.resize_with(map.classes, Vec::new);
-    by_class.iter_mut().for_each(Vec::clear);
-    for (j, &i) in rel.iter().enumerate() {
-        let c = map.class(exponent(load_bits(old, width, j), nb));
-        set_class(p, i as usize, c);
-        by_class[c as usize].push(i);
-    }
-
+    let build = members::Build::best();
+    members::class_gaps(build, width, rel, after, old, map, &mut s.gaps);
+    let by_class = &s.gaps.by_class;
     let start = out.len();
     out.extend_from_slice(&[0; HEAD]);
     let remainders = &mut s.remainders;
@@ -444,22 +326,11 @@ fn encode_with(
                 put_gamma(&mut enc, m - 1);
             }
         }
-        for (class, (list, &m)) in by_class.iter().zip(params).enumerate() {
-            let class = class as u8;
+        for (list, &m) in by_class.iter().zip(params) {
             let mut models = [Model::default(); QUOTIENT_MODELS];
             let (short, u) = truncated(m);
-            let (mut blk, mut avail) = (0usize, members(&p[0], class));
-            for &i in list {
-                let (ib, ibit) = (i as usize / 64, i % 64);
-                let mut gap = 0u64;
-                while blk < ib {
-                    gap += avail.count_ones() as u64;
-                    blk += 1;
-                    avail = members(&p[blk], class);
-                }
-                gap += (avail & mask(ibit)).count_ones() as u64;
-                avail = after_bit(avail, ibit);
-                let (q, r) = (gap / m as u64, gap % m as u64);
+            for &gap in list {
+                let (q, r) = (gap / m, (gap % m) as u64);
                 for j in 0..q {
                     enc.model_bit(&mut models[(j as usize).min(QUOTIENT_MODELS - 1)], true);
                 }
@@ -553,21 +424,16 @@ pub fn decode_positions(
     }
 
     with_scratch(|s| {
-        let Scratch {
-            planes: p, changed, ..
-        } = s;
-        planes(width, held, &map, p);
-        changed.clear();
-        changed.resize(p.len(), 0);
+        // The gaps first, class by class as they travel: each change's index among its
+        // class's members.
+        let targets = &mut s.targets;
+        targets.clear();
+        targets.reserve(count as usize);
         let mut bits = BitCursor::new(BitReader::new(stream), 0);
         for (class, (&k, &m)) in counts.iter().zip(&params).enumerate() {
-            if k == 0 {
-                continue;
-            }
-            let class = class as u8;
             let mut models = [Model::default(); QUOTIENT_MODELS];
             let (short, u) = truncated(m);
-            let (mut blk, mut avail) = (0usize, members(&p[0], class));
+            let mut from = 0u64;
             for _ in 0..k {
                 let mut q = 0u64;
                 while dec.model_bit(&mut models[(q as usize).min(QUOTIENT_MODELS - 1)])? {
@@ -590,16 +456,12 @@ pub fn decode_positions(
                         r
                     }
                 };
-                let Some((b, a, rest)) = advance(p, class, blk, avail, q * m as u64 + r) else {
-                    return Err(malformed(format!(
-                        "class {class} has fewer than {k} changes' worth of elements"
-                    )));
-                };
-                (blk, avail) = (b, a);
-                let gap = rest;
-                let bit = select(avail, gap as u32);
-                changed[blk] |= 1 << bit;
-                avail = after_bit(avail, bit);
+                let index = from + q * m as u64 + r;
+                if index >= range as u64 {
+                    return Err(malformed(format!("a gap past the range in class {class}")));
+                }
+                targets.push(index as u32);
+                from = index + 1;
             }
         }
         dec.finish(count as u64)?;
@@ -610,72 +472,21 @@ pub fn decode_positions(
             HEAD + coded_len,
             count as u64,
         )?;
-        out.reserve(count as usize);
-        for (b, &w) in changed.iter().enumerate() {
-            let mut w = w;
-            while w != 0 {
-                out.push((b * 64) as u32 + w.trailing_zeros());
-                w &= w - 1;
-            }
-        }
+        members::place_changes(
+            members::Build::best(),
+            width,
+            held,
+            &map,
+            targets,
+            &counts,
+            out,
+        )?;
         // Every change lands on a member not taken before, so this holds for any input.
         debug_assert_eq!(out.len(), count as usize);
         Ok(())
     })
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{ClassMap, Planes, SLOTS};
-    use std::arch::x86_64::*;
-
-    /// The planes of every whole block of 2-byte elements; returns how many blocks it did
-    /// (the rest, a partial block, is the caller's).
-    ///
-    /// # Safety
-    ///
-    /// The CPU must have AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn planes_bf16(held: &[u8], map: &ClassMap, out: &mut Planes) -> usize {
-        let whole = held.len() / 128;
-        let mut lut = [0i8; 32];
-        for (s, &c) in map.lut.iter().enumerate() {
-            lut[s] = c as i8;
-            lut[s + SLOTS] = c as i8;
-        }
-        // SAFETY (every load below): block `b < whole` spans bytes 128·b .. 128·b + 128 of
-        // `held`, inside it; the loads are unaligned.
-        let lut = _mm256_loadu_si256(lut.as_ptr().cast());
-        let base = _mm256_set1_epi8(map.base as i8);
-        let top = _mm256_set1_epi8((SLOTS - 1) as i8);
-        let low8 = _mm256_set1_epi16(0xFF);
-        let ptr = held.as_ptr();
-        for (b, p) in out.iter_mut().enumerate().take(whole) {
-            let mut w = [0u64; 4];
-            for half in 0..2 {
-                let at = ptr.add(b * 128 + half * 64);
-                let a0 = _mm256_loadu_si256(at.cast());
-                let a1 = _mm256_loadu_si256(at.add(32).cast());
-                // The exponent byte of each element, in element order.
-                let e0 = _mm256_and_si256(_mm256_srli_epi16::<7>(a0), low8);
-                let e1 = _mm256_and_si256(_mm256_srli_epi16::<7>(a1), low8);
-                let e = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(e0, e1));
-                let slot = _mm256_min_epu8(_mm256_subs_epu8(e, base), top);
-                let class = _mm256_shuffle_epi8(lut, slot);
-                let shift = 32 * half as u32;
-                w[0] |=
-                    (_mm256_movemask_epi8(_mm256_slli_epi16::<7>(class)) as u32 as u64) << shift;
-                w[1] |=
-                    (_mm256_movemask_epi8(_mm256_slli_epi16::<6>(class)) as u32 as u64) << shift;
-                w[2] |=
-                    (_mm256_movemask_epi8(_mm256_slli_epi16::<5>(class)) as u32 as u64) << shift;
-            }
-            w[3] = u64::MAX;
-            *p = w;
-        }
-        whole
-    }
-}
-
+mod members;
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,7 @@
 //! only an error or a valid list of positions); a golden vector.
 
 use super::super::tests::held_range;
+use super::members::{class_members, members, planes, planes_scalar, select};
 use super::*;
 use crate::testutil::{bernoulli_positions, Rng};
 
@@ -100,7 +101,7 @@ fn vector_planes_equal_the_scalar_ones() {
                 steps &= !(1 << (15 - steps.leading_zeros()));
             }
             let map = ClassMap::new(base, steps).unwrap();
-            let mut fast = Planes::new();
+            let mut fast = vec![[0u64; 4]; range.div_ceil(64) as usize];
             planes(2, &held, &map, &mut fast);
             let mut slow = vec![[0u64; 4]; range.div_ceil(64) as usize];
             planes_scalar(2, &held, &map, 0, &mut slow);
@@ -120,8 +121,29 @@ fn select_finds_the_nth_set_bit() {
         }
     }
     assert_eq!(select(u64::MAX, 63), 63);
-    assert_eq!(after_bit(u64::MAX, 63), 0);
-    assert_eq!(after_bit(u64::MAX, 0), u64::MAX - 1);
+}
+
+#[test]
+fn class_members_are_each_class_s_members() {
+    let mut rng = Rng(10);
+    for _ in 0..2000 {
+        // Planes are zero outside the range's mask, as `planes` writes them.
+        let valid = match rng.below(3) {
+            0 => u64::MAX,
+            _ => mask(rng.below(65) as u32),
+        };
+        let p = [
+            rng.next_u64() & valid,
+            rng.next_u64() & valid,
+            rng.next_u64() & valid,
+            valid,
+        ];
+        let all = class_members(&p);
+        for c in 0..MAX_CLASSES as u8 {
+            assert_eq!(all[c as usize], members(&p, c), "class {c}");
+        }
+        assert_eq!(all.iter().fold(0, |a, m| a | m), valid);
+    }
 }
 
 #[test]
@@ -332,5 +354,63 @@ fn the_python_reference_writes_the_same_bytes() {
             Some(hex(&bytes).as_str()),
             "{name}: the reference and the crate differ"
         );
+    }
+}
+
+/// Every build of the member passes this CPU runs (portable, BMI, AVX-512) turns a chunk's
+/// changes into the same gaps, and the gaps back into the changes; a class with a change past
+/// its last member is refused with nothing listed.
+#[test]
+fn every_build_of_the_member_passes_agrees() {
+    use super::members::{class_gaps, place_changes, Build, ClassGaps};
+    let mut rng = Rng(15);
+    for width in [2usize, 4] {
+        for range in [1u32, 63, 64, 65, 4095, 4096, 4097, 9000] {
+            let held = held_range(&mut rng, width, range);
+            for density in [0.0, 0.01, 0.3, 1.0] {
+                let rel = exponent_driven(&mut rng, width, &held, density);
+                let (old, after) = old_and_after(width, &held, &rel);
+                let base = rng.below(256) as u8;
+                let mut steps = (rng.next_u64() as u16) & 0xFFFE;
+                while steps.count_ones() as usize >= MAX_CLASSES {
+                    steps &= !(1 << (15 - steps.leading_zeros()));
+                }
+                let map = ClassMap::new(base, steps).unwrap();
+                let mut expected: Option<Vec<Vec<u32>>> = None;
+                for build in Build::every() {
+                    let mut gaps = ClassGaps::default();
+                    class_gaps(build, width, &rel, &after, &old, &map, &mut gaps);
+                    let by_class = gaps.by_class;
+                    assert_eq!(by_class.iter().map(Vec::len).sum::<usize>(), rel.len());
+                    match &expected {
+                        None => expected = Some(by_class.clone()),
+                        Some(e) => {
+                            assert_eq!(&by_class, e, "{build:?} width {width} range {range}")
+                        }
+                    }
+                    // Gaps to each change's index among its class's members, class by class.
+                    let mut targets = Vec::new();
+                    let counts: Vec<u32> = by_class.iter().map(|l| l.len() as u32).collect();
+                    for list in &by_class {
+                        let mut from = 0;
+                        for &g in list {
+                            targets.push(from + g);
+                            from += g + 1;
+                        }
+                    }
+                    let mut out = vec![7];
+                    place_changes(build, width, &held, &map, &targets, &counts, &mut out)
+                        .unwrap_or_else(|e| panic!("{build:?}: {e}"));
+                    assert_eq!(out, rel, "{build:?} width {width} range {range}");
+                    // One change moved past its class's last member.
+                    if let Some(last) = targets.last_mut() {
+                        *last += range;
+                        let r =
+                            place_changes(build, width, &held, &map, &targets, &counts, &mut out);
+                        assert!(r.is_err() && out.is_empty(), "{build:?}");
+                    }
+                }
+            }
+        }
     }
 }
