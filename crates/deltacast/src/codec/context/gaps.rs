@@ -195,20 +195,25 @@ fn choose_map(n_e: &[f64; 256], k_e: &[u64; 256]) -> ClassMap {
         cn[s + 1] = cn[s] + n[s];
         ck[s + 1] = ck[s] + k[s];
     }
-    let cost = |a: usize, b: usize| {
-        let (nn, kk) = (cn[b] - cn[a], ck[b] - ck[a]);
-        if kk <= 0.0 {
-            return 0.0;
+    // Each run's cost once (the search below asks for each ~8 times; two logarithms each).
+    let mut costs = [[0f64; SLOTS + 1]; SLOTS + 1];
+    for a in 0..SLOTS {
+        for b in a + 1..=SLOTS {
+            let (nn, kk) = (cn[b] - cn[a], ck[b] - ck[a]);
+            if kk <= 0.0 {
+                continue;
+            }
+            let nn = nn.max(kk);
+            let p = kk / nn;
+            let h = if p >= 1.0 {
+                0.0
+            } else {
+                -(p * p.log2() + (1.0 - p) * (1.0 - p).log2())
+            };
+            costs[a][b] = nn * h + 24.0;
         }
-        let nn = nn.max(kk);
-        let p = kk / nn;
-        let h = if p >= 1.0 {
-            0.0
-        } else {
-            -(p * p.log2() + (1.0 - p) * (1.0 - p).log2())
-        };
-        nn * h + 24.0
-    };
+    }
+    let cost = |a: usize, b: usize| costs[a][b];
     // best[j][b]: slots 0..b in j + 1 classes.
     let mut best = [[f64::INFINITY; SLOTS + 1]; MAX_CLASSES];
     let mut from = [[0usize; SLOTS + 1]; MAX_CLASSES];
@@ -245,6 +250,17 @@ fn choose_map(n_e: &[f64; 256], k_e: &[u64; 256]) -> ClassMap {
     })
 }
 
+/// How many of the elements `elements` yields of `bits` have each exponent byte. Four
+/// tables, so that runs of one exponent do not wait on each other's increments.
+fn histogram(width: usize, bits: &[u8], elements: impl Iterator<Item = usize>) -> [u64; 256] {
+    let nb = 8 * width as u32;
+    let mut four = [[0u32; 256]; 4];
+    for (j, i) in elements.enumerate() {
+        four[j % 4][exponent(load_bits(bits, width, i), nb) as usize] += 1;
+    }
+    std::array::from_fn(|e| four.iter().map(|t| t[e] as u64).sum())
+}
+
 /// Appends the `ctxgaps` positions of a chunk: `rel` its changes (strictly increasing),
 /// `after` the bits of its whole range after the sync, `old` the old bits at `rel`. Nothing
 /// is written for no change. `width` must be 2 or 4.
@@ -254,27 +270,18 @@ pub fn encode_positions(width: usize, rel: &[u32], after: &[u8], old: &[u8], out
     if rel.is_empty() {
         return;
     }
-    let nb = 8 * width as u32;
     let range = after.len() / width;
     // Exponents: of the changes exactly, of the range by a sample (the map and the Golomb
     // parameters are the encoder's choice; a rough count serves).
-    let mut k_e = [0u64; 256];
-    for j in 0..rel.len() {
-        k_e[exponent(load_bits(old, width, j), nb) as usize] += 1;
-    }
+    let k_e = histogram(width, old, 0..rel.len());
     // Runs of 64 neighbours spread over the range: a stride through it touched every other
     // cache line of the chunk (8 % of the encoder's time at 10 % changed).
     let runs = range.div_ceil(64).min(256);
     let spacing = range / runs;
-    let mut n_e = [0f64; 256];
-    let mut sampled = 0usize;
-    for r in 0..runs {
-        let start = r * spacing;
-        for i in start..(start + 64).min(range) {
-            n_e[exponent(load_bits(after, width, i), nb) as usize] += 1.0;
-            sampled += 1;
-        }
-    }
+    let run = |r: usize| r * spacing..(r * spacing + 64).min(range);
+    let sampled: usize = (0..runs).map(|r| run(r).len()).sum();
+    let counts = histogram(width, after, (0..runs).flat_map(run));
+    let mut n_e: [f64; 256] = std::array::from_fn(|e| counts[e] as f64);
     let scale = range as f64 / sampled as f64;
     n_e.iter_mut().for_each(|n| *n *= scale);
     let map = choose_map(&n_e, &k_e);
@@ -445,15 +452,16 @@ pub fn decode_positions(
                 let r = if m == 1 {
                     0
                 } else {
+                    // Both cases of the truncated code computed, one kept (no branch on data).
                     bits.need(short + 1);
                     let x = bits.bits() & mask(short);
-                    if x < u {
-                        bits.skip(short);
-                        x
+                    let long = x >= u;
+                    let wide = (u + 2 * x.wrapping_sub(u)).wrapping_add(bits.bits() >> short & 1);
+                    bits.skip(short + long as u32);
+                    if long {
+                        wide
                     } else {
-                        let r = u + 2 * (x - u) + (bits.bits() >> short & 1);
-                        bits.skip(short + 1);
-                        r
+                        x
                     }
                 };
                 let index = from + q * m as u64 + r;
