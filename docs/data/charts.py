@@ -144,20 +144,24 @@ def gpu_density_steps():
 
 
 def context_speed():
-    runs = {}
-    for line in (DATA / "codecs/ctxgaps-speed.txt").open():
-        if line.startswith("d="):
-            kv = dict(field.split("=") for field in line.split())
-            runs.setdefault(float(kv["d"]), []).append(kv)
-    ds = sorted(runs)
-    ratio = lambda d, what: statistics.median(float(r[what]) / float(r["diff"]) for r in runs[d])
+    def load(name):
+        runs = {}
+        for line in (DATA / "codecs" / name).open():
+            if line.startswith("d="):
+                kv = dict(field.split("=") for field in line.split())
+                runs.setdefault(float(kv["d"]), []).append(kv)
+        return runs
+    now, before = load("ctxgaps-one-pass.txt"), load("ctxgaps-one-pass-before.txt")
+    ds = sorted(now)
+    ratio = lambda runs, d, what: statistics.median(
+        float(r[what]) / float(r["diff"]) for r in runs[d])
     bars(IMG / "context-speed.svg",
-         "Context codecs per core against the diff (median of three runs, c549788)",
+         "auto+ctx per core against the diff (median of three runs each, 3a3ae20 and before)",
          "changes/s ÷ the diff's", [f"{d * 100:g} % changed" for d in ds],
-         [("auto+ctx encode", [ratio(d, "ctx_enc") for d in ds]),
-          ("auto+ctx decode", [ratio(d, "ctx_dec") for d in ds]),
-          ("ctxgaps positions decode", [ratio(d, "cgpos_dec") for d in ds]),
-          ("ctx positions decode", [ratio(d, "rcpos_dec") for d in ds])], ref=1.0, fmt="{:g}")
+         [("encode, a walk per class", [ratio(before, d, "ctx_enc") for d in ds]),
+          ("encode, one pass", [ratio(now, d, "ctx_enc") for d in ds]),
+          ("decode, a walk per class", [ratio(before, d, "ctx_dec") for d in ds]),
+          ("decode, one pass", [ratio(now, d, "ctx_dec") for d in ds])], ref=1.0, fmt="{:g}")
 
 
 if __name__ == "__main__":
