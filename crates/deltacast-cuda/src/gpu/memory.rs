@@ -147,10 +147,7 @@ impl Gpu {
             .download_staging
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if staging.as_ref().is_none_or(|h| h.len() < len) {
-            *staging = None;
-            *staging = Some(self.alloc_pinned(len.next_power_of_two().max(4096))?);
-        }
+        self.grow_staging(&mut staging, len)?;
         let Some(host) = staging.as_ref() else {
             return Err(CudaError::InvalidArgument("no staging buffer".into()));
         };
@@ -161,6 +158,30 @@ impl Gpu {
             .map_err(drv("cuMemcpyDtoH"))?;
         self.sync()?;
         out.copy_from_slice(&host.as_slice()[..len]);
+        Ok(())
+    }
+
+    /// Makes the pinned staging of small downloads hold `len` bytes (up to the most a
+    /// download stages), so that a sync's first downloads do not pay for page-locked
+    /// allocations (and the free of the smaller buffer, which waits for the device): the
+    /// constructors reserve what their first sync downloads.
+    pub fn reserve_downloads(&self, len: usize) -> Result<()> {
+        guarded(|| {
+            self.bind()?;
+            let mut staging = self
+                .download_staging
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.grow_staging(&mut staging, len.min(STAGED_DOWNLOAD_MAX))
+        })
+    }
+
+    /// Replaces `staging` by a larger buffer when it holds fewer than `len` bytes.
+    fn grow_staging(&self, staging: &mut Option<HostBuffer>, len: usize) -> Result<()> {
+        if staging.as_ref().is_none_or(|h| h.len() < len) {
+            *staging = None;
+            *staging = Some(self.alloc_pinned(len.next_power_of_two().max(4096))?);
+        }
         Ok(())
     }
 

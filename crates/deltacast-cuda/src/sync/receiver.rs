@@ -17,7 +17,10 @@ use super::{
 };
 use crate::error::{CudaError, Result};
 use crate::link::Link;
-use crate::protocol::{decode_header, decode_stage, Stage, TableLimits, HEADER_BYTES};
+use crate::protocol::{
+    decode_header, decode_stage, Stage, TableLimits, CHUNK_RECORD_BYTES, HEADER_BYTES,
+    SLOT_RECORD_BYTES,
+};
 mod commit;
 
 use crate::{
@@ -151,12 +154,20 @@ impl GpuReceiver {
         // A receiver writes its tensors' bits: they are in the slot's dtype.
         check_tensors(&tensors, false)?;
         let table = slot_table(&tensors)?;
+        // A seed's manifest (an entry and a digest record per slot) passes through the
+        // manifest buffer and the pinned staging of downloads: both made to its size here,
+        // not in the first sync (a page-locked allocation, and the free of a smaller one,
+        // cost milliseconds there).
+        let seed_manifest = table.len() * (CHUNK_RECORD_BYTES + SLOT_RECORD_BYTES);
+        let mut manifest = Growable::new();
+        manifest.at_least(&gpu, seed_manifest as u64)?;
+        gpu.reserve_downloads(seed_manifest)?;
         Ok(GpuReceiver {
             header: gpu.alloc(HEADER_BYTES)?,
             status: gpu.alloc(8)?,
             commit_on_demand: false,
             verified: None,
-            manifest: Growable::new(),
+            manifest,
             stages: Vec::new(),
             discard: Growable::new(),
             code_scratch: CodeScratch::new(),
