@@ -438,6 +438,10 @@ pub fn decode_positions(
         targets.reserve(count as usize);
         let mut bits = BitCursor::new(BitReader::new(stream), 0);
         for (class, (&k, &m)) in counts.iter().zip(&params).enumerate() {
+            if k == 0 {
+                // No parameter travels for a class without changes.
+                continue;
+            }
             let mut models = [Model::default(); QUOTIENT_MODELS];
             let (short, u) = truncated(m);
             let mut from = 0u64;
@@ -456,7 +460,9 @@ pub fn decode_positions(
                     bits.need(short + 1);
                     let x = bits.bits() & mask(short);
                     let long = x >= u;
-                    let wide = (u + 2 * x.wrapping_sub(u)).wrapping_add(bits.bits() >> short & 1);
+                    let wide = u
+                        .wrapping_add(x.wrapping_sub(u).wrapping_mul(2))
+                        .wrapping_add(bits.bits() >> short & 1);
                     bits.skip(short + long as u32);
                     if long {
                         wide

@@ -130,7 +130,7 @@ fn class_members_are_each_class_s_members() {
         // Planes are zero outside the range's mask, as `planes` writes them.
         let valid = match rng.below(3) {
             0 => u64::MAX,
-            _ => mask(rng.below(65) as u32),
+            _ => mask(rng.below(64) as u32),
         };
         let p = [
             rng.next_u64() & valid,
