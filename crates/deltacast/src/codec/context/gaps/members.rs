@@ -187,6 +187,18 @@ impl Build {
         Build::Portable
     }
 
+    /// `self` if this CPU runs it, else the portable build (the detection is cached, so the
+    /// check costs a load; it keeps the unsafe calls below sound whatever a caller passes).
+    fn checked(self) -> Build {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Build::Avx512 if !crate::codec::bits::x86_avx512() => Build::Portable,
+            #[cfg(target_arch = "x86_64")]
+            Build::Wide if !crate::codec::bits::x86_wide() => Build::Portable,
+            b => b,
+        }
+    }
+
     /// Every build this CPU runs.
     #[cfg(test)]
     pub(super) fn every() -> Vec<Build> {
@@ -223,10 +235,12 @@ pub(super) struct ClassGaps {
 }
 
 /// Each change's gap inside its class (the members of its class strictly between it and the
-/// class's previous change) into `gaps`, class by class in position order. One pass over the range: the planes of a block come from the
-/// bits after the sync `after` with each change's class set from its old bits `old` (the
-/// decoder sees the old bits), and a running count of each class's members gives a change's
-/// index among them.
+/// class's previous change) into `gaps`, class by class in position order. One pass over the
+/// range: the planes of a block come from the bits after the sync `after` with each change's
+/// class set from its old bits `old` (the decoder sees the old bits), and a running count of
+/// each class's members gives a change's index among them. `build` is [`Build::best`] (the
+/// tests pass each of [`Build::every`]); one this CPU does not run falls back to the portable
+/// one.
 pub(super) fn class_gaps(
     build: Build,
     width: usize,
@@ -242,12 +256,12 @@ pub(super) fn class_gaps(
     classes.extend((0..rel.len()).map(|j| map.class(exponent(load_bits(old, width, j), nb))));
     by_class.resize_with(map.classes, Vec::new);
     by_class.iter_mut().for_each(Vec::clear);
-    match build {
+    match build.checked() {
         Build::Portable => {
             class_gaps_with(Count::Scalar, width, rel, after, map, classes, by_class)
         }
         // SAFETY: the function's only requirement is its target features, all of which
-        // `Build::runs` found on this CPU.
+        // `Build::checked` found on this CPU.
         #[cfg(target_arch = "x86_64")]
         Build::Wide => unsafe { x86::class_gaps_wide(width, rel, after, map, classes, by_class) },
         // SAFETY: as above.
@@ -353,7 +367,7 @@ impl<'t> Cursors<'t> {
 /// class's members, class after class, `counts[c]` of class `c`) and lists them in position
 /// order into `out`, in one pass over the old bits `held`: a running count of each class's
 /// members says in which block the class's next change lies. `out` is left empty when a
-/// class ends first.
+/// class ends first. `build` as in [`class_gaps`].
 pub(super) fn place_changes(
     build: Build,
     width: usize,
@@ -367,7 +381,7 @@ pub(super) fn place_changes(
     out.reserve(targets.len());
     let mut cursors = Cursors::new(targets, counts);
     let c = &mut cursors;
-    match build {
+    match build.checked() {
         Build::Portable => place_changes_with(Count::Scalar, width, held, map, c, out),
         // SAFETY: as in `class_gaps`.
         #[cfg(target_arch = "x86_64")]
