@@ -52,12 +52,16 @@ impl Default for Model {
 }
 
 impl Model {
-    /// floor((2·zeros + 1)·2^15 / (2·total + 2)), kept in [1, 2^15 − 1].
+    /// floor((2·zeros + 1)·2^15 / (2·total + 2)), which lies in [16, 2^15 − 16] for every
+    /// `zeros ≤ total < COUNT_LIMIT` (the division by at most 2048 of a numerator between
+    /// 2^15 and (2·total + 1)·2^15), so inside the coder's [1, 2^15 − 1] without a clamp on
+    /// the path from one bit to the next (`estimates_stay_inside_the_coder_s_bounds`).
     #[inline(always)]
     fn estimate(zeros: u32, total: u32) -> u32 {
         let num = ((2 * zeros + 1) << PROB_BITS) as u64;
-        let p = (num * RECIPROCAL[total as usize]) >> RECIPROCAL_SHIFT;
-        (p as u32).clamp(1, PROB_ONE - 1)
+        let p = ((num * RECIPROCAL[total as usize]) >> RECIPROCAL_SHIFT) as u32;
+        debug_assert!((1..PROB_ONE).contains(&p));
+        p
     }
 
     /// P(0) in units of 2^-15.
@@ -255,6 +259,21 @@ mod tests {
                     Model::estimate(zeros, total),
                     exact,
                     "zeros {zeros} total {total}"
+                );
+            }
+        }
+    }
+
+    /// The spec keeps an estimate in [1, 2^15 − 1]; the counts never take it out, so the
+    /// coder needs no clamp (every count the models reach, exhaustively).
+    #[test]
+    fn estimates_stay_inside_the_coder_s_bounds() {
+        for total in 0..COUNT_LIMIT {
+            for zeros in 0..=total {
+                let unclamped = ((2 * zeros + 1) << PROB_BITS) / (2 * total + 2);
+                assert!(
+                    (16..=PROB_ONE - 16).contains(&unclamped),
+                    "zeros {zeros} total {total}: {unclamped}"
                 );
             }
         }
