@@ -376,7 +376,9 @@ impl CostModel {
         let best = self.best(allowed, expected, elements);
         let whole: Vec<bool> = stages
             .iter()
-            .map(|s| ratio(self, best, s).is_some_and(|r| r >= 1.0))
+            .map(|s| {
+                s.is_some_and(|(sizes, changed)| self.dense_before_diff(sizes, n, changed, best))
+            })
             .collect();
         if !whole.iter().all(|&w| w) {
             return (whole, self.codec(allowed, expected, elements));

@@ -162,7 +162,8 @@ pub(super) fn select(mut v: u64, mut g: u32) -> u32 {
 }
 
 /// Which build of the passes runs: the portable one, the one with BMI and one-instruction
-/// popcounts, or the one with AVX-512 vector popcounts.
+/// popcounts, or the one with AVX-512 vector popcounts (every class of a block counted in one
+/// instruction) and BMI2's `pdep` select.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Build {
     Portable,
@@ -216,15 +217,6 @@ impl Build {
     }
 }
 
-/// How a pass counts the members of every class in a block: one popcount per class, or one
-/// vector popcount for all eight.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Count {
-    Scalar,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
 /// The encoder's gaps, kept from chunk to chunk.
 #[derive(Default)]
 pub(super) struct ClassGaps {
@@ -258,7 +250,7 @@ pub(super) fn class_gaps(
     by_class.iter_mut().for_each(Vec::clear);
     match build.checked() {
         Build::Portable => {
-            class_gaps_with(Count::Scalar, width, rel, after, map, classes, by_class)
+            class_gaps_with(Build::Portable, width, rel, after, map, classes, by_class)
         }
         // SAFETY: the function's only requirement is its target features, all of which
         // `Build::checked` found on this CPU.
@@ -274,7 +266,7 @@ pub(super) fn class_gaps(
 
 #[inline(always)]
 fn class_gaps_with(
-    count: Count,
+    build: Build,
     width: usize,
     rel: &[u32],
     after: &[u8],
@@ -303,7 +295,7 @@ fn class_gaps_with(
             );
             j += 1;
         }
-        count_strip(count, blocks, &mut seen, &mut before);
+        count_strip(build, blocks, &mut seen, &mut before);
         for (&i, &c) in rel[first..j].iter().zip(&classes[first..j]) {
             let (k, c) = (i as usize / 64 - first_block, c as usize);
             let below = members(&blocks[k], c as u8) & mask(i % 64);
@@ -382,7 +374,7 @@ pub(super) fn place_changes(
     let mut cursors = Cursors::new(targets, counts);
     let c = &mut cursors;
     match build.checked() {
-        Build::Portable => place_changes_with(Count::Scalar, width, held, map, c, out),
+        Build::Portable => place_changes_with(Build::Portable, width, held, map, c, out),
         // SAFETY: as in `class_gaps`.
         #[cfg(target_arch = "x86_64")]
         Build::Wide => unsafe { x86::place_changes_wide(width, held, map, c, out) },
@@ -402,7 +394,7 @@ pub(super) fn place_changes(
 
 #[inline(always)]
 fn place_changes_with(
-    count: Count,
+    build: Build,
     width: usize,
     held: &[u8],
     map: &ClassMap,
@@ -417,13 +409,13 @@ fn place_changes_with(
     // is counted, then each class's changes in the strip are found by a search of the counts,
     // then the strip's changes are listed in position order.
     while let Some((first_block, blocks)) = strips.next_strip() {
-        count_strip(count, blocks, &mut seen, &mut before);
+        count_strip(build, blocks, &mut seen, &mut before);
         for c in 0..map.classes {
             while cursors.want[c] < seen[c] {
                 let t = cursors.want[c];
                 let k = block_of(&before, c, t);
                 let bit = select_in(
-                    count,
+                    build,
                     members(&blocks[k], c as u8),
                     (t - before[k][c]) as u32,
                 );
@@ -457,12 +449,13 @@ fn block_of(before: &[[u64; MAX_CLASSES]; STRIP_BLOCKS], c: usize, t: u64) -> us
 
 /// [`select`], in two instructions on the AVX-512 build (which has BMI2).
 #[inline(always)]
-fn select_in(count: Count, v: u64, g: u32) -> u32 {
-    match count {
-        Count::Scalar => select(v, g),
-        // SAFETY: `Avx512` is passed only by the AVX-512 build of the passes, which has BMI2.
+fn select_in(build: Build, v: u64, g: u32) -> u32 {
+    match build {
+        // SAFETY: `Avx512` reaches here only in the AVX-512 build of the passes, which has
+        // BMI2.
         #[cfg(target_arch = "x86_64")]
-        Count::Avx512 => unsafe { x86::select_bmi2(v, g) },
+        Build::Avx512 => unsafe { x86::select_bmi2(v, g) },
+        _ => select(v, g),
     }
 }
 
@@ -471,22 +464,22 @@ fn select_in(count: Count, v: u64, g: u32) -> u32 {
 /// strip's end.
 #[inline(always)]
 fn count_strip(
-    count: Count,
+    build: Build,
     blocks: &[Block],
     seen: &mut [u64; MAX_CLASSES],
     before: &mut [[u64; MAX_CLASSES]; STRIP_BLOCKS],
 ) {
     for (p, b) in blocks.iter().zip(before.iter_mut()) {
         *b = *seen;
-        match count {
-            Count::Scalar => {
+        match build {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx512` reaches here only in the AVX-512 build of the passes.
+            Build::Avx512 => unsafe { x86::add_counts(p, seen) },
+            _ => {
                 for (s, m) in seen.iter_mut().zip(class_members(p)) {
                     *s += m.count_ones() as u64;
                 }
             }
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx512` is passed only by the AVX-512 build of the passes.
-            Count::Avx512 => unsafe { x86::add_counts(p, seen) },
         }
     }
     before[blocks.len()..].fill([u64::MAX; MAX_CLASSES]);
@@ -494,7 +487,7 @@ fn count_strip(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Block, ClassMap, Count, Cursors, MAX_CLASSES};
+    use super::{Block, Build, ClassMap, Cursors, MAX_CLASSES};
     use crate::codec::context::gaps::SLOTS;
     use std::arch::x86_64::*;
 
@@ -508,7 +501,7 @@ mod x86 {
         classes: &[u8],
         by_class: &mut [Vec<u32>],
     ) {
-        super::class_gaps_with(Count::Scalar, width, rel, after, map, classes, by_class)
+        super::class_gaps_with(Build::Wide, width, rel, after, map, classes, by_class)
     }
 
     /// [`super::class_gaps`] with the counts of all classes in one vector popcount.
@@ -523,7 +516,7 @@ mod x86 {
         classes: &[u8],
         by_class: &mut [Vec<u32>],
     ) {
-        super::class_gaps_with(Count::Avx512, width, rel, after, map, classes, by_class)
+        super::class_gaps_with(Build::Avx512, width, rel, after, map, classes, by_class)
     }
 
     /// [`super::place_changes`] with one-instruction bit counts.
@@ -535,7 +528,7 @@ mod x86 {
         cursors: &mut Cursors<'_>,
         out: &mut Vec<u32>,
     ) {
-        super::place_changes_with(Count::Scalar, width, held, map, cursors, out)
+        super::place_changes_with(Build::Wide, width, held, map, cursors, out)
     }
 
     /// [`super::place_changes`] with the counts of all classes in one vector popcount.
@@ -549,7 +542,7 @@ mod x86 {
         cursors: &mut Cursors<'_>,
         out: &mut Vec<u32>,
     ) {
-        super::place_changes_with(Count::Avx512, width, held, map, cursors, out)
+        super::place_changes_with(Build::Avx512, width, held, map, cursors, out)
     }
 
     /// Lane `c` of `FLIP[j]`: all ones where bit `j` of `c` is clear (the lanes that take
